@@ -1,0 +1,43 @@
+"""`python -m pipeline stage=<stage> lang=<code> [overrides]`: the one entry point of every stage."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.config import ConfigError, register_configs, validate
+from pipeline.contract import StageError
+from pipeline.languages import UnknownLanguageError
+from pipeline.overrides import OverrideError, preflight
+
+log = logging.getLogger("pipeline")
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> None:
+    from pipeline.stages import run_target
+
+    try:
+        config = OmegaConf.to_object(cfg)
+        validate(config)
+        run_target(config)
+    except (ConfigError, StageError) as error:
+        log.error("%s", error)
+        sys.exit(1)
+
+
+def main() -> None:
+    try:
+        sys.argv[1:] = preflight(sys.argv[1:])
+    except (OverrideError, UnknownLanguageError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    register_configs()
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

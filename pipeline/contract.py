@@ -1,0 +1,191 @@
+"""The stage contract: where a stage writes, when it may be skipped, and how its output appears.
+
+Every stage writes under `${work_dir}/${lang}/<stage>/` and ends with `_SUCCESS.json`, whose
+`config_hash` covers the stage's own config sections and the hashes of its inputs. A stage whose
+marker matches is skipped; a stage that reruns first removes the markers of the stages after it.
+Work happens in a partial folder named after the config hash (so an interrupted run with the same
+config resumes there) and is renamed into place only when complete: a killed stage never leaves a
+folder that looks finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
+
+MARKER = "_SUCCESS.json"
+
+
+class StageError(RuntimeError):
+    """A problem the user must fix before the stage can run; the message says how."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    # Does the work in `StageRun.work_dir`. Returns the metrics when the work is done here, or
+    # None when it was submitted elsewhere (Slurm), which then calls `StageRun.commit` itself.
+    run: Callable[["StageRun"], Optional[dict]]
+    # Stages whose outputs this one reads.
+    needs: tuple[str, ...] = ()
+    # Top-level config sections that change this stage's output (hashed).
+    config_sections: tuple[str, ...] = ()
+    # Keys inside those sections that do not change the output (parallelism, not results).
+    unhashed_keys: tuple[str, ...] = ()
+    # Describes external inputs (e.g. a fingerprint of the raw files); hashed too.
+    describe_inputs: Callable[[Any], dict] = lambda cfg: {}
+
+
+@dataclass
+class StageRun:
+    """What a stage needs to know about one run; picklable, so Slurm jobs can commit it."""
+
+    stage: str
+    lang: str
+    cfg: Any
+    config_hash: str
+    inputs: dict
+    hashed_config: dict
+    work_dir: Path
+    final_dir: Path
+    input_dirs: dict[str, Path] = field(default_factory=dict)
+
+    def commit(self, metrics: dict) -> dict:
+        """Write the marker into the finished work folder and move it into place."""
+        marker = {
+            "stage": self.stage,
+            "lang": self.lang,
+            "config_hash": self.config_hash,
+            "inputs": self.inputs,
+            "metrics": metrics,
+            "config": self.hashed_config,
+            "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        write_json_atomic(self.work_dir / MARKER, marker)
+        old = self.final_dir.with_name(f".{self.stage}.replaced-{os.getpid()}")
+        if self.final_dir.exists():
+            os.replace(self.final_dir, old)
+        os.replace(self.work_dir, self.final_dir)
+        shutil.rmtree(old, ignore_errors=True)
+        log.info("%s for %s finished: %s", self.stage, self.lang, self.final_dir / MARKER)
+        return marker
+
+
+def stage_dir(cfg, stage: str) -> Path:
+    return Path(cfg.work_dir) / cfg.lang.code / stage
+
+
+def read_marker(directory: Path) -> Optional[dict]:
+    path = Path(directory) / MARKER
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        log.warning("Ignoring unreadable marker %s; the stage will run again.", path)
+        return None
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def hashed_config(stage: Stage, cfg) -> dict:
+    sections = {}
+    for name in stage.config_sections:
+        value = getattr(cfg, name)
+        if dataclasses.is_dataclass(value):
+            value = OmegaConf.to_container(OmegaConf.structured(value), resolve=True)
+        sections[name] = value
+    for dotted in stage.unhashed_keys:
+        section, _, key = dotted.partition(".")
+        sections.get(section, {}).pop(key, None)
+    return sections
+
+
+def config_hash(stage: Stage, config: dict, inputs: dict) -> str:
+    payload = json.dumps({"stage": stage.name, "config": config, "inputs": inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun]:
+    """Check inputs and the marker. None means the stage is up to date and is skipped."""
+    input_dirs, upstream = {}, {}
+    for need in stage.needs:
+        need_dir = stage_dir(cfg, need)
+        marker = read_marker(need_dir)
+        if marker is None:
+            raise StageError(
+                f"Stage `{stage.name}` for {cfg.lang.code} needs the output of stage `{need}`, but "
+                f"{need_dir / MARKER} does not exist. Run it first: "
+                f"python -m pipeline stage={need} lang={cfg.lang.code} work_dir={cfg.work_dir}"
+            )
+        input_dirs[need] = need_dir
+        upstream[need] = {"path": str(need_dir), "config_hash": marker["config_hash"]}
+
+    inputs = {**stage.describe_inputs(cfg), **upstream}
+    config = hashed_config(stage, cfg)
+    digest = config_hash(stage, config, inputs)
+    final_dir = stage_dir(cfg, stage.name)
+
+    marker = read_marker(final_dir)
+    if marker is not None and marker.get("config_hash") == digest:
+        log.info(
+            "Skipping %s for %s: it is up to date (config hash %s, finished %s). "
+            "Change its config or delete %s to run it again.",
+            stage.name, cfg.lang.code, digest, marker.get("finished_at"), final_dir,
+        )
+        return None
+    if marker is not None:
+        log.info("%s for %s changed (config hash %s -> %s); running it again.",
+                 stage.name, cfg.lang.code, marker.get("config_hash"), digest)
+
+    invalidate(cfg, downstream)
+    work_dir = final_dir.with_name(f".{stage.name}.partial-{digest}")
+    for stale in final_dir.parent.glob(f".{stage.name}.partial-*"):
+        if stale != work_dir:
+            log.info("Removing the partial output of an earlier, different run: %s", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+    if work_dir.exists():
+        log.info("Resuming the interrupted run in %s", work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return StageRun(
+        stage=stage.name, lang=cfg.lang.code, cfg=cfg, config_hash=digest, inputs=inputs,
+        hashed_config=config, work_dir=work_dir, final_dir=final_dir, input_dirs=input_dirs,
+    )
+
+
+def invalidate(cfg, stages: tuple[str, ...]) -> None:
+    """Remove the markers of later stages: their inputs are about to change."""
+    for later in stages:
+        marker = stage_dir(cfg, later) / MARKER
+        if marker.exists():
+            marker.unlink()
+            log.info("Invalidated %s for %s (its input changes); it will run again.", later, cfg.lang.code)
+
+
+def execute(stage: Stage, cfg, downstream: tuple[str, ...] = ()) -> Optional[dict]:
+    """Run one stage under the contract. Returns its marker, or None if it went to Slurm."""
+    run = prepare(stage, cfg, downstream)
+    if run is None:
+        return read_marker(stage_dir(cfg, stage.name))
+    log.info("Running %s for %s (config hash %s) in %s", stage.name, run.lang, run.config_hash, run.work_dir)
+    metrics = stage.run(run)
+    if metrics is not None:
+        return run.commit(metrics)
+    marker = read_marker(run.final_dir)
+    return marker if marker is not None and marker["config_hash"] == run.config_hash else None

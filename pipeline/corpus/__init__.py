@@ -1,0 +1,1 @@
+"""datatrove blocks for reading, identifying and splitting raw corpora."""

@@ -1,0 +1,184 @@
+"""A datatrove reader for raw web-corpus files that never crashes on bad input and never loses good data.
+
+Reads `*.jsonl`, `*.jsonl.gz`, `*.jsonl.zst` and `*.parquet` with HPLT's fields (`text`, `id`, `url`
+or `u`, `lang`/`document_lang`, `collection`). Unlike datatrove's stock JsonlReader, which drops the
+rest of a file after one invalid UTF-8 byte and stops the task on a truncated `.gz`, it reads line by
+line in binary, keeps every valid record, and counts each bad one (stat `bad_records`, one stat per
+reason) with its file and line in `bad_records/<rank>.jsonl`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from pathlib import Path
+from typing import Iterator, Optional
+
+import orjson
+from datatrove.data import Document, DocumentsPipeline
+from datatrove.pipeline.readers.base import BaseDiskReader
+from datatrove.pipeline.readers.jsonl import JsonlReader
+from datatrove.utils.logging import logger
+
+RAW_PATTERNS = ("*.jsonl", "*.jsonl.gz", "*.jsonl.zst", "*.parquet")
+
+# Fields kept as document metadata; HPLT v1.2 uses `url`/`document_lang`, v2 uses `u`/`lang`.
+_URL_FIELDS = ("url", "u")
+_LANG_FIELDS = ("lang", "document_lang")
+_KEPT_FIELDS = ("source", "collection")
+_MAX_LOGGED_PER_FILE = 20
+
+
+def find_raw_files(folder: Path) -> list[str]:
+    """Relative paths of the raw files below `folder`, sorted, so every run shards them alike."""
+    found = {p for pattern in RAW_PATTERNS for p in folder.rglob(pattern) if p.is_file()}
+    return sorted(str(p.relative_to(folder)) for p in found)
+
+
+class BadRecord(Exception):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class RawCorpusReader(BaseDiskReader):
+    name = "📖 Raw corpus"
+
+    def __init__(self, data_folder: str, paths_file: str, bad_records_folder: str, file_progress: bool = True):
+        super().__init__(data_folder, paths_file=paths_file, file_progress=file_progress, add_file_path=False)
+        self.bad_records_folder = Path(bad_records_folder)
+        self._bad_log = None
+        self._logged: dict[str, int] = {}
+
+    # -- records -------------------------------------------------------------------------------------
+
+    def _document(self, record, path: str, line: int) -> Document:
+        if not isinstance(record, dict):
+            raise BadRecord("not_an_object", type(record).__name__)
+        if "text" not in record:
+            raise BadRecord("missing_text", f"fields: {sorted(record)[:10]}")
+        text = record["text"]
+        if not isinstance(text, str):
+            raise BadRecord("text_not_a_string", type(text).__name__)
+        if not text.strip():
+            raise BadRecord("empty_text")
+        doc_id = record.get("id")
+        if doc_id is None or str(doc_id) == "":
+            doc_id = f"{path}:{line}"
+        metadata = {key: record[key] for key in _KEPT_FIELDS if record.get(key) is not None}
+        url = next((record[k] for k in _URL_FIELDS if record.get(k)), None)
+        if url is not None:
+            metadata["url"] = url
+        declared = next((record[k] for k in _LANG_FIELDS if record.get(k)), None)
+        if declared is not None:
+            metadata["declared_lang"] = declared
+        metadata["raw_file"] = path
+        return Document(text=text, id=str(doc_id), metadata=metadata)
+
+    def _bad(self, path: str, line: int, reason: str, detail: str = "") -> None:
+        self.stat_update("bad_records")
+        self.stat_update(f"bad_records.{reason}")
+        if self._bad_log is not None:
+            self._bad_log.write(json.dumps({"file": path, "line": line, "reason": reason, "detail": detail}) + "\n")
+        count = self._logged.get(path, 0) + 1
+        self._logged[path] = count
+        if count <= _MAX_LOGGED_PER_FILE:
+            logger.warning(f"Bad record in {path}, line {line}: {reason} {detail}".rstrip())
+        elif count == _MAX_LOGGED_PER_FILE + 1:
+            logger.warning(f"More bad records in {path}; see {self.bad_records_folder} for all of them.")
+
+    # -- files ---------------------------------------------------------------------------------------
+
+    def _open_lines(self, path: str):
+        raw = self.data_folder.open(path, "rb", compression=None)
+        if path.endswith(".gz"):
+            return gzip.GzipFile(fileobj=raw)
+        if path.endswith(".zst"):
+            import zstandard
+
+            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+        return raw
+
+    def _read_jsonl(self, path: str) -> Iterator[Document]:
+        line = 0
+        stream = self._open_lines(path)
+        try:
+            while True:
+                try:
+                    raw_line = stream.readline()
+                except (EOFError, zlib.error, OSError, ValueError) as error:
+                    # Truncated or corrupt compressed data: keep what was read, count the rest once.
+                    self._bad(path, line + 1, "truncated_or_corrupt_file", str(error))
+                    return
+                if not raw_line:
+                    break
+                line += 1
+                if not raw_line.strip():
+                    continue
+                try:
+                    try:
+                        text = raw_line.decode("utf-8")
+                    except UnicodeDecodeError as error:
+                        raise BadRecord("invalid_utf8", str(error)) from None
+                    try:
+                        record = orjson.loads(text)
+                    except orjson.JSONDecodeError as error:
+                        raise BadRecord("malformed_json", str(error)) from None
+                    yield self._document(record, path, line)
+                except BadRecord as bad:
+                    self._bad(path, line, bad.reason, bad.detail)
+        finally:
+            stream.close()
+        if line == 0:
+            self._bad(path, 0, "empty_file")
+
+    def _read_parquet(self, path: str) -> Iterator[Document]:
+        import pyarrow.parquet as pq
+
+        row = 0
+        try:
+            with self.data_folder.open(path, "rb") as f:
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
+                    for record in batch.to_pylist():
+                        row += 1
+                        try:
+                            yield self._document(record, path, row)
+                        except BadRecord as bad:
+                            self._bad(path, row, bad.reason, bad.detail)
+        except (OSError, ValueError) as error:
+            self._bad(path, row + 1, "truncated_or_corrupt_file", str(error))
+            return
+        if row == 0:
+            self._bad(path, 0, "empty_file")
+
+    def read_file(self, filepath: str) -> DocumentsPipeline:
+        reader = self._read_parquet if filepath.endswith(".parquet") else self._read_jsonl
+        for document in reader(filepath):
+            self.stat_update("docs_in")
+            self.stat_update("chars_in", value=len(document.text))
+            yield document
+
+    def run(self, data: Optional[DocumentsPipeline] = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        self.bad_records_folder.mkdir(parents=True, exist_ok=True)
+        # Opened per task (not in __init__) so a resumed task rewrites its own log from scratch.
+        with open(self.bad_records_folder / f"{rank:05d}.jsonl", "w", encoding="utf-8") as self._bad_log:
+            yield from super().run(data, rank, world_size)
+        self._bad_log = None
+
+
+class TaskOutputReader(JsonlReader):
+    """Reads exactly the file that task `rank` of the previous phase wrote (`<rank>.jsonl.gz`).
+
+    MinHash's removal lists refer to documents by their index within a task, so the task that
+    filters duplicates must see the same documents in the same order as the task that signed them.
+    """
+
+    name = "📖 Task output"
+
+    def run(self, data: Optional[DocumentsPipeline] = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        filename = f"{rank:05d}.jsonl.gz"
+        if self.data_folder.exists(filename):
+            yield from self.read_files_shard([filename])

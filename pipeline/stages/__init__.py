@@ -1,0 +1,26 @@
+"""The stages, in the order the recipe runs them. Each module exposes `STAGE` (a contract.Stage)."""
+
+from __future__ import annotations
+
+import logging
+
+from pipeline.contract import Stage, execute
+from pipeline.stages import clean
+
+log = logging.getLogger(__name__)
+
+STAGES: dict[str, Stage] = {stage.name: stage for stage in (clean.STAGE,)}
+STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
+# What `stage=` accepts: one stage, or `all` for the whole chain in order.
+TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all")
+
+
+def run_target(cfg) -> None:
+    names = STAGE_NAMES if cfg.stage == "all" else (cfg.stage,)
+    for name in names:
+        later = STAGE_NAMES[STAGE_NAMES.index(name) + 1:]
+        marker = execute(STAGES[name], cfg, downstream=later)
+        if marker is None:
+            log.info("Stage %s for %s was submitted; run the command again when it has finished to go on.",
+                     name, cfg.lang.code)
+            return

@@ -1,0 +1,346 @@
+"""Stage `clean`: raw web text of one language -> filtered, deduplicated JSONL shards.
+
+Built from datatrove blocks in four phases, each a datatrove executor (local processes or Slurm jobs):
+
+1. read (bad records counted, never fatal) -> language ID -> Gopher repetition -> Gopher quality
+   -> C4 (off by default) -> FineWeb quality -> intermediate shards + MinHash signatures;
+2. MinHash buckets;  3. MinHash clusters (with cluster sizes, for the mix stage's rehydration);
+4. drop near-duplicates (keeping one per cluster, annotated with its cluster size) -> held-out split
+   by document-id hash -> `train/` and `heldout/` shards.
+
+Every rejected document is written under `rejected/<filter>/` with its reason in its metadata.
+A last one-task phase sums the statistics into the marker's metrics and commits the output, so the
+same code finishes the stage whether it ran here or as Slurm jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.contract import Stage, StageError, StageRun
+from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files
+from pipeline.corpus.stats import step_key
+
+log = logging.getLogger(__name__)
+
+FILTER_PHASE, BUCKETS_PHASE, CLUSTER_PHASE, SPLIT_PHASE, COMMIT_PHASE = (
+    "1_filter", "2_minhash_buckets", "3_minhash_clusters", "4_dedup_split", "5_commit",
+)
+INTERMEDIATE_DIRS = ("filtered", "minhash")
+
+
+def raw_folder(cfg) -> Path:
+    """`${raw_dir}/<lang>/`, accepting any of the language's codes as the folder name (HPLT uses `nb`)."""
+    lang = cfg.lang
+    root = Path(cfg.raw_dir)
+    names = [lang.code, lang.hplt_code, lang.iso639_1, *lang.aliases]
+    for name in filter(None, names):
+        if (root / name).is_dir():
+            return root / name
+    raise StageError(
+        f"No raw input for {lang.code}: none of {', '.join(str(root / n) for n in dict.fromkeys(filter(None, names)))} "
+        f"is a directory. Put {', '.join(RAW_PATTERNS)} files in {root / lang.code}/ or point raw_dir= at "
+        f"a folder with a {lang.code}/ subfolder."
+    )
+
+
+def describe_inputs(cfg) -> dict:
+    folder = raw_folder(cfg)
+    files = find_raw_files(folder)
+    if not files:
+        raise StageError(
+            f"No readable raw files for {cfg.lang.code} in {folder}: looked for {', '.join(RAW_PATTERNS)} "
+            "(in subfolders too). Add files there or point raw_dir= elsewhere."
+        )
+    fingerprint = hashlib.sha256()
+    total = 0
+    for name in files:
+        stat = (folder / name).stat()
+        total += stat.st_size
+        fingerprint.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return {"raw": {"path": str(folder.resolve()), "files": len(files), "bytes": total,
+                    "fingerprint": fingerprint.hexdigest()[:16]}}
+
+
+def word_tokenizer(lang):
+    """The language's datatrove word tokenizer, or a whitespace fallback when it cannot load offline."""
+    from datatrove.utils.word_tokenizers import WhitespaceTokenizer, load_word_tokenizer
+
+    try:
+        load_word_tokenizer(lang.word_tokenizer).word_tokenize("a b")
+        return lang.word_tokenizer, lang.word_tokenizer
+    except Exception as error:  # missing optional package, or a model that would need a download
+        log.warning(
+            "The word tokenizer for %s (%s) is not usable here (%s: %s); the filters and MinHash fall back to "
+            "whitespace/punctuation tokenization. Install its package (see README, 'Languages') for exact "
+            "word counts.", lang.code, lang.word_tokenizer, type(error).__name__, error,
+        )
+        return WhitespaceTokenizer(), "whitespace (fallback)"
+
+
+# -- the datatrove phases ---------------------------------------------------------------------------
+
+
+def _rejected(work: Path, name: str):
+    from datatrove.pipeline.writers import JsonlWriter
+
+    return JsonlWriter(str(work / "rejected" / name))
+
+
+def _filters(run: StageRun, tokenizer) -> list:
+    from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter
+    from datatrove.pipeline.filters import GopherRepetitionFilter
+
+    from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter
+
+    cfg, clean, work = run.cfg, run.cfg.clean, run.work_dir
+    lang, limits = cfg.lang, cfg.lang.filters
+    if clean.lid.model:
+        threshold = clean.lid.threshold if clean.lid.threshold is not None else limits.language_score
+        labels = list(lang.glotlid) or [lang.code]
+        steps = [LocalLanguageFilter(clean.lid.model, labels, threshold, _rejected(work, "language_id"))]
+    else:
+        steps = [DeclaredLanguageFilter(lang, _rejected(work, "declared_language"))]
+    if clean.gopher_repetition:
+        steps.append(GopherRepetitionFilter(
+            dup_line_frac=limits.dup_line_frac,
+            top_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.top_n_grams),
+            dup_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.dup_n_grams),
+            exclusion_writer=_rejected(work, "gopher_repetition"), language=tokenizer,
+        ))
+    if clean.gopher_quality:
+        steps.append(GopherQualityFilter(
+            min_doc_words=clean.gopher_min_doc_words,
+            min_avg_word_length=limits.min_avg_word_length,
+            max_avg_word_length=limits.max_avg_word_length,
+            max_non_alpha_words_ratio=limits.max_non_alpha_words_ratio,
+            stop_words=list(limits.stopwords) if limits.stopwords else None,
+            min_stop_words=2 if limits.stopwords else None,
+            exclusion_writer=_rejected(work, "gopher_quality"), language=tokenizer,
+        ))
+    if clean.c4:
+        steps.append(C4QualityFilter(exclusion_writer=_rejected(work, "c4_quality"), language=tokenizer))
+    if clean.fineweb_quality:
+        steps.append(FineWebQualityFilter(
+            line_punct_thr=limits.line_punct_thr, new_line_ratio=limits.new_line_ratio,
+            exclusion_writer=_rejected(work, "fineweb_quality"), language=tokenizer,
+        ))
+    return steps
+
+
+def _split_and_write(run: StageRun) -> list:
+    from datatrove.pipeline.writers import JsonlWriter
+
+    from pipeline.corpus.heldout import HeldoutSplit
+
+    work, clean = run.work_dir, run.cfg.clean
+    return [
+        HeldoutSplit(clean.heldout_fraction, JsonlWriter(str(work / "heldout"), max_file_size=clean.shard_bytes)),
+        JsonlWriter(str(work / "train"), max_file_size=clean.shard_bytes),
+    ]
+
+
+def _minhash_config(clean):
+    from datatrove.pipeline.dedup.minhash import MinhashConfig
+
+    d = clean.dedup
+    return MinhashConfig(n_grams=d.n_grams, num_buckets=d.num_buckets, hashes_per_bucket=d.hashes_per_bucket, seed=d.seed)
+
+
+def build_phases(run: StageRun, tasks: int, tokenizer) -> list[tuple[str, list, int]]:
+    """The phases as (name, datatrove pipeline, number of tasks)."""
+    from datatrove.pipeline.dedup.minhash import MinhashDedupBuckets, MinhashDedupCluster
+    from datatrove.pipeline.dedup.minhash import MinhashDedupFilter, MinhashDedupSignature
+    from datatrove.pipeline.writers import JsonlWriter
+
+    from pipeline.corpus.reader import RawCorpusReader, TaskOutputReader
+
+    work, clean = run.work_dir, run.cfg.clean
+    reader = RawCorpusReader(str(raw_folder(run.cfg)), str(work / "raw_files.txt"), str(work / "bad_records"))
+    filtering = [reader, *_filters(run, tokenizer)]
+    if not clean.dedup.enabled:
+        return [(FILTER_PHASE, filtering + _split_and_write(run), tasks)]
+
+    minhash = _minhash_config(clean)
+    signatures, buckets, clusters = (str(work / "minhash" / part) for part in ("signatures", "buckets", "clusters"))
+    return [
+        (FILTER_PHASE, filtering + [
+            JsonlWriter(str(work / "filtered")),
+            MinhashDedupSignature(signatures, config=minhash, language=tokenizer),
+        ], tasks),
+        (BUCKETS_PHASE, [MinhashDedupBuckets(signatures, buckets, config=minhash)], minhash.num_buckets),
+        (CLUSTER_PHASE, [MinhashDedupCluster(buckets, clusters, config=minhash, save_cluster_size=True)], 1),
+        (SPLIT_PHASE, [
+            TaskOutputReader(str(work / "filtered")),
+            MinhashDedupFilter(clusters, exclusion_writer=_rejected(work, "minhash_duplicate"), load_cluster_sizes=True),
+            *_split_and_write(run),
+        ], tasks),
+    ]
+
+
+# -- metrics and commit ------------------------------------------------------------------------------
+
+
+def collect_metrics(run: StageRun) -> dict:
+    from datatrove.pipeline.dedup.minhash import MinhashDedupFilter
+
+    from pipeline.corpus.heldout import HeldoutSplit
+    from pipeline.corpus.reader import RawCorpusReader
+    from pipeline.corpus.stats import count, summed_stats
+
+    logs = run.work_dir / "logs"
+    stats = summed_stats(logs / FILTER_PHASE)
+    split_stats = stats if not run.cfg.clean.dedup.enabled else summed_stats(logs / SPLIT_PHASE)
+    reader = stats.get(step_key(RawCorpusReader), {})
+    settings = json.loads((run.work_dir / "settings.json").read_text())
+
+    rejected, reasons = {}, {}
+    for name, key in settings["filters"]:
+        rejected[key] = int(stats.get(name, {}).get("dropped", 0))
+        for counter, value in stats.get(name, {}).items():
+            if counter.startswith("dropped_"):
+                reasons[f"{key}.{counter.removeprefix('dropped_')}"] = int(value)
+    duplicates = count(split_stats, MinhashDedupFilter, "dropped")
+    if run.cfg.clean.dedup.enabled:
+        rejected["minhash_duplicate"] = duplicates
+
+    metrics = {
+        "docs_in": int(reader.get("docs_in", 0)),
+        "docs_out": count(split_stats, HeldoutSplit, "train"),
+        "docs_heldout": count(split_stats, HeldoutSplit, "heldout"),
+        "bad_records": int(reader.get("bad_records", 0)),
+        "bad_records_by_reason": {k.removeprefix("bad_records."): int(v) for k, v in reader.items()
+                                  if k.startswith("bad_records.")},
+        "rejected": rejected,
+        "rejected_by_reason": reasons,
+        "duplicates_removed": duplicates,
+        "chars_in": int(reader.get("chars_in", 0)),
+        "chars_out": count(split_stats, HeldoutSplit, "train_chars"),
+        "chars_heldout": count(split_stats, HeldoutSplit, "heldout_chars"),
+        "language_id": settings["language_id"],
+        "word_tokenizer": settings["word_tokenizer"],
+        "input_files": settings["input_files"],
+    }
+    accounted = metrics["docs_out"] + metrics["docs_heldout"] + sum(rejected.values())
+    if accounted != metrics["docs_in"]:
+        log.warning("clean: %d documents read but %d accounted for (kept + held out + rejected).",
+                    metrics["docs_in"], accounted)
+    return metrics
+
+
+@dataclass
+class CommitWhenDone:
+    """The last phase: a pipeline step (one task) that turns the statistics into the marker."""
+
+    run: StageRun
+
+    def __call__(self, data=None, rank: int = 0, world_size: int = 1):
+        metrics = collect_metrics(self.run)
+        for name in INTERMEDIATE_DIRS:
+            shutil.rmtree(self.run.work_dir / name, ignore_errors=True)
+        self.run.commit(metrics)
+        log.info(
+            "clean %s: %d documents in, %d kept, %d held out, %d rejected, %d bad records",
+            self.run.lang, metrics["docs_in"], metrics["docs_out"], metrics["docs_heldout"],
+            sum(metrics["rejected"].values()), metrics["bad_records"],
+        )
+        return data
+
+
+# -- running -----------------------------------------------------------------------------------------
+
+
+def _executor(cfg, pipeline: list, tasks: int, logging_dir: Path, depends, job_name: str):
+    if cfg.cluster.executor == "slurm":
+        from datatrove.executor.slurm import SlurmPipelineExecutor
+
+        sbatch_args = dict(cfg.cluster.sbatch_args)
+        if cfg.cluster.account:
+            sbatch_args["account"] = cfg.cluster.account
+        return SlurmPipelineExecutor(
+            pipeline=pipeline, tasks=tasks, time=cfg.cluster.cpu_time, partition=cfg.cluster.partition,
+            cpus_per_task=cfg.cluster.cpus_per_task, mem_per_cpu_gb=cfg.cluster.mem_per_cpu_gb,
+            job_name=job_name, logging_dir=str(logging_dir), depends=depends, sbatch_args=sbatch_args,
+            env_command=cfg.cluster.env_command, slurm_logs_folder=str(logging_dir / "slurm"),
+        )
+    from datatrove.executor.local import LocalPipelineExecutor
+
+    return LocalPipelineExecutor(
+        pipeline=pipeline, tasks=tasks, workers=min(cfg.workers, tasks), logging_dir=str(logging_dir),
+        depends=depends,
+    )
+
+
+def _prepare_work_dir(run: StageRun, files: list[str], tasks: int) -> None:
+    """Fix the task layout of this partial run; a resumed run with another layout starts afresh."""
+    layout = run.work_dir / "task_layout.json"
+    wanted = {"tasks": tasks, "files": files}
+    if layout.exists() and json.loads(layout.read_text()) != wanted:
+        log.info("The interrupted run in %s used another task layout; starting it afresh.", run.work_dir)
+        shutil.rmtree(run.work_dir)
+        run.work_dir.mkdir(parents=True)
+    (run.work_dir / "raw_files.txt").write_text("".join(f"{name}\n" for name in files), encoding="utf-8")
+    layout.write_text(json.dumps(wanted))
+
+
+def run_clean(run: StageRun):
+    cfg = run.cfg
+    folder = raw_folder(cfg)
+    files = find_raw_files(folder)
+    tasks = min(cfg.clean.tasks or cfg.workers, len(files))
+    _prepare_work_dir(run, files, tasks)
+    tokenizer, tokenizer_name = word_tokenizer(cfg.lang)
+
+    phases = build_phases(run, tasks, tokenizer)
+    language_id = (f"model {cfg.clean.lid.model}" if cfg.clean.lid.model
+                   else "declared `lang` field of the records (no clean.lid.model given)")
+    if not cfg.clean.lid.model:
+        log.warning("No language-ID model given (clean.lid.model): keeping documents whose `lang` field names %s "
+                    "or that have no `lang` field.", cfg.lang.code)
+    filters = [(step_key(step), _filter_key(step)) for step in phases[0][1][1:] if hasattr(step, "filter")]
+    settings = {"filters": filters, "language_id": language_id, "word_tokenizer": tokenizer_name,
+                "input_files": len(files)}
+    (run.work_dir / "settings.json").write_text(json.dumps(settings, ensure_ascii=False))
+
+    log.info("clean %s: %d files in %s, %d tasks, %d local workers", cfg.lang.code, len(files), folder, tasks,
+             min(cfg.workers, tasks))
+    on_slurm = cfg.cluster.executor == "slurm"
+    previous = None
+    for name, pipeline, phase_tasks in phases + [(COMMIT_PHASE, [CommitWhenDone(run)], 1)]:
+        # Locally the phases run one after the other; on Slurm each job depends on the one before.
+        depends = previous if on_slurm else None
+        job_name = f"clean-{cfg.lang.code}-{name}"
+        previous = _executor(cfg, pipeline, phase_tasks, run.work_dir / "logs" / name, depends, job_name)
+        if not on_slurm:
+            log.info("clean %s: phase %s (%d tasks)", cfg.lang.code, name, phase_tasks)
+            previous.run()
+    if on_slurm:
+        previous.run()  # submits the whole chain, each phase depending on the one before
+        log.info("clean %s: submitted to Slurm; the marker appears in %s when the jobs finish.",
+                 cfg.lang.code, run.final_dir)
+    return None
+
+
+_FILTER_KEYS = {
+    "LocalLanguageFilter": "language_id", "DeclaredLanguageFilter": "declared_language",
+    "GopherRepetitionFilter": "gopher_repetition", "GopherQualityFilter": "gopher_quality",
+    "C4QualityFilter": "c4_quality", "FineWebQualityFilter": "fineweb_quality",
+}
+
+
+def _filter_key(step) -> str:
+    return _FILTER_KEYS[type(step).__name__]
+
+
+STAGE = Stage(
+    name="clean",
+    run=run_clean,
+    config_sections=("clean", "lang"),
+    unhashed_keys=("clean.tasks",),
+    describe_inputs=describe_inputs,
+)
