@@ -58,9 +58,9 @@ class RawCorpusReader(BaseDiskReader):
     def _document(self, record, path: str, line: int) -> Document:
         if not isinstance(record, dict):
             raise BadRecord("not_an_object", type(record).__name__)
-        if "text" not in record:
+        text = record.get("text")
+        if text is None:
             raise BadRecord("missing_text", f"fields: {sorted(record)[:10]}")
-        text = record["text"]
         if not isinstance(text, str):
             raise BadRecord("text_not_a_string", type(text).__name__)
         if not text.strip():

@@ -9,8 +9,8 @@ Built from datatrove blocks in four phases, each a datatrove executor (local pro
    by document-id hash -> `train/` and `heldout/` shards.
 
 Every rejected document is written under `rejected/<filter>/` with its reason in its metadata.
-A last one-task phase sums the statistics into the marker's metrics and commits the output, so the
-same code finishes the stage whether it ran here or as Slurm jobs.
+A last step sums the statistics into the marker's metrics and commits the output: here, in this
+process; on Slurm, as a one-task job that depends on the others.
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ from pipeline.corpus.stats import step_key
 
 log = logging.getLogger(__name__)
 
-FILTER_PHASE, BUCKETS_PHASE, CLUSTER_PHASE, SPLIT_PHASE, COMMIT_PHASE = (
-    "1_filter", "2_minhash_buckets", "3_minhash_clusters", "4_dedup_split", "5_commit",
-)
+FILTER_PHASE, BUCKETS_PHASE, CLUSTER_PHASE, SPLIT_PHASE = "1_filter", "2_minhash_buckets", "3_minhash_clusters", "4_dedup_split"
 INTERMEDIATE_DIRS = ("filtered", "minhash")
 
 
@@ -235,7 +233,7 @@ def collect_metrics(run: StageRun) -> dict:
 
 @dataclass
 class CommitWhenDone:
-    """The last phase: a pipeline step (one task) that turns the statistics into the marker."""
+    """The last step: turns the statistics into the marker. A datatrove pipeline step, for Slurm."""
 
     run: StageRun
 
@@ -311,7 +309,7 @@ def run_clean(run: StageRun):
              min(cfg.workers, tasks))
     on_slurm = cfg.cluster.executor == "slurm"
     previous = None
-    for name, pipeline, phase_tasks in phases + [(COMMIT_PHASE, [CommitWhenDone(run)], 1)]:
+    for name, pipeline, phase_tasks in phases:
         # Locally the phases run one after the other; on Slurm each job depends on the one before.
         depends = previous if on_slurm else None
         job_name = f"clean-{cfg.lang.code}-{name}"
@@ -319,10 +317,14 @@ def run_clean(run: StageRun):
         if not on_slurm:
             log.info("clean %s: phase %s (%d tasks)", cfg.lang.code, name, phase_tasks)
             previous.run()
-    if on_slurm:
-        previous.run()  # submits the whole chain, each phase depending on the one before
-        log.info("clean %s: submitted to Slurm; the marker appears in %s when the jobs finish.",
-                 cfg.lang.code, run.final_dir)
+    if not on_slurm:
+        CommitWhenDone(run)()
+        return None
+    # The commit job logs outside the folder it moves into place.
+    commit_logs = run.final_dir.parent / "logs" / f"clean-commit-{run.config_hash}"
+    _executor(cfg, [CommitWhenDone(run)], 1, commit_logs, previous, f"clean-{cfg.lang.code}-commit").run()
+    log.info("clean %s: submitted to Slurm; the marker appears in %s when the jobs finish.",
+             cfg.lang.code, run.final_dir)
     return None
 
 

@@ -1,0 +1,84 @@
+"""The clean stage on several languages and scripts, with a local language-ID model, and in parallel."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+
+from tests.conftest import marker, read_jsonl_gz, run_cli, write_jsonl_gz
+
+# Latin, Cyrillic, Greek, Arabic and Devanagari script; UD documents are short, hence min_doc_words.
+SCRIPTS = {"fin": "LATIN", "mlt": "LATIN", "rus": "CYRILLIC", "ell": "GREEK", "ara": "ARABIC", "hin": "DEVANAGARI"}
+
+
+def _main_script(text: str) -> str:
+    letters = [unicodedata.name(ch, "").split(" ")[0] for ch in text if ch.isalpha()]
+    return max(set(letters), key=letters.count)
+
+
+@pytest.mark.parametrize("lang", sorted(SCRIPTS))
+def test_clean_runs_for_each_script(lang, tmp_path, embedded_records):
+    run_cli("stage=clean", f"lang={lang}", "clean.gopher_min_doc_words=5", cwd=tmp_path)
+    metrics = marker(tmp_path / "work", lang, "clean")["metrics"]
+    assert metrics["docs_in"] == len(embedded_records[lang])
+    assert metrics["docs_out"] > 0
+    assert metrics["docs_out"] + metrics["docs_heldout"] + sum(metrics["rejected"].values()) == metrics["docs_in"]
+    kept = read_jsonl_gz(tmp_path / "work" / lang / "clean" / "train")
+    assert all(_main_script(r["text"]) == SCRIPTS[lang] for r in kept)
+
+
+def test_stage_all_runs_the_existing_stages_in_order(tmp_path):
+    result = run_cli("stage=all", "lang=fo", cwd=tmp_path)
+    assert marker(tmp_path / "work", "fao", "clean")["metrics"]["docs_in"] > 0
+    assert "Running clean for fao" in result.stderr + result.stdout
+
+
+def test_parallel_workers_give_the_same_output(tmp_path, embedded_records):
+    runs = {}
+    for workers in (1, 2):
+        work = tmp_path / f"w{workers}"
+        run_cli("stage=clean", "lang=nno", f"workers={workers}", f"work_dir={work}", cwd=tmp_path)
+        out = work / "nno" / "clean"
+        runs[workers] = {part: sorted(r["id"] for r in read_jsonl_gz(out / part))
+                         for part in ("train", "heldout", "rejected")}
+        assert marker(work, "nno", "clean")["metrics"]["docs_in"] == len(embedded_records["nno"])
+    assert len(list((tmp_path / "w2" / "nno" / "clean" / "logs" / "1_filter" / "stats").glob("*.json"))) == 2
+    assert runs[1] == runs[2]
+
+
+def _train_lid_model(path, embedded_records):
+    """A small fastText classifier with GlotLID-style labels, trained on UD sentences."""
+    import fasttext
+
+    lines = []
+    for lang, label in (("nob", "nob_Latn"), ("eng", "eng_Latn"), ("nno", "nno_Latn"), ("fin", "fin_Latn")):
+        for record in embedded_records[lang]:
+            if "UD_" in record["id"]:
+                lines += [f"__label__{label} {line}" for line in record["text"].split(". ") if line.strip()]
+    train = path.with_suffix(".txt")
+    train.write_text("\n".join(lines), encoding="utf-8")
+    model = fasttext.train_supervised(str(train), epoch=15, lr=0.5, wordNgrams=2, minn=2, maxn=4, dim=32,
+                                      thread=1, seed=1, verbose=0)
+    model.save_model(str(path))
+
+
+def test_language_id_with_a_local_model_rejects_other_languages(tmp_path, embedded_records):
+    model = tmp_path / "lid.bin"
+    _train_lid_model(model, embedded_records)
+    # documents not used for training, all claiming to be Bokmål
+    nob = [r for r in embedded_records["nob"] if r["id"].startswith("npk_cc0")][:60]
+    eng = [r for r in embedded_records["eng"] if "gutenberg" in r["id"]][:20]
+    write_jsonl_gz(tmp_path / "raw" / "nob" / "mixed.jsonl.gz", [{**r, "lang": "nob"} for r in nob + eng])
+
+    run_cli("stage=clean", "lang=nob", f"raw_dir={tmp_path / 'raw'}", f"clean.lid.model={model}",
+            "clean.lid.threshold=0.5", "clean.gopher_quality=false", "clean.gopher_repetition=false",
+            "clean.fineweb_quality=false", "clean.dedup.enabled=false", cwd=tmp_path)
+    out = tmp_path / "work" / "nob" / "clean"
+    metrics = marker(tmp_path / "work", "nob", "clean")["metrics"]
+    assert metrics["language_id"].startswith("model ")
+    rejected = {r["id"] for r in read_jsonl_gz(out / "rejected" / "language_id")}
+    kept = {r["id"] for part in ("train", "heldout") for r in read_jsonl_gz(out / part)}
+    assert {r["id"] for r in eng} <= rejected
+    assert len(kept & {r["id"] for r in nob}) >= 0.95 * len(nob)
+    assert all(r["metadata"]["language"] for r in read_jsonl_gz(out / "train"))
