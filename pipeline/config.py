@@ -111,6 +111,7 @@ class ClusterConfig:
     executor: str = "local"
     partition: Optional[str] = None
     account: Optional[str] = None
+    qos: Optional[str] = None
     cpu_time: str = "12:00:00"
     cpus_per_task: int = 1
     mem_per_cpu_gb: int = 2

@@ -84,7 +84,8 @@ class StageRun:
 
 
 def stage_dir(cfg, stage: str) -> Path:
-    return Path(cfg.work_dir) / cfg.lang.code / stage
+    # Absolute, so that Slurm jobs (which may start elsewhere) find the same folder.
+    return Path(cfg.work_dir).absolute() / cfg.lang.code / stage
 
 
 def read_marker(directory: Path) -> Optional[dict]:

@@ -52,3 +52,14 @@ def marker(work: Path, lang: str, stage: str) -> dict:
 def embedded_records() -> dict[str, list[dict]]:
     """The embedded sample of each language, as records."""
     return {folder.name: read_jsonl_gz(folder) for folder in sorted(DATA.iterdir()) if folder.is_dir()}
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real one-node Slurm on localhost, started (and installed if needed) by the repo's script."""
+    import shutil
+
+    if os.geteuid() != 0 and shutil.which("sbatch") is None:
+        pytest.skip("starting a local Slurm needs root (CI runs as root); run tests/slurm/start_local_slurm.sh")
+    subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start_local_slurm.sh")], check=True, timeout=600)
+    return "debug"

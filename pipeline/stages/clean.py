@@ -262,7 +262,7 @@ def _executor(cfg, pipeline: list, tasks: int, logging_dir: Path, depends, job_n
             sbatch_args["account"] = cfg.cluster.account
         return SlurmPipelineExecutor(
             pipeline=pipeline, tasks=tasks, time=cfg.cluster.cpu_time, partition=cfg.cluster.partition,
-            cpus_per_task=cfg.cluster.cpus_per_task, mem_per_cpu_gb=cfg.cluster.mem_per_cpu_gb,
+            cpus_per_task=cfg.cluster.cpus_per_task, mem_per_cpu_gb=cfg.cluster.mem_per_cpu_gb, qos=cfg.cluster.qos,
             job_name=job_name, logging_dir=str(logging_dir), depends=depends, sbatch_args=sbatch_args,
             env_command=cfg.cluster.env_command, slurm_logs_folder=str(logging_dir / "slurm"),
         )
