@@ -67,6 +67,8 @@ class LanguageConfig:
     glotlid: List[str] = field(default_factory=list)
     flores: Optional[str] = None
     word_tokenizer: str = MISSING
+    # False for the few entries beyond the 75 HPLT v1.2 languages (e.g. Faroese).
+    in_hplt_v1_2: bool = True
     filters_source: str = "defaults"
     filters: FilterThresholds = field(default_factory=FilterThresholds)
 

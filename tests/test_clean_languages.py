@@ -52,7 +52,7 @@ def _train_lid_model(path, embedded_records):
     import fasttext
 
     lines = []
-    for lang, label in (("nob", "nob_Latn"), ("eng", "eng_Latn"), ("nno", "nno_Latn"), ("fin", "fin_Latn")):
+    for lang, label in (("nob", "nob_Latn"), ("eng", "eng_Latn"), ("fin", "fin_Latn")):
         for record in embedded_records[lang]:
             if "UD_" in record["id"]:
                 lines += [f"__label__{label} {line}" for line in record["text"].split(". ") if line.strip()]

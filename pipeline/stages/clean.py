@@ -66,10 +66,19 @@ def describe_inputs(cfg) -> dict:
 
 
 def word_tokenizer(lang):
-    """The language's datatrove word tokenizer, or a whitespace fallback when it cannot load offline."""
-    from datatrove.utils.word_tokenizers import WhitespaceTokenizer, load_word_tokenizer
+    """The language's datatrove word tokenizer, or a whitespace fallback when it cannot load offline.
+
+    Returns (what the datatrove blocks take as `language`, its name for the metrics).
+    """
+    from datatrove.utils.word_tokenizers import SpaCyTokenizer, WhitespaceTokenizer, load_word_tokenizer
+
+    from pipeline.corpus.word_tokenizers import CliticWordTokenizer
 
     try:
+        if lang.word_tokenizer == "xx":  # spaCy's multilingual rules: whitespace and punctuation
+            return SpaCyTokenizer("xx"), "xx"
+        if lang.word_tokenizer == "clitics":
+            return CliticWordTokenizer(), "clitics"
         load_word_tokenizer(lang.word_tokenizer).word_tokenize("a b")
         return lang.word_tokenizer, lang.word_tokenizer
     except Exception as error:  # missing optional package, or a model that would need a download

@@ -1,0 +1,59 @@
+"""The language table: 75 HPLT languages, their codes, thresholds and word tokenizers."""
+
+from __future__ import annotations
+
+import pytest
+from datatrove.utils.word_tokenizers import load_tokenizer_assignments
+from omegaconf import OmegaConf
+
+from pipeline.config import LanguageConfig, language_config
+from pipeline.languages import LANGUAGES, UnknownLanguageError, resolve_language
+
+
+def test_the_table_holds_the_75_hplt_languages_with_every_field():
+    assert sum(entry.get("in_hplt_v1_2", True) for entry in LANGUAGES.values()) == 75
+    assert {"nob", "nno", "eng", "fin", "eus", "mlt", "fao"} <= set(LANGUAGES)
+    for code, entry in LANGUAGES.items():
+        assert len(code) == 3 and code.islower(), code
+        config = language_config(code, entry)  # typed: a wrong field or type fails here
+        assert isinstance(config, LanguageConfig)
+        assert config.name and config.script and config.hplt_code and config.glotlid, code
+        assert config.filters_source, code
+
+
+@pytest.mark.parametrize("typed, code", [("nob", "nob"), ("nb", "nob"), ("no", "nob"), ("NOB", "nob"),
+                                         ("nn", "nno"), ("nob_Latn", "nob"), ("en", "eng"), ("fo", "fao"),
+                                         ("hbs", "hbs"), ("sr", "hbs"), ("zh", "zho"), ("eu", "eus")])
+def test_codes_and_aliases_resolve_to_iso_639_3(typed, code):
+    assert resolve_language(typed) == code
+
+
+def test_unknown_code_lists_the_closest_first():
+    with pytest.raises(UnknownLanguageError, match=r"Closest known codes: nob \(Norwegian Bokmål\)"):
+        resolve_language("nbo")
+
+
+def test_nob_has_fineweb2_thresholds():
+    nob = language_config("nob", LANGUAGES["nob"]).filters
+    assert (nob.language_score, nob.dup_line_frac, nob.line_punct_thr) == (0.813, 0.312, 0.2)
+    assert (nob.min_avg_word_length, nob.max_avg_word_length, nob.max_non_alpha_words_ratio) == (3, 11, 0.783)
+    assert "og" in nob.stopwords
+    assert [(g.n, g.max_fraction) for g in nob.top_n_grams] == [(2, 0.087), (3, 0.107), (4, 0.131)]
+
+
+def test_languages_without_published_values_get_the_defaults():
+    eng = OmegaConf.structured(language_config("eng", LANGUAGES["eng"]).filters)
+    assert eng.language_score == 0.65 and eng.line_punct_thr == 0.12 and eng.max_avg_word_length == 10
+    assert list(eng.stopwords) == ["the", "be", "to", "of", "and", "that", "have", "with"]
+
+
+def test_every_word_tokenizer_is_known_to_datatrove():
+    known = load_tokenizer_assignments()
+    assert all(e["word_tokenizer"] in known or e["word_tokenizer"] in ("xx", "clitics") for e in LANGUAGES.values())
+
+
+def test_maltese_clitics_stay_words():
+    from pipeline.corpus.word_tokenizers import CliticWordTokenizer
+
+    words = CliticWordTokenizer().word_tokenize("Fil-qalba tal-Partit, id-diskors ta' Muscat.")
+    assert words == ["Fil-", "qalba", "tal-", "Partit", ",", "id-", "diskors", "ta'", "Muscat", "."]
