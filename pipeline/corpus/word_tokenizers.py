@@ -8,8 +8,12 @@ FineWeb-2's Maltese thresholds and stop words (`il-`, `ta'`) assume Stanza's cli
 
 from __future__ import annotations
 
+import logging
+
 import regex
-from datatrove.utils.word_tokenizers import WhitespaceTokenizer, strip_strings
+from datatrove.utils.word_tokenizers import SpaCyTokenizer, WhitespaceTokenizer, load_word_tokenizer, strip_strings
+
+log = logging.getLogger(__name__)
 
 # A word, with a trailing apostrophe or a hyphen that joins it to the next word kept as part of it
 # (`tal-Partit` -> `tal-`, `Partit`; `ta'` stays whole); any other non-space character alone.
@@ -21,3 +25,24 @@ class CliticWordTokenizer(WhitespaceTokenizer):
 
     def word_tokenize(self, text: str) -> list[str]:
         return strip_strings(_WORD_OR_CLITIC.findall(text))
+
+
+def resolve_word_tokenizer(lang):
+    """The language's datatrove word tokenizer, or a whitespace fallback when it cannot load offline.
+
+    Returns (what the datatrove blocks take as `language`, its name for the metrics).
+    """
+    try:
+        if lang.word_tokenizer == "xx":  # spaCy's multilingual rules: whitespace and punctuation
+            return SpaCyTokenizer("xx"), "xx"
+        if lang.word_tokenizer == "clitics":
+            return CliticWordTokenizer(), "clitics"
+        load_word_tokenizer(lang.word_tokenizer).word_tokenize("a b")
+        return lang.word_tokenizer, lang.word_tokenizer
+    except Exception as error:  # missing optional package, or a model that would need a download
+        log.warning(
+            "The word tokenizer for %s (%s) is not usable here (%s: %s); the filters and MinHash fall back to "
+            "whitespace/punctuation tokenization. Install its package (see README, 'Languages') for exact "
+            "word counts.", lang.code, lang.word_tokenizer, type(error).__name__, error,
+        )
+        return WhitespaceTokenizer(), "whitespace (fallback)"

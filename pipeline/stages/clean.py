@@ -25,10 +25,12 @@ from pathlib import Path
 from pipeline.contract import Stage, StageError, StageRun
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files
 from pipeline.corpus.stats import step_key
+from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 
 log = logging.getLogger(__name__)
 
-FILTER_PHASE, BUCKETS_PHASE, CLUSTER_PHASE, SPLIT_PHASE = "1_filter", "2_minhash_buckets", "3_minhash_clusters", "4_dedup_split"
+FILTER_PHASE, BUCKETS_PHASE = "1_filter", "2_minhash_buckets"
+CLUSTER_PHASE, SPLIT_PHASE = "3_minhash_clusters", "4_dedup_split"
 INTERMEDIATE_DIRS = ("filtered", "minhash")
 
 
@@ -65,31 +67,6 @@ def describe_inputs(cfg) -> dict:
                     "fingerprint": fingerprint.hexdigest()[:16]}}
 
 
-def word_tokenizer(lang):
-    """The language's datatrove word tokenizer, or a whitespace fallback when it cannot load offline.
-
-    Returns (what the datatrove blocks take as `language`, its name for the metrics).
-    """
-    from datatrove.utils.word_tokenizers import SpaCyTokenizer, WhitespaceTokenizer, load_word_tokenizer
-
-    from pipeline.corpus.word_tokenizers import CliticWordTokenizer
-
-    try:
-        if lang.word_tokenizer == "xx":  # spaCy's multilingual rules: whitespace and punctuation
-            return SpaCyTokenizer("xx"), "xx"
-        if lang.word_tokenizer == "clitics":
-            return CliticWordTokenizer(), "clitics"
-        load_word_tokenizer(lang.word_tokenizer).word_tokenize("a b")
-        return lang.word_tokenizer, lang.word_tokenizer
-    except Exception as error:  # missing optional package, or a model that would need a download
-        log.warning(
-            "The word tokenizer for %s (%s) is not usable here (%s: %s); the filters and MinHash fall back to "
-            "whitespace/punctuation tokenization. Install its package (see README, 'Languages') for exact "
-            "word counts.", lang.code, lang.word_tokenizer, type(error).__name__, error,
-        )
-        return WhitespaceTokenizer(), "whitespace (fallback)"
-
-
 # -- the datatrove phases ---------------------------------------------------------------------------
 
 
@@ -99,7 +76,8 @@ def _rejected(work: Path, name: str):
     return JsonlWriter(str(work / "rejected" / name))
 
 
-def _filters(run: StageRun, tokenizer) -> list:
+def _filters(run: StageRun, tokenizer) -> list[tuple[str, object]]:
+    """(name, datatrove filter) pairs; the name keys `rejected/<name>/` and `metrics.rejected`."""
     from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter
     from datatrove.pipeline.filters import GopherRepetitionFilter
 
@@ -107,37 +85,38 @@ def _filters(run: StageRun, tokenizer) -> list:
 
     cfg, clean, work = run.cfg, run.cfg.clean, run.work_dir
     lang, limits = cfg.lang, cfg.lang.filters
+    chosen = []
     if clean.lid.model:
         threshold = clean.lid.threshold if clean.lid.threshold is not None else limits.language_score
         labels = list(lang.glotlid) or [lang.code]
-        steps = [LocalLanguageFilter(clean.lid.model, labels, threshold, _rejected(work, "language_id"))]
+        chosen.append(("language_id", LocalLanguageFilter, dict(model_path=clean.lid.model, labels=labels,
+                                                                 threshold=threshold)))
     else:
-        steps = [DeclaredLanguageFilter(lang, _rejected(work, "declared_language"))]
+        chosen.append(("declared_language", DeclaredLanguageFilter, dict(lang=lang)))
     if clean.gopher_repetition:
-        steps.append(GopherRepetitionFilter(
+        chosen.append(("gopher_repetition", GopherRepetitionFilter, dict(
             dup_line_frac=limits.dup_line_frac,
             top_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.top_n_grams),
             dup_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.dup_n_grams),
-            exclusion_writer=_rejected(work, "gopher_repetition"), language=tokenizer,
-        ))
+            language=tokenizer,
+        )))
     if clean.gopher_quality:
-        steps.append(GopherQualityFilter(
+        chosen.append(("gopher_quality", GopherQualityFilter, dict(
             min_doc_words=clean.gopher_min_doc_words,
             min_avg_word_length=limits.min_avg_word_length,
             max_avg_word_length=limits.max_avg_word_length,
             max_non_alpha_words_ratio=limits.max_non_alpha_words_ratio,
             stop_words=list(limits.stopwords) if limits.stopwords else None,
             min_stop_words=2 if limits.stopwords else None,
-            exclusion_writer=_rejected(work, "gopher_quality"), language=tokenizer,
-        ))
+            language=tokenizer,
+        )))
     if clean.c4:
-        steps.append(C4QualityFilter(exclusion_writer=_rejected(work, "c4_quality"), language=tokenizer))
+        chosen.append(("c4_quality", C4QualityFilter, dict(language=tokenizer)))
     if clean.fineweb_quality:
-        steps.append(FineWebQualityFilter(
-            line_punct_thr=limits.line_punct_thr, new_line_ratio=limits.new_line_ratio,
-            exclusion_writer=_rejected(work, "fineweb_quality"), language=tokenizer,
-        ))
-    return steps
+        chosen.append(("fineweb_quality", FineWebQualityFilter, dict(
+            line_punct_thr=limits.line_punct_thr, new_line_ratio=limits.new_line_ratio, language=tokenizer,
+        )))
+    return [(name, cls(exclusion_writer=_rejected(work, name), **kwargs)) for name, cls, kwargs in chosen]
 
 
 def _split_and_write(run: StageRun) -> list:
@@ -159,7 +138,7 @@ def _minhash_config(clean):
     return MinhashConfig(n_grams=d.n_grams, num_buckets=d.num_buckets, hashes_per_bucket=d.hashes_per_bucket, seed=d.seed)
 
 
-def build_phases(run: StageRun, tasks: int, tokenizer) -> list[tuple[str, list, int]]:
+def build_phases(run: StageRun, tasks: int, tokenizer, filters: list) -> list[tuple[str, list, int]]:
     """The phases as (name, datatrove pipeline, number of tasks)."""
     from datatrove.pipeline.dedup.minhash import MinhashDedupBuckets, MinhashDedupCluster
     from datatrove.pipeline.dedup.minhash import MinhashDedupFilter, MinhashDedupSignature
@@ -169,7 +148,7 @@ def build_phases(run: StageRun, tasks: int, tokenizer) -> list[tuple[str, list, 
 
     work, clean = run.work_dir, run.cfg.clean
     reader = RawCorpusReader(str(raw_folder(run.cfg)), str(work / "raw_files.txt"), str(work / "bad_records"))
-    filtering = [reader, *_filters(run, tokenizer)]
+    filtering = [reader, *filters]
     if not clean.dedup.enabled:
         return [(FILTER_PHASE, filtering + _split_and_write(run), tasks)]
 
@@ -301,16 +280,15 @@ def run_clean(run: StageRun):
     files = find_raw_files(folder)
     tasks = min(cfg.clean.tasks or cfg.workers, len(files))
     _prepare_work_dir(run, files, tasks)
-    tokenizer, tokenizer_name = word_tokenizer(cfg.lang)
-
-    phases = build_phases(run, tasks, tokenizer)
+    tokenizer, tokenizer_name = resolve_word_tokenizer(cfg.lang)
+    filters = _filters(run, tokenizer)
+    phases = build_phases(run, tasks, tokenizer, [step for _, step in filters])
     language_id = (f"model {cfg.clean.lid.model}" if cfg.clean.lid.model
                    else "declared `lang` field of the records (no clean.lid.model given)")
     if not cfg.clean.lid.model:
         log.warning("No language-ID model given (clean.lid.model): keeping documents whose `lang` field names %s "
                     "or that have no `lang` field.", cfg.lang.code)
-    filters = [(step_key(step), _filter_key(step)) for step in phases[0][1][1:] if hasattr(step, "filter")]
-    settings = {"filters": filters, "language_id": language_id, "word_tokenizer": tokenizer_name,
+    settings = {"filters": [(step_key(step), name) for name, step in filters], "language_id": language_id, "word_tokenizer": tokenizer_name,
                 "input_files": len(files)}
     (run.work_dir / "settings.json").write_text(json.dumps(settings, ensure_ascii=False))
 
@@ -335,17 +313,6 @@ def run_clean(run: StageRun):
     log.info("clean %s: submitted to Slurm; the marker appears in %s when the jobs finish.",
              cfg.lang.code, run.final_dir)
     return None
-
-
-_FILTER_KEYS = {
-    "LocalLanguageFilter": "language_id", "DeclaredLanguageFilter": "declared_language",
-    "GopherRepetitionFilter": "gopher_repetition", "GopherQualityFilter": "gopher_quality",
-    "C4QualityFilter": "c4_quality", "FineWebQualityFilter": "fineweb_quality",
-}
-
-
-def _filter_key(step) -> str:
-    return _FILTER_KEYS[type(step).__name__]
 
 
 STAGE = Stage(
