@@ -82,3 +82,10 @@ def test_language_id_with_a_local_model_rejects_other_languages(tmp_path, embedd
     assert {r["id"] for r in eng} <= rejected
     assert len(kept & {r["id"] for r in nob}) >= 0.95 * len(nob)
     assert all(r["metadata"]["language"] for r in read_jsonl_gz(out / "train"))
+
+
+def test_hydra_multirun_sweeps_languages(tmp_path):
+    result = run_cli("-m", "stage=clean", "lang=fo,mt", "clean.gopher_min_doc_words=5", cwd=tmp_path)
+    assert "Launching 2 jobs locally" in result.stderr + result.stdout
+    for lang in ("fao", "mlt"):
+        assert marker(tmp_path / "work", lang, "clean")["metrics"]["docs_out"] > 0

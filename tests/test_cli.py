@@ -36,34 +36,20 @@ def test_unknown_or_aliased_language(tmp_path, typed, first):
         assert result.stderr.split("Closest known codes: ")[1].startswith(first)
 
 
-def test_unknown_stage_lists_choices_closest_first(tmp_path):
-    result = run_cli("stage=claen", "lang=nob", cwd=tmp_path, check=False)
-    assert result.returncode == 2
-    assert "Unknown stage `stage=claen`. Valid stages, closest first: clean," in result.stderr
-
-
-def test_misspelled_override_names_the_key_and_the_fix(tmp_path):
-    result = run_cli("stage=clean", "lang=nob", "clean.heldout_fracton=0.1", cwd=tmp_path, check=False)
-    assert result.returncode == 2
-    assert "Unknown config key `clean.heldout_fracton`. Did you mean: `clean.heldout_fraction`" in result.stderr
-
-
-def test_mistyped_value_names_the_key(tmp_path):
-    result = run_cli("stage=clean", "lang=nob", "clean.heldout_fraction=abc", cwd=tmp_path, check=False)
-    assert result.returncode != 0
-    assert "clean.heldout_fraction" in result.stderr
-
-
-def test_out_of_range_value_names_the_key_and_the_allowed_values(tmp_path):
-    result = run_cli("stage=clean", "lang=nob", "clean.heldout_fraction=1.5", cwd=tmp_path, check=False)
-    assert result.returncode == 1
-    assert "Invalid value for `clean.heldout_fraction`: 1.5. Allowed: a number in [0, 1)" in result.stderr
-
-
-def test_missing_lang_says_what_to_give(tmp_path):
-    result = run_cli("stage=clean", cwd=tmp_path, check=False)
-    assert result.returncode == 2
-    assert "Missing `lang=`" in result.stderr
+@pytest.mark.parametrize("args, code, message", [
+    (["stage=claen", "lang=nob"], 2, "Unknown stage `stage=claen`. Valid stages, closest first: clean,"),
+    (["stage=clean", "lang=nob", "clean.heldout_fracton=0.1"], 2,
+     "Unknown config key `clean.heldout_fracton`. Did you mean: `clean.heldout_fraction`"),
+    (["stage=clean", "lang=nob", "clean.heldout_fraction=abc"], 1, "clean.heldout_fraction"),
+    (["stage=clean", "lang=nob", "clean.heldout_fraction=1.5"], 1,
+     "Invalid value for `clean.heldout_fraction`: 1.5. Allowed: a number in [0, 1)"),
+    (["stage=clean"], 2, "Missing `lang=`"),
+], ids=["stage", "key", "type", "range", "missing-lang"])
+def test_mistakes_fail_at_once_naming_the_key_and_the_fix(tmp_path, args, code, message):
+    result = run_cli(*args, cwd=tmp_path, check=False)
+    assert result.returncode == code
+    assert message in result.stderr
+    assert not (tmp_path / "work" / "nob" / "clean").exists()
 
 
 def test_missing_lid_model_file_names_the_key(tmp_path):
