@@ -89,3 +89,11 @@ def test_hydra_multirun_sweeps_languages(tmp_path):
     assert "Launching 2 jobs locally" in result.stderr + result.stdout
     for lang in ("fao", "mlt"):
         assert marker(tmp_path / "work", lang, "clean")["metrics"]["docs_out"] > 0
+
+
+def test_c4_filters_run_when_switched_on(tmp_path):
+    run_cli("stage=clean", "lang=mlt", "clean.c4=true", "clean.gopher_min_doc_words=5", cwd=tmp_path)
+    metrics = marker(tmp_path / "work", "mlt", "clean")["metrics"]
+    assert "c4_quality" in metrics["rejected"]
+    rejected = read_jsonl_gz(tmp_path / "work" / "mlt" / "clean" / "rejected" / "c4_quality")
+    assert len(rejected) == metrics["rejected"]["c4_quality"] > 0
