@@ -319,6 +319,7 @@ STAGE = Stage(
     name="clean",
     run=run_clean,
     config_sections=("clean", "lang"),
-    unhashed_keys=("clean.tasks",),
+    # Parallelism and descriptive table fields do not change the output.
+    unhashed_keys=("clean.tasks", "lang.name", "lang.flores", "lang.filters_source", "lang.in_hplt_v1_2"),
     describe_inputs=describe_inputs,
 )
