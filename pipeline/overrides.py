@@ -18,7 +18,7 @@ from pipeline.languages import resolve_language
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                      "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
 _HELP_FLAGS = {"--help", "-h", "--hydra-help"}
-_CONFIG_GROUPS = {"lang", "cluster"}
+_CONFIG_GROUPS = {"lang", "cluster", "mix"}
 
 
 class OverrideError(ValueError):
@@ -37,8 +37,12 @@ def _dataclass_of(tp) -> Optional[type]:
 
 def check_key(dotted: str) -> None:
     """Raise OverrideError if `dotted` is not a key of the pipeline config."""
-    cls, walked = PipelineConfig, []
+    cls, walked, entry_next = PipelineConfig, [], False
     for part in dotted.split("."):
+        if entry_next:  # an index or key into a list or dict of dataclasses (mix.sources.0.path)
+            entry_next = False
+            walked.append(part)
+            continue
         if cls is None:
             return  # below a leaf or inside a free-form dict (cluster.sbatch_args): Hydra checks the rest
         types = typing.get_type_hints(cls)
@@ -53,6 +57,7 @@ def check_key(dotted: str) -> None:
             )
         walked.append(part)
         cls = _dataclass_of(types[part])
+        entry_next = cls is not None and typing.get_origin(types[part]) in (list, dict)
 
 
 def _split_override(arg: str) -> Optional[tuple[str, str, str]]:

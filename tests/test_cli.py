@@ -12,7 +12,7 @@ def test_help_lists_every_stage_and_the_main_options(tmp_path):
     out = run_cli("--help", cwd=tmp_path).stdout
     for stage in (*STAGE_NAMES, "all"):
         assert f"\n  {stage} " in out
-    for option in ("work_dir=", "raw_dir=", "workers=", "cluster=", "clean.lid.model=", "--cfg job"):
+    for option in ("work_dir=", "raw_dir=", "workers=", "cluster=", "clean.lid.model=", "mix.tokens=", "--cfg job"):
         assert option in out
 
 

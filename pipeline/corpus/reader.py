@@ -10,6 +10,7 @@ reason) with its file and line in `bad_records/<rank>.jsonl`.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import zlib
@@ -35,6 +36,18 @@ def find_raw_files(folder: Path) -> list[str]:
     """Relative paths of the raw files below `folder`, sorted, so every run shards them alike."""
     found = {p for pattern in RAW_PATTERNS for p in folder.rglob(pattern) if p.is_file()}
     return sorted(str(p.relative_to(folder)) for p in found)
+
+
+def fingerprint_files(folder: Path, files: list[str]) -> dict:
+    """Count, size and a hash of the names, sizes and modification times of `files`: changes when they do."""
+    fingerprint = hashlib.sha256()
+    total = 0
+    for name in files:
+        stat = (folder / name).stat()
+        total += stat.st_size
+        fingerprint.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return {"path": str(folder.resolve()), "files": len(files), "bytes": total,
+            "fingerprint": fingerprint.hexdigest()[:16]}
 
 
 class BadRecord(Exception):

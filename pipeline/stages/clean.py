@@ -15,7 +15,6 @@ process; on Slurm, as a one-task job that depends on the others.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.contract import Stage, StageError, StageRun
-from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files
+from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files
 from pipeline.corpus.stats import step_key
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 
@@ -57,14 +56,7 @@ def describe_inputs(cfg) -> dict:
             f"No readable raw files for {cfg.lang.code} in {folder}: looked for {', '.join(RAW_PATTERNS)} "
             "(in subfolders too). Add files there or point raw_dir= elsewhere."
         )
-    fingerprint = hashlib.sha256()
-    total = 0
-    for name in files:
-        stat = (folder / name).stat()
-        total += stat.st_size
-        fingerprint.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return {"raw": {"path": str(folder.resolve()), "files": len(files), "bytes": total,
-                    "fingerprint": fingerprint.hexdigest()[:16]}}
+    return {"raw": fingerprint_files(folder, files)}
 
 
 # -- the datatrove phases ---------------------------------------------------------------------------

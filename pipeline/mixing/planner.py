@@ -1,0 +1,136 @@
+"""Filling a token budget from the target language and the other sources: pure functions, no I/O.
+
+The order (issue 3): sources with a fixed ratio first (each gets ratio x budget, which must fit within
+its epoch cap); then the target language, up to its cap; then the other sources by priority (lower
+first, ties in the configured order), each up to its own cap. What is still missing is the shortfall:
+the plan never repeats a source beyond its cap to hide it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from pipeline.mixing import scaling
+
+FIXED_RATIO, TARGET, FILLER = "fixed ratio", "target", "filler"
+
+
+class PlanError(ValueError):
+    """The sources cannot give what the configuration demands; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    unique_tokens: int
+    max_epochs: float
+    # Lower fills first; None for the target, which always comes before the fillers.
+    priority: Optional[int] = None
+    ratio: Optional[float] = None
+
+    @property
+    def capacity(self) -> int:
+        """The most tokens the source gives within its epoch cap."""
+        return math.floor(self.unique_tokens * self.max_epochs)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    source: Source
+    role: str
+    tokens: int
+
+    @property
+    def epochs(self) -> float:
+        return self.tokens / self.source.unique_tokens if self.source.unique_tokens else 0.0
+
+    @property
+    def effective_tokens(self) -> float:
+        return scaling.effective_tokens(self.source.unique_tokens, self.epochs)
+
+    @property
+    def at_cap(self) -> bool:
+        return 0 < self.source.capacity <= self.tokens
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget: int
+    # The target first, then the other sources in the order they were planned.
+    allocations: tuple[Allocation, ...]
+
+    @property
+    def planned_tokens(self) -> int:
+        return sum(a.tokens for a in self.allocations)
+
+    @property
+    def shortfall(self) -> int:
+        return self.budget - self.planned_tokens
+
+    @property
+    def budget_met(self) -> bool:
+        return self.shortfall == 0
+
+    @property
+    def effective_tokens(self) -> float:
+        return sum(a.effective_tokens for a in self.allocations)
+
+    def share(self, allocation: Allocation) -> float:
+        """Share of the budget."""
+        return allocation.tokens / self.budget
+
+    def sampling_weight(self, allocation: Allocation) -> float:
+        """Share of the planned tokens: the probability of drawing from this source."""
+        return allocation.tokens / self.planned_tokens if self.planned_tokens else 0.0
+
+
+def _fixed_ratio_tokens(source: Source, budget: int) -> int:
+    wanted = math.floor(source.ratio * budget)
+    if wanted > source.capacity:
+        most = source.capacity / budget
+        more_epochs = (f", raise its max_epochs to at least {wanted / source.unique_tokens:.3g}"
+                       if source.unique_tokens else "")
+        raise PlanError(
+            f"Source `{source.name}` cannot give its fixed ratio {source.ratio:g} of the {budget:,}-token budget "
+            f"({wanted:,} tokens): {source.unique_tokens:,} unique tokens at most {source.max_epochs:g} epochs give "
+            f"{source.capacity:,} (ratio {most:.4g}). Lower its ratio to at most {most:.4g}{more_epochs}, give it "
+            "more data, or lower mix.tokens."
+        )
+    return wanted
+
+
+def default_budget(target: Source, others: Sequence[Source]) -> int:
+    """The budget whose part left after the fixed ratios is exactly the target at its cap."""
+    ratios = [s.ratio for s in others if s.ratio is not None]
+
+    def left_for_target(budget: int) -> int:
+        return budget - sum(math.floor(ratio * budget) for ratio in ratios)
+
+    budget = math.ceil(target.capacity / (1 - sum(ratios)))
+    # The estimate can miss by a few tokens (floats, the floor of each share); one token more budget
+    # leaves the target at most one token more, so these steps land on its cap exactly.
+    while left_for_target(budget) > target.capacity:
+        budget -= 1
+    while left_for_target(budget) < target.capacity:
+        budget += 1
+    return budget
+
+
+def plan_mixture(budget: int, target: Source, others: Sequence[Source]) -> Plan:
+    """Allocate `budget` tokens: fixed ratios, then the target up to its cap, then the rest by priority."""
+    if budget <= 0:
+        raise PlanError(f"The token budget must be positive, not {budget:,}.")
+    fixed = [Allocation(s, FIXED_RATIO, _fixed_ratio_tokens(s, budget)) for s in others if s.ratio is not None]
+    remaining = budget - sum(a.tokens for a in fixed)
+
+    target_allocation = Allocation(target, TARGET, min(target.capacity, remaining))
+    remaining -= target_allocation.tokens
+
+    fillers = []
+    # sorted() is stable: equal priorities keep the configured order.
+    for source in sorted((s for s in others if s.ratio is None), key=lambda s: s.priority):
+        fillers.append(Allocation(source, FILLER, min(source.capacity, remaining)))
+        remaining -= fillers[-1].tokens
+    return Plan(budget, (target_allocation, *fixed, *fillers))

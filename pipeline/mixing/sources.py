@@ -1,0 +1,189 @@
+"""Where the mix stage's sources are and how big they are: the only part of the stage that reads corpora.
+
+A source is a clean stage output (its `train/` shards, whose documents carry the duplicate-cluster
+sizes that rehydration needs) or any folder of raw files that the clean stage's reader understands.
+Files are measured in parallel (`workers`), with a progress bar over their compressed bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from pipeline.contract import MARKER, StageError, read_marker, stage_dir
+from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files
+from pipeline.languages import LANGUAGES
+
+log = logging.getLogger(__name__)
+
+CLEAN_OUTPUT, RAW_FOLDER = "clean output", "raw folder"
+
+
+@dataclass(frozen=True)
+class SourceInput:
+    name: str
+    path: Path
+    kind: str  # CLEAN_OUTPUT or RAW_FOLDER
+    # The folder the files are read from (`<path>/train` for a clean output) and the files in it.
+    folder: Path
+    files: tuple[str, ...]
+    # Hashed into the mix stage's config hash, so that a changed source reruns the plan.
+    fingerprint: dict
+
+
+@dataclass(frozen=True)
+class Skipped:
+    name: str
+    path: Path
+    reason: str
+
+
+def _clean_command(path: Path, work_dir: str) -> str:
+    """The command that creates `path` when it is `<work_dir>/<lang>/clean`; else empty."""
+    if path.name == "clean" and path.parent.name in LANGUAGES:
+        return f"python -m pipeline stage=clean lang={path.parent.name} work_dir={work_dir}"
+    return ""
+
+
+def clean_output(name: str, path: Path) -> SourceInput:
+    """A finished clean stage output (its marker exists); its training shards are the source."""
+    marker = read_marker(path)
+    files = tuple(find_raw_files(path / "train"))
+    return SourceInput(name, path, CLEAN_OUTPUT, path / "train", files,
+                       {"path": str(path), "kind": CLEAN_OUTPUT, "config_hash": marker["config_hash"]})
+
+
+def _locate(name: str, key: str, path: Path, optional: bool, work_dir: str) -> SourceInput | Skipped:
+    command = _clean_command(path, work_dir)
+    if not path.exists():
+        if optional:
+            return Skipped(name, path, "does not exist" + (f"; to add it: {command}" if command else ""))
+        hint = (f"It looks like the clean output of {path.parent.name}: create it first with {command}" if command
+                else f"Point `{key}` at a clean stage output (<work_dir>/<lang>/clean) or a folder of raw "
+                     f"{', '.join(RAW_PATTERNS)} files, or remove the source from mix.sources")
+        raise StageError(f"mix source `{name}` ({key}): {path} does not exist. {hint}.")
+    if not path.is_dir():
+        raise StageError(f"mix source `{name}` ({key}): {path} is not a folder. Point `{key}` at a folder.")
+
+    marker = read_marker(path)
+    if marker is None and command:
+        if optional:
+            return Skipped(name, path, f"its clean stage has not finished (no {MARKER}); run: {command}")
+        raise StageError(f"mix source `{name}` ({key}): {path} has no {MARKER}, so its clean stage has not "
+                         f"finished. Run: {command}")
+    if marker is not None:
+        if marker.get("stage") != "clean":
+            raise StageError(f"mix source `{name}` ({key}): {path} is the output of stage `{marker.get('stage')}`; "
+                             "point it at a clean stage output (<work_dir>/<lang>/clean) or a folder of raw files.")
+        return clean_output(name, path)
+
+    files = tuple(find_raw_files(path))
+    if not files:
+        raise StageError(f"mix source `{name}` ({key}): no {', '.join(RAW_PATTERNS)} files in {path} (subfolders "
+                         f"included). Add files there or point `{key}` elsewhere.")
+    return SourceInput(name, path, RAW_FOLDER, path, files,
+                       {"kind": RAW_FOLDER, **fingerprint_files(path, list(files))})
+
+
+def locate_sources(cfg) -> tuple[list[SourceInput], list[Skipped]]:
+    """The configured sources that can be read, and those skipped (missing optional ones, the target)."""
+    target_dir = stage_dir(cfg, "clean").resolve()
+    found, skipped = [], []
+    for index, source in enumerate(cfg.mix.sources):
+        path = Path(source.path).absolute().resolve()
+        if path == target_dir:
+            skipped.append(Skipped(source.name, path, "the target language's own clean output, always in the mix"))
+            continue
+        key = f"mix.sources.{index}.path"
+        if source.name == cfg.lang.code:
+            raise StageError(f"mix source `{source.name}` ({key}: {path}) has the target language's name but not its "
+                             f"clean output ({target_dir}); give it another name.")
+        located = _locate(source.name, key, path, source.optional, cfg.work_dir)
+        (skipped if isinstance(located, Skipped) else found).append(located)
+    return found, skipped
+
+
+# -- measuring -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    docs: int = 0
+    bytes: int = 0
+    bad_records: int = 0
+    docs_without_cluster_size: int = 0
+    # duplicate-cluster size -> [documents, UTF-8 bytes]; size 1 for documents without one
+    by_cluster_size: dict[int, list[int]] = field(default_factory=dict)
+
+    def add(self, other: "Measurement") -> None:
+        self.docs += other.docs
+        self.bytes += other.bytes
+        self.bad_records += other.bad_records
+        self.docs_without_cluster_size += other.docs_without_cluster_size
+        for size, (docs, size_bytes) in other.by_cluster_size.items():
+            row = self.by_cluster_size.setdefault(size, [0, 0])
+            row[0] += docs
+            row[1] += size_bytes
+
+
+def _reader(source: SourceInput, paths_file: Path, bad_records_dir: Path):
+    # The clean stage's own readers: datatrove's JSONL reader for its output (which keeps the
+    # metadata), the robust raw reader for anything else.
+    if source.kind == CLEAN_OUTPUT:
+        from datatrove.pipeline.readers import JsonlReader
+
+        return JsonlReader(str(source.folder), paths_file=str(paths_file), file_progress=False)
+    from pipeline.corpus.reader import RawCorpusReader
+
+    return RawCorpusReader(str(source.folder), str(paths_file), str(bad_records_dir), file_progress=False)
+
+
+def _measure_file(task: tuple[SourceInput, Path, Path, int]) -> Measurement:
+    """Measure file number `index` of the source (the reader's shard `index` of one file each)."""
+    source, paths_file, bad_records_dir, index = task
+    reader = _reader(source, paths_file, bad_records_dir)
+    measured = Measurement()
+    for document in reader.run(rank=index, world_size=len(source.files)):
+        size = document.metadata.get("minhash_cluster_size")
+        if size is None:
+            measured.docs_without_cluster_size += 1
+        text_bytes = len(document.text.encode("utf-8"))
+        row = measured.by_cluster_size.setdefault(int(size or 1), [0, 0])
+        row[0] += 1
+        row[1] += text_bytes
+        measured.docs += 1
+        measured.bytes += text_bytes
+    measured.bad_records = int(reader.stats["bad_records"].total)
+    return measured
+
+
+def measure(source: SourceInput, scratch: Path, workers: int) -> Measurement:
+    """Documents, UTF-8 bytes and duplicate-cluster sizes of a source; bad records are logged in `scratch`."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    paths_file = scratch / "files.txt"
+    paths_file.write_text("".join(f"{name}\n" for name in source.files), encoding="utf-8")
+    tasks = [(source, paths_file, scratch / "bad_records", index) for index in range(len(source.files))]
+    sizes = [(source.folder / name).stat().st_size for name in source.files]
+    total = Measurement()
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc=f"mix: measuring {source.name}", disable=None) as bar:
+        if workers > 1 and len(tasks) > 1:
+            with multiprocessing.Pool(min(workers, len(tasks))) as pool:
+                # imap keeps the order, so each result is matched with its file's size.
+                for measured, size in zip(pool.imap(_measure_file, tasks), sizes):
+                    total.add(measured)
+                    bar.update(size)
+        else:
+            for task, size in zip(tasks, sizes):
+                total.add(_measure_file(task))
+                bar.update(size)
+    if not total.bad_records:
+        shutil.rmtree(scratch / "bad_records", ignore_errors=True)  # one empty log per file read
+    else:
+        log.warning("mix: %d bad records in source `%s` (%s) were skipped; see %s", total.bad_records,
+                    source.name, source.path, scratch / "bad_records")
+    return total
