@@ -35,8 +35,8 @@ class StageError(RuntimeError):
 @dataclass(frozen=True)
 class Stage:
     name: str
-    # Does the work in `StageRun.work_dir`. Returns the metrics when the work is done here, or
-    # None when it was submitted elsewhere (Slurm), which then calls `StageRun.commit` itself.
+    # Does the work in `StageRun.work_dir`. Returns the metrics for the contract to commit, or None
+    # when it calls `StageRun.commit` itself (clean does, so that the same step can end a Slurm chain).
     run: Callable[["StageRun"], Optional[dict]]
     # Stages whose outputs this one reads.
     needs: tuple[str, ...] = ()

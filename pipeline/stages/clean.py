@@ -280,8 +280,8 @@ def run_clean(run: StageRun):
     if not cfg.clean.lid.model:
         log.warning("No language-ID model given (clean.lid.model): keeping documents whose `lang` field names %s "
                     "or that have no `lang` field.", cfg.lang.code)
-    settings = {"filters": [(step_key(step), name) for name, step in filters], "language_id": language_id, "word_tokenizer": tokenizer_name,
-                "input_files": len(files)}
+    settings = {"filters": [(step_key(step), name) for name, step in filters], "language_id": language_id,
+                "word_tokenizer": tokenizer_name, "input_files": len(files)}
     (run.work_dir / "settings.json").write_text(json.dumps(settings, ensure_ascii=False))
 
     log.info("clean %s: %d files in %s, %d tasks, %d local workers", cfg.lang.code, len(files), folder, tasks,
