@@ -14,6 +14,25 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
 
+# Text that a tokenizer mangles if it normalises, strips or drops anything: combining accents next to
+# precomposed ones, emoji sequences, tabs, runs of spaces, CRLF, control characters, mixed scripts, CJK.
+TRICKY_TEXTS = [
+    "Blåbærsyltetøy på brødskiva, takk! «Sånn», sa hun – og gikk.",
+    "e\u0301 (e + combining acute) is not \u00e9 (precomposed); n\u0303 is not \u00f1; A\u030a is not \u00c5",
+    "👩\u200d👩\u200d👧\u200d👦 family (ZWJ), 🇳🇴 flag, 👍🏽 skin tone, 😀🎉",
+    "tab\tseparated\t\tvalues\n\nafter a blank line\n",
+    "a long run of spaces:" + " " * 40 + "end, and a tab run:\t\t\t\tend",
+    "windows\r\nline\r\nendings\r\n",
+    "  leading and trailing spaces  ",
+    "control \x01\x02\x1b[0m\x7f characters\x0b\x0c",
+    "mixed scripts: Москва, Αθήνα, القاهرة, दिल्ली, 東京, 서울",
+    "漢字とひらがなとカタカナ、中文句子。",
+    "    def indented(code):\n        return {'a': [1, 2, 3]}\n",
+    "numbers 1234567890 3.14159 1,000,000 and 2025-11-20",
+    "\u00a0non-breaking\u2009thin\u3000ideographic spaces and a zero\u200bwidth one",
+    "the literal text <0x41> and <0xE2> looks like a byte token",
+]
+
 
 def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     """`python -m pipeline <overrides>` in `cwd`, as a user would type it."""

@@ -1,8 +1,9 @@
-"""Where the mix stage's sources are and how big they are: the only part of the stage that reads corpora.
+"""Where the mix stage's sources are and how big they are: the only part of the pipeline that reads them.
 
-A source is a clean stage output (its `train/` shards, whose documents carry the duplicate-cluster
-sizes that rehydration needs) or any folder of raw files that the clean stage's reader understands.
-Files are measured in parallel (`workers`), with a progress bar over their compressed bytes.
+The mix stage locates and measures them; the tokenizer stage reads the planned ones again for its
+training sample. A source is a clean stage output (its `train/` shards, whose documents carry the
+duplicate-cluster sizes that rehydration needs) or any folder of raw files that the clean stage's
+reader understands. Files are read in parallel (`workers`), with a progress bar over their compressed bytes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import multiprocessing
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator, TypeVar
 
 from tqdm import tqdm
 
@@ -22,6 +24,7 @@ from pipeline.languages import LANGUAGES
 log = logging.getLogger(__name__)
 
 CLEAN_OUTPUT, RAW_FOLDER = "clean output", "raw folder"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,30 @@ def _clean_command(path: Path, work_dir: str) -> str:
     return ""
 
 
-def clean_output(name: str, path: Path) -> SourceInput:
-    """A finished clean stage output (its marker exists); its training shards are the source."""
+def clean_output(name: str, path: Path, split: str = "train") -> SourceInput:
+    """A finished clean stage output (its marker exists); its training shards (or `heldout/`) are the source."""
     marker = read_marker(path)
-    files = tuple(find_raw_files(path / "train"))
-    return SourceInput(name, path, CLEAN_OUTPUT, path / "train", files,
+    files = tuple(find_raw_files(path / split))
+    return SourceInput(name, path, CLEAN_OUTPUT, path / split, files,
                        {"path": str(path), "kind": CLEAN_OUTPUT, "config_hash": marker["config_hash"]})
+
+
+def raw_folder(name: str, path: Path) -> SourceInput:
+    files = tuple(find_raw_files(path))
+    fingerprint = {"kind": RAW_FOLDER, **fingerprint_files(path, list(files))}
+    return SourceInput(name, path, RAW_FOLDER, path, files, fingerprint)
+
+
+def planned_source(entry: dict, work_dir: str) -> SourceInput:
+    """A source of the mix plan (its `plan.json` entry), to read again."""
+    path = Path(entry["path"])
+    if entry["input"] == RAW_FOLDER:
+        return raw_folder(entry["name"], path)
+    if read_marker(path) is None:
+        command = _clean_command(path, work_dir) or "python -m pipeline stage=clean lang=<lang>"
+        raise StageError(f"The mix plan's source `{entry['name']}` is the clean output {path}, which has no {MARKER} "
+                         f"any more. Run {command}, then the mix stage again.")
+    return clean_output(entry["name"], path)
 
 
 def _locate(name: str, key: str, path: Path, optional: bool, work_dir: str) -> SourceInput | Skipped:
@@ -82,12 +103,11 @@ def _locate(name: str, key: str, path: Path, optional: bool, work_dir: str) -> S
                              "point it at a clean stage output (<work_dir>/<lang>/clean) or a folder of raw files.")
         return clean_output(name, path)
 
-    files = tuple(find_raw_files(path))
-    if not files:
+    source = raw_folder(name, path)
+    if not source.files:
         raise StageError(f"mix source `{name}` ({key}): no {', '.join(RAW_PATTERNS)} files in {path} (subfolders "
                          f"included). Add files there or point `{key}` elsewhere.")
-    return SourceInput(name, path, RAW_FOLDER, path, files,
-                       {"kind": RAW_FOLDER, **fingerprint_files(path, list(files))})
+    return source
 
 
 def locate_sources(cfg) -> tuple[list[SourceInput], list[Skipped]]:
@@ -131,9 +151,12 @@ class Measurement:
             row[1] += size_bytes
 
 
-def _reader(source: SourceInput, paths_file: Path, bad_records_dir: Path):
-    # The clean stage's own readers: datatrove's JSONL reader for its output (which keeps the
-    # metadata), the robust raw reader for anything else.
+def source_reader(source: SourceInput, paths_file: Path, bad_records_dir: Path):
+    """The datatrove reader of the source's files (listed in `paths_file`); shard `i` of `len(files)` is file `i`.
+
+    The clean stage's own readers: datatrove's JSONL reader for its output (which keeps the metadata),
+    the robust raw reader for anything else.
+    """
     if source.kind == CLEAN_OUTPUT:
         from datatrove.pipeline.readers import JsonlReader
 
@@ -143,10 +166,10 @@ def _reader(source: SourceInput, paths_file: Path, bad_records_dir: Path):
     return RawCorpusReader(str(source.folder), str(paths_file), str(bad_records_dir), file_progress=False)
 
 
-def _measure_file(task: tuple[SourceInput, Path, Path, int]) -> Measurement:
+def _measure_file(task: FileTask) -> Measurement:
     """Measure file number `index` of the source (the reader's shard `index` of one file each)."""
     source, paths_file, bad_records_dir, index = task
-    reader = _reader(source, paths_file, bad_records_dir)
+    reader = source_reader(source, paths_file, bad_records_dir)
     measured = Measurement()
     for document in reader.run(rank=index, world_size=len(source.files)):
         size = document.metadata.get("minhash_cluster_size")
@@ -162,25 +185,48 @@ def _measure_file(task: tuple[SourceInput, Path, Path, int]) -> Measurement:
     return measured
 
 
-def measure(source: SourceInput, scratch: Path, workers: int) -> Measurement:
-    """Documents, UTF-8 bytes and duplicate-cluster sizes of a source; bad records are logged in `scratch`."""
+FileTask = tuple[SourceInput, Path, Path, int]  # source, paths file, bad-records folder, file index
+
+
+def _paths_file(source: SourceInput, scratch: Path) -> Path:
+    """The list of the source's files that datatrove's readers take."""
     scratch.mkdir(parents=True, exist_ok=True)
     paths_file = scratch / "files.txt"
     paths_file.write_text("".join(f"{name}\n" for name in source.files), encoding="utf-8")
+    return paths_file
+
+
+def read_documents(source: SourceInput, scratch: Path) -> Iterator:
+    """The source's documents, file after file, in one process (bad records are logged in `scratch`)."""
+    yield from source_reader(source, _paths_file(source, scratch), scratch / "bad_records").run()
+
+
+def over_files(source: SourceInput, scratch: Path, workers: int, per_file: Callable[[FileTask], T],
+               description: str) -> Iterator[T]:
+    """`per_file(task)` for each file of the source, in file order, on `workers` processes, with a progress
+    bar over the compressed bytes. Bad records are logged in `scratch/bad_records`."""
+    paths_file = _paths_file(source, scratch)
     tasks = [(source, paths_file, scratch / "bad_records", index) for index in range(len(source.files))]
     sizes = [(source.folder / name).stat().st_size for name in source.files]
-    total = Measurement()
-    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc=f"mix: measuring {source.name}", disable=None) as bar:
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc=description, disable=None) as bar:
         if workers > 1 and len(tasks) > 1:
             with multiprocessing.Pool(min(workers, len(tasks))) as pool:
                 # imap keeps the order, so each result is matched with its file's size.
-                for measured, size in zip(pool.imap(_measure_file, tasks), sizes):
-                    total.add(measured)
+                for result, size in zip(pool.imap(per_file, tasks), sizes):
                     bar.update(size)
+                    yield result
         else:
             for task, size in zip(tasks, sizes):
-                total.add(_measure_file(task))
+                result = per_file(task)
                 bar.update(size)
+                yield result
+
+
+def measure(source: SourceInput, scratch: Path, workers: int) -> Measurement:
+    """Documents, UTF-8 bytes and duplicate-cluster sizes of a source; bad records are logged in `scratch`."""
+    total = Measurement()
+    for measured in over_files(source, scratch, workers, _measure_file, f"mix: measuring {source.name}"):
+        total.add(measured)
     if not total.bad_records:
         shutil.rmtree(scratch / "bad_records", ignore_errors=True)  # one empty log per file read
     else:

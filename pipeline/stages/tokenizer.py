@@ -1,0 +1,192 @@
+"""Stage `tokenizer`: a tokenizer for the language, trained on the mix plan's data, and how well it fits.
+
+Samples the training text from the mix plan's sources in the plan's proportions, bounded by
+`tokenizer.sample_bytes` (pipeline/tokenization/sample.py); trains byte-level BPE with Hugging Face
+`tokenizers` or SentencePiece (Unigram or BPE, converted to `tokenizers`); writes `tokenizer.json`
+(and SentencePiece's `tokenizer.model`) with the files `transformers` needs; and scores it, next to
+the base model's tokenizer when `tokenizer.base` names one, on the held-out text of `clean`:
+`report.json`, `report.md`, the table in the log and the scores in the marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from datatrove.utils.word_tokenizers import load_word_tokenizer
+from tokenizers import Tokenizer
+
+from pipeline.contract import Stage, StageError, StageRun, write_json_atomic
+from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
+from pipeline.mixing.sources import clean_output, read_documents
+from pipeline.tokenization.folder import (TOKENIZER_FILE, base_tokenizer_file, load_base_tokenizer,
+                                          write_tokenizer_folder)
+from pipeline.tokenization.metrics import Scores, evaluate
+from pipeline.tokenization.report import (METRICS, bytes_text, comparison, markdown, metrics_table, sample_section,
+                                          tokenizer_section)
+from pipeline.tokenization.sample import SampledSource, read_sample, write_sample
+from pipeline.tokenization.training import TrainedTokenizer, TrainingError, padded_vocab_size, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def describe_inputs(cfg) -> dict:
+    """The base tokenizer's content: a changed base file reruns the report."""
+    if cfg.tokenizer.base is None:
+        return {}
+    path = base_tokenizer_file(cfg.tokenizer.base)
+    return {"base_tokenizer": {"path": str(path.resolve()),
+                               "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}}
+
+
+def read_plan(run: StageRun) -> dict:
+    path = run.input_dirs["mix"] / "plan.json"
+    if not path.is_file():
+        raise StageError(f"tokenizer {run.lang}: the mix plan {path} is missing although the mix stage finished. "
+                         f"Run it again: python -m pipeline stage=mix lang={run.lang} work_dir={run.cfg.work_dir}")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _empty_sample_message(run: StageRun, sampled: list[SampledSource]) -> str:
+    found = "; ".join(f"`{s.share.name}` ({s.folder or s.path}): {s.documents_read:,} documents read, planned bytes "
+                      f"{bytes_text(s.share.planned_bytes)}" for s in sampled)
+    return (f"tokenizer {run.lang}: no training text. The mix plan's sources gave nothing: {found}. Check that "
+            f"these folders hold the documents the plan counted (if they were removed or rewritten, run "
+            f"python -m pipeline stage=clean lang={run.lang} and stage=mix again) and that tokenizer.sample_bytes "
+            f"({run.cfg.tokenizer.sample_bytes:,}) is large enough to take whole documents.")
+
+
+class HeldoutText:
+    """The held-out documents of `clean`, up to `eval_bytes`; says afterwards whether it stopped early."""
+
+    def __init__(self, clean_dir: Path, lang: str, scratch: Path, eval_bytes: int) -> None:
+        self.source = clean_output(lang, clean_dir, split="heldout")
+        self.scratch = scratch
+        self.eval_bytes = eval_bytes
+        self.truncated = False
+
+    def __iter__(self) -> Iterator[str]:
+        taken = 0
+        for document in read_documents(self.source, self.scratch):
+            if taken >= self.eval_bytes:
+                self.truncated = True
+                return
+            taken += len(document.text.encode("utf-8"))
+            yield document.text
+
+
+def _notes(options, trained_vocab: int, vocab_size: int) -> list[str]:
+    notes = []
+    if trained_vocab < vocab_size:
+        notes.append(f"The training text gave only {trained_vocab:,} of the {vocab_size:,} tokens asked for (not a "
+                     "multiple of 128): give it more text or lower tokenizer.vocab_size.")
+    if options.normalization == "nfkc":
+        notes.append("normalization=nfkc folds compatibility characters (ﬁ -> fi, full-width forms, superscripts), "
+                     "so decode(encode(x)) differs from x wherever the text has them; normalization=none keeps it "
+                     "exact.")
+    if options.backend == "sentencepiece":
+        notes.append("SentencePiece writes spaces as U+2581 (▁), so a literal ▁ in the text decodes as a space.")
+    return notes
+
+
+def _sample(run: StageRun, sample_file: Path, scratch: Path) -> dict:
+    """Write the training sample; the report's section on it. Fails if it is empty."""
+    cfg, options = run.cfg, run.cfg.tokenizer
+    sampled = write_sample(read_plan(run)["sources"], options.sample_bytes, options.seed, sample_file, scratch,
+                           cfg.work_dir, cfg.workers)
+    sample = sample_section(sampled, options.sample_bytes)
+    if sample["bytes"] == 0:
+        raise StageError(_empty_sample_message(run, sampled))
+    log.info("tokenizer %s: sampled %s (%d documents) from %s; training %s", run.lang, bytes_text(sample["bytes"]),
+             sample["documents"], ", ".join(f"{s['name']} {bytes_text(s['bytes'])}" for s in sample["sources"]),
+             options.backend)
+    return sample
+
+
+def _train(run: StageRun, sample_file: Path) -> TrainedTokenizer:
+    options = run.cfg.tokenizer
+    try:
+        trained = train_tokenizer(read_sample(sample_file), options, run.cfg.workers)
+    except TrainingError as error:
+        raise StageError(f"tokenizer {run.lang}: {error} Lower tokenizer.vocab_size (now {options.vocab_size}) or "
+                         "give the trainer more text (tokenizer.sample_bytes, the mix plan's sources).") from None
+    wanted, got = padded_vocab_size(options.vocab_size), trained.tokenizer.get_vocab_size()
+    if got < wanted:
+        log.warning("tokenizer %s: the training text gave only %d of the %d tokens asked for.", run.lang, got, wanted)
+    return trained
+
+
+def _score(run: StageRun, new: Tokenizer, scratch: Path) -> tuple[dict[str, Scores], HeldoutText, str]:
+    """The scores of the new tokenizer (and the base one) on the held-out text, and the word tokenizer's name."""
+    options = run.cfg.tokenizer
+    tokenizers = {"new": new}
+    if options.base is not None:
+        try:
+            tokenizers["base"] = load_base_tokenizer(options.base)
+        except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise StageError(f"tokenizer.base={options.base}: {base_tokenizer_file(options.base)} is not a "
+                             f"tokenizer.json that `tokenizers` can load ({error}).") from None
+    word_tokenizer, word_tokenizer_name = resolve_word_tokenizer(run.cfg.lang)
+    heldout = HeldoutText(run.input_dirs["clean"], run.lang, scratch / "heldout", options.eval_bytes)
+    scores = evaluate(tokenizers, heldout, load_word_tokenizer(word_tokenizer))
+    if not scores["new"].documents:
+        log.warning("tokenizer %s: %s holds no held-out documents, so the report has no scores; run clean with "
+                    "clean.heldout_fraction > 0.", run.lang, heldout.source.folder)
+    return scores, heldout, word_tokenizer_name
+
+
+def run_tokenizer(run: StageRun) -> dict:
+    cfg, options, lang = run.cfg, run.cfg.tokenizer, run.lang
+    scratch = run.work_dir / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)  # an interrupted run's sample is rewritten from the start
+    scratch.mkdir(parents=True)
+    sample_file = scratch / "training_sample.jsonl"
+    sample = _sample(run, sample_file, scratch)
+    trained = _train(run, sample_file)
+    write_tokenizer_folder(run.work_dir, trained, options.special_tokens)
+    scores, heldout, word_tokenizer_name = _score(run, trained.tokenizer, scratch)
+    new, base = scores["new"], scores.get("base")
+
+    document = {
+        "lang": lang,
+        "tokenizer": tokenizer_section(options, trained, cfg.workers),
+        "sample": sample,
+        "heldout": {"folder": str(heldout.source.folder), "documents": new.documents, "bytes": new.bytes,
+                    "words": new.words, "word_tokenizer": word_tokenizer_name, "eval_bytes": options.eval_bytes,
+                    "truncated": heldout.truncated},
+        "new": {"name": f"{lang} {options.backend}", "path": str(run.final_dir / TOKENIZER_FILE),
+                "scores": new.summary()},
+        "base": None if base is None else {"name": options.base,
+                                           "path": str(base_tokenizer_file(options.base).resolve()),
+                                           "scores": base.summary()},
+        "new_vs_base": comparison(new, base),
+        "notes": _notes(options, trained.tokenizer.get_vocab_size(), padded_vocab_size(options.vocab_size)),
+    }
+    write_json_atomic(run.work_dir / "report.json", document)
+    (run.work_dir / "report.md").write_text(markdown(document), encoding="utf-8")
+    if new.documents:
+        log.info("tokenizer %s on %d held-out documents:\n%s", lang, new.documents, metrics_table(document))
+    shutil.rmtree(scratch)
+    return {
+        "backend": options.backend,
+        "vocab_size": document["tokenizer"]["vocab_size"],
+        "sample_bytes": sample["bytes"],
+        "sample_documents": sample["documents"],
+        "heldout_documents": new.documents,
+        "heldout_words": new.words,
+        "new": {key: document["new"]["scores"][key] for key in METRICS},
+        "base": None if base is None else {key: document["base"]["scores"][key] for key in METRICS},
+    }
+
+
+STAGE = Stage(
+    name="tokenizer",
+    run=run_tokenizer,
+    needs=("clean", "mix"),
+    config_sections=("tokenizer",),
+    describe_inputs=describe_inputs,
+)

@@ -1,0 +1,124 @@
+"""The tokenizer report as data (`report.json`) and as text (`report.md`, the log)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pipeline.tokenization.folder import SENTENCEPIECE_FILE, TOKENIZER_FILE
+from pipeline.tokenization.metrics import Scores
+from pipeline.tokenization.sample import SampledSource
+from pipeline.tokenization.training import TrainedTokenizer
+
+METRICS = ("fertility", "bytes_per_token", "continued_words", "vocab_used", "roundtrip_rate")
+_LABELS = {"fertility": "fertility (tokens per word)", "bytes_per_token": "bytes per token",
+           "continued_words": "continued words (2+ tokens)", "vocab_used": "vocabulary used",
+           "roundtrip_rate": "exact round trip (documents)"}
+_PERCENT = {"continued_words", "vocab_used", "roundtrip_rate"}
+DEFINITIONS = (
+    "Words: the language's word tokenizer, punctuation-only words left out; a word's tokens are those that "
+    "overlap it in the encoding of the whole document. Bytes per token: UTF-8 bytes / tokens. Vocabulary used: "
+    "distinct ids seen / vocabulary size. Round trip: decode(encode(x)) == x, special tokens kept."
+)
+
+
+def bytes_text(n: float) -> str:
+    """2627032 -> '2.63 MB': three significant digits and a unit."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def tokenizer_section(options, trained: TrainedTokenizer, threads: int) -> dict:
+    """What was trained, with which settings (those of the other backend left out)."""
+    sentencepiece = options.backend == "sentencepiece"
+    return {
+        "backend": options.backend,
+        "sentencepiece_model_type": options.sentencepiece_model_type if sentencepiece else None,
+        "vocab_size": trained.tokenizer.get_vocab_size(),
+        "vocab_size_requested": options.vocab_size,
+        "special_tokens": {token: trained.tokenizer.token_to_id(token)
+                           for token in options.special_tokens.in_id_order()},
+        "normalization": options.normalization,
+        "pretokenizer_pattern": None if sentencepiece else options.pretokenizer_pattern,
+        "max_token_length": options.max_token_length,
+        "min_frequency": None if sentencepiece else options.min_frequency,
+        "seed": options.seed,
+        # SentencePiece's EM sums in per-thread parts: its model depends on the thread count (`workers`).
+        "sentencepiece_threads": threads if sentencepiece else None,
+        "files": [TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json"]
+                 + ([SENTENCEPIECE_FILE] if trained.sentencepiece_model is not None else []),
+    }
+
+
+def sample_section(sampled: list[SampledSource], sample_bytes: int) -> dict:
+    return {
+        "sample_bytes": sample_bytes,
+        "documents": sum(s.documents for s in sampled),
+        "bytes": sum(s.bytes for s in sampled),
+        "sources": [{"name": s.share.name, "input": s.input, "path": s.path, "folder": s.folder,
+                     "planned_bytes": round(s.share.planned_bytes), "unique_bytes": s.share.unique_bytes,
+                     "cap_bytes": s.share.cap_bytes, "keep_probability": s.share.keep_probability,
+                     "documents_read": s.documents_read, "bytes_read": s.bytes_read, "documents": s.documents,
+                     "bytes": s.bytes, "bad_records": s.bad_records} for s in sampled],
+    }
+
+
+def comparison(new: Optional[Scores], base: Optional[Scores]) -> Optional[dict]:
+    """new / base for each metric; below 1 means fewer tokens per word, or fewer bytes per token."""
+    if new is None or base is None:
+        return None
+    new_summary, base_summary = new.summary(), base.summary()
+    return {key: (new_summary[key] / base_summary[key] if new_summary[key] is not None and base_summary[key]
+                  else None) for key in METRICS}
+
+
+def _cell(key: str, value: Optional[float]) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.2%}" if key in _PERCENT else f"{value:.3f}"
+
+
+def metrics_table(document: dict) -> str:
+    new, base, ratio = document["new"], document["base"], document["new_vs_base"]
+    header = f"| metric | new ({new['name']}) |"
+    rule = "|---|---:|"
+    if base is not None:
+        header += f" base ({base['name']}) | new / base |"
+        rule += "---:|---:|"
+    rows = [header, rule]
+    for key in METRICS:
+        row = f"| {_LABELS[key]} | {_cell(key, new['scores'][key])} |"
+        if base is not None:
+            ratio_cell = "n/a" if ratio[key] is None else f"{ratio[key]:.3f}"
+            row += f" {_cell(key, base['scores'][key])} | {ratio_cell} |"
+        rows.append(row)
+    return "\n".join(rows)
+
+
+def markdown(document: dict) -> str:
+    tok, sample, heldout = document["tokenizer"], document["sample"], document["heldout"]
+    specials = ", ".join(f"`{token}` = {token_id}" for token, token_id in tok["special_tokens"].items())
+    backend = tok["backend"] + (f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece" else "")
+    lines = [f"# Tokenizer for {document['lang']}", "",
+             f"{backend}, {tok['vocab_size']:,} tokens (asked: {tok['vocab_size_requested']:,}); special tokens "
+             f"{specials}; normalization {tok['normalization']}.", "",
+             f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) sampled from "
+             f"the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])}).", ""]
+    if heldout["documents"]:
+        lines += [f"Evaluated on {heldout['documents']:,} held-out documents ({bytes_text(heldout['bytes'])}, "
+                  f"{heldout['words']:,} words; word tokenizer {heldout['word_tokenizer']}) from {heldout['folder']}"
+                  + (" (up to tokenizer.eval_bytes)." if heldout["truncated"] else "."), "",
+                  metrics_table(document), "", DEFINITIONS]
+    else:
+        lines.append(f"No held-out text in {heldout['folder']}: nothing to evaluate (run clean with "
+                     "clean.heldout_fraction > 0).")
+    lines += ["", "## Training sample", "",
+              "| source | input | planned bytes | keep probability | documents | bytes |",
+              "|---|---|---:|---:|---:|---:|"]
+    for s in sample["sources"]:
+        lines.append(f"| {s['name']} | {s['input']} | {bytes_text(s['planned_bytes'])} | {s['keep_probability']:.3g} | "
+                     f"{s['documents']:,} | {s['bytes']:,} |")
+    if document["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in document["notes"]]
+    return "\n".join(lines) + "\n"

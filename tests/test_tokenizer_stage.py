@@ -1,0 +1,202 @@
+"""The tokenizer stage through the real CLI, on the embedded samples cleaned and mixed by the real stages."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import sentencepiece as spm
+from tokenizers import Tokenizer
+
+from tests.conftest import TRICKY_TEXTS, marker, read_jsonl_gz, run_cli
+
+VOCAB = "tokenizer.vocab_size=2048"
+# Held-out text in four more scripts than nob and eng: Cyrillic, Devanagari, Arabic; Finnish for Latin.
+OTHER_LANGS = ("rus", "hin", "ara", "fin")
+
+
+def report(cwd, lang: str = "nob") -> dict:
+    return json.loads((cwd / "work" / lang / "tokenizer" / "report.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """nob and eng cleaned and mixed; an English tokenizer; nob's, SentencePiece (kept aside) then byte-level BPE."""
+    cwd = tmp_path_factory.mktemp("tokenizer")
+    # UD documents are short (hence min_doc_words), and small languages need a larger held-out share.
+    others = ("-m", "stage=clean", f"lang={','.join(OTHER_LANGS)}", "clean.gopher_min_doc_words=5",
+              "clean.heldout_fraction=0.2")
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda args: run_cli(*args, cwd=cwd), [("stage=clean", "lang=nob"), ("stage=clean", "lang=eng"),
+                                                              others]))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda lang: run_cli("stage=mix", f"lang={lang}", cwd=cwd), ("nob", "eng")))
+        english = pool.submit(run_cli, "stage=tokenizer", "lang=eng", VOCAB, cwd=cwd)
+        run_cli("stage=tokenizer", "lang=nob", VOCAB, "tokenizer.backend=sentencepiece", "workers=2", cwd=cwd)
+        shutil.copytree(cwd / "work" / "nob" / "tokenizer", cwd / "sentencepiece_nob")
+        english.result()
+    result = run_cli("stage=tokenizer", "lang=nob", VOCAB, "tokenizer.base=work/eng/tokenizer/tokenizer.json", cwd=cwd)
+    return cwd, result
+
+
+def test_acceptance_the_nob_tokenizer_fits_nob_better_than_an_english_one(trained):
+    cwd, result = trained
+    document = report(cwd)
+    new, base = document["new"]["scores"], document["base"]["scores"]
+    assert document["tokenizer"]["vocab_size"] == document["base"]["scores"]["vocab_size"] == 2048
+    assert new["fertility"] < base["fertility"]
+    assert new["continued_words"] < base["continued_words"] and new["bytes_per_token"] > base["bytes_per_token"]
+    assert new["roundtrip_rate"] == base["roundtrip_rate"] == 1.0
+    assert document["new_vs_base"]["fertility"] == pytest.approx(new["fertility"] / base["fertility"])
+    assert document["base"]["path"] == str(cwd / "work" / "eng" / "tokenizer" / "tokenizer.json")
+    # evaluated on all of nob's held-out text, split into words by nob's word tokenizer
+    heldout = read_jsonl_gz(cwd / "work" / "nob" / "clean" / "heldout")
+    assert new["documents"] == base["documents"] == len(heldout) > 0
+    assert new["bytes"] == sum(len(r["text"].encode("utf-8")) for r in heldout)
+    assert new["words"] == base["words"] > new["documents"] and document["heldout"]["word_tokenizer"] == "nob_Latn"
+
+    table = [line for line in (cwd / "work" / "nob" / "tokenizer" / "report.md").read_text().splitlines()
+             if line.startswith("| fertility")]
+    assert table == [f"| fertility (tokens per word) | {new['fertility']:.3f} | {base['fertility']:.3f} | "
+                     f"{new['fertility'] / base['fertility']:.3f} |"]
+    assert table[0] in result.stderr  # the table is in the log too
+    metrics = marker(cwd / "work", "nob", "tokenizer")["metrics"]
+    for key in ("fertility", "bytes_per_token", "continued_words", "vocab_used", "roundtrip_rate"):
+        assert metrics["new"][key] == new[key] and metrics["base"][key] == base[key]
+
+
+def test_the_sample_is_the_plans_training_text_and_never_the_heldout_split(trained):
+    cwd, _ = trained
+    sample = report(cwd)["sample"]
+    nob, eng = sample["sources"]
+    train = read_jsonl_gz(cwd / "work" / "nob" / "clean" / "train")
+    # the default plan: nob alone (4 epochs), English not needed (0 tokens): all of nob's training text, once
+    assert nob["name"] == "nob" and nob["keep_probability"] == 1.0 and nob["folder"].endswith("nob/clean/train")
+    assert nob["documents"] == len(train) and nob["bytes"] == sum(len(r["text"].encode("utf-8")) for r in train)
+    assert eng["name"] == "eng" and eng["keep_probability"] == 0.0 and eng["folder"] is None  # not even read
+    assert eng["documents"] == eng["documents_read"] == 0
+    assert sample["bytes"] == nob["bytes"] == marker(cwd / "work", "nob", "tokenizer")["metrics"]["sample_bytes"]
+
+
+def test_a_larger_budget_brings_english_into_the_sample_in_the_plans_proportions(trained, tmp_path):
+    cwd, _ = trained
+    shutil.copytree(cwd / "work", tmp_path / "work")
+    unique = json.loads((cwd / "work" / "nob" / "mix" / "plan.json").read_text())["sources"][0]["unique_tokens_est"]
+    run_cli("stage=mix", "lang=nob", f"mix.tokens={6 * unique}", cwd=tmp_path)
+    run_cli("stage=tokenizer", "lang=nob", "tokenizer.vocab_size=1024", "tokenizer.sample_bytes=1000000", cwd=tmp_path)
+    plan = {s["name"]: s for s in json.loads((tmp_path / "work" / "nob" / "mix" / "plan.json").read_text())["sources"]}
+    sources = {s["name"]: s for s in report(tmp_path)["sample"]["sources"]}
+    assert plan["eng"]["tokens"] > 0 and 0 < sources["eng"]["keep_probability"] < 1
+    assert sum(s["bytes"] for s in sources.values()) <= 1_000_000
+    for name in ("nob", "eng"):
+        planned = plan[name]["epochs"] * plan[name]["unique_bytes"]
+        assert sources[name]["planned_bytes"] == round(planned)
+        assert sources[name]["bytes"] <= sources[name]["cap_bytes"]
+        # documents are whole, so a share is met to within a few documents
+        share = planned / sum(p["epochs"] * p["unique_bytes"] for p in plan.values())
+        assert sources[name]["bytes"] == pytest.approx(share * 1_000_000, rel=0.15)
+
+
+def test_both_backends_write_a_folder_transformers_loads_with_identical_encodings(trained):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cwd, _ = trained
+    heldout = [r["text"] for r in read_jsonl_gz(cwd / "work" / "nob" / "clean" / "heldout")]
+    for folder in (cwd / "work" / "nob" / "tokenizer", cwd / "sentencepiece_nob"):
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        fast = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+        auto = AutoTokenizer.from_pretrained(str(folder))
+        assert tokenizer.get_vocab_size() == len(fast) == 2048
+        assert (fast.convert_tokens_to_ids(["<s>", "</s>", "<pad>", "<unk>"]) == [0, 1, 2, 3]
+                and (auto.bos_token_id, auto.eos_token_id, auto.pad_token_id, auto.unk_token_id) == (0, 1, 2, 3))
+        for text in heldout + TRICKY_TEXTS:
+            ids = tokenizer.encode(text, add_special_tokens=False).ids
+            assert fast.encode(text, add_special_tokens=False) == auto.encode(text) == ids
+    sentencepiece = spm.SentencePieceProcessor(model_file=str(cwd / "sentencepiece_nob" / "tokenizer.model"))
+    tokenizer = Tokenizer.from_file(str(cwd / "sentencepiece_nob" / "tokenizer.json"))
+    for text in heldout + TRICKY_TEXTS:
+        assert sentencepiece.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids
+    document = json.loads((cwd / "sentencepiece_nob" / "report.json").read_text())
+    assert document["tokenizer"]["backend"] == "sentencepiece"
+    assert document["tokenizer"]["sentencepiece_model_type"] == "unigram"
+    assert document["new"]["scores"]["roundtrip_rate"] == 1.0 and "tokenizer.model" in document["tokenizer"]["files"]
+
+
+def test_round_trip_is_exact_on_heldout_text_of_six_languages(trained):
+    cwd, _ = trained
+    texts = {}
+    for lang in ("nob", "eng", *OTHER_LANGS):
+        texts[lang] = [r["text"] for r in read_jsonl_gz(cwd / "work" / lang / "clean" / "heldout")]
+        assert texts[lang], f"no held-out text for {lang}"
+    texts["tricky"] = TRICKY_TEXTS
+    for folder in (cwd / "work" / "nob" / "tokenizer", cwd / "sentencepiece_nob"):
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        for lang, documents in texts.items():
+            for text in documents:
+                ids = tokenizer.encode(text, add_special_tokens=False).ids
+                assert tokenizer.decode(ids, skip_special_tokens=False) == text, (folder.name, lang, text[:80])
+                assert 3 not in ids  # nothing is <unk>
+
+
+def test_same_command_is_skipped_and_a_new_vocab_size_retrains(trained, tmp_path):
+    cwd, _ = trained
+    before = marker(cwd / "work", "eng", "tokenizer")
+    again = run_cli("stage=tokenizer", "lang=eng", VOCAB, cwd=cwd)
+    assert "Skipping tokenizer for eng: it is up to date" in again.stderr
+    assert marker(cwd / "work", "eng", "tokenizer") == before
+    # retrained in a copy, so that nob's base tokenizer stays as it is
+    shutil.copytree(cwd / "work" / "eng", tmp_path / "work" / "eng")
+    changed = run_cli("stage=tokenizer", "lang=eng", "tokenizer.vocab_size=1000", cwd=tmp_path)
+    assert "tokenizer for eng changed" in changed.stderr and "vocab_size 1000 rounded up to 1024" in changed.stderr
+    after = marker(tmp_path / "work", "eng", "tokenizer")
+    assert after["config_hash"] != before["config_hash"] and after["metrics"]["vocab_size"] == 1024
+    assert Tokenizer.from_file(str(tmp_path / "work" / "eng" / "tokenizer" / "tokenizer.json")).get_vocab_size() == 1024
+
+
+def test_a_missing_mix_plan_names_the_command_to_run(trained):
+    cwd, _ = trained
+    result = run_cli("stage=tokenizer", "lang=rus", cwd=cwd, check=False)  # cleaned, never mixed
+    assert result.returncode == 1
+    assert "Stage `tokenizer` for rus needs the output of stage `mix`" in result.stderr
+    assert "python -m pipeline stage=mix lang=rus work_dir=work" in result.stderr
+    assert not (cwd / "work" / "rus" / "tokenizer").exists()
+
+
+def test_empty_training_text_names_the_source_folders(trained, tmp_path):
+    cwd, _ = trained
+    shutil.copytree(cwd / "work" / "nob", tmp_path / "work" / "nob")
+    plan = tmp_path / "work" / "nob" / "mix" / "plan.json"
+    plan.write_text(plan.read_text().replace(str(cwd / "work"), str(tmp_path / "work")))  # the copy's own sources
+    train = tmp_path / "work" / "nob" / "clean" / "train"
+    for shard in train.glob("*.jsonl.gz"):  # the shards lose their documents after the plan was made
+        with gzip.open(shard, "wt"):
+            pass
+    result = run_cli("stage=tokenizer", "lang=nob", "tokenizer.vocab_size=1024", cwd=tmp_path, check=False)
+    assert result.returncode == 1
+    assert "tokenizer nob: no training text. The mix plan's sources gave nothing:" in result.stderr
+    assert f"`nob` ({train}): 0 documents read" in result.stderr
+    assert "python -m pipeline stage=clean lang=nob" in result.stderr
+
+
+def test_a_sample_too_small_for_any_document_fails_naming_the_option(trained):
+    cwd, _ = trained
+    result = run_cli("stage=tokenizer", "lang=nob", VOCAB, "tokenizer.sample_bytes=10", cwd=cwd, check=False)
+    assert result.returncode == 1
+    assert "no training text" in result.stderr and "tokenizer.sample_bytes (10) is large enough" in result.stderr
+    assert report(cwd)["tokenizer"]["vocab_size"] == 2048  # the finished output is untouched
+
+
+@pytest.mark.parametrize("override, message", [
+    ("tokenizer.vocab_size=200", "Invalid value for `tokenizer.vocab_size`: 200. Allowed: an integer > 260"),
+    ("tokenizer.backend=wordpiece", "Invalid value for `tokenizer.backend`: 'wordpiece'. Allowed: "),
+    ("tokenizer.sentencepiece_model_type=char", "Allowed: unigram, bpe"),
+    ("tokenizer.base=/nonexistent/tokenizer.json", "Invalid value for `tokenizer.base`"),
+], ids=["vocab_size", "backend", "model_type", "base"])
+def test_bad_options_fail_before_any_work(tmp_path, override, message):
+    result = run_cli("stage=tokenizer", "lang=nob", override, cwd=tmp_path, check=False)
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert [p.name for p in (tmp_path / "work" / "nob").iterdir()] == ["logs"]  # Hydra's log, nothing else
