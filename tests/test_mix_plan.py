@@ -9,7 +9,8 @@ import pytest
 from pipeline.config import ConfigError, MixConfig, MixSource, RehydrationConfig, RehydrationRow, validate_mix
 from pipeline.mixing.planner import FILLER, FIXED_RATIO, TARGET, PlanError, Source, default_budget, plan_mixture
 from pipeline.mixing.rehydration import rehydrate, weight_for
-from pipeline.mixing.report import plan_verdict, tokens_text, verdict
+from pipeline.mixing.report import plan_verdict, verdict
+from pipeline.short_numbers import bytes_text, tokens_text
 from pipeline.mixing.scaling import R_STAR, effective_tokens, epoch_values
 
 FINEWEB2_TABLE = [(1, 1.0), (2, 2.0), (3, 3.0), (5, 5.0), (100, 8.0)]
@@ -143,6 +144,7 @@ def test_default_budget_is_the_target_at_its_cap_plus_the_fixed_ratios():
 
 def test_tokens_are_shown_with_three_digits_and_a_unit():
     assert [tokens_text(n) for n in (999, 1000, 656_758, 2_627_032, 260e9)] == ["999", "1k", "657k", "2.63M", "260B"]
+    assert [bytes_text(n) for n in (999, 2_627_032, 1e9)] == ["999 B", "2.63 MB", "1 GB"]
 
 
 # -- rehydration --------------------------------------------------------------------------------------

@@ -7,17 +7,10 @@ from typing import Optional, Sequence
 from pipeline.mixing.planner import FIXED_RATIO, Allocation, Plan
 from pipeline.mixing.rehydration import Rehydration
 from pipeline.mixing.scaling import FORMULA, R_STAR, REFERENCE, epoch_values
+from pipeline.short_numbers import tokens_text
 
 TOKEN_ESTIMATE = ("UTF-8 bytes / bytes_per_token of the source's script (mix.bytes_per_token): estimates until "
                   "the pack stage counts exact tokens")
-
-
-def tokens_text(n: float) -> str:
-    """1234567 -> '1.23M': three significant digits and a unit."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
 
 
 def verdict(allocation: Allocation) -> str:

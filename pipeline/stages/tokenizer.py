@@ -23,10 +23,11 @@ from tokenizers import Tokenizer
 from pipeline.contract import Stage, StageError, StageRun, write_json_atomic
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 from pipeline.mixing.sources import clean_output, read_documents
+from pipeline.short_numbers import bytes_text
 from pipeline.tokenization.folder import (TOKENIZER_FILE, base_tokenizer_file, load_base_tokenizer,
                                           write_tokenizer_folder)
 from pipeline.tokenization.metrics import Scores, evaluate
-from pipeline.tokenization.report import (METRICS, bytes_text, comparison, markdown, metrics_table, sample_section,
+from pipeline.tokenization.report import (METRICS, comparison, markdown, metrics_table, sample_section,
                                           tokenizer_section)
 from pipeline.tokenization.sample import SampledSource, read_sample, write_sample
 from pipeline.tokenization.training import TrainedTokenizer, TrainingError, padded_vocab_size, train_tokenizer

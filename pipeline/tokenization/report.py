@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pipeline.short_numbers import bytes_text
 from pipeline.tokenization.folder import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from pipeline.tokenization.metrics import Scores
 from pipeline.tokenization.sample import SampledSource
@@ -19,14 +20,6 @@ DEFINITIONS = (
     "overlap it in the encoding of the whole document. Bytes per token: UTF-8 bytes / tokens. Vocabulary used: "
     "distinct ids seen / vocabulary size. Round trip: decode(encode(x)) == x, special tokens kept."
 )
-
-
-def bytes_text(n: float) -> str:
-    """2627032 -> '2.63 MB': three significant digits and a unit."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def tokenizer_section(options, trained: TrainedTokenizer, threads: int) -> dict:
