@@ -1,4 +1,8 @@
 """Triton kernels (attention, norms, cross-entropy) and their plain PyTorch references.
 
-Empty until the kernels land; the package exists so the layout of DESIGN.md section 2 is in place.
+`flash_attention` is the API the model calls; until the Triton kernels land it runs the reference.
 """
+
+from pipeline.kernels.reference import attention as flash_attention
+
+__all__ = ["flash_attention"]
