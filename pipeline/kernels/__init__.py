@@ -1,8 +1,79 @@
 """Triton kernels (attention, norms, cross-entropy) and their plain PyTorch references.
 
-`flash_attention` is the API the model calls; until the Triton kernels land it runs the reference.
+Public API (each runs the Triton kernel on a GPU tensor and the reference in pipeline/kernels/reference.py
+on CPU; see pipeline/kernels/backend.py for the switch):
+
+- `flash_attention(q, k, v, *, causal=True, alibi_slopes=None, segment_ids=None, softmax_scale=None)`:
+  (batch, heads, seq, head_dim) like SDPA; k and v may have fewer heads (GQA/MQA); `alibi_slopes` holds
+  the slopes of the caller's own heads (tensor parallelism passes its slice); `segment_ids` (batch, seq)
+  keeps attention within each packed document. Head dims up to 128 in the Triton kernel.
+- `rms_norm(x, weight, eps)` and `layer_norm(x, weight, bias, eps)` (bias may be None): over the last axis,
+  statistics in float32, output in x's dtype; the Triton kernels hold a row whole (hidden size <= 65536).
+- `linear_cross_entropy(hidden, weight, targets, ignore_index=-100, chunk_size=None)`: the mean cross-entropy
+  of the LM head `hidden @ weight.T` (hidden (..., d), weight (vocab, d), targets hidden.shape[:-1]) over the
+  targets that are not `ignore_index`, computed `chunk_size` rows at a time (default: ~128M logits per chunk)
+  so that the whole (tokens, vocab) logits never exist; gradients flow to hidden and weight.
+- `vocab_shard_statistics(logits, targets, vocab_start=0) -> (lse, target_logit)`: the building block of a
+  vocab-parallel cross-entropy. For a (rows, shard_vocab) logits shard holding the ids vocab_start ..
+  vocab_start + shard_vocab - 1: per row, the float32 log-sum-exp over the shard and the logit of the row's
+  (global) target id, 0 where another shard holds it; differentiable. Across tensor-parallel ranks:
+  lse = log(all_reduce_sum(exp(lse_shard - global_max))) + global_max (global_max = all_reduce_max of
+  lse_shard), target_logit = all_reduce_sum(target_logit_shard), loss = lse - target_logit.
+- `set_backend("auto" | "reference" | "triton")`, `kernel_backend(name)` (context manager),
+  `get_backend()`, and the environment variable `PIPELINE_KERNELS` (read at import) choose the backend.
 """
 
-from pipeline.kernels.reference import attention as flash_attention
+from __future__ import annotations
 
-__all__ = ["flash_attention"]
+from typing import Optional
+
+import torch
+
+from pipeline.kernels import reference
+from pipeline.kernels.backend import get_backend, kernel_backend, set_backend, use_triton
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                    alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
+                    softmax_scale: Optional[float] = None) -> torch.Tensor:
+    """Attention over (batch, heads, seq, head_dim); the semantics are those of `reference.attention`."""
+    if use_triton(q):
+        from pipeline.kernels.attention import flash_attention as triton_attention
+        return triton_attention(q, k, v, causal=causal, alibi_slopes=alibi_slopes, segment_ids=segment_ids,
+                                softmax_scale=softmax_scale)
+    return reference.attention(q, k, v, causal=causal, alibi_slopes=alibi_slopes, segment_ids=segment_ids,
+                               softmax_scale=softmax_scale)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        from pipeline.kernels import norms
+        return norms.rms_norm(x, weight, eps)
+    return reference.rms_norm(x, weight, eps)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    if use_triton(x):
+        from pipeline.kernels import norms
+        return norms.layer_norm(x, weight, bias, eps)
+    return reference.layer_norm(x, weight, bias, eps)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                         chunk_size: Optional[int] = None) -> torch.Tensor:
+    if use_triton(hidden):
+        from pipeline.kernels import cross_entropy
+        return cross_entropy.linear_cross_entropy(hidden, weight, targets, ignore_index, chunk_size)
+    return reference.linear_cross_entropy(hidden, weight, targets, ignore_index, chunk_size)
+
+
+def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
+                           vocab_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(logits):
+        from pipeline.kernels import cross_entropy
+        return cross_entropy.vocab_shard_statistics(logits, targets, vocab_start)
+    return reference.vocab_shard_statistics(logits, targets, vocab_start)
+
+
+__all__ = ["flash_attention", "get_backend", "kernel_backend", "layer_norm", "linear_cross_entropy", "rms_norm",
+           "set_backend", "vocab_shard_statistics"]

@@ -38,3 +38,37 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     scores = scores.masked_fill(~allowed, float("-inf"))
     probabilities = torch.softmax(scores, dim=-1)
     return torch.matmul(probabilities, v.float()).to(q.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, in float32."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * weight.float()).to(x.dtype)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis, in float32."""
+    out = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], weight.float(),
+                                         bias.float() if bias is not None else None, eps)
+    return out.to(x.dtype)
+
+
+def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
+                           vocab_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of a (rows, shard_vocab) logits shard: float32 log-sum-exp, and the logit of the row's target
+    (a global id; the shard holds ids vocab_start .. vocab_start + shard_vocab - 1), 0 where the shard lacks it."""
+    logits = logits.float()
+    local = targets - vocab_start
+    holds = (local >= 0) & (local < logits.shape[-1])
+    target_logit = logits.gather(-1, local.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+    return logits.logsumexp(-1), torch.where(holds, target_logit, 0.0)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         ignore_index: int = -100, chunk_size: Optional[int] = None) -> torch.Tensor:
+    """Mean cross-entropy of the LM head `hidden @ weight.T` over the targets that are not `ignore_index`.
+    `chunk_size` only matters to the Triton kernel (the reference holds all logits at once)."""
+    logits = (hidden @ weight.t()).float()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                             ignore_index=ignore_index)

@@ -1,0 +1,90 @@
+"""Tune the attention kernel's launch table: time candidate tile/warp/stage settings of each kernel on this GPU.
+
+The table in pipeline/kernels/launch_configs.py is fixed (no autotuning at run time); this script is how its
+entries are chosen on a new GPU. For each head dim it times the forward alone for every forward candidate,
+then forward+backward for every dK/dV candidate (dQ at its table value) and every dQ candidate (dK/dV at its
+table value), causal with ALiBi in bf16, and prints TFLOP/s (same FLOP count as bench/attention.py).
+A candidate is block_m,block_n,num_warps,num_stages; one that fails to compile or run is reported, not fatal.
+
+    python bench/attention_configs.py
+    python bench/attention_configs.py --shape 128=1,16,8192,128 --forward 128,128,8,3 128,64,8,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pipeline.kernels.launch_configs import KernelConfig, attention_configs, current_arch  # noqa: E402
+
+SHAPES = {128: (1, 16, 8192, 128), 64: (2, 32, 4096, 64)}
+CANDIDATES = {
+    "forward": ["128,64,8,3", "128,64,8,4", "128,128,8,2", "128,128,8,3", "64,64,4,4", "128,64,4,3"],
+    "backward_kv": ["32,128,8,2", "64,128,8,2", "32,128,4,2", "64,64,4,2", "32,64,4,3", "64,128,8,1"],
+    "backward_q": ["128,64,8,3", "128,32,4,3", "64,64,4,3", "128,64,8,2", "128,128,8,2", "64,32,4,4"],
+}
+
+
+def parse(candidate: str) -> KernelConfig:
+    return KernelConfig(*(int(x) for x in candidate.split(",")))
+
+
+def time_candidate(shape, configs, backward: bool) -> float:
+    """TFLOP/s of the forward (or forward+backward) with these configs; NaN if it failed."""
+    from triton.testing import do_bench
+
+    from pipeline.kernels.attention import flash_attention
+
+    batch, heads, seq, head_dim = shape
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    slopes = torch.rand(heads, device="cuda") * 0.5
+    grad_out = torch.randn_like(q)
+
+    def run():
+        out = flash_attention(q, k, v, alibi_slopes=slopes, configs=configs)
+        if backward:
+            torch.autograd.grad(out, (q, k, v), grad_out)
+
+    try:
+        if backward:
+            ms = do_bench(run, warmup=25, rep=100, return_mode="median")
+        else:
+            with torch.no_grad():
+                ms = do_bench(run, warmup=25, rep=100, return_mode="median")
+    except Exception as error:  # a candidate that does not compile (e.g. out of shared memory) is skipped
+        print(f"    failed: {type(error).__name__}: {str(error)[:200]}")
+        return float("nan")
+    flops = 2.0 * batch * heads * seq * seq * head_dim * (3.5 if backward else 1.0)
+    return flops / ms / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", nargs="*", default=[f"{d}={','.join(map(str, s))}" for d, s in SHAPES.items()],
+                        help="head_dim=batch,heads,seq,head_dim")
+    for kernel, candidates in CANDIDATES.items():
+        parser.add_argument(f"--{kernel.replace('_', '-')}", nargs="*", default=candidates, dest=kernel)
+    args = parser.parse_args()
+    arch = current_arch(torch.device("cuda"))
+    print(f"{torch.cuda.get_device_name()} ({arch})")
+    for spec in args.shape:
+        shape = tuple(int(x) for x in spec.split("=")[1].split(","))
+        table = attention_configs(arch, shape[-1])
+        print(f"shape {shape}, table: {table}")
+        for kernel in CANDIDATES:
+            for candidate in getattr(args, kernel):
+                configs = dataclasses.replace(table, **{kernel: parse(candidate)})
+                tflops = time_candidate(shape, configs, backward=kernel != "forward")
+                print(f"  {kernel:12s} {candidate:14s} {'fwd' if kernel == 'forward' else 'fwd+bwd'} "
+                      f"{tflops:6.1f} TFLOP/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

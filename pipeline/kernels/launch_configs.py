@@ -1,0 +1,123 @@
+"""Launch configurations of every Triton kernel, one explicit table per GPU architecture.
+
+No autotuning: the configurations are fixed, so that the ahead-of-time compile test
+(tests/test_kernels_compile.py) can build every one of them for gfx90a and sm90 on a CPU machine and
+check that it uses the matrix units and does not spill, and so that a run's speed does not depend on
+a tuning pass. Architectures:
+
+- `sm90` (H100/H200): 228 KiB of shared memory per SM, wgmma on 4-warp warpgroups. Triton 3.6 software
+  pipelines the K/V loads `num_stages` deep (cp.async/TMA), so large tiles with 3-4 stages pay off.
+- `gfx90a` (MI250X GCD): wavefront 64 (a "warp" is 64 lanes, so 4 warps = 256 threads), 64 KiB LDS per
+  CU, MFMA 32x32x8 / 16x16x16 for bf16. Triton's AMD stream pipeliner double-buffers in LDS with
+  num_stages=2, so tiles must fit twice in 64 KiB; `waves_per_eu` caps registers per wave so that that
+  many waves share a SIMD and hide memory latency (512 VGPRs per SIMD lane / waves); `matrix_instr_nonkdim`
+  picks the MFMA shape (16: 16x16 tiles, fewer registers for the accumulators than 32x32).
+  `kpack` only matters on gfx942 (it is ignored and deprecated elsewhere), so it stays at 1.
+- `default`: any other GPU (A100, MI300 until tuned) and the CPU interpreter: moderate tiles that fit
+  everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch options of one kernel. For attention, block_m tiles queries and block_n keys;
+    for row-wise kernels (norms, cross-entropy) block_n is the column chunk and block_m is unused (1)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    waves_per_eu: int = 0  # AMD only: 0 lets the compiler choose
+    matrix_instr_nonkdim: int = 0  # AMD only: MFMA tile (16 or 32); 0 lets the compiler choose
+
+    def launch_options(self, arch: str) -> dict:
+        """Keyword arguments of a Triton launch (or of triton.compile's options) for `arch`."""
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if arch.startswith("gfx"):
+            options.update(waves_per_eu=self.waves_per_eu, matrix_instr_nonkdim=self.matrix_instr_nonkdim)
+        return options
+
+
+@dataclass(frozen=True)
+class AttentionConfigs:
+    forward: KernelConfig
+    backward_kv: KernelConfig  # one program per key block: block_n keys, loops over block_m-query blocks
+    backward_q: KernelConfig  # one program per query block: block_m queries, loops over block_n-key blocks
+
+
+# Keyed by architecture, then by the padded head dim (64: head dims up to 64; 128: 65..128, so 80 and 96
+# run in 128-wide tiles with the extra columns masked).
+ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
+    "sm90": {
+        # Forward: 128 queries x 64 keys with 8 warps (two warpgroups, wgmma on 64 rows each), K/V loads
+        # pipelined 4 deep (160 KiB of shared memory): the fastest of the candidates that bench/attention_configs.py
+        # timed on an H100; 128x128 tiles spill at D=128 (ptxas: 255 registers).
+        # Backward dK/dV: the program keeps its keys' K and V tiles and the dK/dV accumulators (fp32) in
+        # registers while query blocks stream by; 32 queries x 128 keys with 8 warps and 2 stages is the fastest
+        # that compiles without spills (64x64 with 4 warps ran ~10% faster but spills). dQ: 128 queries,
+        # 64-key blocks. Every entry compiles without spills (tests/test_kernels_compile.py).
+        128: AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
+                              backward_kv=KernelConfig(32, 128, 8, 2),
+                              backward_q=KernelConfig(128, 64, 8, 3)),
+        # D=64 halves every tile: 4 warps suffice for the forward's 128x64 tiles (3 stages); dK/dV 32 queries x
+        # 128 keys with 8 warps and 3 stages (64x64 with 4 warps ran ~8% faster but spills 4 bytes), dQ 64 queries
+        # x 32 keys with 4 stages.
+        64: AttentionConfigs(forward=KernelConfig(128, 64, 4, 3),
+                             backward_kv=KernelConfig(32, 128, 8, 3),
+                             backward_q=KernelConfig(64, 32, 4, 4)),
+    },
+    "gfx90a": {
+        # Forward: 128x64 tiles with 4 wavefronts (256 lanes) and waves_per_eu=2 (at most 256 VGPRs per lane,
+        # two waves per SIMD to hide memory latency): 252 VGPRs, no spills, 32 KiB of LDS. MFMA 16x16
+        # (nonkdim 16) needs fewer accumulator registers than 32x32. One stage: the K/V tiles are read
+        # straight into registers; a second LDS stage spills at D=128.
+        # Backward: the dK/dV program holds K, V, dK, dV of 64 keys (wider spills); waves_per_eu=1 lets it
+        # use the accumulation registers (AGPRs) too. dQ: 64 queries x 32 keys.
+        128: AttentionConfigs(forward=KernelConfig(128, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                              backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
+                              backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16)),
+        # D=64: tiles are half as large, so the forward double-buffers K/V in LDS (num_stages=2, 16 KiB) and
+        # every kernel keeps two waves per SIMD.
+        64: AttentionConfigs(forward=KernelConfig(128, 64, 4, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
+                             backward_kv=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                             backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16)),
+    },
+    "default": {
+        128: AttentionConfigs(forward=KernelConfig(64, 64, 4, 2),
+                              backward_kv=KernelConfig(32, 64, 4, 2),
+                              backward_q=KernelConfig(64, 32, 4, 2)),
+        64: AttentionConfigs(forward=KernelConfig(64, 64, 4, 2),
+                             backward_kv=KernelConfig(32, 64, 4, 2),
+                             backward_q=KernelConfig(64, 32, 4, 2)),
+    },
+}
+
+# Row-wise kernels (norms, cross-entropy): one program per row, block_n columns per step. 8 warps
+# (sm90: 256 threads; gfx90a: 512 lanes) stream a 4096-8192 wide row in one or two passes.
+ROWWISE: dict[str, KernelConfig] = {
+    "sm90": KernelConfig(1, 4096, 8, 1),
+    "gfx90a": KernelConfig(1, 4096, 8, 1, waves_per_eu=0),
+    "default": KernelConfig(1, 1024, 4, 1),
+}
+
+
+def current_arch(device: torch.device | None = None) -> str:
+    """`sm90`, `gfx90a` or `default` for the device that a kernel is about to run on."""
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
+        return "default"  # the interpreter on CPU
+    if torch.version.hip:
+        name = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+        return name if name in ATTENTION else "default"
+    major, minor = torch.cuda.get_device_capability(device)
+    arch = f"sm{major}{minor}"
+    return arch if arch in ATTENTION else "default"
+
+
+def attention_configs(arch: str, head_dim: int) -> AttentionConfigs:
+    return ATTENTION[arch][64 if head_dim <= 64 else 128]

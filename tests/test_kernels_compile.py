@@ -1,0 +1,121 @@
+"""Ahead-of-time compile of every launch configuration for MI250X (gfx90a) and H100 (sm90), on the CPU machine.
+
+Triton's own compiler builds each kernel of the tables in pipeline/kernels/launch_configs.py for
+`GPUTarget("hip", "gfx90a", 64)` and `GPUTarget("cuda", 90, 32)` with bf16 tensors, and the test reads what
+came out: the attention kernels must use the matrix units (`v_mfma` in the AMDGCN assembly; `wgmma` in the
+PTX), no kernel may spill registers (AMDGCN metadata `.vgpr_spill_count`/`.sgpr_spill_count`; for sm90 the
+ptxas that ships in the Triton wheel, run with -v on the PTX), and on gfx90a a kernel's LDS must fit in 64 KiB.
+Pointers and strides are declared 16-aligned, as the launches with contiguous tensors specialise them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from pipeline.kernels import attention, cross_entropy, norms
+from pipeline.kernels.launch_configs import ATTENTION, ROWWISE
+
+TARGETS = {"sm90": GPUTarget("cuda", 90, 32), "gfx90a": GPUTarget("hip", "gfx90a", 64)}
+GFX90A_LDS_BYTES = 64 * 1024
+FLOAT32_POINTERS = {"lse_ptr", "delta_ptr", "slopes_ptr", "mean_ptr", "rstd_ptr", "dweight_ptr", "dbias_ptr",
+                    "target_logit_ptr", "grad_lse_ptr", "grad_target_ptr"}
+INT_POINTERS = {"seg_ptr": "*i32", "targets_ptr": "*i64"}
+FLOAT_SCALARS = {"qk_scale", "sm_scale", "eps"}
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+def signature(kernel, constexprs: dict) -> tuple[dict, dict]:
+    """Triton types of the kernel's arguments by naming convention, and the 16-alignment hints."""
+    types, hints = {}, {}
+    for index, param in enumerate(kernel.params):
+        name = param.name
+        if name in constexprs:
+            types[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            types[name] = "*fp32" if name in FLOAT32_POINTERS else INT_POINTERS.get(name, "*bf16")
+            hints[(index,)] = [["tt.divisibility", 16]]
+        elif name in FLOAT_SCALARS:
+            types[name] = "fp32"
+        else:
+            types[name] = "i32"
+            if name.startswith("stride"):
+                hints[(index,)] = [["tt.divisibility", 16]]
+    return types, hints
+
+
+@dataclass
+class Build:
+    matrix_instructions: int
+    spilled: int
+    lds_bytes: int
+
+
+def build(kernel, constexprs: dict, arch: str, options: dict, tmp_path: Path) -> Build:
+    types, hints = signature(kernel, constexprs)
+    compiled = triton.compile(ASTSource(kernel, types, constexprs, hints), target=TARGETS[arch], options=options)
+    if arch == "gfx90a":
+        asm = compiled.asm["amdgcn"]
+        spills = [int(n) for n in re.findall(r"\.(?:vgpr|sgpr)_spill_count:\s*(\d+)", asm)]
+        assert spills, "no spill counts in the AMDGCN metadata"
+        return Build(asm.count("v_mfma"), sum(spills), compiled.metadata.shared)
+    ptx = compiled.asm["ptx"]
+    ptx_file = tmp_path / f"{kernel.__name__}.ptx"
+    ptx_file.write_text(ptx)
+    report = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(ptx_file), "-o", os.devnull],
+                            capture_output=True, text=True, check=True).stderr
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    assert spills, f"no spill report from ptxas -v:\n{report}"
+    return Build(ptx.count("wgmma.mma_async") + ptx.count("mma.sync"), sum(spills), compiled.metadata.shared)
+
+
+def check(result: Build, arch: str, uses_matrix_units: bool, what: str) -> None:
+    assert result.spilled == 0, f"{what} on {arch}: {result.spilled} spilled (registers or bytes)"
+    if uses_matrix_units:
+        unit = "v_mfma" if arch == "gfx90a" else "wgmma/mma"
+        assert result.matrix_instructions > 0, f"{what} on {arch}: no {unit} instruction"
+    if arch == "gfx90a":
+        assert result.lds_bytes <= GFX90A_LDS_BYTES, f"{what} on gfx90a: {result.lds_bytes} bytes of LDS > 64 KiB"
+
+
+ATTENTION_CASES = [(arch, head_dim) for arch in TARGETS for head_dim in ATTENTION[arch]]
+
+
+@pytest.mark.parametrize("arch, head_dim", ATTENTION_CASES)
+def test_attention_configs_compile_to_matrix_instructions_without_spills(arch, head_dim, tmp_path):
+    configs = ATTENTION[arch][head_dim]
+    # ALiBi + causal, the specialisation the benchmarks run; block tiling rules the kernels rely on
+    flags = dict(BLOCK_D=head_dim, CAUSAL=True, HAS_ALIBI=True, HAS_SEGMENTS=False, CHECK_SEQ=False, CHECK_D=False)
+    kernels = {"forward": attention._attention_forward, "backward_kv": attention._attention_backward_kv,
+               "backward_q": attention._attention_backward_q}
+    for name, kernel in kernels.items():
+        config = getattr(configs, name)
+        queries_outer = name != "backward_kv"
+        outer, inner = (config.block_m, config.block_n) if queries_outer else (config.block_n, config.block_m)
+        assert outer % inner == 0, f"{arch} D={head_dim} {name}: causal blocks need {outer} divisible by {inner}"
+        result = build(kernel, {**flags, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}, arch,
+                       config.launch_options(arch), tmp_path)
+        check(result, arch, True, f"attention {name} D={head_dim} {config}")
+
+
+@pytest.mark.parametrize("arch", TARGETS)
+def test_rowwise_kernels_compile_without_spills(arch, tmp_path):
+    config = ROWWISE[arch]
+    options = config.launch_options(arch)
+    builds = {
+        "delta": (attention._attention_backward_delta, dict(BLOCK_M=64, BLOCK_D=128)),
+        "norm forward": (norms._norm_forward, dict(BLOCK=8192, RMS=False, HAS_BIAS=True)),
+        "norm backward": (norms._norm_backward, dict(BLOCK=8192, RMS=False, HAS_BIAS=True)),
+        "cross-entropy statistics": (cross_entropy._row_statistics, dict(BLOCK=config.block_n)),
+        "cross-entropy gradient": (cross_entropy._softmax_gradient, dict(BLOCK=config.block_n)),
+    }
+    for name, (kernel, constexprs) in builds.items():
+        check(build(kernel, constexprs, arch, options, tmp_path), arch, False, name)

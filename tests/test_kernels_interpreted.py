@@ -1,0 +1,194 @@
+"""Every Triton kernel against its plain PyTorch reference on CPU, under the Triton interpreter: forward and gradients.
+
+`TRITON_INTERPRET=1` must be set before Triton is first imported (its own library kernels are built then), and
+other test files import Triton normally, so the checks run in a child pytest with the variable set: the one
+test collected in the suite, `test_kernels_under_the_triton_interpreter`, runs this file again in a child
+process that collects the `check_*` functions below (and prints their failures if any). float32 and float16
+only: the interpreter mishandles bfloat16 (tests/test_kernels_gpu.py checks bf16 on a GPU).
+
+    TRITON_INTERPRET=1 python -m pytest -o python_functions='check_*' tests/test_kernels_interpreted.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pipeline.kernels as kernels
+from pipeline.kernels import reference
+from pipeline.kernels.launch_configs import ATTENTION
+
+REPO = Path(__file__).resolve().parent.parent
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3}
+
+
+def test_kernels_under_the_triton_interpreter():
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_functions=check_*", __file__],
+        cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
+        text=True, timeout=600)
+    assert result.returncode == 0 and " passed" in result.stdout, (
+        f"the interpreted kernel checks failed ({result.returncode}):\n{result.stdout[-8000:]}\n{result.stderr[-3000:]}")
+
+
+def _fix_interpreter_scalar_index():
+    """Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds with int(array),
+    which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted"); convert through .item() instead.
+    Returns the function to restore."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return lambda: setattr(interpreter, "_patch_lang_tensor", original)
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """The Triton kernel modules, interpreted, with the `triton` backend forced for CPU tensors."""
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_kernels_under_the_triton_interpreter"
+    from pipeline.kernels import attention, cross_entropy, norms
+
+    restore_interpreter = _fix_interpreter_scalar_index()
+    try:
+        with kernels.kernel_backend("triton"):
+            yield {"attention": attention, "norms": norms, "cross_entropy": cross_entropy}
+    finally:
+        restore_interpreter()
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    assert torch.isfinite(actual).all(), "non-finite values in the kernel's result"
+    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def assert_close(actual, expected, dtype, what):
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    error = relative_error(actual, expected)
+    assert error < TOLERANCE[dtype], f"{what}: relative error {error:.2e} >= {TOLERANCE[dtype]}"
+
+
+def compare_with_reference(triton_fn, reference_fn, inputs, dtype, **kwargs):
+    """Outputs and every input gradient of the Triton path vs the reference on float64 copies of the inputs."""
+    leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+    reference_leaves = [x.detach().double().requires_grad_() if x.is_floating_point() else x for x in inputs]
+    out = triton_fn(*leaves, **kwargs)
+    expected = reference_fn(*reference_leaves, **kwargs)
+    assert_close(out, expected, dtype, "output")
+    grad_out = torch.randn_like(expected)
+    differentiable = [i for i, x in enumerate(leaves) if x.requires_grad]
+    grads = torch.autograd.grad(out, [leaves[i] for i in differentiable], grad_out.to(out.dtype))
+    expected_grads = torch.autograd.grad(expected, [reference_leaves[i] for i in differentiable], grad_out)
+    for i, actual, wanted in zip(differentiable, grads, expected_grads):
+        assert_close(actual, wanted, dtype, f"gradient of input {i}")
+
+
+@pytest.mark.parametrize("batch, heads, kv_heads, seq, head_dim, causal, alibi, segments, dtype", [
+    (1, 2, 2, 150, 32, True, True, False, torch.float32),  # several query and key blocks, causal split
+    (2, 4, 2, 97, 80, True, True, True, torch.float32),  # GQA, odd length, padded head dim, documents
+    (1, 4, 1, 130, 64, False, True, True, torch.float32),  # MQA, bidirectional
+    (1, 2, 2, 77, 96, True, False, False, torch.float16),
+    (1, 4, 2, 130, 32, True, True, True, torch.float16),
+])
+def check_attention_matches_reference(interpreted, batch, heads, kv_heads, seq, head_dim, causal, alibi, segments,
+                                     dtype):
+    torch.manual_seed(seq + head_dim)
+    q = torch.randn(batch, heads, seq, head_dim, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype) for _ in range(2))
+    kwargs = dict(causal=causal, softmax_scale=0.7 / head_dim ** 0.5 if segments else None)
+    if alibi:
+        kwargs["alibi_slopes"] = torch.rand(heads) * 0.5
+    if segments:  # documents of random lengths, plus one token that matches no neighbour
+        ids = torch.randint(0, 4, (batch, seq)).sort(dim=1).values
+        ids[:, seq // 2] = 99
+        kwargs["segment_ids"] = ids
+    compare_with_reference(kernels.flash_attention, reference.attention, [q, k, v], dtype, **kwargs)
+
+
+@pytest.mark.parametrize("arch", sorted(ATTENTION))
+def check_attention_with_each_architecture_tiles(interpreted, arch):
+    """The tile sizes of every table entry give the same result (the interpreter ignores warps and stages)."""
+    torch.manual_seed(1)
+    for head_dim, configs in ATTENTION[arch].items():
+        q = torch.randn(1, 2, 200, head_dim)
+        k, v = (torch.randn(1, 1, 200, head_dim) for _ in range(2))
+        slopes = torch.tensor([0.25, 0.0625])
+        attend = lambda q, k, v: interpreted["attention"].flash_attention(q, k, v, alibi_slopes=slopes,
+                                                                          configs=configs)
+        reference_attend = lambda q, k, v: reference.attention(q, k, v, alibi_slopes=slopes.double())
+        compare_with_reference(attend, reference_attend, [q, k, v], torch.float32)
+
+
+@pytest.mark.parametrize("shape, dtype", [((37, 300), torch.float32), ((2, 5, 1000), torch.float16)])
+def check_rms_norm_matches_reference(interpreted, shape, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype) * 3 + 1
+    weight = torch.randn(shape[-1], dtype=dtype)
+    compare_with_reference(kernels.rms_norm, reference.rms_norm, [x, weight], dtype, eps=1e-5)
+
+
+@pytest.mark.parametrize("shape, dtype, bias", [((37, 300), torch.float32, True), ((2, 5, 1000), torch.float16, True),
+                                                ((19, 64), torch.float32, False)])
+def check_layer_norm_matches_reference(interpreted, shape, dtype, bias):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype) * 3 + 1
+    weight = torch.randn(shape[-1], dtype=dtype)
+    inputs = [x, weight, torch.randn(shape[-1], dtype=dtype) if bias else None]
+    triton_fn = lambda x, w, *b: kernels.layer_norm(x, w, b[0] if b else None, eps=1e-5)
+    reference_fn = lambda x, w, *b: reference.layer_norm(x, w, b[0] if b else None, eps=1e-5)
+    compare_with_reference(triton_fn, reference_fn, [t for t in inputs if t is not None], dtype)
+
+
+def check_linear_cross_entropy_matches_reference(interpreted):
+    """Vocab wider than one block (1024 in the interpreter) with a ragged tail; chunks of 8 rows; ignored targets."""
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 11, 48)
+    weight = torch.randn(2500, 48) / 4
+    targets = torch.randint(0, 2500, (3, 11))
+    targets[0, :4] = -100
+    targets[2, 7] = -100
+    compare_with_reference(lambda h, w: kernels.linear_cross_entropy(h, w, targets, chunk_size=8),
+                            lambda h, w: reference.linear_cross_entropy(h, w, targets), [hidden, weight],
+                            torch.float32)
+
+
+def check_vocab_shards_compose_to_the_full_cross_entropy(interpreted):
+    """Per-shard log-sum-exp and target logits, combined as a vocab-parallel all-reduce would, give the loss of
+    the whole vocabulary and its gradient."""
+    torch.manual_seed(0)
+    logits = (torch.randn(21, 2500) * 3).requires_grad_()
+    targets = torch.randint(0, 2500, (21,))
+    targets[3] = -100
+    bounds = [0, 700, 1800, 2500]  # unequal shards, each target in exactly one of them
+    shard_lse, shard_target = zip(*(kernels.vocab_shard_statistics(logits[:, lo:hi], targets, lo)
+                                    for lo, hi in zip(bounds, bounds[1:])))
+    lse = torch.stack(shard_lse).logsumexp(0)
+    target_logit = torch.stack(shard_target).sum(0)
+    valid = targets != -100
+    loss = (lse - target_logit)[valid].mean()
+    expected_logits = logits.detach().double().requires_grad_()
+    expected = F.cross_entropy(expected_logits, targets, ignore_index=-100)
+    assert_close(loss, expected, torch.float32, "loss")
+    assert_close(torch.autograd.grad(loss, logits)[0], torch.autograd.grad(expected, expected_logits)[0],
+                 torch.float32, "gradient of the logits")
+
+
+def check_shard_statistics_in_half_precision(interpreted):
+    torch.manual_seed(0)
+    logits = torch.randn(9, 1500, dtype=torch.float16) * 4
+    targets = torch.randint(0, 3000, (9,))  # about half of them outside this shard
+    lse, target_logit = kernels.vocab_shard_statistics(logits, targets, 1000)
+    expected_lse, expected_target = reference.vocab_shard_statistics(logits.double(), targets, 1000)
+    assert_close(lse, expected_lse, torch.float16, "log-sum-exp")
+    assert_close(target_logit, expected_target, torch.float16, "target logits")
+    assert (target_logit[(targets < 1000) | (targets >= 2500)] == 0).all()
