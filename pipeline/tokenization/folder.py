@@ -39,6 +39,21 @@ def write_tokenizer_folder(folder: Path, trained: TrainedTokenizer, special_toke
         (folder / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def special_token_strings(folder: Path, roles=("bos", "eos", "pad", "unk")) -> dict[str, str]:
+    """The special tokens (`bos` -> "<s>" ...) that a folder's special_tokens_map.json or tokenizer_config.json names."""
+    found = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        if not (folder / name).is_file():
+            continue
+        content = json.loads((folder / name).read_text(encoding="utf-8"))
+        for role in roles:
+            token = content.get(f"{role}_token")
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str):
+                found.setdefault(role, token)
+    return found
+
+
 def base_tokenizer_file(path: str) -> Optional[Path]:
     """The tokenizer.json that `tokenizer.base` names (the file, or one in the folder); None if there is none."""
     candidate = Path(path)

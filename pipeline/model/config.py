@@ -1,0 +1,116 @@
+"""The transformer's shape as a typed config: the `model` section, presets in `conf/model/`.
+
+One dataclass covers the two families the recipe starts from: BLOOM (ALiBi, LayerNorm, embedding
+LayerNorm, GELU, biases, tied head) and Llama/Mistral (RoPE, RMSNorm, SwiGLU, grouped-query attention).
+This module imports no torch, so that the command line can check a config without loading it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+POSITIONS = ("alibi", "rope")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "swiglu")
+ROPE_SCALING_TYPES = ("llama3",)
+
+
+@dataclass
+class RopeScaling:
+    """Llama 3.1's long-context RoPE: low frequencies slowed by `factor`, high ones kept, a smooth ramp between."""
+
+    type: str = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    # The context length the model was pretrained with before the scaling.
+    original_max_seq_len: int = 8192
+
+
+@dataclass
+class ModelConfig:
+    # The defaults are conf/model/tiny.yaml.
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    # Key/value heads: num_heads for multi-head attention, fewer for grouped-query, 1 for multi-query.
+    num_kv_heads: int = 2
+    # Width of the feed-forward layer (for swiglu: of each of its gate and up projections).
+    ffn_size: int = 384
+    # The tokenizer's vocabulary (what the exported model declares).
+    vocab_size: int = 32768
+    # The embedding and head hold the vocabulary rounded up to this multiple (tensor-parallel shards and
+    # GPU kernels want it); the extra rows are zeros and never predicted.
+    pad_vocab_multiple: int = 128
+    position: str = "rope"
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-5
+    activation: str = "swiglu"
+    # A norm right after the token embedding (BLOOM).
+    embedding_norm: bool = False
+    # Biases in every linear layer but the head, and in LayerNorm.
+    bias: bool = False
+    # The head reuses the input embedding matrix.
+    tie_embeddings: bool = True
+    # The longest sequence the model is made for (Hugging Face's max_position_embeddings).
+    max_seq_len: int = 256
+    # Mistral's attention window. The attention kernels attend to the whole causal past, so the model
+    # refuses sequences longer than the window instead of silently computing something else.
+    sliding_window: Optional[int] = None
+    # Standard deviation of the random initialisation (a model trained from scratch).
+    init_std: float = 0.02
+    # The pretrained model to start from: a local Hugging Face folder or a pipeline checkpoint, with its
+    # tokenizer.json. Its shape must match the fields above (choose its preset).
+    base: Optional[str] = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        multiple = self.pad_vocab_multiple
+        return -(-self.vocab_size // multiple) * multiple
+
+
+def validate_model(model: ModelConfig, prefix: str = "model") -> None:
+    """Checks that types alone cannot express; each error names the key and what is allowed."""
+    from pipeline.config import ConfigError  # pipeline.config imports this module
+
+    for key, value, allowed in (("position", model.position, POSITIONS), ("norm", model.norm, NORMS),
+                                ("activation", model.activation, ACTIVATIONS)):
+        if value not in allowed:
+            raise ConfigError(f"{prefix}.{key}", value, allowed)
+    for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "vocab_size",
+                "pad_vocab_multiple", "max_seq_len"):
+        if getattr(model, key) < 1:
+            raise ConfigError(f"{prefix}.{key}", getattr(model, key), ["an integer >= 1"])
+    if model.hidden_size % model.num_heads:
+        raise ConfigError(f"{prefix}.num_heads", model.num_heads,
+                          [f"a divisor of {prefix}.hidden_size={model.hidden_size}"])
+    if model.head_dim % 2 and model.position == "rope":
+        raise ConfigError(f"{prefix}.num_heads", model.num_heads,
+                          ["a number that leaves an even head size (hidden_size / num_heads) for RoPE"])
+    if model.num_heads % model.num_kv_heads:
+        raise ConfigError(f"{prefix}.num_kv_heads", model.num_kv_heads,
+                          [f"a divisor of {prefix}.num_heads={model.num_heads} (1 for multi-query, "
+                           f"{model.num_heads} for multi-head attention)"])
+    for key in ("norm_eps", "init_std", "rope_theta"):
+        if not getattr(model, key) > 0:
+            raise ConfigError(f"{prefix}.{key}", getattr(model, key), ["a positive number"])
+    if model.sliding_window is not None and model.sliding_window < 1:
+        raise ConfigError(f"{prefix}.sliding_window", model.sliding_window, ["null", "an integer >= 1"])
+    scaling = model.rope_scaling
+    if scaling is not None:
+        if model.position != "rope":
+            raise ConfigError(f"{prefix}.rope_scaling", "set", [f"null when {prefix}.position={model.position}"])
+        if scaling.type not in ROPE_SCALING_TYPES:
+            raise ConfigError(f"{prefix}.rope_scaling.type", scaling.type, ROPE_SCALING_TYPES)
+        if not (scaling.factor > 0 and 0 < scaling.low_freq_factor < scaling.high_freq_factor
+                and scaling.original_max_seq_len > 0):
+            raise ConfigError(f"{prefix}.rope_scaling", scaling, [
+                "factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_seq_len > 0 (Llama 3.1: "
+                "factor 8, low_freq_factor 1, high_freq_factor 4, original_max_seq_len 8192)"])

@@ -1,0 +1,170 @@
+"""A decoder-only transformer: embedding -> blocks -> final norm -> head.
+
+Each part is a plain nn.Module that runs on its own (so that pipeline parallelism can place them on
+different stages, and the warm start can replace or freeze the embedding and head). Every block
+carries its own position information (RoPE frequencies or ALiBi slopes, computed on the fly in
+float32), and calls the attention kernel API of `pipeline.kernels`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.kernels import flash_attention
+from pipeline.model.config import ModelConfig
+from pipeline.model.positions import alibi_slopes, apply_rope, rope_cos_sin, rope_frequencies
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # In float32, then back, as Llama does: bf16 sums of squares lose too much.
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.hidden_size, cfg.norm_eps)
+    return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        head_dim = cfg.head_dim
+        self.q = nn.Linear(cfg.hidden_size, cfg.num_heads * head_dim, bias=cfg.bias)
+        self.k = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * head_dim, bias=cfg.bias)
+        self.v = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * head_dim, bias=cfg.bias)
+        self.out = nn.Linear(cfg.num_heads * head_dim, cfg.hidden_size, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        cfg = self.cfg
+        q = self.q(x).view(batch, seq, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k(x).view(batch, seq, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v(x).view(batch, seq, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        slopes = None
+        if cfg.position == "rope":
+            # Positions count from the start of the sequence, also in packed sequences (documents
+            # after the first do not start at 0); segment_ids only keep documents apart.
+            cos, sin = rope_cos_sin(rope_frequencies(cfg, x.device), seq, x.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        else:
+            slopes = alibi_slopes(cfg.num_heads, x.device)
+        y = flash_attention(q, k, v, causal=True, alibi_slopes=slopes, segment_ids=segment_ids)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, cfg.num_heads * cfg.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.swiglu = cfg.activation == "swiglu"
+        if self.swiglu:
+            self.gate = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
+        self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
+        self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        # BLOOM's GELU is the tanh approximation.
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = make_norm(cfg)
+        self.attn = Attention(cfg)
+        self.mlp_norm = make_norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), segment_ids)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Embedding(nn.Module):
+    """Token ids -> vectors, with BLOOM's LayerNorm after the lookup when configured."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
+        self.norm = make_norm(cfg) if cfg.embedding_norm else None
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(input_ids)
+        return x if self.norm is None else self.norm(x)
+
+
+class Head(nn.Linear):
+    """Vectors -> logits over the real vocabulary (the padding rows are never predicted)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg.hidden_size, cfg.padded_vocab_size, bias=False)
+        self.vocab_size = cfg.vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)[..., :self.vocab_size]
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embedding = Embedding(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.final_norm = make_norm(cfg)
+        self.head = Head(cfg)
+        self.reset_parameters()
+
+    def tie_weights(self) -> None:
+        """Make the head use the embedding matrix (after either was replaced or loaded)."""
+        if self.cfg.tie_embeddings:
+            self.head.weight = self.embedding.tokens.weight
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) weights, zero biases, unit norms; zero padding rows.
+
+        The projections that write into the residual stream (attention out, MLP down) get
+        init_std / sqrt(2 * num_layers), as in GPT-2 and Megatron, so the stream's variance does not
+        grow with depth.
+        """
+        std = self.cfg.init_std
+        for name, parameter in self.named_parameters():
+            if name.endswith("bias"):
+                parameter.zero_()
+            elif parameter.dim() == 1:
+                parameter.fill_(1.0)
+            elif name.endswith(("attn.out.weight", "mlp.down.weight")):
+                parameter.normal_(0.0, std / math.sqrt(2 * self.cfg.num_layers))
+            else:
+                parameter.normal_(0.0, std)
+        self.embedding.tokens.weight[self.cfg.vocab_size:].zero_()
+        self.head.weight[self.cfg.vocab_size:].zero_()
+        self.tie_weights()
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits (batch, seq, vocab_size) for token ids (batch, seq); segment_ids (batch, seq) keep
+        packed documents from attending to each other."""
+        window = self.cfg.sliding_window
+        if window is not None and input_ids.shape[1] > window:
+            raise ValueError(f"A sequence of {input_ids.shape[1]} tokens is longer than the model's sliding "
+                             f"attention window ({window} tokens, model.sliding_window), which the attention "
+                             f"kernels do not implement: use sequences of at most {window} tokens.")
+        x = self.embedding(input_ids)
+        for block in self.blocks:
+            x = block(x, segment_ids)
+        return self.head(self.final_norm(x))

@@ -1,0 +1,133 @@
+"""The transformer on its own: presets, config checks, ALiBi slopes, packed documents, FLOPs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipeline.config import ConfigError, CONF_DIR
+from pipeline.model import (ModelConfig, RopeScaling, Transformer, alibi_slopes, flops_per_token, parameter_count,
+                            validate_model)
+
+PRESETS = ("tiny", "bloom-560m", "bloom-1b7", "bloom-7b1", "mistral-7b", "llama-3.2-1b", "llama-3.1-8b")
+# Parameter counts of the published checkpoints (sum of numel over transformers' model.parameters()).
+PUBLISHED_PARAMETERS = {
+    "bloom-560m": 559_214_592, "bloom-1b7": 1_722_408_960, "bloom-7b1": 7_069_016_064,
+    "mistral-7b": 7_241_732_096, "llama-3.2-1b": 1_235_814_400, "llama-3.1-8b": 8_030_261_248,
+}
+SMALL_ALIBI = ModelConfig(hidden_size=48, num_layers=2, num_heads=12, num_kv_heads=12, ffn_size=192, vocab_size=300,
+                          position="alibi", norm="layernorm", activation="gelu", embedding_norm=True, bias=True)
+SMALL_ROPE = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=96, vocab_size=300)
+
+
+def preset(name: str) -> ModelConfig:
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
+    return OmegaConf.to_object(merged)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_load_validate_and_have_the_published_size(name):
+    cfg = preset(name)
+    validate_model(cfg)
+    if name == "tiny":  # the only one instantiated: its parameters are what the formula says
+        model = Transformer(cfg)
+        assert sum(p.numel() for p in model.parameters()) == parameter_count(cfg)
+        assert model.head.weight is model.embedding.tokens.weight
+    else:
+        assert parameter_count(cfg) == PUBLISHED_PARAMETERS[name]
+
+
+@pytest.mark.parametrize("num_heads", [8, 12, 16, 20, 32])
+def test_alibi_slopes_match_bloom(num_heads):
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    # BLOOM's bias at key position 1 is exactly the slope.
+    bloom = build_alibi_tensor(torch.ones(1, 2), num_heads, torch.float32)[:, 0, 1]
+    torch.testing.assert_close(alibi_slopes(num_heads), bloom, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("cfg", [SMALL_ROPE, SMALL_ALIBI], ids=["rope", "alibi"])
+def test_packed_documents_do_not_see_each_other(cfg):
+    """With segment_ids, the second document of a packed row gets the logits it gets alone (both RoPE and
+    ALiBi depend only on the distance between tokens, so absolute positions do not matter)."""
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(cfg, init_std=0.2)).eval()
+    first, second = torch.randint(0, cfg.vocab_size, (1, 7)), torch.randint(0, cfg.vocab_size, (1, 9))
+    packed = torch.cat([first, second], dim=1)
+    segments = torch.tensor([[0] * 7 + [1] * 9])
+    with torch.no_grad():
+        alone = model(second)
+        together = model(packed, segment_ids=segments)[:, 7:]
+        leaking = model(packed)[:, 7:]
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
+    assert (leaking - alone).abs().max() > 1e-3
+
+
+def test_tiny_trains_one_step():
+    torch.manual_seed(0)
+    cfg = preset("tiny")
+    model = Transformer(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 32))
+    logits = model(ids)
+    assert logits.shape == (2, 32, cfg.vocab_size)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    assert abs(loss.item() - torch.log(torch.tensor(float(cfg.vocab_size))).item()) < 0.5  # near uniform at init
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_padding_rows_are_not_predicted():
+    cfg = SMALL_ROPE  # 300 tokens, padded to 384 rows
+    model = Transformer(cfg)
+    assert model.embedding.tokens.weight.shape[0] == cfg.padded_vocab_size == 384
+    assert model(torch.zeros(1, 4, dtype=torch.long)).shape[-1] == 300
+
+
+def test_longer_than_the_sliding_window_is_refused():
+    model = Transformer(dataclasses.replace(SMALL_ROPE, sliding_window=8))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="sliding_window"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize("change, key, allowed", [
+    ({"position": "alibii"}, "model.position", "alibi, rope"),
+    ({"norm": "batchnorm"}, "model.norm", "layernorm, rmsnorm"),
+    ({"activation": "relu"}, "model.activation", "gelu, swiglu"),
+    ({"num_heads": 5}, "model.num_heads", "a divisor of model.hidden_size=64"),
+    ({"num_kv_heads": 3}, "model.num_kv_heads", "a divisor of model.num_heads=4"),
+    ({"num_layers": 0}, "model.num_layers", "an integer >= 1"),
+    ({"position": "alibi", "rope_scaling": RopeScaling()}, "model.rope_scaling", "null when model.position=alibi"),
+], ids=["position", "norm", "activation", "heads", "kv-heads", "layers", "scaling-without-rope"])
+def test_bad_values_name_the_key_and_what_is_allowed(change, key, allowed):
+    with pytest.raises(ConfigError) as error:
+        validate_model(dataclasses.replace(SMALL_ROPE, **change))
+    assert error.value.key == key
+    assert allowed in str(error.value)
+
+
+@pytest.mark.parametrize("cfg", [SMALL_ROPE, dataclasses.replace(SMALL_ALIBI, vocab_size=384)], ids=["rope", "alibi"])
+def test_flops_per_token_match_a_count_of_the_executed_matmuls(cfg):
+    """PyTorch's FLOP counter over a real forward and backward pass: the reference attention computes the full
+    seq x seq score matrix, as the formula counts it (no causal halving)."""
+    cfg = dataclasses.replace(cfg, vocab_size=cfg.padded_vocab_size)  # the counter sees the padded head
+    model = Transformer(cfg)
+    batch, seq = 2, 24
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randint(0, cfg.vocab_size, (batch, seq))).sum().backward()
+    assert flops_per_token(cfg, seq) * batch * seq == counter.get_total_flops()
+
+
+def test_cli_prints_a_preset_and_rejects_a_bad_value(tmp_path):
+    from tests.conftest import run_cli
+
+    out = run_cli("--cfg", "job", "stage=clean", "lang=nob", "model=bloom-560m", cwd=tmp_path).stdout
+    assert "position: alibi" in out and "vocab_size: 250880" in out and "embedding_norm: true" in out
+    result = run_cli("stage=clean", "lang=nob", "model.position=alibii", cwd=tmp_path, check=False)
+    assert result.returncode == 1
+    assert "Invalid value for `model.position`: 'alibii'. Allowed: alibi, rope." in result.stderr
+    assert not (tmp_path / "work" / "nob" / "clean").exists()
