@@ -19,6 +19,7 @@ from omegaconf import MISSING, OmegaConf
 
 from pipeline.choices import closest_first
 from pipeline.languages import LANGUAGES
+from pipeline.model.config import ModelConfig, validate_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
@@ -225,6 +226,15 @@ class TokenizerConfig:
 
 
 @dataclass
+class PackConfig:
+    # Picks which documents are read once more for a fractional epoch (2.5 epochs: a seeded half of the
+    # tokens a third time). The training run's sampler has its own seed for the order.
+    seed: int = 1
+    # Documents per call of the tokenizer (datatrove's DocumentTokenizer batch_size): speed and memory, not results.
+    batch_size: int = 1000
+
+
+@dataclass
 class ClusterConfig:
     name: str = "local"
     # `local` runs datatrove's LocalPipelineExecutor; `slurm` submits datatrove's Slurm jobs.
@@ -252,6 +262,9 @@ class PipelineConfig:
     clean: CleanConfig = field(default_factory=CleanConfig)
     mix: MixConfig = field(default_factory=MixConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    pack: PackConfig = field(default_factory=PackConfig)
+    # The transformer's shape: presets in conf/model/ (`model=bloom-560m`).
+    model: ModelConfig = field(default_factory=ModelConfig)
 
 
 def register_configs() -> None:
@@ -259,6 +272,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="pipeline_schema", node=PipelineConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
     for code, entry in LANGUAGES.items():
         cs.store(group="lang", name=code, node=language_config(code, entry))
 
@@ -292,6 +306,8 @@ def validate(cfg: PipelineConfig) -> None:
         raise ConfigError("clean.lid.model", cfg.clean.lid.model, ["a path to a local fastText/GlotLID .bin file"])
     validate_mix(cfg.mix)
     validate_tokenizer(cfg.tokenizer)
+    validate_pack(cfg.pack)
+    validate_model(cfg.model)
 
 
 def validate_mix(mix: MixConfig) -> None:
@@ -368,6 +384,14 @@ def validate_tokenizer(tok: TokenizerConfig) -> None:
         raise ConfigError("tokenizer.base", tok.base, [
             "null", "a local tokenizer.json file", "a local folder holding a tokenizer.json (a Hugging Face model "
             "folder)"])
+
+
+def validate_pack(pack: PackConfig) -> None:
+    if pack.seed < 0:
+        raise ConfigError("pack.seed", pack.seed, ["an integer >= 0"])
+    if pack.batch_size < 1:
+        raise ConfigError("pack.batch_size", pack.batch_size, ["a positive number of documents per tokenizer call, "
+                                                               "e.g. 1000"])
 
 
 class ConfigError(ValueError):

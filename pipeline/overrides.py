@@ -18,7 +18,7 @@ from pipeline.languages import resolve_language
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                      "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
 _HELP_FLAGS = {"--help", "-h", "--hydra-help"}
-_CONFIG_GROUPS = {"lang", "cluster", "mix"}
+_CONFIG_GROUPS = {"lang", "cluster", "mix", "model"}
 
 
 class OverrideError(ValueError):
