@@ -7,7 +7,11 @@ Forward: one program per (query block, batch x head) streams key blocks with an 
 float32 and stores the log-sum-exp (LSE) per row. Backward recomputes the probabilities from the LSE,
 never storing attention: a preprocess computes delta = rowsum(dO * O); one program per key block and
 kv head accumulates dK and dV over the query blocks of every query head of its group (GQA sums in
-registers, no atomics: deterministic); another program per query block accumulates dQ.
+registers, no atomics: deterministic); another program per query block accumulates dQ. That is 7 matrix
+products per tile pair against the 5 of a FlashAttention-2 backward that adds dQ with float32 atomics inside
+the dK/dV loop; such a variant was built and timed on an H100 (Triton 3.6) and was slower at every tiling that
+compiles without register spills (it needs 64 queries x 128 keys to win, +5%, and that spills 752 bytes):
+BENCHMARKS.md, "Attention", has the figures.
 
 Scores live in the log2 domain (exp2 is the native instruction): log2(e) is folded into the softmax
 scale and into the ALiBi slope. ALiBi adds slope * (j - i); a kernel adds slope * (j - anchor) with
