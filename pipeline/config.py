@@ -20,6 +20,7 @@ from omegaconf import MISSING, OmegaConf
 from pipeline.choices import closest_first
 from pipeline.languages import LANGUAGES
 from pipeline.model.config import ModelConfig, validate_model
+from pipeline.training.config import ParallelConfig, TrainConfig, validate_training
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
@@ -234,6 +235,25 @@ class PackConfig:
     batch_size: int = 1000
 
 
+WARMUP_INITS = ("mean", "random")
+
+
+def _warmup_training() -> TrainConfig:
+    # LTG's NorMistral-11B warm start: constant 1e-4 after a short warm-up, Adam beta2 0.95, weight decay 0.1.
+    return TrainConfig(steps=100, global_batch_size=16, micro_batch_size=4, lr=1e-4, schedule="constant",
+                       warmup_steps=10, beta2=0.95, weight_decay=0.1, eval_tokens=32768)
+
+
+@dataclass
+class WarmupConfig:
+    # New embedding rows: `mean` of the old pieces that spell each new token (copies for shared tokens),
+    # or `random`, the baseline it is measured against.
+    init: str = "mean"
+    # Train BLOOM's LayerNorm after the embedding as well (it belongs to the embedding, not the body).
+    train_embedding_norm: bool = False
+    train: TrainConfig = field(default_factory=_warmup_training)
+
+
 @dataclass
 class ClusterConfig:
     name: str = "local"
@@ -265,6 +285,8 @@ class PipelineConfig:
     pack: PackConfig = field(default_factory=PackConfig)
     # The transformer's shape: presets in conf/model/ (`model=bloom-560m`).
     model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
 
 
 def register_configs() -> None:
@@ -308,6 +330,9 @@ def validate(cfg: PipelineConfig) -> None:
     validate_tokenizer(cfg.tokenizer)
     validate_pack(cfg.pack)
     validate_model(cfg.model)
+    validate_training(cfg.warmup.train, cfg.parallel, prefix="warmup.train")
+    if cfg.warmup.init not in WARMUP_INITS:
+        raise ConfigError("warmup.init", cfg.warmup.init, WARMUP_INITS)
 
 
 def validate_mix(mix: MixConfig) -> None:

@@ -1,0 +1,101 @@
+"""Starting the ranks of a training stage.
+
+The stage contract runs once, in the process the user started; the training itself runs in `world_size`
+ranks that it starts here, each running `pipeline.parallel.worker` with the resolved config. Local ranks
+get torch.distributed's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the
+same worker code runs under gloo on a CPU and under NCCL/RCCL with one process per GPU. A single rank
+runs in this process: no start-up cost for the demo, and a debugger sees the training loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from pipeline.contract import StageError
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "launch_config.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_config(cfg, work_dir: Path) -> Path:
+    path = work_dir / CONFIG_FILE
+    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
+    return path
+
+
+def distributed_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def rank_environment(rank: int, world_size: int, port: int, threads: int) -> dict[str, str]:
+    # Ranks share the machine's cores: without OMP_NUM_THREADS each would start one thread per core.
+    return {**os.environ, **distributed_environment(rank, world_size, port), "OMP_NUM_THREADS": str(threads)}
+
+
+def run_ranks(entry: str, cfg, work_dir: Path, world_size: int) -> None:
+    """Run `entry` ("module:function", called as function(cfg, work_dir)) on `world_size` ranks."""
+    if world_size == 1:
+        from pipeline.parallel.worker import run_entry
+
+        os.environ.update(distributed_environment(0, 1, free_port()))
+        run_entry(entry, cfg, work_dir)
+        return
+    config_file = write_config(cfg, work_dir)
+    logs = work_dir / "rank_logs"
+    logs.mkdir(exist_ok=True)
+    port, threads = free_port(), _threads(world_size)
+    command = [sys.executable, "-m", "pipeline.parallel.worker", "--entry", entry,
+               "--config", str(config_file), "--work-dir", str(work_dir)]
+    log.info("Starting %d ranks (%d threads each); logs of ranks 1.. in %s", world_size, threads, logs)
+    processes = []
+    for rank in range(world_size):
+        # Rank 0 talks to the console (progress, metrics); the others write to files.
+        output = None if rank == 0 else open(logs / f"rank{rank}.log", "w", encoding="utf-8")
+        processes.append(subprocess.Popen(command, env=rank_environment(rank, world_size, port, threads),
+                                          stdout=output, stderr=subprocess.STDOUT if output else None))
+    _wait_all(processes, logs)
+
+
+def _threads(world_size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def _wait_all(processes: list[subprocess.Popen], logs: Path) -> None:
+    """Wait for every rank; when one fails, stop the others (they would wait for it forever)."""
+    try:
+        while True:
+            codes = [p.poll() for p in processes]
+            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+            if failed:
+                rank = failed[0]
+                where = "above" if rank == 0 else str(logs / f"rank{rank}.log")
+                raise StageError(f"rank {rank} of {len(processes)} failed with exit code {codes[rank]}; "
+                                 f"its log is {where}.")
+            if all(code == 0 for code in codes):
+                return
+            time.sleep(0.2)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()

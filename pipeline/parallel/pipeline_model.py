@@ -1,0 +1,102 @@
+"""The transformer as DeepSpeed pipeline layers: embedding, blocks, final norm, head.
+
+Between stages an activation is `hidden` or `(hidden, segment_ids)`; the first layer takes the token ids
+(or `(token_ids, segment_ids)`). With tied embeddings the embedding is a TiedLayerSpec on the first and the
+last stage, and DeepSpeed sums the two stages' gradients of the shared matrix. Layer i of the pipeline
+holds the Transformer's module `LAYER_PREFIXES(i)`, so a stage's weights load from (and save to) the
+single-model names of a safetensors file.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from torch import nn
+
+from pipeline.model.config import ModelConfig
+from pipeline.model.transformer import Block, Embedding, Head, RMSNorm
+
+TIED_KEY = "embedding"
+
+
+def _split(inputs) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    return (inputs[0], inputs[1]) if isinstance(inputs, tuple) else (inputs, None)
+
+
+def _join(hidden: torch.Tensor, segment_ids: Optional[torch.Tensor]):
+    return hidden if segment_ids is None else (hidden, segment_ids)
+
+
+class EmbeddingLayer(Embedding):
+    def forward(self, inputs):
+        token_ids, segment_ids = _split(inputs)
+        return _join(super().forward(token_ids), segment_ids)
+
+
+class BlockLayer(Block):
+    def forward(self, inputs):
+        hidden, segment_ids = _split(inputs)
+        return _join(super().forward(hidden, segment_ids), segment_ids)
+
+
+class FinalRMSNormLayer(RMSNorm):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg.hidden_size, cfg.norm_eps)
+
+    def forward(self, inputs):
+        # Document boundaries end here: the head and the loss look at each token alone.
+        return super().forward(_split(inputs)[0])
+
+
+class FinalLayerNormLayer(nn.LayerNorm):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
+
+    def forward(self, inputs):
+        return super().forward(_split(inputs)[0])
+
+
+class HeadLayer(Head):
+    pass
+
+
+def _tied_head(embedding: EmbeddingLayer, hidden: torch.Tensor) -> torch.Tensor:
+    return F.linear(hidden, embedding.tokens.weight)
+
+
+def layer_prefixes(cfg: ModelConfig) -> list[str]:
+    """The Transformer's name of each pipeline layer (its state-dict prefix)."""
+    head = "embedding." if cfg.tie_embeddings else "head."
+    return ["embedding.", *(f"blocks.{i}." for i in range(cfg.num_layers)), "final_norm.", head]
+
+
+def pipeline_module(cfg: ModelConfig, num_stages: int, loss_fn: Callable, topology=None,
+                    partition_method: str = "type:BlockLayer", checkpoint_interval: int = 0) -> PipelineModule:
+    """The model split into `num_stages` stages; blocks are spread evenly (`type:BlockLayer`)."""
+    if cfg.tie_embeddings:
+        first = TiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, tied_weight_attr="tokens.weight")
+        last = TiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, forward_fn=_tied_head, tied_weight_attr="tokens.weight")
+    else:
+        first, last = LayerSpec(EmbeddingLayer, cfg), LayerSpec(HeadLayer, cfg)
+    final_norm = FinalRMSNormLayer if cfg.norm == "rmsnorm" else FinalLayerNormLayer
+    layers = [first, *(LayerSpec(BlockLayer, cfg) for _ in range(cfg.num_layers)), LayerSpec(final_norm, cfg), last]
+    kwargs = {"topology": topology} if topology is not None else {"num_stages": num_stages}
+    return PipelineModule(layers=layers, loss_fn=loss_fn, partition_method=partition_method,
+                          activation_checkpoint_interval=checkpoint_interval, **kwargs)
+
+
+def local_layers(module: PipelineModule, cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
+    """This stage's layers with their Transformer prefixes (a tied embedding appears once per stage)."""
+    prefixes = layer_prefixes(cfg)
+    found, seen = [], set()
+    for index in range(module._local_start, module._local_stop):
+        layer = module.forward_funcs[index - module._local_start]
+        if not isinstance(layer, nn.Module):  # a tied layer runs through a partial function
+            layer = module.tied_modules[TIED_KEY]
+        if id(layer) not in seen:
+            seen.add(id(layer))
+            found.append((prefixes[index], layer))
+    return found

@@ -1,0 +1,1 @@
+"""Training on DeepSpeed's pipeline engine, shared by the warmup and pretrain stages."""

@@ -1,0 +1,80 @@
+"""The typed `train` and `parallel` sections (torch-free, so the command line checks them quickly)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from pipeline.training.schedule import SCHEDULES
+
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+@dataclass
+class ParallelConfig:
+    # Tensor x pipeline x data parallelism; the ranks started are tp * pp * dp.
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    # Sequences per optimizer step over all data-parallel ranks, and per rank and forward pass;
+    # gradient accumulation is global / (micro x dp).
+    global_batch_size: int = 32
+    micro_batch_size: int = 4
+    # Tokens per sequence; null takes model.max_seq_len.
+    seq_len: Optional[int] = None
+    lr: float = 3e-4
+    schedule: str = "cosine"
+    warmup_steps: int = 100
+    # The lowest learning rate of the decaying schedules, as a fraction of `lr`.
+    min_lr_ratio: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    # On matrices only; norms and biases are never decayed.
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    # `auto`: bf16 on a GPU, fp32 on a CPU.
+    precision: str = "auto"
+    # The order of the training sequences (the pack sampler's seed) and of random initialisation.
+    seed: int = 1
+    log_every: int = 10
+    # Held-out bits per byte every this many steps (and before the first and after the last); 0: only those two.
+    eval_every: int = 0
+    # Cap on the held-out tokens scored each time.
+    eval_tokens: int = 65536
+
+
+def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str = "train") -> None:
+    from pipeline.config import ConfigError  # pipeline.config imports this module
+
+    for key in ("steps", "global_batch_size", "micro_batch_size", "log_every", "eval_tokens"):
+        if getattr(train, key) < 1:
+            raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 1"])
+    for key in ("tp", "pp", "dp"):
+        if getattr(parallel, key) < 1:
+            raise ConfigError(f"parallel.{key}", getattr(parallel, key), ["an integer >= 1"])
+    per_step = train.micro_batch_size * parallel.dp
+    if train.global_batch_size % per_step:
+        raise ConfigError(f"{prefix}.global_batch_size", train.global_batch_size, [
+            f"a multiple of {prefix}.micro_batch_size x parallel.dp = {train.micro_batch_size} x {parallel.dp} = {per_step}"])
+    if train.seq_len is not None and train.seq_len < 1:
+        raise ConfigError(f"{prefix}.seq_len", train.seq_len, ["null (model.max_seq_len)", "an integer >= 1"])
+    if train.schedule not in SCHEDULES:
+        raise ConfigError(f"{prefix}.schedule", train.schedule, SCHEDULES)
+    if train.precision not in PRECISIONS:
+        raise ConfigError(f"{prefix}.precision", train.precision, PRECISIONS)
+    if not train.lr > 0:
+        raise ConfigError(f"{prefix}.lr", train.lr, ["a positive number, e.g. 1e-4"])
+    if not 0 <= train.min_lr_ratio <= 1:
+        raise ConfigError(f"{prefix}.min_lr_ratio", train.min_lr_ratio, ["a number in [0, 1]"])
+    if not (0 <= train.beta1 < 1 and 0 <= train.beta2 < 1):
+        raise ConfigError(f"{prefix}.beta2" if train.beta1 < 1 else f"{prefix}.beta1",
+                          train.beta2 if train.beta1 < 1 else train.beta1, ["a number in [0, 1)"])
+    if train.warmup_steps < 0 or train.eval_every < 0:
+        key = "warmup_steps" if train.warmup_steps < 0 else "eval_every"
+        raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 0"])

@@ -1,0 +1,104 @@
+"""The DeepSpeed pipeline engine for a training stage: layout, frozen parts, optimizer, precision.
+
+Parameters that a stage does not train get `requires_grad=False` and stay out of the optimizer. A
+pipeline stage that trains nothing at all (a frozen body in the middle of the pipeline) would give
+DeepSpeed's optimizer an empty parameter list, which it refuses (DeepSpeed #5071), and ZeRO's
+collectives need every rank (#1522): such a stage holds one unused scalar, `idle_anchor`, that the
+optimizer owns; its gradient stays zero, so it never moves and the stage takes part in every
+collective like the others. It is not part of the model and is never saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import deepspeed
+import torch
+import torch.nn.functional as F
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+from pipeline.model.config import ModelConfig
+from pipeline.parallel.pipeline_model import local_layers, pipeline_module
+from pipeline.training.config import ParallelConfig, TrainConfig
+from pipeline.training.schedule import lr_factor
+from pipeline.training.weights import load_layers
+
+log = logging.getLogger(__name__)
+
+
+def use_bf16(train: TrainConfig) -> bool:
+    return train.precision == "bf16" or (train.precision == "auto" and torch.cuda.is_available())
+
+
+def init_distributed() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # gloo on a CPU; NCCL (RCCL on ROCm) on GPUs.
+    deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo")
+
+
+def token_loss(vocab_size: int) -> Callable:
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # The padded vocabulary rows are never predicted.
+        return F.cross_entropy(logits[..., :vocab_size].float().flatten(0, 1), labels.flatten())
+    return loss
+
+
+@dataclass
+class Engine:
+    engine: deepspeed.runtime.pipe.engine.PipelineEngine
+    layers: list  # this stage's (transformer prefix, module)
+    dp_rank: int
+    dp_world: int
+
+
+def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelConfig, init_file,
+                 trainable: Callable[[str], bool]) -> Engine:
+    """The engine over this rank's stage, its weights loaded from `init_file` (single-model names)."""
+    topology = PipeModelDataParallelTopology(num_pp=parallel.pp, num_mp=parallel.tp, num_dp=parallel.dp)
+    torch.manual_seed(train.seed)
+    module = pipeline_module(model_cfg, parallel.pp, token_loss(model_cfg.vocab_size), topology=topology)
+    layers = local_layers(module, model_cfg)
+    load_layers(layers, init_file)
+    holds_first_layer = module._local_start == 0
+    for prefix, layer in layers:
+        for name, parameter in layer.named_parameters():
+            # The last stage's copy of a tied embedding trains only the shared matrix.
+            shared_copy = prefix == "embedding." and not holds_first_layer and name != "tokens.weight"
+            parameter.requires_grad_(trainable(prefix + name) and not shared_copy)
+    trained = [p for p in module.parameters() if p.requires_grad]
+    count = sum(p.numel() for p in trained)
+    stage = module.stage_id
+    if not trained:
+        log.info("pipeline stage %d trains no parameter (frozen body); it holds an idle anchor for the optimizer",
+                 stage)
+        module.idle_anchor = torch.nn.Parameter(torch.zeros(1))
+        trained = [module.idle_anchor]
+    else:
+        log.info("pipeline stage %d trains %s parameters", stage, f"{count:,}")
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
+    # Empty groups left out: ZeRO drops them, and the scheduler would then see fewer groups than it made.
+    groups = [group for group in ({"params": decay, "weight_decay": train.weight_decay},
+                                  {"params": no_decay, "weight_decay": 0.0}) if group["params"]]
+    optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps)
+    steps = train.steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(
+        step, train.schedule, steps, train.warmup_steps, train.min_lr_ratio))
+    bf16 = use_bf16(train)
+    ds_config = {
+        "train_batch_size": train.global_batch_size,
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_clipping": train.grad_clip,
+        "zero_optimization": {"stage": 1},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10 ** 9,
+        "zero_allow_untested_optimizer": True,
+    }
+    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    grid = engine.grid
+    return Engine(engine=engine, layers=layers,
+                  dp_rank=grid.get_data_parallel_rank(), dp_world=grid.get_data_parallel_world_size())

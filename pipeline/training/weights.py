@@ -1,0 +1,54 @@
+"""A pipeline stage's weights in and out of one safetensors file with the single model's names.
+
+Every stage reads only its own tensors from the shared file; after training, the first data-parallel
+replica of each stage writes its part and rank 0 joins the parts into one file. The result loads into
+`pipeline.model.Transformer` as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from pipeline.model.hf_architectures import CheckpointError
+
+
+def load_layers(layers: list[tuple[str, nn.Module]], path: Path) -> None:
+    with safe_open(str(path), framework="pt") as handle:
+        names = set(handle.keys())
+        for prefix, layer in layers:
+            for name, tensor in layer.state_dict().items():
+                key = prefix + name
+                if key not in names:
+                    raise CheckpointError(f"{path} has no tensor {key}; it does not belong to this model config.")
+                stored = handle.get_tensor(key)
+                if stored.shape != tensor.shape:
+                    raise CheckpointError(f"{path}: {key} has shape {tuple(stored.shape)}, the model wants "
+                                          f"{tuple(tensor.shape)}.")
+                with torch.no_grad():
+                    tensor.copy_(stored)
+
+
+def layers_state(layers: list[tuple[str, nn.Module]]) -> dict[str, torch.Tensor]:
+    return {prefix + name: tensor.detach().cpu().contiguous()
+            for prefix, layer in layers for name, tensor in layer.state_dict().items()}
+
+
+def save_part(layers: list[tuple[str, nn.Module]], path: Path) -> None:
+    save_file(layers_state(layers), str(path))
+
+
+def join_parts(parts: list[Path], path: Path) -> None:
+    """One file from the stages' parts (a tied embedding is in two parts, identical: kept once)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for part in parts:
+        with safe_open(str(part), framework="pt") as handle:
+            for key in handle.keys():
+                tensors.setdefault(key, handle.get_tensor(key))
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)

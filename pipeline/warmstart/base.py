@@ -1,0 +1,107 @@
+"""The base model the warm start begins from, and the checks that it fits the configured model.
+
+`model.base` is a local Hugging Face folder (BLOOM, Llama, Mistral; `config.json`, safetensors and the
+tokenizer files) or a pipeline checkpoint (`model_config.json`, `model.safetensors`, tokenizer files),
+such as the one `stage=warmup` writes for `stage=pretrain`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+
+from pipeline.contract import StageError
+from pipeline.model.config import ModelConfig
+from pipeline.model.hf_import import from_hf
+from pipeline.model.transformer import Transformer
+from pipeline.tokenization.folder import TOKENIZER_FILE, special_token_strings
+from pipeline.warmstart.transfer import ROLES
+
+CHECKPOINT_CONFIG = "model_config.json"
+CHECKPOINT_WEIGHTS = "model.safetensors"
+# Fields that define the body: they must agree between the configured model and the base.
+SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "position", "norm",
+                "activation", "embedding_norm", "bias", "tie_embeddings")
+
+
+def save_checkpoint(model: Transformer, folder: Path) -> None:
+    """A pipeline checkpoint: the model's own tensor names and config (the tokenizer goes beside it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != "head.weight"
+               or not model.cfg.tie_embeddings}, str(folder / CHECKPOINT_WEIGHTS))
+    (folder / CHECKPOINT_CONFIG).write_text(json.dumps(dataclasses.asdict(model.cfg), indent=2) + "\n",
+                                            encoding="utf-8")
+
+
+def read_model_config(path: Path) -> ModelConfig:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
+                                               json.loads(path.read_text(encoding="utf-8"))))
+
+
+def load_checkpoint(folder: Path) -> Transformer:
+    cfg = read_model_config(folder / CHECKPOINT_CONFIG)
+    model = Transformer(cfg)
+    tensors = load_file(str(folder / CHECKPOINT_WEIGHTS))
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected or [name for name in missing if name != "head.weight"]:
+        raise StageError(f"{folder / CHECKPOINT_WEIGHTS} does not match {folder / CHECKPOINT_CONFIG}: missing "
+                         f"{missing[:5]}, unexpected {unexpected[:5]}. Write the checkpoint again.")
+    model.tie_weights()
+    return model
+
+
+def load_base(path: str) -> Transformer:
+    """The base model, in float32 (the warm start's arithmetic and the CPU path want it)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise StageError(f"model.base={path} is not a folder. Give a local Hugging Face model folder (config.json, "
+                         f"*.safetensors, tokenizer.json) or a pipeline checkpoint (e.g. work/<lang>/warmup/checkpoint).")
+    if (folder / CHECKPOINT_CONFIG).is_file():
+        return load_checkpoint(folder).float()
+    model, _ = from_hf(folder, dtype=torch.float32)
+    return model
+
+
+def load_base_tokenizer(path: str) -> Tokenizer:
+    file = Path(path) / TOKENIZER_FILE
+    if not file.is_file():
+        raise StageError(f"The base model folder {path} has no {TOKENIZER_FILE}: the warm start needs the base "
+                         f"model's own tokenizer to map the new vocabulary onto the old one. Save it there "
+                         f"(e.g. AutoTokenizer.save_pretrained) and run again.")
+    return Tokenizer.from_file(str(file))
+
+
+def token_roles(folder: Path, tokenizer: Tokenizer) -> dict[str, Optional[int]]:
+    """bos/eos/pad/unk ids from the tokenizer files, else from config.json; pad falls back to eos."""
+    named = special_token_strings(folder, ROLES)
+    roles = {role: tokenizer.token_to_id(named[role]) if role in named else None for role in ROLES}
+    config = folder / "config.json"
+    if config.is_file():
+        hf = json.loads(config.read_text(encoding="utf-8"))
+        for role in ROLES:
+            if roles[role] is None and isinstance(hf.get(f"{role}_token_id"), int):
+                roles[role] = hf[f"{role}_token_id"]
+    if roles["pad"] is None:
+        roles["pad"] = roles["eos"]
+    return roles
+
+
+def check_fit(configured: ModelConfig, base: ModelConfig, base_path: str, base_tokenizer: Tokenizer) -> None:
+    """The configured model (`model=`) must describe the base's body; the base tokenizer its vocabulary."""
+    for key in SHAPE_FIELDS:
+        wanted, found = getattr(configured, key), getattr(base, key)
+        if wanted != found:
+            raise StageError(f"The base model {base_path} has {key}={found}, but the configured model has "
+                             f"model.{key}={wanted}. Choose the preset of the base model (e.g. model=bloom-560m) "
+                             f"or set model.{key}={found}.")
+    if base_tokenizer.get_vocab_size() > base.vocab_size:
+        raise StageError(f"The base tokenizer ({base_path}/{TOKENIZER_FILE}) has {base_tokenizer.get_vocab_size()} "
+                         f"tokens but the base model only {base.vocab_size} embedding rows: they do not belong "
+                         f"together. Put the model's own tokenizer in {base_path}.")
