@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config import ConfigError, register_configs, validate
-from pipeline.contract import StageError
+from pipeline.contract import StageError, StageInterrupted
 from pipeline.languages import UnknownLanguageError
 from pipeline.overrides import OverrideError, preflight
 
@@ -24,6 +24,9 @@ def hydra_main(cfg: DictConfig) -> None:
         config = OmegaConf.to_object(cfg)
         validate(config)
         run_target(config)
+    except StageInterrupted as error:
+        log.warning("%s", error)
+        sys.exit(StageInterrupted.exit_code)
     except (ConfigError, StageError) as error:
         log.error("%s", error)
         sys.exit(1)

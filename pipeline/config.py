@@ -236,6 +236,8 @@ class PackConfig:
 
 
 WARMUP_INITS = ("mean", "random")
+PRETRAIN_INITS = ("warmup", "hf", "scratch")
+RESUME = ("auto", "never")
 
 
 def _warmup_training() -> TrainConfig:
@@ -287,6 +289,11 @@ class PipelineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    # pretrain: where its weights start (`warmup`: the warmup stage's checkpoint; `hf`: model.base, which must
+    # use the pack's tokenizer; `scratch`: random), and whether it continues from its latest checkpoint.
+    init: str = "warmup"
+    resume: str = "auto"
+    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 def register_configs() -> None:
@@ -333,6 +340,11 @@ def validate(cfg: PipelineConfig) -> None:
     validate_training(cfg.warmup.train, cfg.parallel, prefix="warmup.train")
     if cfg.warmup.init not in WARMUP_INITS:
         raise ConfigError("warmup.init", cfg.warmup.init, WARMUP_INITS)
+    validate_training(cfg.train, cfg.parallel, prefix="train")
+    if cfg.init not in PRETRAIN_INITS:
+        raise ConfigError("init", cfg.init, PRETRAIN_INITS)
+    if cfg.resume not in RESUME:
+        raise ConfigError("resume", cfg.resume, RESUME)
 
 
 def validate_mix(mix: MixConfig) -> None:

@@ -32,6 +32,13 @@ class StageError(RuntimeError):
     """A problem the user must fix before the stage can run; the message says how."""
 
 
+class StageInterrupted(StageError):
+    """The stage stopped on request (a Slurm signal) after saving its progress; the same command resumes it."""
+
+    # EX_TEMPFAIL: "try again later", what a requeued Slurm job should see.
+    exit_code = 75
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str

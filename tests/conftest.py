@@ -47,6 +47,27 @@ def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.Comple
     return result
 
 
+# The Norwegian chain up to `pack` for the training stages' tests: a small vocabulary, no deduplication.
+CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "clean.dedup.enabled=false", "workers=2")
+
+
+@pytest.fixture(scope="session")
+def english_base(tmp_path_factory):
+    """A small English base model as a Hugging Face folder (tests/english_base_model.py)."""
+    from tests.english_base_model import build_english_base
+
+    return build_english_base(tmp_path_factory.mktemp("base") / "english")
+
+
+@pytest.fixture(scope="session")
+def nob_packed(tmp_path_factory):
+    """A work folder with the embedded Norwegian sample cleaned, mixed, tokenized and packed."""
+    cwd = tmp_path_factory.mktemp("nob-packed")
+    run_cli("stage=all", *CHAIN_OPTIONS, cwd=cwd)  # stops before warmup: no model.base
+    assert marker(cwd / "work", "nob", "pack")
+    return cwd
+
+
 def read_jsonl_gz(folder: Path) -> list[dict]:
     """Every record of every `*.jsonl.gz` below `folder`."""
     records = []

@@ -10,28 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import marker, run_cli
-from tests.english_base_model import build_english_base
+from tests.conftest import CHAIN_OPTIONS, marker, run_cli
 
 STEPS = 8
-CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "clean.dedup.enabled=false", "workers=2")
 # The base model's shape (tests/english_base_model.py); a higher learning rate than the recipe's 1e-4 so that
 # a few steps move the embeddings measurably.
 WARMUP_OPTIONS = ("model.num_layers=2", "model.max_seq_len=128", "warmup.train.lr=2e-3",
                   "warmup.train.warmup_steps=2", "warmup.train.log_every=1")
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    return build_english_base(tmp_path_factory.mktemp("base") / "english")
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("warmup")
-    run_cli("stage=all", *CHAIN_OPTIONS, cwd=cwd)  # stops before warmup: no model.base
-    assert marker(cwd / "work", "nob", "pack")
-    return cwd
 
 
 def warmup(cwd, base, *overrides, check=True):
@@ -44,11 +29,11 @@ def losses(cwd) -> list[float]:
     return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
 
 
-def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(packed, base):
-    warmup(packed, base, "warmup.init=random", f"warmup.train.steps={STEPS}")
-    random = marker(packed / "work", "nob", "warmup")["metrics"]
-    warmup(packed, base, "warmup.init=mean", f"warmup.train.steps={STEPS}")
-    mean = marker(packed / "work", "nob", "warmup")["metrics"]
+def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(nob_packed, english_base):
+    warmup(nob_packed, english_base, "warmup.init=random", f"warmup.train.steps={STEPS}")
+    random = marker(nob_packed / "work", "nob", "warmup")["metrics"]
+    warmup(nob_packed, english_base, "warmup.init=mean", f"warmup.train.steps={STEPS}")
+    mean = marker(nob_packed / "work", "nob", "warmup")["metrics"]
 
     assert mean["heldout_bpb_before"] < random["heldout_bpb_before"]
     assert mean["heldout_bpb_after"] < random["heldout_bpb_after"]
@@ -57,8 +42,8 @@ def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(packe
     assert mean["rows"]["embedding"]["copied"] > 100 and mean["rows"]["embedding"]["averaged"] > 100
     assert random["rows"]["embedding"] == {"random": 2048}
 
-    exported = load_file(str(packed / "work" / "nob" / "warmup" / "hf" / "model.safetensors"))
-    original = load_file(str(base / "model.safetensors"))
+    exported = load_file(str(nob_packed / "work" / "nob" / "warmup" / "hf" / "model.safetensors"))
+    original = load_file(str(english_base / "model.safetensors"))
     assert exported.keys() == original.keys()
     embedding = "model.embed_tokens.weight"
     for name, tensor in original.items():
@@ -67,7 +52,7 @@ def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(packe
     assert exported[embedding].shape == (2048, tensor.shape[-1]) != original[embedding].shape
 
     transformers = pytest.importorskip("transformers")
-    hf_dir = packed / "work" / "nob" / "warmup" / "hf"
+    hf_dir = nob_packed / "work" / "nob" / "warmup" / "hf"
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
     ids = tokenizer("Det var en gang en konge som hadde tre døtre.", return_tensors="pt").input_ids
@@ -77,22 +62,22 @@ def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(packe
     from pipeline.warmstart.initialise import warm_started
     from tokenizers import Tokenizer
 
-    tokenizer_dir = packed / "work" / "nob" / "tokenizer"
-    initial, _ = warm_started(load_base(str(base)), base, load_base_tokenizer(str(base)), tokenizer_dir,
-                              Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")), "mean", 1)
+    tokenizer_dir = nob_packed / "work" / "nob" / "tokenizer"
+    initial, _ = warm_started(load_base(str(english_base)), english_base, load_base_tokenizer(str(english_base)),
+                              tokenizer_dir, Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")), "mean", 1)
     moved = (exported[embedding] - initial.embedding.tokens.weight[:2048]).abs().amax(dim=1)
     assert (moved > 0).float().mean() > 0.5
 
 
-def test_acceptance_pipeline_and_data_parallel_layouts_train_like_one_process(packed, base, tmp_path):
+def test_acceptance_pipeline_and_data_parallel_layouts_train_like_one_process(nob_packed, english_base, tmp_path):
     steps = "warmup.train.steps=3"
     runs = {}
     for pp, dp in ((1, 1), (2, 2), (3, 1)):
-        shutil.rmtree(packed / "work" / "nob" / "warmup", ignore_errors=True)
-        warmup(packed, base, steps, f"parallel.pp={pp}", f"parallel.dp={dp}")
-        runs[pp, dp] = losses(packed)
+        shutil.rmtree(nob_packed / "work" / "nob" / "warmup", ignore_errors=True)
+        warmup(nob_packed, english_base, steps, f"parallel.pp={pp}", f"parallel.dp={dp}")
+        runs[pp, dp] = losses(nob_packed)
         if (pp, dp) == (3, 1):  # blocks are spread per stage: the middle stage holds one frozen block only
-            log = (packed / "work" / "nob" / "warmup" / "rank_logs" / "rank1.log").read_text(encoding="utf-8")
+            log = (nob_packed / "work" / "nob" / "warmup" / "rank_logs" / "rank1.log").read_text(encoding="utf-8")
             assert "pipeline stage 1 trains no parameter" in log
     single = runs[1, 1]
     assert len(single) == 3 and single[-1] < single[0]
@@ -100,24 +85,24 @@ def test_acceptance_pipeline_and_data_parallel_layouts_train_like_one_process(pa
         assert values == pytest.approx(single, rel=1e-5), f"pp, dp = {layout}"
 
 
-def test_a_base_model_that_does_not_fit_fails_clearly(packed, base, tmp_path):
-    result = warmup(packed, base, "model.hidden_size=256", check=False)
+def test_a_base_model_that_does_not_fit_fails_clearly(nob_packed, english_base, tmp_path):
+    result = warmup(nob_packed, english_base, "model.hidden_size=256", check=False)
     assert result.returncode == 1
     assert "hidden_size=128" in result.stderr and "model.hidden_size=256" in result.stderr
 
     without_tokenizer = tmp_path / "no-tokenizer"
-    shutil.copytree(base, without_tokenizer)
+    shutil.copytree(english_base, without_tokenizer)
     (without_tokenizer / "tokenizer.json").unlink()
-    result = warmup(packed, without_tokenizer, check=False)
+    result = warmup(nob_packed, without_tokenizer, check=False)
     assert result.returncode == 1 and "has no tokenizer.json" in result.stderr
 
     other = tmp_path / "gpt2"
-    shutil.copytree(base, other)
+    shutil.copytree(english_base, other)
     config = json.loads((other / "config.json").read_text())
     config.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")
     (other / "config.json").write_text(json.dumps(config))
-    result = warmup(packed, other, check=False)
+    result = warmup(nob_packed, other, check=False)
     assert result.returncode == 1 and "LlamaForCausalLM" in result.stderr and "GPT2LMHeadModel" in result.stderr
 
-    result = run_cli("stage=warmup", *CHAIN_OPTIONS, cwd=packed, check=False)
+    result = run_cli("stage=warmup", *CHAIN_OPTIONS, cwd=nob_packed, check=False)
     assert result.returncode == 1 and "model.base=" in result.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pipeline.contract import StageError
+from pipeline.contract import StageError, StageInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +77,26 @@ def _threads(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
+def _forward_signals(processes: list[subprocess.Popen]) -> dict:
+    """Pass SIGUSR1/SIGTERM on to the ranks (they checkpoint and stop); returns the handlers to restore."""
+    def forward(number, frame):
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(number)
+    return {number: signal.signal(number, forward) for number in (signal.SIGUSR1, signal.SIGTERM)}
+
+
 def _wait_all(processes: list[subprocess.Popen], logs: Path) -> None:
     """Wait for every rank; when one fails, stop the others (they would wait for it forever)."""
+    previous = _forward_signals(processes)
+    interrupted = StageInterrupted.exit_code
     try:
         while True:
             codes = [p.poll() for p in processes]
-            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+            if all(code is not None for code in codes) and interrupted in codes and set(codes) <= {0, interrupted}:
+                raise StageInterrupted(f"the ranks stopped on a signal after saving a checkpoint (logs: {logs}); "
+                                       f"run the same command again to resume.")
+            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0, interrupted)]
             if failed:
                 rank = failed[0]
                 where = "above" if rank == 0 else str(logs / f"rank{rank}.log")
@@ -91,6 +106,8 @@ def _wait_all(processes: list[subprocess.Popen], logs: Path) -> None:
                 return
             time.sleep(0.2)
     finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         for process in processes:
             if process.poll() is None:
                 process.terminate()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from pipeline.contract import StageInterrupted
+
 log = logging.getLogger("pipeline")
 
 
@@ -39,6 +41,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][rank {rank}][%(name)s] %(message)s")
     try:
         run_entry(args.entry, load_config(args.config), args.work_dir)
+    except StageInterrupted as stop:
+        log.warning("%s", stop)
+        sys.exit(StageInterrupted.exit_code)
     except Exception:
         log.exception("This rank failed")
         sys.exit(1)

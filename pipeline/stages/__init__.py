@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 
 from pipeline.contract import Stage, execute
-from pipeline.stages import clean, mix, pack, tokenizer, warmup
+from pipeline.stages import clean, mix, pack, pretrain, tokenizer, warmup
 
 log = logging.getLogger(__name__)
 
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (clean.STAGE, mix.STAGE, tokenizer.STAGE, pack.STAGE,
-                                                             warmup.STAGE)}
+                                                             warmup.STAGE, pretrain.STAGE)}
 STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
 # What `stage=` accepts: one stage, or `all` for the whole chain in order.
 TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all")

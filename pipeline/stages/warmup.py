@@ -11,42 +11,26 @@ per byte are scored before and after. Outputs: `checkpoint/` (the pipeline check
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from pipeline.contract import Stage, StageError, StageRun, write_json_atomic
-from pipeline.mixing.sources import clean_output, read_documents
-from pipeline.model.hf_export import to_hf
-from pipeline.parallel.launch import run_ranks
+from pipeline.model.hf_export import TOKENIZER_FILES, to_hf
 from pipeline.tokenization.folder import TOKENIZER_FILE
-from pipeline.training.heldout import HeldoutWindows, heldout_windows
-from pipeline.warmstart.base import (CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS, check_fit, load_base, load_base_tokenizer,
-                                     load_checkpoint, read_model_config, save_checkpoint)
+from pipeline.training.run import METRICS_FILE, launch, rank_training, write_heldout
+from pipeline.warmstart.base import (check_fit, folder_fingerprint, load_base, load_base_tokenizer, load_checkpoint,
+                                     save_checkpoint)
 from pipeline.warmstart.initialise import warm_started
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
-
 
 def describe_inputs(cfg) -> dict:
-    """The base model's files (names, sizes, config): a different base reruns the warm start."""
-    if cfg.model.base is None:
-        return {}
-    folder = Path(cfg.model.base)
-    files = sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(f"{path.name}:{path.stat().st_size}".encode())
-        if path.suffix == ".json":
-            digest.update(path.read_bytes())
-    return {"base_model": {"path": str(folder.resolve()), "files": digest.hexdigest()[:16]}}
+    """The base model's files: a different base reruns the warm start."""
+    return {} if cfg.model.base is None else {"base_model": folder_fingerprint(cfg.model.base)}
 
 
 def seq_len(cfg) -> int:
@@ -57,20 +41,6 @@ def trainable(cfg):
     """Only the input embeddings, the LM head (when untied) and, if asked, the embedding LayerNorm."""
     prefixes = ("embedding.tokens.", "head.") + (("embedding.norm.",) if cfg.warmup.train_embedding_norm else ())
     return lambda name: name.startswith(prefixes)
-
-
-def _heldout(run: StageRun, tokenizer, eos_id: int) -> HeldoutWindows:
-    train, parallel = run.cfg.warmup.train, run.cfg.parallel
-    source = clean_output(run.lang, run.input_dirs["clean"], split="heldout")
-    texts = (document.text for document in read_documents(source, run.work_dir / "scratch"))
-    windows = heldout_windows(texts, tokenizer, eos_id, seq_len(run.cfg), train.eval_tokens,
-                              multiple=train.micro_batch_size * parallel.dp)
-    if len(windows) == 0:
-        raise StageError(f"warmup {run.lang}: the held-out text of {run.input_dirs['clean']} gives less than one "
-                         f"evaluation batch ({train.micro_batch_size * parallel.dp} sequences of {seq_len(run.cfg)} "
-                         f"tokens). Lower warmup.train.seq_len or warmup.train.micro_batch_size, or raise "
-                         f"clean.heldout_fraction and run the stages again.")
-    return windows
 
 
 def run(run: StageRun) -> dict:
@@ -93,12 +63,9 @@ def run(run: StageRun) -> dict:
     init_dir = run.work_dir / "init"
     save_checkpoint(model, init_dir)
     eos_id = new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos)
-    windows = _heldout(run, new_tokenizer, eos_id)
-    np.savez(run.work_dir / "heldout.npz", tokens=windows.tokens, segment_ids=windows.segment_ids,
-             target_bytes=np.int64(windows.target_bytes))
-    (run.work_dir / "metrics.jsonl").unlink(missing_ok=True)
-    run_ranks("pipeline.stages.warmup:train_rank", cfg, run.work_dir, cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp)
-    result = json.loads((run.work_dir / "train_result.json").read_text(encoding="utf-8"))
+    write_heldout(run, cfg.warmup.train, cfg.parallel, seq_len(cfg), new_tokenizer, eos_id, key="warmup.train")
+    (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
+    result = launch("pipeline.stages.warmup:train_rank", run)
     checkpoint = run.work_dir / "checkpoint"
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
@@ -108,7 +75,6 @@ def run(run: StageRun) -> dict:
     shutil.rmtree(run.work_dir / "hf", ignore_errors=True)
     to_hf(trained, run.work_dir / "hf", tokenizer=tokenizer_dir)
     shutil.rmtree(init_dir)
-    shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
     trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
     report = {"base": str(Path(cfg.model.base).resolve()), "init": cfg.warmup.init, "rows": transfer,
               "trained_tensors": trained_tensors, "trained_parameters": trained_parameters, **result}
@@ -133,40 +99,8 @@ def _check_body_unchanged(base, trained, is_trainable) -> list[str]:
 
 
 def train_rank(cfg, work_dir: Path) -> None:
-    """One rank's part: build the engine over its pipeline stage, train, save its part of the model."""
-    import torch.distributed as dist
-
-    from pipeline.packing import PackedSampler
-    from pipeline.training.engine import build_engine, init_distributed
-    from pipeline.training.loop import train_loop
-    from pipeline.training.weights import join_parts, save_part
-
-    init_distributed()
-    train = cfg.warmup.train
-    model_cfg = read_model_config(work_dir / "init" / CHECKPOINT_CONFIG)
-    engine = build_engine(model_cfg, train, cfg.parallel, work_dir / "init" / CHECKPOINT_WEIGHTS, trainable(cfg))
-    stored = np.load(work_dir / "heldout.npz", allow_pickle=False)
-    windows = HeldoutWindows(stored["tokens"], stored["segment_ids"], int(stored["target_bytes"]))
-    pack_dir = Path(cfg.work_dir).absolute() / cfg.lang.code / "pack"
-    sampler = PackedSampler(pack_dir, seq_len=seq_len(cfg), global_batch_size=train.global_batch_size,
-                            seed=train.seed, rank=engine.dp_rank, world=engine.dp_world)
-    rank = dist.get_rank()
-    result = train_loop(engine, sampler, train, windows, work_dir / "metrics.jsonl", is_logger=rank == 0)
-    parts = work_dir / "parts"
-    parts.mkdir(exist_ok=True)
-    stage = engine.engine.grid.get_pipe_parallel_rank()
-    if engine.dp_rank == 0:
-        save_part(engine.layers, parts / f"stage{stage:03d}.safetensors")
-    dist.barrier()
-    if rank == 0:
-        checkpoint = work_dir / "checkpoint"
-        checkpoint.mkdir(exist_ok=True)
-        join_parts(sorted(parts.glob("stage*.safetensors")), checkpoint / CHECKPOINT_WEIGHTS)
-        shutil.copyfile(work_dir / "init" / CHECKPOINT_CONFIG, checkpoint / CHECKPOINT_CONFIG)
-        shutil.rmtree(parts)
-        write_json_atomic(work_dir / "train_result.json", result)
-    dist.barrier()
-    dist.destroy_process_group()
+    """One rank's part: train the embeddings of `init/` with the body frozen."""
+    rank_training(cfg, work_dir, cfg.warmup.train, seq_len(cfg), trainable(cfg))
 
 
 STAGE = Stage(name="warmup", run=run, needs=("clean", "tokenizer", "pack"), config_sections=("model", "warmup"),

@@ -47,12 +47,18 @@ class TrainConfig:
     eval_every: int = 0
     # Cap on the held-out tokens scored each time.
     eval_tokens: int = 65536
+    # A checkpoint every this many steps (0: only when Slurm signals), of which the newest `keep_checkpoints` stay.
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2
+    # Steps in a row with a non-finite loss or gradient (each skipped) before the run stops.
+    max_bad_steps: int = 10
 
 
 def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str = "train") -> None:
     from pipeline.config import ConfigError  # pipeline.config imports this module
 
-    for key in ("steps", "global_batch_size", "micro_batch_size", "log_every", "eval_tokens"):
+    for key in ("steps", "global_batch_size", "micro_batch_size", "log_every", "eval_tokens", "keep_checkpoints",
+                "max_bad_steps"):
         if getattr(train, key) < 1:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 1"])
     for key in ("tp", "pp", "dp"):
@@ -75,6 +81,6 @@ def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str 
     if not (0 <= train.beta1 < 1 and 0 <= train.beta2 < 1):
         raise ConfigError(f"{prefix}.beta2" if train.beta1 < 1 else f"{prefix}.beta1",
                           train.beta2 if train.beta1 < 1 else train.beta1, ["a number in [0, 1)"])
-    if train.warmup_steps < 0 or train.eval_every < 0:
-        key = "warmup_steps" if train.warmup_steps < 0 else "eval_every"
-        raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 0"])
+    for key in ("warmup_steps", "eval_every", "checkpoint_every"):
+        if getattr(train, key) < 0:
+            raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 0"])

@@ -93,8 +93,11 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
         "train_batch_size": train.global_batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_clipping": train.grad_clip,
-        "zero_optimization": {"stage": 1},
-        "bf16": {"enabled": bf16},
+        # elastic: the optimizer's state_dict leaves out the alignment padding, so that a checkpoint loads with
+        # another data-parallel degree (pipeline/training/checkpoint.py).
+        "zero_optimization": {"stage": 1, "elastic_checkpoint": True},
+        # check_grad_overflow: a non-finite gradient skips the step in bf16 too (fp32 always does).
+        "bf16": {"enabled": bf16, "check_grad_overflow": True},
         "steps_per_print": 10 ** 9,
         "zero_allow_untested_optimizer": True,
     }

@@ -1,4 +1,10 @@
-"""The training loop: take a batch from the sampler, step the engine, log, score the held-out text."""
+"""The training loop: take a batch from the sampler, step the engine, log, score held-out text, checkpoint.
+
+Shared by `warmup` and `pretrain`. A step whose loss or gradient is not finite is skipped by DeepSpeed
+(the model and optimizer stay as they were) and counted; after `train.max_bad_steps` of them in a row the
+run stops with the last good checkpoint in place. On SIGUSR1/SIGTERM every rank finishes its step, a
+checkpoint is written and `StageInterrupted` is raised (exit code 75: run the same command again).
+"""
 
 from __future__ import annotations
 
@@ -6,61 +12,132 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
+from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from pipeline.contract import StageError, StageInterrupted
 from pipeline.training.config import TrainConfig
 from pipeline.training.engine import Engine
 from pipeline.training.heldout import HeldoutWindows, heldout_bpb, micro_batches
+from pipeline.training.signals import StopRequest
+from pipeline.training.throughput import device_peak_tflops, memory_gib, tflops_per_device
 
 log = logging.getLogger(__name__)
 
 
-def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: HeldoutWindows, metrics_file: Path,
-               is_logger: bool) -> dict:
-    """`train.steps` optimizer steps; returns the losses, held-out BPB before and after, and speed."""
-    ds = engine.engine
-    seq_len = sampler.seq_len
+@dataclass
+class RunState:
+    """What the loop carries across steps and checkpoints."""
 
-    def evaluate(step: int) -> float:
-        bpb = heldout_bpb(engine, heldout, train.micro_batch_size, engine.dp_rank, engine.dp_world)
-        record({"step": step, "heldout_bpb": bpb})
-        return bpb
+    step: int = 0
+    tokens: int = 0
+    bad_in_a_row: int = 0
+    skipped_steps: int = 0
+    heldout_bpb_before: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Checkpointing:
+    every: int
+    # Writes a checkpoint of the given step (a collective) and returns its folder.
+    save: Callable[[int], Path]
+
+
+def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: HeldoutWindows, metrics_file: Path,
+               is_logger: bool, flops_per_token: int, run: Optional[RunState] = None,
+               checkpointing: Optional[Checkpointing] = None) -> dict:
+    """Train up to step `train.steps` from `run.step`; returns the run's summary."""
+    ds = engine.engine
+    run = run or RunState()
+    world = ds.world_size
+    peak = device_peak_tflops()
+    step_tokens = train.global_batch_size * sampler.seq_len
+
+    board = SummaryWriter(str(metrics_file.parent / "tensorboard")) if is_logger else None
 
     def record(entry: dict) -> None:
         if is_logger:
             with metrics_file.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(entry) + "\n")
+            for key, value in entry.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    board.add_scalar(key, value, entry["step"])
 
-    bpb_before = evaluate(0)
-    losses, started, tokens_seen = [], time.perf_counter(), 0
-    batches = iter(sampler)
-    progress = tqdm(total=train.steps, desc="training", unit="step", disable=not is_logger)
-    window_start, window_tokens = time.perf_counter(), 0
-    for step in range(1, train.steps + 1):
-        batch = next(batches)
-        loss = float(ds.train_batch(iter(micro_batches(batch.tokens, batch.segment_ids, train.micro_batch_size,
-                                                       ds.device))))
-        losses.append(loss)
-        step_tokens = train.global_batch_size * seq_len
-        tokens_seen += step_tokens
-        window_tokens += step_tokens
-        progress.update(1)
-        if step % train.log_every == 0 or step == train.steps:
-            now = time.perf_counter()
-            speed = window_tokens / (now - window_start)
-            window_start, window_tokens = now, 0
-            lr = ds.get_lr()[0]
-            record({"step": step, "loss": loss, "lr": lr, "tokens": tokens_seen, "tokens_per_s": speed})
-            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
-        if train.eval_every and step % train.eval_every == 0 and step != train.steps:
-            evaluate(step)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"the training loss became {loss} at step {step}; lower train.lr or check the data")
-    progress.close()
+    def evaluate() -> float:
+        bpb = heldout_bpb(engine, heldout, train.micro_batch_size, engine.dp_rank, engine.dp_world)
+        record({"step": run.step, "heldout_bpb": bpb})
+        return bpb
+
+    if run.heldout_bpb_before is None:
+        run.heldout_bpb_before = evaluate()
+    stop = StopRequest()
+    progress = tqdm(total=train.steps, initial=run.step, desc="training", unit="step", disable=not is_logger)
+    started, started_tokens = time.perf_counter(), run.tokens
+    window_start, window_tokens, last_checkpoint, loss = time.perf_counter(), 0, None, None
+    batches = iter(sampler)  # this rank's rows, from the sampler's step on
+    try:
+        while run.step < train.steps:
+            batch = next(batches)
+            lr = ds.get_lr()[0]  # the rate this step uses (the schedule moves on inside train_batch)
+            loss = float(ds.train_batch(iter(micro_batches(batch.tokens, batch.segment_ids,
+                                                           train.micro_batch_size, ds.device))))
+            run.step += 1
+            run.tokens += step_tokens
+            window_tokens += step_tokens
+            progress.update(1)
+            if not (math.isfinite(loss) and ds.was_step_applied()):
+                run.bad_in_a_row += 1
+                run.skipped_steps += 1
+                log.warning("step %d: loss %s or its gradient is not finite; the step was skipped (%d in a row)",
+                            run.step, loss, run.bad_in_a_row)
+                if run.bad_in_a_row >= train.max_bad_steps:
+                    raise StageError(
+                        f"{run.bad_in_a_row} steps in a row had a non-finite loss or gradient (last: step "
+                        f"{run.step}); training stopped. The last good checkpoint is {last_checkpoint or 'none'}. "
+                        f"Lower train.lr, raise train.warmup_steps or check the data, then run again (it resumes "
+                        f"from that checkpoint).")
+            else:
+                run.bad_in_a_row = 0
+            if run.step % train.log_every == 0 or run.step == train.steps:
+                now = time.perf_counter()
+                speed = window_tokens / (now - window_start)
+                window_start, window_tokens = now, 0
+                tflops = tflops_per_device(flops_per_token, speed, world)
+                grad_norm = ds.get_global_grad_norm()
+                entry = {"step": run.step, "loss": loss, "lr": lr,
+                         "grad_norm": None if grad_norm is None else float(grad_norm), "tokens": run.tokens,
+                         "tokens_per_s": speed, "tflops_per_device": tflops,
+                         "mfu": None if peak is None else tflops / peak, "memory_gib": memory_gib()}
+                record(entry)
+                progress.set_postfix(loss=f"{loss:.3f}", lr=f"{entry['lr']:.2e}", tok_s=f"{speed:,.0f}")
+            if train.eval_every and run.step % train.eval_every == 0 and run.step != train.steps:
+                evaluate()
+            if checkpointing and checkpointing.every and run.step % checkpointing.every == 0:
+                last_checkpoint = checkpointing.save(run.step)
+            if stop.agreed(ds.device):
+                if checkpointing is None:
+                    raise StageInterrupted(f"training stopped on {stop.received or 'a signal'} at step {run.step}")
+                if last_checkpoint is None or not last_checkpoint.name.endswith(f"{run.step:08d}"):
+                    last_checkpoint = checkpointing.save(run.step)
+                raise StageInterrupted(
+                    f"training stopped on {stop.received or 'a signal of another rank'} at step {run.step} "
+                    f"after writing {last_checkpoint}; run the same command again to resume.")
+    finally:
+        progress.close()
+        stop.restore()
+        if board is not None:
+            board.flush()
     seconds = time.perf_counter() - started
-    bpb_after = evaluate(train.steps)
-    return {"steps": train.steps, "tokens": tokens_seen, "first_loss": losses[0], "last_loss": losses[-1],
-            "heldout_bpb_before": bpb_before, "heldout_bpb_after": bpb_after, "seconds": round(seconds, 2),
-            "tokens_per_s": round(tokens_seen / seconds, 1), "sampler": sampler.state_dict()}
+    trained_tokens = run.tokens - started_tokens
+    summary = {"steps": run.step, "tokens": run.tokens, "last_loss": loss,
+               "skipped_steps": run.skipped_steps, "heldout_bpb_before": run.heldout_bpb_before,
+               "heldout_bpb_after": evaluate(), "seconds": round(seconds, 2),
+               "tokens_per_s": round(trained_tokens / seconds, 1) if seconds else None}
+    return summary

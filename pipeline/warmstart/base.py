@@ -8,6 +8,7 @@ such as the one `stage=warmup` writes for `stage=pretrain`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -29,6 +30,18 @@ CHECKPOINT_WEIGHTS = "model.safetensors"
 # Fields that define the body: they must agree between the configured model and the base.
 SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "position", "norm",
                 "activation", "embedding_norm", "bias", "tie_embeddings")
+
+
+def folder_fingerprint(path: str) -> dict:
+    """A model folder's identity for the stage contract: its files' names and sizes and its JSON files."""
+    folder = Path(path)
+    files = sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.name}:{file.stat().st_size}".encode())
+        if file.suffix == ".json":
+            digest.update(file.read_bytes())
+    return {"path": str(folder.resolve()), "files": digest.hexdigest()[:16]}
 
 
 def save_checkpoint(model: Transformer, folder: Path) -> None:

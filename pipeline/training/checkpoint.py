@@ -1,0 +1,181 @@
+"""Training checkpoints: everything to continue a run exactly, written so that a kill never leaves one
+that looks complete, and readable with another data-parallel degree.
+
+A checkpoint is a folder `checkpoints/step-00001000/`:
+- `model-pp{p}-tp{t}.safetensors`: each pipeline stage's (and tensor-parallel shard's) own weights, written
+  by its first data-parallel replica;
+- `optim-pp{p}-tp{t}-dp{d}.safetensors` + `.json`: DeepSpeed ZeRO-1's partition of the fp32 master weights
+  and of Adam's moments for that rank, without DeepSpeed's alignment padding (its elastic layout), so that
+  ZeRO can cut them again for another data-parallel degree;
+- `rng-rank{r}.safetensors`: the random-number generator states;
+- `state.json`, written last: the step, the layout, the learning-rate schedule, the sampler's state and the
+  run's counters. Nothing is unpickled: tensors are safetensors, the rest JSON.
+All ranks write into `.step-00001000.tmp/`; rank 0 renames it into place once every rank has finished,
+so `latest()` never sees a partial checkpoint. Only the newest `keep` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from deepspeed.checkpoint.constants import (BASE_OPTIMIZER_STATE, BASE_OPTIMIZER_STATE_STEP, CLIP_GRAD, DS_VERSION,
+                                            GROUP_PADDINGS, PARAM_ALIGNMENT_PADDINGS, PARTITION_COUNT,
+                                            SINGLE_PARTITION_OF_FP32_GROUPS)
+from safetensors.torch import load_file, save_file
+
+from pipeline.contract import StageError, write_json_atomic
+from pipeline.training.engine import Engine
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+_PREFIX = "step-"
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return root / f"{_PREFIX}{step:08d}"
+
+
+def latest(root: Path) -> Optional[Path]:
+    """The newest complete checkpoint under `root` (one with its state.json), or None."""
+    complete = [path for path in root.glob(f"{_PREFIX}*") if (path / STATE_FILE).is_file()]
+    return max(complete, key=lambda path: int(path.name[len(_PREFIX):]), default=None)
+
+
+def _coordinates(engine: Engine) -> tuple[int, int, int]:
+    grid = engine.engine.grid
+    return grid.get_pipe_parallel_rank(), grid.get_slice_parallel_rank(), engine.dp_rank
+
+
+def _optimizer_files(optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    state = optimizer.state_dict()
+    tensors, keys = {}, []
+    for group, group_state in enumerate(state[BASE_OPTIMIZER_STATE]):
+        keys.append(sorted(group_state))
+        for key, value in group_state.items():
+            tensors[f"state.{group}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    for group, partition in enumerate(state[SINGLE_PARTITION_OF_FP32_GROUPS]):
+        tensors[f"fp32.{group}"] = partition.detach().cpu().contiguous()
+    about = {"keys": keys, GROUP_PADDINGS: state[GROUP_PADDINGS], PARTITION_COUNT: state[PARTITION_COUNT],
+             PARAM_ALIGNMENT_PADDINGS: state.get(PARAM_ALIGNMENT_PADDINGS), CLIP_GRAD: state[CLIP_GRAD],
+             DS_VERSION: state[DS_VERSION]}
+    return tensors, about
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], about: dict, device) -> dict:
+    groups = [{key: tensors[f"state.{group}.{key}"].to(device) for key in keys}
+              for group, keys in enumerate(about["keys"])]
+    step = groups[0]["step"].item() if "step" in groups[0] else None
+    state = {BASE_OPTIMIZER_STATE: groups, BASE_OPTIMIZER_STATE_STEP: step,
+             SINGLE_PARTITION_OF_FP32_GROUPS: [tensors[f"fp32.{g}"].to(device) for g in range(len(groups))],
+             GROUP_PADDINGS: about[GROUP_PADDINGS], PARTITION_COUNT: about[PARTITION_COUNT],
+             CLIP_GRAD: about[CLIP_GRAD], DS_VERSION: about[DS_VERSION], "dynamic_loss_scale": False,
+             "overflow": False}
+    if about.get(PARAM_ALIGNMENT_PADDINGS) is not None:
+        state[PARAM_ALIGNMENT_PADDINGS] = about[PARAM_ALIGNMENT_PADDINGS]
+    return state
+
+
+def _recut(saved: list[tuple[dict, dict]], world: int) -> list[tuple[dict, dict]]:
+    """The saved ranks' partitions cut into `world` pieces. ZeRO joins whatever pieces it gets (its elastic
+    layout has no padding) and cuts its own partition from the whole, but it also reads the entry of its own
+    data-parallel rank: so there must be one per current rank."""
+    if len(saved) == world:
+        return saved
+    about = saved[0][1]
+    joined = {}
+    for key, first in saved[0][0].items():
+        joined[key] = (torch.cat([tensors[key] for tensors, _ in saved]) if first.dim() > 0 else first)
+    pieces = [{} for _ in range(world)]
+    for key, tensor in joined.items():
+        parts = torch.tensor_split(tensor, world) if tensor.dim() > 0 else [tensor] * world
+        for piece, part in zip(pieces, parts):
+            piece[key] = part.contiguous()
+    return [(piece, about) for piece in pieces]
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    tensors = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state()
+    return tensors
+
+
+def save(engine: Engine, root: Path, step: int, state: dict, keep: int) -> Path:
+    """Write checkpoint `step` on every rank (a collective); returns its folder."""
+    rank = dist.get_rank()
+    final = checkpoint_dir(root, step)
+    tmp = root / f".{final.name}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    pp, tp, dp = _coordinates(engine)
+    if dp == 0:
+        local = {prefix + name: tensor.detach().cpu().contiguous()
+                 for prefix, layer in engine.layers for name, tensor in layer.state_dict().items()}
+        save_file(local, str(tmp / f"model-pp{pp}-tp{tp}.safetensors"))
+    tensors, about = _optimizer_files(engine.engine.optimizer)
+    save_file(tensors, str(tmp / f"optim-pp{pp}-tp{tp}-dp{dp}.safetensors"))
+    (tmp / f"optim-pp{pp}-tp{tp}-dp{dp}.json").write_text(json.dumps(about), encoding="utf-8")
+    save_file(_rng_tensors(), str(tmp / f"rng-rank{rank}.safetensors"))
+    dist.barrier()
+    if rank == 0:
+        layout = {"tp": engine.engine.grid.get_slice_parallel_world_size(),
+                  "pp": engine.engine.grid.get_pipe_parallel_world_size(), "dp": engine.dp_world,
+                  "world": dist.get_world_size()}
+        write_json_atomic(tmp / STATE_FILE, {"step": step, "layout": layout,
+                                             "scheduler": engine.engine.lr_scheduler.state_dict(), **state})
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in sorted(root.glob(f"{_PREFIX}*"), key=lambda path: path.name)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load(engine: Engine, folder: Path) -> dict:
+    """Restore the model, optimizer, schedule and RNG states of checkpoint `folder`; returns its state.json."""
+    state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+    layout = state["layout"]
+    grid = engine.engine.grid
+    tp, pp = grid.get_slice_parallel_world_size(), grid.get_pipe_parallel_world_size()
+    if (layout["tp"], layout["pp"]) != (tp, pp):
+        raise StageError(f"The checkpoint {folder} was written with parallel.tp={layout['tp']} and "
+                         f"parallel.pp={layout['pp']}; this run has tp={tp}, pp={pp}. Resume with the same "
+                         f"tensor and pipeline layout (the data-parallel degree may change), or start again "
+                         f"with resume=never.")
+    p, t, _ = _coordinates(engine)
+    weights = load_file(str(folder / f"model-pp{p}-tp{t}.safetensors"))
+    with torch.no_grad():
+        for prefix, layer in engine.layers:
+            for name, tensor in layer.state_dict().items():
+                tensor.copy_(weights[prefix + name])
+    device = engine.engine.device
+    saved = []
+    for d in range(layout["dp"]):
+        stem = folder / f"optim-pp{p}-tp{t}-dp{d}"
+        about = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
+        saved.append((load_file(str(stem.with_suffix(".safetensors"))), about))
+    partitions = [_optimizer_state(tensors, about, device) for tensors, about in _recut(saved, engine.dp_world)]
+    engine.engine.optimizer.load_state_dict(partitions, load_optimizer_states=True, load_from_fp32_weights=True)
+    scheduler = engine.engine.lr_scheduler
+    scheduler.load_state_dict(state["scheduler"])
+    # The schedule's state holds the rate; the optimizer's groups would only get it at the next step.
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr
+    engine.engine.global_steps = state["step"]
+    if layout["world"] == dist.get_world_size():
+        rng = load_file(str(folder / f"rng-rank{dist.get_rank()}.safetensors"))
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return state
+
+
