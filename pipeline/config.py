@@ -271,6 +271,12 @@ class ClusterConfig:
     sbatch_args: dict = field(default_factory=dict)
     # Shell lines run before the job's Python command (module loads, container setup).
     env_command: Optional[str] = None
+    # Training stages inside a Slurm allocation start their ranks with `srun` (one task per GPU/GCD):
+    # extra srun options (e.g. LUMI's CPU binding per GCD), a command the Python command runs in (a
+    # container: `singularity exec ... image.sif`), and environment variables for the ranks ($VARS expanded).
+    srun_args: list = field(default_factory=list)
+    container: Optional[str] = None
+    env: dict = field(default_factory=dict)
 
 
 @dataclass

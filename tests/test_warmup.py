@@ -29,11 +29,19 @@ def losses(cwd) -> list[float]:
     return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
 
 
-def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(nob_packed, english_base):
+@pytest.fixture(scope="module")
+def single_process_losses(nob_packed, english_base) -> dict:
+    """The mean warm start in one process ({"random": marker metrics, "mean": ..., "losses": per step})."""
     warmup(nob_packed, english_base, "warmup.init=random", f"warmup.train.steps={STEPS}")
     random = marker(nob_packed / "work", "nob", "warmup")["metrics"]
     warmup(nob_packed, english_base, "warmup.init=mean", f"warmup.train.steps={STEPS}")
-    mean = marker(nob_packed / "work", "nob", "warmup")["metrics"]
+    return {"random": random, "mean": marker(nob_packed / "work", "nob", "warmup")["metrics"],
+            "losses": losses(nob_packed)}
+
+
+def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(nob_packed, english_base,
+                                                                           single_process_losses):
+    random, mean = single_process_losses["random"], single_process_losses["mean"]
 
     assert mean["heldout_bpb_before"] < random["heldout_bpb_before"]
     assert mean["heldout_bpb_after"] < random["heldout_bpb_after"]
@@ -69,17 +77,19 @@ def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(nob_p
     assert (moved > 0).float().mean() > 0.5
 
 
-def test_acceptance_pipeline_and_data_parallel_layouts_train_like_one_process(nob_packed, english_base, tmp_path):
+def test_acceptance_pipeline_and_data_parallel_layouts_train_like_one_process(nob_packed, english_base,
+                                                                            single_process_losses):
+    # The schedule is constant after 2 warm-up steps, so a 3-step run's losses are the first 3 of the 8-step one.
+    single = single_process_losses["losses"][:3]
     steps = "warmup.train.steps=3"
     runs = {}
-    for pp, dp in ((1, 1), (2, 2), (3, 1)):
+    for pp, dp in ((2, 2), (3, 1)):
         shutil.rmtree(nob_packed / "work" / "nob" / "warmup", ignore_errors=True)
         warmup(nob_packed, english_base, steps, f"parallel.pp={pp}", f"parallel.dp={dp}")
         runs[pp, dp] = losses(nob_packed)
         if (pp, dp) == (3, 1):  # blocks are spread per stage: the middle stage holds one frozen block only
             log = (nob_packed / "work" / "nob" / "warmup" / "rank_logs" / "rank1.log").read_text(encoding="utf-8")
             assert "pipeline stage 1 trains no parameter" in log
-    single = runs[1, 1]
     assert len(single) == 3 and single[-1] < single[0]
     for layout, values in runs.items():
         assert values == pytest.approx(single, rel=1e-5), f"pp, dp = {layout}"
@@ -106,3 +116,23 @@ def test_a_base_model_that_does_not_fit_fails_clearly(nob_packed, english_base, 
 
     result = run_cli("stage=warmup", *CHAIN_OPTIONS, cwd=nob_packed, check=False)
     assert result.returncode == 1 and "model.base=" in result.stderr
+
+
+def test_acceptance_pretrain_continues_from_warmup_and_improves_heldout_bpb(nob_packed, english_base):
+    warmup(nob_packed, english_base, f"warmup.train.steps={STEPS}")
+    warm = marker(nob_packed / "work", "nob", "warmup")["metrics"]
+    # The same held-out windows as warmup's (same sequence length and token cap), so the numbers compare.
+    pretrain = ("stage=pretrain", *CHAIN_OPTIONS, "model.num_layers=2", "model.max_seq_len=128", "train.lr=1e-3",
+                "train.warmup_steps=2", "train.eval_tokens=32768", "train.global_batch_size=16")
+    run_cli(*pretrain, "init=warmup", "train.steps=8", cwd=nob_packed)
+    continued = marker(nob_packed / "work", "nob", "pretrain")["metrics"]
+    assert continued["heldout_bpb_before"] == pytest.approx(warm["heldout_bpb_after"], rel=1e-6)
+    assert continued["heldout_bpb_after"] < continued["heldout_bpb_before"]
+
+    hf_dir = nob_packed / "work" / "nob" / "warmup" / "hf"
+    run_cli(*pretrain, "init=hf", f"model.base={hf_dir}", "train.steps=1", cwd=nob_packed)
+    from_hf = marker(nob_packed / "work", "nob", "pretrain")["metrics"]
+    assert from_hf["heldout_bpb_before"] == pytest.approx(warm["heldout_bpb_after"], rel=1e-6)
+
+    other_tokenizer = run_cli(*pretrain, "init=hf", f"model.base={english_base}", cwd=nob_packed, check=False)
+    assert other_tokenizer.returncode == 1 and "is not the one the data was packed with" in other_tokenizer.stderr

@@ -1,16 +1,21 @@
 """Starting the ranks of a training stage.
 
 The stage contract runs once, in the process the user started; the training itself runs in `world_size`
-ranks that it starts here, each running `pipeline.parallel.worker` with the resolved config. Local ranks
-get torch.distributed's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the
-same worker code runs under gloo on a CPU and under NCCL/RCCL with one process per GPU. A single rank
-runs in this process: no start-up cost for the demo, and a debugger sees the training loop.
+ranks that it starts here, each running `pipeline.parallel.worker` with the resolved config:
+- on a machine of its own: local processes with torch.distributed's environment (RANK, LOCAL_RANK,
+  WORLD_SIZE, MASTER_ADDR, MASTER_PORT), gloo on a CPU and NCCL/RCCL with one process per GPU;
+- inside a Slurm allocation with `cluster.executor=slurm`: `srun` with one task per rank (one per
+  GPU/GCD), the cluster's srun options, container and environment; the worker reads Slurm's task ids;
+- a single rank (outside Slurm) runs in this process: no start-up cost for the demo, and a debugger sees
+  the training loop.
+No shell is involved: every argument goes to srun or Python as it is.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -49,8 +54,26 @@ def rank_environment(rank: int, world_size: int, port: int, threads: int) -> dic
     return {**os.environ, **distributed_environment(rank, world_size, port), "OMP_NUM_THREADS": str(threads)}
 
 
+def srun_command(cluster, world_size: int, command: list[str]) -> list[str]:
+    container = shlex.split(cluster.container) if cluster.container else []
+    return ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", *map(str, cluster.srun_args),
+            *container, *command]
+
+
+def inside_slurm_allocation() -> bool:
+    return "SLURM_JOB_ID" in os.environ
+
+
 def run_ranks(entry: str, cfg, work_dir: Path, world_size: int) -> None:
     """Run `entry` ("module:function", called as function(cfg, work_dir)) on `world_size` ranks."""
+    if cfg.cluster.executor == "slurm":
+        if not inside_slurm_allocation():
+            raise StageError(f"stage={cfg.stage} with cluster.executor=slurm starts its {world_size} ranks with "
+                             f"srun inside a Slurm allocation, and this process is not in one. Submit the "
+                             f"command as a job (e.g. sbatch --ntasks={world_size} --gpus-per-task=1 --wrap "
+                             f"'python -m pipeline stage={cfg.stage} ...'), or run it here with cluster=local.")
+        _run_srun(entry, cfg, work_dir, world_size)
+        return
     if world_size == 1:
         from pipeline.parallel.worker import run_entry
 
@@ -71,6 +94,17 @@ def run_ranks(entry: str, cfg, work_dir: Path, world_size: int) -> None:
         processes.append(subprocess.Popen(command, env=rank_environment(rank, world_size, port, threads),
                                           stdout=output, stderr=subprocess.STDOUT if output else None))
     _wait_all(processes, logs)
+
+
+def _run_srun(entry: str, cfg, work_dir: Path, world_size: int) -> None:
+    config_file = write_config(cfg, work_dir)
+    command = srun_command(cfg.cluster, world_size, [sys.executable, "-m", "pipeline.parallel.worker", "--entry",
+                                                     entry, "--config", str(config_file), "--work-dir", str(work_dir)])
+    # Rank 0 may be on another node than this batch step, but the first node of the allocation is this one.
+    env = {**os.environ, "MASTER_ADDR": socket.gethostname(), "MASTER_PORT": str(free_port()),
+           **{key: os.path.expandvars(str(value)) for key, value in cfg.cluster.env.items()}}
+    log.info("Starting %d ranks: %s", world_size, shlex.join(command))
+    _wait_all([subprocess.Popen(command, env=env)], work_dir)
 
 
 def _threads(world_size: int) -> int:

@@ -31,7 +31,15 @@ def run_entry(entry: str, cfg, work_dir: Path) -> None:
     getattr(importlib.import_module(module), function)(cfg, work_dir)
 
 
+def slurm_ranks() -> None:
+    """Under srun, torch.distributed's rank variables from Slurm's task ids."""
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        os.environ.update(RANK=os.environ["SLURM_PROCID"], LOCAL_RANK=os.environ["SLURM_LOCALID"],
+                          WORLD_SIZE=os.environ["SLURM_NTASKS"])
+
+
 def main() -> None:
+    slurm_ranks()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entry", required=True, help="module:function, called as function(cfg, work_dir)")
     parser.add_argument("--config", required=True, type=Path)
