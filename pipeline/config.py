@@ -20,6 +20,7 @@ from omegaconf import MISSING, OmegaConf
 from pipeline.choices import closest_first
 from pipeline.languages import LANGUAGES
 from pipeline.model.config import ModelConfig, validate_model
+from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
 from pipeline.training.config import ParallelConfig, TrainConfig, validate_training
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -343,6 +344,7 @@ def validate(cfg: PipelineConfig) -> None:
     validate_tokenizer(cfg.tokenizer)
     validate_pack(cfg.pack)
     validate_model(cfg.model)
+    check_tensor_parallel(cfg.model, cfg.parallel.tp)
     validate_training(cfg.warmup.train, cfg.parallel, prefix="warmup.train")
     if cfg.warmup.init not in WARMUP_INITS:
         raise ConfigError("warmup.init", cfg.warmup.init, WARMUP_INITS)

@@ -5,6 +5,10 @@ Between stages an activation is `hidden` or `(hidden, segment_ids)`; the first l
 last stage, and DeepSpeed sums the two stages' gradients of the shared matrix. Layer i of the pipeline
 holds the Transformer's module `LAYER_PREFIXES(i)`, so a stage's weights load from (and save to) the
 single-model names of a safetensors file.
+
+With a tensor-parallel topology (parallel.tp > 1) each stage's layers are cut over the topology's
+tensor-slicing group (`pipeline/parallel/tensor_parallel.py`), the head gives each rank its vocabulary shard
+of the logits, and the loss is the vocab-parallel cross-entropy.
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
 from pipeline.model.config import ModelConfig
 from pipeline.model.transformer import Block, Embedding, Head, RMSNorm
+from pipeline.parallel.tensor_parallel import (VocabParallelEmbedding, apply_tensor_parallel,
+                                               vocab_parallel_cross_entropy)
 
 TIED_KEY = "embedding"
 
@@ -64,7 +71,20 @@ class HeadLayer(Head):
 
 
 def _tied_head(embedding: EmbeddingLayer, hidden: torch.Tensor) -> torch.Tensor:
+    if isinstance(embedding.tokens, VocabParallelEmbedding):
+        return embedding.tokens.logits(hidden)
     return F.linear(hidden, embedding.tokens.weight)
+
+
+def token_loss(vocab_size: int, group=None) -> Callable:
+    """The mean cross-entropy of the next tokens; from vocabulary shards of the logits under tensor parallelism."""
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # The padded vocabulary rows are never predicted.
+        return F.cross_entropy(logits[..., :vocab_size].float().flatten(0, 1), labels.flatten())
+
+    def parallel_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits.float(), labels, vocab_size, group)
+    return loss if group is None else parallel_loss
 
 
 def layer_prefixes(cfg: ModelConfig) -> list[str]:
@@ -73,9 +93,10 @@ def layer_prefixes(cfg: ModelConfig) -> list[str]:
     return ["embedding.", *(f"blocks.{i}." for i in range(cfg.num_layers)), "final_norm.", head]
 
 
-def pipeline_module(cfg: ModelConfig, num_stages: int, loss_fn: Callable, topology=None,
-                    partition_method: str = "type:BlockLayer", checkpoint_interval: int = 0) -> PipelineModule:
-    """The model split into `num_stages` stages; blocks are spread evenly (`type:BlockLayer`)."""
+def pipeline_module(cfg: ModelConfig, num_stages: int, topology=None, partition_method: str = "type:BlockLayer",
+                    checkpoint_interval: int = 0) -> PipelineModule:
+    """The model split into `num_stages` stages (blocks spread evenly: `type:BlockLayer`), each stage's layers
+    tensor-parallel when the topology's `model` axis is > 1."""
     if cfg.tie_embeddings:
         first = TiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, tied_weight_attr="tokens.weight")
         last = TiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, forward_fn=_tied_head, tied_weight_attr="tokens.weight")
@@ -84,8 +105,29 @@ def pipeline_module(cfg: ModelConfig, num_stages: int, loss_fn: Callable, topolo
     final_norm = FinalRMSNormLayer if cfg.norm == "rmsnorm" else FinalLayerNormLayer
     layers = [first, *(LayerSpec(BlockLayer, cfg) for _ in range(cfg.num_layers)), LayerSpec(final_norm, cfg), last]
     kwargs = {"topology": topology} if topology is not None else {"num_stages": num_stages}
-    return PipelineModule(layers=layers, loss_fn=loss_fn, partition_method=partition_method,
-                          activation_checkpoint_interval=checkpoint_interval, **kwargs)
+    module = PipelineModule(layers=layers, loss_fn=token_loss(cfg.vocab_size), partition_method=partition_method,
+                            activation_checkpoint_interval=checkpoint_interval, **kwargs)
+    group = module._grid.get_slice_parallel_group()
+    if dist.get_world_size(group) > 1:
+        _tensor_parallel_stage(module, cfg, group)
+    return module
+
+
+def _tensor_parallel_stage(module: PipelineModule, cfg: ModelConfig, group) -> None:
+    """Cut this stage's layers over the tensor-parallel group, after DeepSpeed has built them (the group
+    exists only then) and before its engine sees the parameters."""
+    for _, layer in local_layers(module, cfg):
+        # DeepSpeed marked the last stage's copy of a tied embedding as replicated (counted once in the
+        # gradient norm); its shards keep the mark.
+        replicated = {name: parameter.ds_pipe_replicated for name, parameter in layer.named_parameters()}
+        parallel = apply_tensor_parallel(layer, cfg, group)
+        for name, parameter in parallel.named_parameters():
+            parameter.ds_pipe_replicated = replicated[name]
+        if parallel is not layer:  # the untied head
+            position = module.forward_funcs.index(layer)
+            module.forward_funcs[position] = parallel
+            setattr(module, str(module._local_start + position), parallel)
+    module.loss_fn = token_loss(cfg.vocab_size, group)
 
 
 def local_layers(module: PipelineModule, cfg: ModelConfig) -> list[tuple[str, nn.Module]]:

@@ -23,7 +23,6 @@ from pipeline.contract import MARKER, Stage, StageError, StageRun, read_marker, 
 from pipeline.model.hf_export import TOKENIZER_FILES, to_hf
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import TOKENIZER_FILE
-from pipeline.training import checkpoint
 from pipeline.training.run import CHECKPOINTS, METRICS_FILE, launch, rank_training, write_heldout
 from pipeline.warmstart.base import (check_fit, folder_fingerprint, load_base, load_base_tokenizer, load_checkpoint,
                                      save_checkpoint)
@@ -80,6 +79,8 @@ def initial_model(run: StageRun, tokenizer) -> Transformer:
 
 def run(run: StageRun) -> dict:
     from tokenizers import Tokenizer
+
+    from pipeline.training import checkpoint  # imports DeepSpeed: only when the stage runs
 
     cfg = run.cfg
     tokenizer_dir = run.input_dirs["tokenizer"]

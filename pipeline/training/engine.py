@@ -17,7 +17,6 @@ from typing import Callable
 
 import deepspeed
 import torch
-import torch.nn.functional as F
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
@@ -40,13 +39,6 @@ def init_distributed() -> None:
     deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo")
 
 
-def token_loss(vocab_size: int) -> Callable:
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # The padded vocabulary rows are never predicted.
-        return F.cross_entropy(logits[..., :vocab_size].float().flatten(0, 1), labels.flatten())
-    return loss
-
-
 @dataclass
 class Engine:
     engine: deepspeed.runtime.pipe.engine.PipelineEngine
@@ -60,7 +52,8 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     """The engine over this rank's stage, its weights loaded from `init_file` (single-model names)."""
     topology = PipeModelDataParallelTopology(num_pp=parallel.pp, num_mp=parallel.tp, num_dp=parallel.dp)
     torch.manual_seed(train.seed)
-    module = pipeline_module(model_cfg, parallel.pp, token_loss(model_cfg.vocab_size), topology=topology)
+    # Tensor-parallel layers and loss when parallel.tp > 1 (pipeline/parallel/tensor_parallel.py).
+    module = pipeline_module(model_cfg, parallel.pp, topology=topology)
     layers = local_layers(module, model_cfg)
     load_layers(layers, init_file)
     holds_first_layer = module._local_start == 0

@@ -3,6 +3,9 @@
 Every stage reads only its own tensors from the shared file; after training, the first data-parallel
 replica of each stage writes its part and rank 0 joins the parts into one file. The result loads into
 `pipeline.model.Transformer` as it is.
+
+Under tensor parallelism a rank loads its shard of each full tensor (`Shard.take`), and saving gathers the
+full tensors over the tensor-parallel group; its rank 0 writes the stage's part.
 """
 
 from __future__ import annotations
@@ -15,31 +18,38 @@ from safetensors.torch import save_file
 from torch import nn
 
 from pipeline.model.hf_architectures import CheckpointError
+from pipeline.parallel.tensor_parallel import full_state_dict, parameter_shards, tensor_parallel_rank
 
 
 def load_layers(layers: list[tuple[str, nn.Module]], path: Path) -> None:
     with safe_open(str(path), framework="pt") as handle:
         names = set(handle.keys())
         for prefix, layer in layers:
+            shards = parameter_shards(layer)
             for name, tensor in layer.state_dict().items():
                 key = prefix + name
                 if key not in names:
                     raise CheckpointError(f"{path} has no tensor {key}; it does not belong to this model config.")
                 stored = handle.get_tensor(key)
-                if stored.shape != tensor.shape:
-                    raise CheckpointError(f"{path}: {key} has shape {tuple(stored.shape)}, the model wants "
-                                          f"{tuple(tensor.shape)}.")
+                shard = shards.get(name)
+                wanted = shard.full_shape(tensor.shape) if shard is not None else tuple(tensor.shape)
+                if tuple(stored.shape) != wanted:
+                    raise CheckpointError(f"{path}: {key} has shape {tuple(stored.shape)}, the model wants {wanted}.")
                 with torch.no_grad():
-                    tensor.copy_(stored)
+                    tensor.copy_(stored if shard is None else shard.take(stored))
 
 
 def layers_state(layers: list[tuple[str, nn.Module]]) -> dict[str, torch.Tensor]:
+    """The layers' full tensors (gathered over the tensor-parallel group: a collective there)."""
     return {prefix + name: tensor.detach().cpu().contiguous()
-            for prefix, layer in layers for name, tensor in layer.state_dict().items()}
+            for prefix, layer in layers for name, tensor in full_state_dict(layer).items()}
 
 
 def save_part(layers: list[tuple[str, nn.Module]], path: Path) -> None:
-    save_file(layers_state(layers), str(path))
+    """Write the stage's part; under tensor parallelism every rank of the group calls it, rank 0 writes."""
+    state = layers_state(layers)
+    if tensor_parallel_rank([layer for _, layer in layers]) in (None, 0):
+        save_file(state, str(path))
 
 
 def join_parts(parts: list[Path], path: Path) -> None:

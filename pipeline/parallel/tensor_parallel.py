@@ -1,0 +1,277 @@
+"""Tensor parallelism, Megatron-style: each linear layer cut across the ranks of a tensor-parallel group.
+
+`apply_tensor_parallel` is applied to the plain model's parts (torchtitan style) and swaps their layers:
+
+- attention q, k, v: column-parallel by heads (each rank keeps num_heads/tp query and num_kv_heads/tp
+  key/value heads, so grouped-query attention stays within a rank), out: row-parallel;
+- MLP gate and up: column-parallel, down: row-parallel;
+- embedding and LM head (tied or not): vocab-parallel, the vocabulary padded to a multiple of
+  model.pad_vocab_multiple x tp so that every rank holds an equal shard;
+- norms: replicated (their inputs are the same on every rank).
+
+Each row-parallel layer all-reduces its output in the forward, and each column-parallel layer the gradient
+of its input in the backward (q, k and v one each, where Megatron's fused QKV projection needs a single one;
+separate projections keep the single model's tensors and names). The LM head leaves the logits cut by
+vocabulary, and `vocab_parallel_cross_entropy` computes the loss from the shards (max, sum of exponentials
+and target logit all-reduced), so that the (tokens, vocab) logits are never gathered.
+
+Every parallel layer is built from the full layer and keeps its shard of each full tensor; a sharded
+parameter carries its `Shard` as `tp_shard` (how it is cut: to load a shard from a full tensor, to gather the full one
+back for saving) and `tensor_model_parallel = True`, which DeepSpeed reads to count it on every rank when it
+sums the global gradient norm (replicated parameters are counted on tensor-parallel rank 0 only).
+
+Random numbers: the model has no dropout, so the ranks of a group need no separate random streams: the
+full layers are initialised identically on every rank before they are cut. (Dropout inside a
+tensor-parallel region would need a generator seeded per tensor-parallel rank.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.kernels import vocab_shard_statistics
+from pipeline.model.config import ModelConfig
+from pipeline.model.transformer import Block, Embedding, Head
+from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Identity forward, all-reduce backward: where a replicated activation enters column-parallel layers,
+    each rank's gradient covers its own shard only, and the sum is the full gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """All-reduce forward, identity backward: partial results of every rank summed into the full one,
+    whose gradient every rank already has whole."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def copy_to_tensor_parallel(x: torch.Tensor, group) -> torch.Tensor:
+    return _CopyToTensorParallel.apply(x, group)
+
+
+def reduce_from_tensor_parallel(x: torch.Tensor, group) -> torch.Tensor:
+    return _ReduceFromTensorParallel.apply(x, group)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """How a tensor-parallel rank's parameter is cut from the full tensor: along `dim`, whose `full_size`
+    is padded with zeros to `world` equal parts, each a multiple of `multiple`."""
+
+    dim: int
+    full_size: int
+    group: object
+    multiple: int = 1
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    @property
+    def world(self) -> int:
+        return dist.get_world_size(self.group)
+
+    @property
+    def size(self) -> int:
+        parts = self.world * self.multiple
+        return -(-self.full_size // parts) * self.multiple
+
+    @property
+    def start(self) -> int:
+        return self.rank * self.size
+
+    def full_shape(self, shape: torch.Size) -> tuple[int, ...]:
+        return tuple(self.full_size if axis == self.dim else length for axis, length in enumerate(shape))
+
+    def take(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the full tensor (padding rows are zeros)."""
+        padding = self.size * self.world - self.full_size
+        if padding:
+            extra = list(full.shape)
+            extra[self.dim] = padding
+            full = torch.cat((full, full.new_zeros(extra)), dim=self.dim)
+        return full.narrow(self.dim, self.start, self.size)
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """The full tensor from every rank's part (a collective over the group)."""
+        parts = [torch.empty_like(local) for _ in range(self.world)]
+        dist.all_gather(parts, local.contiguous(), group=self.group)
+        return torch.cat(parts, dim=self.dim).narrow(self.dim, 0, self.full_size)
+
+
+def _sharded(full: nn.Parameter, shard: Shard) -> nn.Parameter:
+    parameter = nn.Parameter(shard.take(full.detach()).clone(), requires_grad=full.requires_grad)
+    parameter.tp_shard = shard
+    # DeepSpeed (runtime/utils.py is_model_parallel_parameter): count this shard on every rank in the norm.
+    parameter.tensor_model_parallel = True
+    return parameter
+
+
+def parameter_shards(module: nn.Module) -> dict[str, Shard]:
+    """The Shard of each sharded parameter of `module`, by its state-dict name."""
+    return {name: parameter.tp_shard for name, parameter in module.named_parameters(remove_duplicate=False)
+            if hasattr(parameter, "tp_shard")}
+
+
+def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module.state_dict()` with every shard gathered into its full tensor (a collective over the group)."""
+    shards = parameter_shards(module)
+    return {name: shards[name].gather(tensor) if name in shards else tensor
+            for name, tensor in module.state_dict().items()}
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_r = x W_r^T + b_r: this rank's output features (rows of the full weight); the input is replicated."""
+
+    def __init__(self, full: nn.Linear, group) -> None:
+        super().__init__()
+        self.group = group
+        shard = Shard(0, full.out_features, group)
+        self.weight = _sharded(full.weight, shard)
+        self.bias = _sharded(full.bias, shard) if full.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(copy_to_tensor_parallel(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum_r x_r W_r^T + b: this rank's input features (columns of the full weight), the input already
+    cut the same way by a column-parallel layer; the bias is replicated and added once, after the sum."""
+
+    def __init__(self, full: nn.Linear, group) -> None:
+        super().__init__()
+        self.group = group
+        self.weight = _sharded(full.weight, Shard(1, full.in_features, group))
+        self.bias = full.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+def _vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, group) -> torch.Tensor:
+    return F.linear(copy_to_tensor_parallel(hidden, group), weight)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """This rank's rows of the embedding; an id held by another rank looks up zeros here, and the sum over
+    the ranks is the full lookup. `logits` uses the same shard as a tied LM head."""
+
+    def __init__(self, full: nn.Embedding, group, multiple: int) -> None:
+        super().__init__()
+        self.group = group
+        self.weight = _sharded(full.weight, Shard(0, full.num_embeddings, group, multiple))
+
+    @property
+    def vocab_start(self) -> int:
+        return self.weight.tp_shard.start
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        local = token_ids - self.vocab_start
+        elsewhere = (local < 0) | (local >= self.weight.shape[0])
+        rows = F.embedding(local.masked_fill(elsewhere, 0), self.weight)
+        return reduce_from_tensor_parallel(rows.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's vocabulary shard of the logits (padding ids included)."""
+        return _vocab_logits(hidden, self.weight, self.group)
+
+
+class VocabParallelHead(nn.Module):
+    """An untied LM head cut by vocabulary: this rank's shard of the logits (padding ids included; the
+    vocab-parallel cross-entropy leaves them out)."""
+
+    def __init__(self, full: Head, group, multiple: int) -> None:
+        super().__init__()
+        self.group = group
+        self.weight = _sharded(full.weight, Shard(0, full.out_features, group, multiple))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return _vocab_logits(hidden, self.weight, self.group)
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group,
+                                 ignore_index: int = -100) -> torch.Tensor:
+    """The mean cross-entropy over the targets that are not `ignore_index`, from this rank's vocabulary shard
+    of the logits (..., shard) (rank r holds ids r*shard .. (r+1)*shard - 1): the same value on every rank.
+
+    Each shard gives its log-sum-exp and target logit (`vocab_shard_statistics`, the kernels' building block);
+    lse = log(sum_r exp(lse_r - m)) + m with m the largest lse_r. Ids >= vocab_size (padding) get the lowest
+    finite logit rather than -inf, so that a shard of padding alone still has finite statistics and gradients;
+    exp() of it is exactly 0, as if it were not there.
+    """
+    shard = logits.shape[-1]
+    vocab_start = dist.get_rank(group) * shard
+    logits = logits.reshape(-1, shard)
+    targets = targets.reshape(-1)
+    real = vocab_size - vocab_start  # this shard's ids below vocab_size
+    if real < shard:
+        padding = torch.arange(shard, device=logits.device) >= real
+        logits = logits.masked_fill(padding, torch.finfo(logits.dtype).min)
+    lse, target_logit = vocab_shard_statistics(logits, targets, vocab_start)
+    # The maximum only keeps exp() in range; it cancels out of the result, so no gradient flows through it.
+    highest = lse.detach().clone()
+    dist.all_reduce(highest, op=dist.ReduceOp.MAX, group=group)
+    total = reduce_from_tensor_parallel(torch.exp(lse - highest), group)
+    target_logit = reduce_from_tensor_parallel(target_logit, group)
+    losses = torch.log(total) + highest - target_logit
+    counted = targets != ignore_index
+    return torch.where(counted, losses, 0.0).sum() / counted.sum()
+
+
+def apply_tensor_parallel(part: nn.Module, cfg: ModelConfig, group) -> nn.Module:
+    """Make one part of the plain model tensor-parallel over `group`: a Block or an Embedding in place, a Head
+    replaced (the returned module; use it instead of `part`); norms stay as they are (replicated)."""
+    tp = dist.get_world_size(group)
+    check_tensor_parallel(cfg, tp)
+    if isinstance(part, Block):
+        attention, mlp = part.attn, part.mlp
+        attention.q, attention.k, attention.v = (ColumnParallelLinear(linear, group)
+                                                 for linear in (attention.q, attention.k, attention.v))
+        attention.out = RowParallelLinear(attention.out, group)
+        attention.num_heads, attention.num_kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
+        attention.first_head = dist.get_rank(group) * attention.num_heads
+        if mlp.swiglu:
+            mlp.gate = ColumnParallelLinear(mlp.gate, group)
+        mlp.up = ColumnParallelLinear(mlp.up, group)
+        mlp.down = RowParallelLinear(mlp.down, group)
+    elif isinstance(part, Embedding):
+        part.tokens = VocabParallelEmbedding(part.tokens, group, cfg.pad_vocab_multiple)
+    elif isinstance(part, Head):
+        return VocabParallelHead(part, group, cfg.pad_vocab_multiple)
+    return part
+
+
+def tensor_parallel_rank(modules: list[nn.Module]) -> Optional[int]:
+    """This rank's place in the tensor-parallel group of the modules' shards (None if nothing is sharded)."""
+    for module in modules:
+        for shard in parameter_shards(module).values():
+            return shard.rank
+    return None
