@@ -66,7 +66,17 @@ def uninterrupted(nob_packed):
     run_cli(*SCRATCH, cwd=nob_packed)
     result = losses_by_step(nob_packed)
     assert sorted(result) == list(range(1, 13)) and result[12] < result[1]
+    logged = [entry for entry in metrics(nob_packed) if "loss" in entry]
+    for key in ("lr", "grad_norm", "tokens_per_s", "tflops_per_device", "memory_gib"):
+        assert all(entry[key] > 0 for entry in logged), key
+    assert all(entry["mfu"] is None for entry in logged)  # no peak for a CPU
+    assert list((nob_packed / "work" / "nob" / "pretrain" / "tensorboard").glob("events.out.tfevents.*"))
     return result
+
+
+def test_activation_checkpointing_changes_memory_not_losses(uninterrupted, fresh):
+    run_cli(*SCRATCH, "train.activation_checkpoint_interval=1", cwd=fresh)
+    assert losses_by_step(fresh) == pytest.approx(uninterrupted, rel=1e-6)
 
 
 def test_acceptance_sigkill_then_resume_gives_the_uninterrupted_losses(uninterrupted, fresh):

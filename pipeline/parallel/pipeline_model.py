@@ -87,6 +87,17 @@ def token_loss(vocab_size: int, group=None) -> Callable:
     return loss if group is None else parallel_loss
 
 
+class TransformerPipeline(PipelineModule):
+    """DeepSpeed's PipelineModule whose activation checkpointing recomputes transformer blocks only.
+
+    DeepSpeed would also wrap the embedding, whose input (token ids) needs no gradient: a reentrant
+    checkpoint around it then drops its parameters' gradients, and training silently goes wrong.
+    """
+
+    def _is_checkpointable(self, funcs) -> bool:
+        return all(isinstance(func, BlockLayer) for func in funcs)
+
+
 def layer_prefixes(cfg: ModelConfig) -> list[str]:
     """The Transformer's name of each pipeline layer (its state-dict prefix)."""
     head = "embedding." if cfg.tie_embeddings else "head."
@@ -105,7 +116,7 @@ def pipeline_module(cfg: ModelConfig, num_stages: int, topology=None, partition_
     final_norm = FinalRMSNormLayer if cfg.norm == "rmsnorm" else FinalLayerNormLayer
     layers = [first, *(LayerSpec(BlockLayer, cfg) for _ in range(cfg.num_layers)), LayerSpec(final_norm, cfg), last]
     kwargs = {"topology": topology} if topology is not None else {"num_stages": num_stages}
-    module = PipelineModule(layers=layers, loss_fn=token_loss(cfg.vocab_size), partition_method=partition_method,
+    module = TransformerPipeline(layers=layers, loss_fn=token_loss(cfg.vocab_size), partition_method=partition_method,
                             activation_checkpoint_interval=checkpoint_interval, **kwargs)
     group = module._grid.get_slice_parallel_group()
     if dist.get_world_size(group) > 1:

@@ -40,6 +40,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     # `auto`: bf16 on a GPU, fp32 on a CPU.
     precision: str = "auto"
+    # Recompute the activations of every this many pipeline layers in the backward instead of keeping them
+    # (less memory, about a third more compute); 0: keep them all.
+    activation_checkpoint_interval: int = 0
     # The order of the training sequences (the pack sampler's seed) and of random initialisation.
     seed: int = 1
     log_every: int = 10
@@ -81,6 +84,6 @@ def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str 
     if not (0 <= train.beta1 < 1 and 0 <= train.beta2 < 1):
         raise ConfigError(f"{prefix}.beta2" if train.beta1 < 1 else f"{prefix}.beta1",
                           train.beta2 if train.beta1 < 1 else train.beta1, ["a number in [0, 1)"])
-    for key in ("warmup_steps", "eval_every", "checkpoint_every"):
+    for key in ("warmup_steps", "eval_every", "checkpoint_every", "activation_checkpoint_interval"):
         if getattr(train, key) < 0:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 0"])

@@ -53,7 +53,8 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     topology = PipeModelDataParallelTopology(num_pp=parallel.pp, num_mp=parallel.tp, num_dp=parallel.dp)
     torch.manual_seed(train.seed)
     # Tensor-parallel layers and loss when parallel.tp > 1 (pipeline/parallel/tensor_parallel.py).
-    module = pipeline_module(model_cfg, parallel.pp, topology=topology)
+    module = pipeline_module(model_cfg, parallel.pp, topology=topology,
+                             checkpoint_interval=train.activation_checkpoint_interval)
     layers = local_layers(module, model_cfg)
     load_layers(layers, init_file)
     holds_first_layer = module._local_start == 0
