@@ -118,4 +118,8 @@ def train_rank(cfg, work_dir: Path) -> None:
 
 
 STAGE = Stage(name="pretrain", run=run, needs=("clean", "tokenizer", "pack"), config_sections=("model", "train", "init"),
+              # How often to log, score and checkpoint, and how much to recompute, do not change the model: a
+              # run interrupted with one setting resumes with another.
+              unhashed_keys=("train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
+                             "train.max_bad_steps", "train.activation_checkpoint_interval"),
               describe_inputs=describe_inputs)
