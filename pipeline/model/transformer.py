@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.kernels import flash_attention
+from pipeline.kernels import flash_attention, layer_norm, rms_norm
 from pipeline.model.config import ModelConfig
 from pipeline.model.positions import alibi_slopes, apply_rope, rope_cos_sin, rope_frequencies
 
@@ -27,15 +27,21 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # In float32, then back, as Llama does: bf16 sums of squares lose too much.
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        # Statistics in float32 (bf16 sums of squares lose too much); the Triton kernel on a GPU.
+        return rms_norm(x, self.weight, self.eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (same `weight`/`bias` parameters, `bias=False` allowed) run by the Triton kernel on a GPU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.weight, self.bias, self.eps)
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.hidden_size, cfg.norm_eps)
-    return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
+    return LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 class Attention(nn.Module):

@@ -22,7 +22,7 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
 from pipeline.model.config import ModelConfig
-from pipeline.model.transformer import Block, Embedding, Head, RMSNorm
+from pipeline.model.transformer import Block, Embedding, Head, LayerNorm, RMSNorm
 from pipeline.parallel.tensor_parallel import (VocabParallelEmbedding, apply_tensor_parallel,
                                                vocab_parallel_cross_entropy)
 
@@ -58,7 +58,7 @@ class FinalRMSNormLayer(RMSNorm):
         return super().forward(_split(inputs)[0])
 
 
-class FinalLayerNormLayer(nn.LayerNorm):
+class FinalLayerNormLayer(LayerNorm):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
 

@@ -78,7 +78,11 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     # Empty groups left out: ZeRO drops them, and the scheduler would then see fewer groups than it made.
     groups = [group for group in ({"params": decay, "weight_decay": train.weight_decay},
                                   {"params": no_decay, "weight_decay": 0.0}) if group["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps)
+    # fused: one kernel for the whole update on a GPU (CUDA or ROCm). The parameters are still on the CPU here;
+    # DeepSpeed moves the module to the GPU and hands the optimizer its fp32 ZeRO partitions there, and torch checks
+    # the devices only at the first step.
+    optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
+                                  fused=True if torch.cuda.is_available() else None)
     steps = train.steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(
         step, train.schedule, steps, train.warmup_steps, train.min_lr_ratio))
