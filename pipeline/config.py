@@ -301,6 +301,9 @@ class PipelineConfig:
     init: str = "warmup"
     resume: str = "auto"
     train: TrainConfig = field(default_factory=TrainConfig)
+    # The training stages' kernels: `auto` (Triton on a GPU, the PyTorch reference on a CPU), `reference`
+    # anywhere (to rule a kernel out), or `triton` (pipeline/kernels/backend.py).
+    kernels: str = "auto"
 
 
 def register_configs() -> None:
@@ -353,6 +356,10 @@ def validate(cfg: PipelineConfig) -> None:
         raise ConfigError("init", cfg.init, PRETRAIN_INITS)
     if cfg.resume not in RESUME:
         raise ConfigError("resume", cfg.resume, RESUME)
+    from pipeline.kernels.backend import BACKENDS  # imports torch, which a bad stage name need not wait for
+
+    if cfg.kernels not in BACKENDS:
+        raise ConfigError("kernels", cfg.kernels, BACKENDS)
 
 
 def validate_mix(mix: MixConfig) -> None:

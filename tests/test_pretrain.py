@@ -152,3 +152,14 @@ def test_inside_a_slurm_allocation_the_ranks_start_with_srun(nob_packed, slurm_c
 def test_outside_slurm_the_slurm_executor_says_how_to_submit(fresh):
     result = run_cli(*SCRATCH, "cluster.executor=slurm", cwd=fresh, check=False)
     assert result.returncode == 1 and "not in one" in result.stderr and "sbatch --ntasks=1" in result.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("kernels=cuda", "Invalid value for `kernels`: 'cuda'. Allowed: auto, reference, triton"),
+    ("train.global_batch_size=30", "a multiple of train.micro_batch_size x parallel.dp = 4 x 1 = 4"),
+    ("init=pretrained", "Invalid value for `init`: 'pretrained'. Allowed: warmup, hf, scratch"),
+])
+def test_bad_training_options_fail_before_any_work(tmp_path, override, message):
+    result = run_cli("stage=pretrain", "lang=nob", override, cwd=tmp_path, check=False)
+    assert result.returncode == 1 and message in result.stderr
+    assert not list((tmp_path / "work" / "nob").glob("*pretrain*"))

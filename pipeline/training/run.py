@@ -60,6 +60,7 @@ def rank_training(cfg, work_dir: Path, train: TrainConfig, seq_len: int, trainab
     """One rank: train the model of `init/` and write the result; `resume` (auto|never) enables checkpoints."""
     import torch.distributed as dist
 
+    from pipeline.kernels import set_backend
     from pipeline.model.flops import flops_per_token
     from pipeline.packing import PackedSampler
     from pipeline.training import checkpoint
@@ -67,6 +68,7 @@ def rank_training(cfg, work_dir: Path, train: TrainConfig, seq_len: int, trainab
     from pipeline.training.loop import Checkpointing, RunState, train_loop
     from pipeline.training.weights import join_parts, save_part
 
+    set_backend(cfg.kernels)
     init_distributed()
     rank = dist.get_rank()
     model_cfg = read_model_config(work_dir / "init" / CHECKPOINT_CONFIG)
