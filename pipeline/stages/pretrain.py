@@ -20,10 +20,9 @@ from pathlib import Path
 import torch
 
 from pipeline.contract import MARKER, Stage, StageError, StageRun, read_marker, stage_dir, write_json_atomic
-from pipeline.model.hf_export import TOKENIZER_FILES, to_hf
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import TOKENIZER_FILE
-from pipeline.training.run import CHECKPOINTS, METRICS_FILE, launch, rank_training, write_heldout
+from pipeline.training.run import CHECKPOINTS, METRICS_FILE, export_trained, launch, rank_training, write_heldout
 from pipeline.warmstart.base import (check_fit, folder_fingerprint, load_base, load_base_tokenizer, load_checkpoint,
                                      save_checkpoint)
 
@@ -96,12 +95,7 @@ def run(run: StageRun) -> dict:
     eos_id = tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos)
     write_heldout(run, cfg.train, cfg.parallel, seq_len(cfg), tokenizer, eos_id, key="train")
     result = launch("pipeline.stages.pretrain:train_rank", run)
-    trained_dir = run.work_dir / "checkpoint"
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copyfile(tokenizer_dir / name, trained_dir / name)
-    shutil.rmtree(run.work_dir / "hf", ignore_errors=True)
-    to_hf(load_checkpoint(trained_dir), run.work_dir / "hf", tokenizer=tokenizer_dir)
+    export_trained(run, tokenizer_dir)
     # The run is complete: the final model is in checkpoint/ and hf/; the resumable states are not needed.
     shutil.rmtree(checkpoints, ignore_errors=True)
     shutil.rmtree(run.work_dir / "init")

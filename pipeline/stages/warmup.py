@@ -18,11 +18,9 @@ from pathlib import Path
 import torch
 
 from pipeline.contract import Stage, StageError, StageRun, write_json_atomic
-from pipeline.model.hf_export import TOKENIZER_FILES, to_hf
 from pipeline.tokenization.folder import TOKENIZER_FILE
-from pipeline.training.run import METRICS_FILE, launch, rank_training, write_heldout
-from pipeline.warmstart.base import (check_fit, folder_fingerprint, load_base, load_base_tokenizer, load_checkpoint,
-                                     save_checkpoint)
+from pipeline.training.run import METRICS_FILE, export_trained, launch, rank_training, write_heldout
+from pipeline.warmstart.base import check_fit, folder_fingerprint, load_base, load_base_tokenizer, save_checkpoint
 from pipeline.warmstart.initialise import warm_started
 
 log = logging.getLogger(__name__)
@@ -66,14 +64,8 @@ def run(run: StageRun) -> dict:
     write_heldout(run, cfg.warmup.train, cfg.parallel, seq_len(cfg), new_tokenizer, eos_id, key="warmup.train")
     (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
     result = launch("pipeline.stages.warmup:train_rank", run)
-    checkpoint = run.work_dir / "checkpoint"
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copyfile(tokenizer_dir / name, checkpoint / name)
-    trained = load_checkpoint(checkpoint)
+    trained = export_trained(run, tokenizer_dir)
     trained_tensors = _check_body_unchanged(base, trained, trainable(cfg))
-    shutil.rmtree(run.work_dir / "hf", ignore_errors=True)
-    to_hf(trained, run.work_dir / "hf", tokenizer=tokenizer_dir)
     shutil.rmtree(init_dir)
     trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
     report = {"base": str(Path(cfg.model.base).resolve()), "init": cfg.warmup.init, "rows": transfer,

@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from tokenizers import Tokenizer
 
-from pipeline.warmstart.surfaces import spelling, token_bytes
+from pipeline.warmstart.surfaces import vocabulary_bytes
+from pipeline.warmstart.transfer import special_ids
 
 
 @dataclass
@@ -33,12 +34,9 @@ class HeldoutWindows:
 
 def byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
     """Bytes each token id spells (0 for special tokens)."""
-    kind = spelling(tokenizer)
     lengths = np.zeros(tokenizer.get_vocab_size(with_added_tokens=True), dtype=np.int64)
-    specials = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-    for token, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
-        if token_id not in specials:
-            lengths[token_id] = len(token_bytes(token, kind) or token.encode("utf-8"))
+    for token_id, surface in vocabulary_bytes(tokenizer, special_ids(tokenizer)).items():
+        lengths[token_id] = len(surface)
     return lengths
 
 

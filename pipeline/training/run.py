@@ -17,11 +17,12 @@ from typing import Callable, Optional
 import numpy as np
 
 from pipeline.contract import StageError, StageRun, write_json_atomic
+from pipeline.model.hf_export import TOKENIZER_FILES, to_hf
 from pipeline.mixing.sources import clean_output, read_documents
 from pipeline.parallel.launch import run_ranks
 from pipeline.training.config import ParallelConfig, TrainConfig
 from pipeline.training.heldout import HeldoutWindows, heldout_windows
-from pipeline.warmstart.base import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS, read_model_config
+from pipeline.warmstart.base import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS, load_checkpoint, read_model_config
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,18 @@ def launch(entry: str, run: StageRun) -> dict:
     (run.work_dir / RESULT_FILE).unlink(missing_ok=True)
     run_ranks(entry, run.cfg, run.work_dir, parallel.tp * parallel.pp * parallel.dp)
     return json.loads((run.work_dir / RESULT_FILE).read_text(encoding="utf-8"))
+
+
+def export_trained(run: StageRun, tokenizer_dir: Path):
+    """The trained model of `checkpoint/` with its tokenizer beside it, and as a transformers folder `hf/`."""
+    trained_dir = run.work_dir / "checkpoint"
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copyfile(tokenizer_dir / name, trained_dir / name)
+    trained = load_checkpoint(trained_dir)
+    shutil.rmtree(run.work_dir / "hf", ignore_errors=True)
+    to_hf(trained, run.work_dir / "hf", tokenizer=tokenizer_dir)
+    return trained
 
 
 def rank_training(cfg, work_dir: Path, train: TrainConfig, seq_len: int, trainable: Callable[[str], bool],

@@ -7,9 +7,8 @@ from typing import Optional
 
 import torch
 
-# Peak dense bf16 TFLOP/s of one device as torch sees it (an MI250X shows each of its two GCDs as a device).
+# Peak dense bf16 TFLOP/s of one device as torch sees it: an MI250X module (383) shows as two GCDs of 191.5.
 PEAK_TFLOPS = {"MI250X": 191.5, "H100": 989.0, "H200": 989.0, "A100": 312.0}
-MI250X_MODULE_TFLOPS = 383.0
 
 
 def device_peak_tflops() -> Optional[float]:
