@@ -225,6 +225,9 @@ class TokenizerConfig:
     seed: int = 1
     # The base model's tokenizer to compare with: a tokenizer.json file or a folder holding one.
     base: Optional[str] = None
+    # Train nothing: adopt the base's tokenizer (`base`, else `model.base`'s tokenizer.json), to continue
+    # pretraining with the old vocabulary (the baseline the new tokenizer and the warm start are measured against).
+    keep_base: bool = False
 
 
 @dataclass
@@ -257,6 +260,36 @@ class WarmupConfig:
     train: TrainConfig = field(default_factory=_warmup_training)
 
 
+EVAL_DOCUMENT_STARTS = ("eos", "bos")
+
+
+@dataclass
+class EvalConfig:
+    # Held-out text: null takes the clean stage's held-out split; or a file or folder of JSONL/Parquet (the
+    # clean reader's formats) or of plain text, one document per line (FLORES' `nob_Latn.devtest`).
+    path: Optional[str] = None
+    # Tokens per window; null takes the model's max_seq_len.
+    seq_len: Optional[int] = None
+    # Tokens scored per window after the first; the rest of the window is context. Null: half the window.
+    stride: Optional[int] = None
+    # The token fed before each document's first token: `eos`, as the pack stage separates documents (and
+    # BLOOM was trained), or `bos` for models trained with one (Llama 3).
+    document_start: str = "eos"
+    # Cap on the UTF-8 bytes evaluated (whole documents, in order).
+    max_bytes: int = 10_000_000
+    # Windows per forward pass.
+    batch_size: int = 8
+
+
+@dataclass
+class DemoBaseConfig:
+    """The demo's base model when `model.base` is not given: `stage=all` pretrains one from scratch on this
+    language's embedded text (`lang=eng init=scratch`, in `${work_dir}/eng/`) and caches it there."""
+
+    lang: str = "eng"
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
 @dataclass
 class ClusterConfig:
     name: str = "local"
@@ -278,12 +311,42 @@ class ClusterConfig:
     srun_args: list = field(default_factory=list)
     container: Optional[str] = None
     env: dict = field(default_factory=dict)
+    # stage=workflow runs each CPU stage of a language as one job on this many CPUs (its `workers`; datatrove
+    # runs locally inside the job); null: cpus_per_task.
+    workflow_cpus: Optional[int] = None
+    # stage=workflow's GPU stages (warmup, pretrain): their partition (null: `partition`), GPUs per node (GCDs on
+    # LUMI; 0: a CPU-only cluster, whose ranks are CPU processes on one node), CPUs per rank, time limit and memory
+    # per node (null: the partition's default). Nodes = parallel.tp x pp x dp / gpus_per_node.
+    gpu_partition: Optional[str] = None
+    gpus_per_node: int = 0
+    gpu_cpus_per_task: int = 1
+    gpu_time: str = "12:00:00"
+    gpu_mem_per_node_gb: Optional[int] = None
+
+
+@dataclass
+class WorkflowConfig:
+    """stage=workflow and stage=status (pipeline/workflow/): every stage as a Slurm job array, one task per language."""
+
+    # Print the scripts and the dependency graph; submit nothing.
+    dry_run: bool = False
+    # The stages to chain (in the pipeline's order); null: all of them. Stages left out are neither checked nor run.
+    stages: Optional[List[str]] = None
+    # GPU stages get SIGUSR1 this many seconds before their time limit: they checkpoint and requeue themselves.
+    signal_seconds: int = 300
+    # The jobs' Python; null: the interpreter that runs stage=workflow (right for a virtual environment on a shared
+    # file system). With cluster.container, the container's (e.g. `python3`).
+    python: Optional[str] = None
 
 
 @dataclass
 class PipelineConfig:
     stage: str = MISSING
-    lang: LanguageConfig = MISSING
+    # Every stage but workflow and status needs one language (`lang=nob`).
+    lang: Optional[LanguageConfig] = None
+    # stage=workflow and stage=status: several languages (`langs=[nob,nno]`, or `langs=all` for the 75 HPLT v1.2
+    # languages); the command line resolves aliases and checks each code against the table.
+    langs: Optional[List[str]] = None
     work_dir: str = "work"
     raw_dir: str = str(EMBEDDED_DATA_DIR)
     workers: int = 1
@@ -304,6 +367,9 @@ class PipelineConfig:
     # The training stages' kernels: `auto` (Triton on a GPU, the PyTorch reference on a CPU), `reference`
     # anywhere (to rule a kernel out), or `triton` (pipeline/kernels/backend.py).
     kernels: str = "auto"
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    demo_base: DemoBaseConfig = field(default_factory=DemoBaseConfig)
 
 
 def register_configs() -> None:
@@ -329,10 +395,17 @@ def language_config(code: str, entry: dict) -> LanguageConfig:
 
 def validate(cfg: PipelineConfig) -> None:
     """Checks that types alone cannot express; each error names the key and what is allowed."""
-    from pipeline.stages import TARGETS
+    from pipeline.stages import TARGETS, WORKFLOW_TARGETS
 
     if cfg.stage not in TARGETS:
         raise ConfigError("stage", cfg.stage, closest_first(cfg.stage, TARGETS))
+    if cfg.stage in WORKFLOW_TARGETS:
+        from pipeline.workflow.selection import validate_workflow
+
+        validate_workflow(cfg)
+    elif cfg.lang is None or cfg.langs is not None:
+        raise ConfigError("lang", cfg.langs, ["one ISO 639-3 code such as lang=nob (langs= is for stage=workflow "
+                                              "and stage=status; sweep a stage with -m lang=nob,nno)"])
     if not 0.0 <= cfg.clean.heldout_fraction < 1.0:
         raise ConfigError("clean.heldout_fraction", cfg.clean.heldout_fraction, ["a number in [0, 1)"])
     if cfg.workers < 1:
@@ -345,6 +418,10 @@ def validate(cfg: PipelineConfig) -> None:
         raise ConfigError("clean.lid.model", cfg.clean.lid.model, ["a path to a local fastText/GlotLID .bin file"])
     validate_mix(cfg.mix)
     validate_tokenizer(cfg.tokenizer)
+    if cfg.tokenizer.keep_base and cfg.tokenizer.base is None and cfg.model.base is None:
+        raise ConfigError("tokenizer.keep_base", True, [
+            "false (train a tokenizer for the language)",
+            "true with tokenizer.base=<tokenizer.json or folder> or model.base=<Hugging Face folder> to adopt"])
     validate_pack(cfg.pack)
     validate_model(cfg.model)
     check_tensor_parallel(cfg.model, cfg.parallel.tp)
@@ -356,6 +433,10 @@ def validate(cfg: PipelineConfig) -> None:
         raise ConfigError("init", cfg.init, PRETRAIN_INITS)
     if cfg.resume not in RESUME:
         raise ConfigError("resume", cfg.resume, RESUME)
+    validate_eval(cfg.eval)
+    validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
+    if cfg.demo_base.lang not in LANGUAGES:
+        raise ConfigError("demo_base.lang", cfg.demo_base.lang, closest_first(cfg.demo_base.lang, list(LANGUAGES)))
     from pipeline.kernels.backend import BACKENDS  # imports torch, which a bad stage name need not wait for
 
     if cfg.kernels not in BACKENDS:
@@ -436,6 +517,23 @@ def validate_tokenizer(tok: TokenizerConfig) -> None:
         raise ConfigError("tokenizer.base", tok.base, [
             "null", "a local tokenizer.json file", "a local folder holding a tokenizer.json (a Hugging Face model "
             "folder)"])
+
+
+def validate_eval(evaluation: EvalConfig) -> None:
+    if evaluation.path is not None and not os.path.exists(evaluation.path):
+        raise ConfigError("eval.path", evaluation.path, ["null (the clean stage's held-out split)",
+                                                         "an existing file or folder of held-out text"])
+    for key in ("seq_len", "stride"):
+        value = getattr(evaluation, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"eval.{key}", value, ["null", "an integer >= 1"])
+    if evaluation.seq_len is not None and evaluation.stride is not None and evaluation.stride > evaluation.seq_len:
+        raise ConfigError("eval.stride", evaluation.stride, [f"at most eval.seq_len ({evaluation.seq_len})"])
+    if evaluation.document_start not in EVAL_DOCUMENT_STARTS:
+        raise ConfigError("eval.document_start", evaluation.document_start, EVAL_DOCUMENT_STARTS)
+    for key in ("max_bytes", "batch_size"):
+        if getattr(evaluation, key) < 1:
+            raise ConfigError(f"eval.{key}", getattr(evaluation, key), ["an integer >= 1"])
 
 
 def validate_pack(pack: PackConfig) -> None:

@@ -53,6 +53,8 @@ class Stage:
     unhashed_keys: tuple[str, ...] = ()
     # Describes external inputs (e.g. a fingerprint of the raw files); hashed too.
     describe_inputs: Callable[[Any], dict] = lambda cfg: {}
+    # Trains on GPUs (pipeline/parallel/launch.py): stage=workflow gives it GPU nodes and srun starts its ranks.
+    gpu: bool = False
 
 
 @dataclass
@@ -130,8 +132,18 @@ def config_hash(stage: Stage, config: dict, inputs: dict) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
-def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun]:
-    """Check inputs and the marker. None means the stage is up to date and is skipped."""
+@dataclass(frozen=True)
+class Expected:
+    """What a run of the stage would be now: its inputs, hashed config and their hash."""
+
+    input_dirs: dict[str, Path]
+    inputs: dict
+    config: dict
+    digest: str
+
+
+def expected(stage: Stage, cfg) -> Expected:
+    """Read the inputs' markers and hash the config; no side effects. Raises StageError for a missing input."""
     input_dirs, upstream = {}, {}
     for need in stage.needs:
         need_dir = stage_dir(cfg, need)
@@ -147,7 +159,28 @@ def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun
 
     inputs = {**stage.describe_inputs(cfg), **upstream}
     config = hashed_config(stage, cfg)
-    digest = config_hash(stage, config, inputs)
+    return Expected(input_dirs=input_dirs, inputs=inputs, config=config, digest=config_hash(stage, config, inputs))
+
+
+def is_current(stage: Stage, cfg) -> bool:
+    """Whether the stage's marker matches what a run would produce now (stage=workflow asks before submitting).
+
+    Unlike `prepare`, it changes nothing: no invalidation, no partial folder. A missing input (or one that
+    cannot be described yet) means the stage is not current.
+    """
+    marker = read_marker(stage_dir(cfg, stage.name))
+    if marker is None:
+        return False  # the common case of a fresh sweep: no need to hash anything
+    try:
+        return marker.get("config_hash") == expected(stage, cfg).digest
+    except StageError:
+        return False
+
+
+def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun]:
+    """Check inputs and the marker. None means the stage is up to date and is skipped."""
+    now = expected(stage, cfg)
+    input_dirs, inputs, config, digest = now.input_dirs, now.inputs, now.config, now.digest
     final_dir = stage_dir(cfg, stage.name)
 
     marker = read_marker(final_dir)

@@ -53,3 +53,18 @@ def resolve_language(typed: str) -> str:
         f"All {len(LANGUAGES)} languages are listed in {TABLE_PATH}; `lang=` takes an ISO 639-3, "
         "ISO 639-1 or HPLT code."
     )
+
+
+def resolve_languages(typed: str) -> list[str]:
+    """`langs=`: `all` (the table's HPLT v1.2 languages), or codes such as `[nob,nn,fao]`, each resolved like
+    `lang=`; the table's codes in the table's order, without duplicates."""
+    text = str(typed).strip()
+    if text == "all":
+        return [code for code, entry in LANGUAGES.items() if entry.get("in_hplt_v1_2", True)]
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    codes = {resolve_language(part.strip().strip("'\"")) for part in text.split(",") if part.strip()}
+    if not codes:
+        raise UnknownLanguageError(f"`langs={typed}` names no language. Give codes such as langs=[nob,nno], or "
+                                   "langs=all for the 75 HPLT v1.2 languages.")
+    return [code for code in LANGUAGES if code in codes]

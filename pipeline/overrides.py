@@ -12,7 +12,7 @@ from typing import Optional
 
 from pipeline.choices import closest_first
 from pipeline.config import PipelineConfig
-from pipeline.languages import resolve_language
+from pipeline.languages import resolve_language, resolve_languages
 
 # Hydra flags that take the next argument as their value.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
@@ -77,10 +77,10 @@ def _is_sweep_function(value: str) -> bool:
 
 def preflight(argv: list[str]) -> list[str]:
     """Validate and normalise the override arguments; returns the argv to hand to Hydra."""
-    from pipeline.stages import TARGETS
+    from pipeline.stages import TARGETS, WORKFLOW_TARGETS
 
     wants_help = any(arg in _HELP_FLAGS for arg in argv)
-    out, skip_next, seen = [], False, set()
+    out, skip_next, seen, stages = [], False, set(), set()
     for arg in argv:
         if skip_next:
             out.append(arg)
@@ -101,7 +101,10 @@ def preflight(argv: list[str]) -> list[str]:
             continue
         if key == "lang" and not _is_sweep_function(value):
             value = ",".join(resolve_language(v) for v in value.split(","))
+        elif key == "langs":
+            value = f"[{','.join(resolve_languages(value))}]"
         elif key == "stage" and not _is_sweep_function(value):
+            stages.update(value.split(","))
             for v in value.split(","):
                 if v not in TARGETS:
                     raise OverrideError(
@@ -114,8 +117,16 @@ def preflight(argv: list[str]) -> list[str]:
         out.append("lang=nob")  # Hydra composes the config even for --help; any language will do
     if not wants_help:
         for required, choices in (("stage", ", ".join(TARGETS)), ("lang", "an ISO 639-3 code such as nob")):
-            if required not in seen:
+            if required not in seen and not (required == "lang" and "langs" in seen):
+                several = (" (stage=workflow and stage=status also take langs=[nob,nno] or langs=all)"
+                           if stages and stages <= set(WORKFLOW_TARGETS) else "")
                 raise OverrideError(
-                    f"Missing `{required}=`. Give one of: {choices}. Example: python -m pipeline stage=clean lang=nob"
+                    f"Missing `{required}=`. Give one of: {choices}{several}. "
+                    "Example: python -m pipeline stage=clean lang=nob"
                 )
+        if "langs" in seen and not stages <= set(WORKFLOW_TARGETS):
+            raise OverrideError("`langs=` is for stage=workflow and stage=status; the other stages take one "
+                                "language (lang=nob), or sweep with -m lang=nob,nno.")
+        if {"lang", "langs"} <= seen:
+            raise OverrideError("Give either lang=<code> (one language) or langs=[...] (several), not both.")
     return out

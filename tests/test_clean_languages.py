@@ -28,12 +28,6 @@ def test_clean_runs_for_each_script(lang, tmp_path, embedded_records):
     assert all(_main_script(r["text"]) == SCRIPTS[lang] for r in kept)
 
 
-def test_stage_all_runs_the_existing_stages_in_order(tmp_path):
-    result = run_cli("stage=all", "lang=fo", cwd=tmp_path)
-    assert marker(tmp_path / "work", "fao", "clean")["metrics"]["docs_in"] > 0
-    assert "Running clean for fao" in result.stderr + result.stdout
-
-
 def test_parallel_workers_give_the_same_output(tmp_path, embedded_records):
     runs = {}
     for workers in (1, 2):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.stages import STAGE_NAMES
+from pipeline.stages import TARGETS
 from tests.conftest import run_cli
 
 
 def test_help_lists_every_stage_and_the_main_options(tmp_path):
     out = run_cli("--help", cwd=tmp_path).stdout
-    for stage in (*STAGE_NAMES, "all"):
+    for stage in TARGETS:
         assert f"\n  {stage} " in out
     for option in ("work_dir=", "raw_dir=", "workers=", "cluster=", "clean.lid.model=", "mix.tokens=", "--cfg job"):
         assert option in out

@@ -25,7 +25,9 @@ SMALL_ROPE = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads
 
 
 def preset(name: str) -> ModelConfig:
-    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
+    loaded = OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
+    # The tiny preset is also the demo's and sets other sections beside `model` (`@package _global_`).
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), loaded.get("model", loaded))
     return OmegaConf.to_object(merged)
 
 

@@ -156,6 +156,30 @@ def test_same_command_is_skipped_and_a_new_vocab_size_retrains(trained, tmp_path
     assert Tokenizer.from_file(str(tmp_path / "work" / "eng" / "tokenizer" / "tokenizer.json")).get_vocab_size() == 1024
 
 
+def test_keep_base_adopts_the_base_tokenizer_and_pack_and_pretrain_from_the_base_accept_it(trained, english_base,
+                                                                                            tmp_path):
+    cwd, _ = trained
+    shutil.copytree(cwd / "work" / "nob", tmp_path / "work" / "nob")  # its plan still reads cwd's clean output
+    run_cli("stage=tokenizer", "lang=nob", "tokenizer.keep_base=true", f"model.base={english_base}", cwd=tmp_path)
+    folder = tmp_path / "work" / "nob" / "tokenizer"
+    assert (folder / "tokenizer.json").read_bytes() == (english_base / "tokenizer.json").read_bytes()
+    special = json.loads((folder / "special_tokens_map.json").read_text())
+    assert special == {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    document = report(tmp_path)
+    assert document["tokenizer"]["kept_base"] == str((english_base / "tokenizer.json").resolve())
+    assert document["sample"] is None and document["base"] is None  # nothing trained, nothing to compare
+    assert document["new"]["scores"]["documents"] > 0 and document["tokenizer"]["vocab_size"] == 512
+    assert "Nothing was trained" in (folder / "report.md").read_text()
+    assert marker(tmp_path / "work", "nob", "tokenizer")["metrics"]["kept_base"] == document["tokenizer"]["kept_base"]
+
+    run_cli("stage=pack", "lang=nob", cwd=tmp_path)
+    assert marker(tmp_path / "work", "nob", "pack")["metrics"]["vocab_size"] == 512
+    run_cli("stage=pretrain", "lang=nob", "init=hf", f"model.base={english_base}", "model.num_layers=2",
+            "model.max_seq_len=128", "train.steps=2", "train.warmup_steps=1", "train.global_batch_size=2",
+            "train.micro_batch_size=2", "train.eval_tokens=256", cwd=tmp_path)
+    assert marker(tmp_path / "work", "nob", "pretrain")["metrics"]["steps"] == 2
+
+
 def test_a_missing_mix_plan_names_the_command_to_run(trained):
     cwd, _ = trained
     result = run_cli("stage=tokenizer", "lang=rus", cwd=cwd, check=False)  # cleaned, never mixed
@@ -194,7 +218,8 @@ def test_a_sample_too_small_for_any_document_fails_naming_the_option(trained):
     ("tokenizer.backend=wordpiece", "Invalid value for `tokenizer.backend`: 'wordpiece'. Allowed: "),
     ("tokenizer.sentencepiece_model_type=char", "Allowed: unigram, bpe"),
     ("tokenizer.base=/nonexistent/tokenizer.json", "Invalid value for `tokenizer.base`"),
-], ids=["vocab_size", "backend", "model_type", "base"])
+    ("tokenizer.keep_base=true", "Invalid value for `tokenizer.keep_base`: True. Allowed: false"),
+], ids=["vocab_size", "backend", "model_type", "base", "keep_base"])
 def test_bad_options_fail_before_any_work(tmp_path, override, message):
     result = run_cli("stage=tokenizer", "lang=nob", override, cwd=tmp_path, check=False)
     assert result.returncode == 1

@@ -2,30 +2,58 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
-from pipeline.contract import Stage, execute
-from pipeline.stages import clean, mix, pack, pretrain, tokenizer, warmup
+from pipeline.contract import Stage, execute, stage_dir
+from pipeline.demo_base import BASE_STAGES, demo_base_config, demo_base_folder
+from pipeline.stages import clean, evaluate, mix, pack, pretrain, tokenizer, warmup
 
 log = logging.getLogger(__name__)
 
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (clean.STAGE, mix.STAGE, tokenizer.STAGE, pack.STAGE,
-                                                             warmup.STAGE, pretrain.STAGE)}
+                                                             warmup.STAGE, pretrain.STAGE, evaluate.STAGE)}
 STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
-# What `stage=` accepts: one stage, or `all` for the whole chain in order.
-TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all")
+# stage=workflow submits the chain to Slurm for one or many languages; stage=status shows how far it got.
+WORKFLOW_TARGETS: tuple[str, ...] = ("workflow", "status")
+# What `stage=` accepts: one stage, `all` for the whole chain in order, or a workflow target.
+TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", *WORKFLOW_TARGETS)
 
 
 def run_target(cfg) -> None:
-    names = STAGE_NAMES if cfg.stage == "all" else (cfg.stage,)
+    if cfg.stage in WORKFLOW_TARGETS:
+        from pipeline.workflow import run_workflow_target  # not contract stages: no marker of their own
+
+        run_workflow_target(cfg)
+    elif cfg.stage == "all":
+        run_all(cfg)
+    else:
+        run_chain(cfg, (cfg.stage,))
+
+
+def run_chain(cfg, names: tuple[str, ...]) -> bool:
+    """Run `names` in order; False if one went to Slurm (the rest must wait for it)."""
     for name in names:
-        if cfg.stage == "all" and name == "warmup" and cfg.model.base is None:
-            log.info("stage=all stops before warmup: it needs a base model (model.base=<local Hugging Face folder>, "
-                     "with the matching preset, e.g. model=bloom-560m).")
-            return
         later = STAGE_NAMES[STAGE_NAMES.index(name) + 1:]
         marker = execute(STAGES[name], cfg, downstream=later)
         if marker is None:
             log.info("Stage %s for %s was submitted; run the command again when it has finished to go on.",
                      name, cfg.lang.code)
+            return False
+    return True
+
+
+def run_all(cfg) -> None:
+    """The whole recipe for one language; without `model.base`, first the demo's own base model."""
+    if cfg.model.base is None:
+        base_cfg = demo_base_config(cfg)
+        log.info("model.base is not set: using the demo's base model, pretrained from scratch on the embedded %s "
+                 "text in %s (made once, then reused). Give model.base=<Hugging Face folder> (and the matching "
+                 "model= preset) to start from a real one.", base_cfg.lang.name, demo_base_folder(cfg))
+        if not run_chain(base_cfg, BASE_STAGES) or cfg.lang.code == base_cfg.lang.code:
             return
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=str(demo_base_folder(cfg))))
+    if run_chain(cfg, STAGE_NAMES):
+        report = stage_dir(cfg, "evaluate") / "report.md"
+        log.info("The whole recipe for %s is done.", cfg.lang.code)
+        print(f"Report: {report}")

@@ -116,4 +116,4 @@ STAGE = Stage(name="pretrain", run=run, needs=("clean", "tokenizer", "pack"), co
               # run interrupted with one setting resumes with another.
               unhashed_keys=("train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
                              "train.max_bad_steps", "train.activation_checkpoint_interval"),
-              describe_inputs=describe_inputs)
+              describe_inputs=describe_inputs, gpu=True)

@@ -5,7 +5,10 @@ Samples the training text from the mix plan's sources in the plan's proportions,
 `tokenizers` or SentencePiece (Unigram or BPE, converted to `tokenizers`); writes `tokenizer.json`
 (and SentencePiece's `tokenizer.model`) with the files `transformers` needs; and scores it, next to
 the base model's tokenizer when `tokenizer.base` names one, on the held-out text of `clean`:
-`report.json`, `report.md`, the table in the log and the scores in the marker.
+`report.json`, `report.md`, the table in the log and the scores in the marker. With
+`tokenizer.keep_base=true` it trains nothing: it adopts the base's tokenizer (`tokenizer.base`, else
+`model.base`), writes the same files and scores it, so that the data can be packed for continued
+pretraining with the old vocabulary.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 from datatrove.utils.word_tokenizers import load_word_tokenizer
 from tokenizers import Tokenizer
@@ -24,22 +27,34 @@ from pipeline.contract import Stage, StageError, StageRun, write_json_atomic
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 from pipeline.mixing.sources import clean_output, read_documents
 from pipeline.short_numbers import bytes_text
-from pipeline.tokenization.folder import (TOKENIZER_FILE, base_tokenizer_file, load_base_tokenizer,
-                                          write_tokenizer_folder)
+from pipeline.tokenization.folder import (TOKENIZER_FILE, adopt_base_tokenizer, base_tokenizer_file,
+                                          load_base_tokenizer, write_tokenizer_folder)
 from pipeline.tokenization.metrics import Scores, evaluate
-from pipeline.tokenization.report import (METRICS, comparison, markdown, metrics_table, sample_section,
-                                          tokenizer_section)
+from pipeline.tokenization.report import (METRICS, comparison, kept_section, markdown, metrics_table,
+                                          sample_section, tokenizer_section)
 from pipeline.tokenization.sample import SampledSource, read_sample, write_sample
 from pipeline.tokenization.training import TrainedTokenizer, TrainingError, padded_vocab_size, train_tokenizer
 
 log = logging.getLogger(__name__)
 
 
+def base_source(cfg) -> Optional[str]:
+    """The base tokenizer: `tokenizer.base`, else, when the stage keeps the base's tokenizer, `model.base`."""
+    if cfg.tokenizer.base is not None or not cfg.tokenizer.keep_base:
+        return cfg.tokenizer.base
+    return cfg.model.base
+
+
 def describe_inputs(cfg) -> dict:
-    """The base tokenizer's content: a changed base file reruns the report."""
-    if cfg.tokenizer.base is None:
+    """The base tokenizer's content: a changed base file reruns the report (or, kept, the stage)."""
+    source = base_source(cfg)
+    if source is None:
         return {}
-    path = base_tokenizer_file(cfg.tokenizer.base)
+    path = base_tokenizer_file(source)
+    if path is None:  # tokenizer.base is checked with the config; model.base only names a model folder
+        raise StageError(f"tokenizer.keep_base=true adopts the tokenizer of model.base={source}, but it holds no "
+                         f"{TOKENIZER_FILE}. Save the model's tokenizer there, or give tokenizer.base=<its "
+                         f"{TOKENIZER_FILE} or folder>.")
     return {"base_tokenizer": {"path": str(path.resolve()),
                                "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}}
 
@@ -122,10 +137,11 @@ def _train(run: StageRun, sample_file: Path) -> TrainedTokenizer:
 
 
 def _score(run: StageRun, new: Tokenizer, scratch: Path) -> tuple[dict[str, Scores], HeldoutText, str]:
-    """The scores of the new tokenizer (and the base one) on the held-out text, and the word tokenizer's name."""
+    """The scores of the new tokenizer (and the base one, unless it is the new one) on the held-out text, and the
+    word tokenizer's name."""
     options = run.cfg.tokenizer
     tokenizers = {"new": new}
-    if options.base is not None:
+    if options.base is not None and not options.keep_base:
         try:
             tokenizers["base"] = load_base_tokenizer(options.base)
         except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
@@ -140,32 +156,58 @@ def _score(run: StageRun, new: Tokenizer, scratch: Path) -> tuple[dict[str, Scor
     return scores, heldout, word_tokenizer_name
 
 
-def run_tokenizer(run: StageRun) -> dict:
-    cfg, options, lang = run.cfg, run.cfg.tokenizer, run.lang
-    scratch = run.work_dir / "scratch"
-    shutil.rmtree(scratch, ignore_errors=True)  # an interrupted run's sample is rewritten from the start
-    scratch.mkdir(parents=True)
+def _keep_base(run: StageRun) -> tuple[Tokenizer, dict]:
+    """The base's tokenizer, adopted into the stage's folder; the report's section on it."""
+    source = base_source(run.cfg)
+    file = base_tokenizer_file(source).resolve()
+    try:
+        tokenizer, special_tokens = adopt_base_tokenizer(run.work_dir, source, run.cfg.tokenizer.special_tokens)
+    except Exception as error:  # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
+        raise StageError(f"tokenizer {run.lang}: tokenizer.keep_base=true cannot adopt {file}: {error}") from None
+    log.info("tokenizer %s: kept the base tokenizer %s (%d tokens); nothing trained", run.lang, file,
+             tokenizer.get_vocab_size())
+    return tokenizer, kept_section(file, tokenizer, special_tokens, run.work_dir)
+
+
+def _train_new(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict, list[str]]:
+    """A tokenizer trained on the mix plan's sample, in the stage's folder; the report's sections and notes."""
+    options = run.cfg.tokenizer
     sample_file = scratch / "training_sample.jsonl"
     sample = _sample(run, sample_file, scratch)
     trained = _train(run, sample_file)
     write_tokenizer_folder(run.work_dir, trained, options.special_tokens)
-    scores, heldout, word_tokenizer_name = _score(run, trained.tokenizer, scratch)
+    notes = _notes(options, trained.tokenizer.get_vocab_size(), padded_vocab_size(options.vocab_size))
+    return trained.tokenizer, tokenizer_section(options, trained, run.cfg.workers), sample, notes
+
+
+def run_tokenizer(run: StageRun) -> dict:
+    options, lang = run.cfg.tokenizer, run.lang
+    scratch = run.work_dir / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)  # an interrupted run's sample is rewritten from the start
+    scratch.mkdir(parents=True)
+    if options.keep_base:
+        tokenizer, section = _keep_base(run)
+        sample, notes = None, []
+    else:
+        tokenizer, section, sample, notes = _train_new(run, scratch)
+    scores, heldout, word_tokenizer_name = _score(run, tokenizer, scratch)
     new, base = scores["new"], scores.get("base")
 
     document = {
         "lang": lang,
-        "tokenizer": tokenizer_section(options, trained, cfg.workers),
+        "tokenizer": section,
         "sample": sample,
         "heldout": {"folder": str(heldout.source.folder), "documents": new.documents, "bytes": new.bytes,
                     "words": new.words, "word_tokenizer": word_tokenizer_name, "eval_bytes": options.eval_bytes,
                     "truncated": heldout.truncated},
-        "new": {"name": f"{lang} {options.backend}", "path": str(run.final_dir / TOKENIZER_FILE),
+        "new": {"name": "base, kept" if options.keep_base else f"{lang} {options.backend}",
+                "path": str(run.final_dir / TOKENIZER_FILE),
                 "scores": new.summary()},
         "base": None if base is None else {"name": options.base,
                                            "path": str(base_tokenizer_file(options.base).resolve()),
                                            "scores": base.summary()},
         "new_vs_base": comparison(new, base),
-        "notes": _notes(options, trained.tokenizer.get_vocab_size(), padded_vocab_size(options.vocab_size)),
+        "notes": notes,
     }
     write_json_atomic(run.work_dir / "report.json", document)
     (run.work_dir / "report.md").write_text(markdown(document), encoding="utf-8")
@@ -173,10 +215,11 @@ def run_tokenizer(run: StageRun) -> dict:
         log.info("tokenizer %s on %d held-out documents:\n%s", lang, new.documents, metrics_table(document))
     shutil.rmtree(scratch)
     return {
-        "backend": options.backend,
+        "backend": None if options.keep_base else options.backend,
+        "kept_base": section.get("kept_base"),
         "vocab_size": document["tokenizer"]["vocab_size"],
-        "sample_bytes": sample["bytes"],
-        "sample_documents": sample["documents"],
+        "sample_bytes": 0 if sample is None else sample["bytes"],
+        "sample_documents": 0 if sample is None else sample["documents"],
         "heldout_documents": new.documents,
         "heldout_words": new.words,
         "new": {key: document["new"]["scores"][key] for key in METRICS},

@@ -96,4 +96,4 @@ def train_rank(cfg, work_dir: Path) -> None:
 
 
 STAGE = Stage(name="warmup", run=run, needs=("clean", "tokenizer", "pack"), config_sections=("model", "warmup"),
-              describe_inputs=describe_inputs)
+              describe_inputs=describe_inputs, gpu=True)

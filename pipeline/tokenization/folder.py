@@ -9,6 +9,7 @@ folder; `tokenizer.model` is the SentencePiece model it was converted from, when
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -18,14 +19,36 @@ from pipeline.tokenization.training import TrainedTokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
+ROLES = ("bos", "eos", "pad", "unk")
 
 
 def write_tokenizer_folder(folder: Path, trained: TrainedTokenizer, special_tokens) -> None:
     trained.tokenizer.save(str(folder / TOKENIZER_FILE))
     if trained.sentencepiece_model is not None:
         (folder / SENTENCEPIECE_FILE).write_bytes(trained.sentencepiece_model)
-    names = {"bos_token": special_tokens.bos, "eos_token": special_tokens.eos, "pad_token": special_tokens.pad,
-             "unk_token": special_tokens.unk}
+    _write_transformers_files(folder, {f"{role}_token": getattr(special_tokens, role) for role in ROLES})
+
+
+def adopt_base_tokenizer(folder: Path, base: str, special_tokens) -> tuple[Tokenizer, dict[str, str]]:
+    """Put the base tokenizer in `folder` as the trained one would be: its tokenizer.json byte for byte (and the
+    base folder's tokenizer.model), with the transformers files naming `special_tokens`. Returns the tokenizer and
+    the special tokens written; a configured token the base lacks is left out, except EOS, which the pack stage
+    ends every document with (ValueError)."""
+    source = base_tokenizer_file(base)
+    tokenizer = Tokenizer.from_file(str(source))
+    names = {f"{role}_token": getattr(special_tokens, role) for role in ROLES}
+    names = {key: token for key, token in names.items() if tokenizer.token_to_id(token) is not None}
+    if "eos_token" not in names:
+        raise ValueError(f"the base tokenizer {source} has no token {special_tokens.eos!r} "
+                         f"(tokenizer.special_tokens.eos); set it to the base's end-of-document token.")
+    shutil.copyfile(source, folder / TOKENIZER_FILE)
+    if Path(base).is_dir() and (Path(base) / SENTENCEPIECE_FILE).is_file():
+        shutil.copyfile(Path(base) / SENTENCEPIECE_FILE, folder / SENTENCEPIECE_FILE)
+    _write_transformers_files(folder, names)
+    return tokenizer, names
+
+
+def _write_transformers_files(folder: Path, names: dict[str, str]) -> None:
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         **names,

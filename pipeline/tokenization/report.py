@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
+
+from tokenizers import Tokenizer
 
 from pipeline.short_numbers import bytes_text
 from pipeline.tokenization.folder import SENTENCEPIECE_FILE, TOKENIZER_FILE
@@ -41,6 +44,16 @@ def tokenizer_section(options, trained: TrainedTokenizer, threads: int) -> dict:
         "sentencepiece_threads": threads if sentencepiece else None,
         "files": [TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json"]
                  + ([SENTENCEPIECE_FILE] if trained.sentencepiece_model is not None else []),
+    }
+
+
+def kept_section(base_file: Path, tokenizer: Tokenizer, special_tokens: dict[str, str], folder: Path) -> dict:
+    """What `tokenizer.keep_base=true` adopted: the base's file, its size, the special tokens and the files written."""
+    return {
+        "kept_base": str(base_file),
+        "vocab_size": tokenizer.get_vocab_size(),
+        "special_tokens": {token: tokenizer.token_to_id(token) for token in special_tokens.values()},
+        "files": sorted(path.name for path in folder.iterdir() if path.suffix in (".json", ".model")),
     }
 
 
@@ -92,12 +105,17 @@ def metrics_table(document: dict) -> str:
 def markdown(document: dict) -> str:
     tok, sample, heldout = document["tokenizer"], document["sample"], document["heldout"]
     specials = ", ".join(f"`{token}` = {token_id}" for token, token_id in tok["special_tokens"].items())
-    backend = tok["backend"] + (f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece" else "")
-    lines = [f"# Tokenizer for {document['lang']}", "",
-             f"{backend}, {tok['vocab_size']:,} tokens (asked: {tok['vocab_size_requested']:,}); special tokens "
-             f"{specials}; normalization {tok['normalization']}.", "",
-             f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) sampled from "
-             f"the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])}).", ""]
+    lines = [f"# Tokenizer for {document['lang']}", ""]
+    if sample is None:
+        lines += [f"The base model's tokenizer, kept (tokenizer.keep_base=true): {tok['kept_base']}, "
+                  f"{tok['vocab_size']:,} tokens; special tokens {specials}. Nothing was trained.", ""]
+    else:
+        backend = tok["backend"] + (f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece"
+                                    else "")
+        lines += [f"{backend}, {tok['vocab_size']:,} tokens (asked: {tok['vocab_size_requested']:,}); special tokens "
+                  f"{specials}; normalization {tok['normalization']}.", "",
+                  f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) sampled "
+                  f"from the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])}).", ""]
     if heldout["documents"]:
         lines += [f"Evaluated on {heldout['documents']:,} held-out documents ({bytes_text(heldout['bytes'])}, "
                   f"{heldout['words']:,} words; word tokenizer {heldout['word_tokenizer']}) from {heldout['folder']}"
@@ -106,12 +124,12 @@ def markdown(document: dict) -> str:
     else:
         lines.append(f"No held-out text in {heldout['folder']}: nothing to evaluate (run clean with "
                      "clean.heldout_fraction > 0).")
-    lines += ["", "## Training sample", "",
-              "| source | input | planned bytes | keep probability | documents | bytes |",
-              "|---|---|---:|---:|---:|---:|"]
-    for s in sample["sources"]:
-        lines.append(f"| {s['name']} | {s['input']} | {bytes_text(s['planned_bytes'])} | {s['keep_probability']:.3g} | "
-                     f"{s['documents']:,} | {s['bytes']:,} |")
+    if sample is not None:
+        lines += ["", "## Training sample", "",
+                  "| source | input | planned bytes | keep probability | documents | bytes |",
+                  "|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {s['name']} | {s['input']} | {bytes_text(s['planned_bytes'])} | {s['keep_probability']:.3g} | "
+                  f"{s['documents']:,} | {s['bytes']:,} |" for s in sample["sources"]]
     if document["notes"]:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in document["notes"]]
     return "\n".join(lines) + "\n"

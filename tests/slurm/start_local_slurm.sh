@@ -116,6 +116,9 @@ SelectTypeParameters=CR_CPU_Memory
 DefMemPerCPU=$DEF_MEM_PER_CPU
 # Reject at submit time jobs that can never fit (instead of pending forever).
 EnforcePartLimits=ALL
+# End jobs whose dependency can never be satisfied (a failed or cancelled predecessor) instead of leaving them
+# pending: stage=workflow then resubmits them (real clusters: ask for this, or sbatch --kill-on-invalid-dep=yes).
+DependencyParameters=kill_invalid_depend
 # The node may declare more CPUs than the machine has (see SLURM_LOCAL_CPUS).
 SlurmdParameters=config_overrides
 

@@ -1,0 +1,129 @@
+"""Stage `evaluate`: bits per byte of the base, warm-started and final models on held-out text of the language.
+
+Each model is scored with its own tokenizer (pipeline/evaluation/bits_per_byte.py), so the numbers are
+comparable although the base model's tokenizer is not the language's. The models: the base model
+(`model.base`, or the one the warmup stage started from), `work/<lang>/warmup/hf` and
+`work/<lang>/pretrain/hf`, each when it exists. The text: the clean stage's held-out split, or `eval.path`.
+Outputs: `report.json`, `report.md`, `bpb.png` and `training_curves.png` (loss and held-out BPB of warmup
+and pretrain against training tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from pipeline.contract import MARKER, Stage, StageError, StageRun, read_marker, stage_dir, write_json_atomic
+from pipeline.corpus.reader import find_raw_files, fingerprint_files
+from pipeline.evaluation.report import markdown, write_plots
+from pipeline.evaluation.texts import describe_text, eval_texts
+from pipeline.training.run import METRICS_FILE
+from pipeline.warmstart.base import folder_fingerprint
+
+log = logging.getLogger(__name__)
+
+TRAINED = ("warmup", "pretrain")
+
+
+def base_model(cfg) -> str | None:
+    """`model.base`, else the base the warmup stage recorded in its marker."""
+    if cfg.model.base is not None:
+        return cfg.model.base
+    marker = read_marker(stage_dir(cfg, "warmup"))
+    return marker["config"]["model"]["base"] if marker is not None else None
+
+
+def models(cfg) -> dict[str, str]:
+    """Name -> model folder, in the recipe's order, for the models that exist."""
+    found = {}
+    base = base_model(cfg)
+    if base is not None:
+        found["base"] = base
+    for stage in TRAINED:
+        if read_marker(stage_dir(cfg, stage)) is not None:
+            found[stage] = str(stage_dir(cfg, stage) / "hf")
+    return found
+
+
+def describe_inputs(cfg) -> dict:
+    found = models(cfg)
+    if not found:
+        raise StageError(f"evaluate {cfg.lang.code}: there is no model to evaluate: no model.base, and neither "
+                         f"{stage_dir(cfg, 'warmup') / MARKER} nor {stage_dir(cfg, 'pretrain') / MARKER} exists. "
+                         f"Give model.base=<Hugging Face folder> or run the training stages first.")
+    inputs = {name: {"path": folder, "config_hash": read_marker(stage_dir(cfg, name))["config_hash"]}
+              if name in TRAINED else folder_fingerprint(folder) for name, folder in found.items()}
+    if cfg.eval.path is None:
+        clean_dir = stage_dir(cfg, "clean")
+        marker = read_marker(clean_dir)
+        if marker is None:
+            raise StageError(f"evaluate {cfg.lang.code} reads the clean stage's held-out split, but "
+                             f"{clean_dir / MARKER} does not exist. Run python -m pipeline stage=clean "
+                             f"lang={cfg.lang.code}, or give eval.path=<file or folder of held-out text>.")
+        inputs["clean"] = {"path": str(clean_dir), "config_hash": marker["config_hash"]}
+    else:
+        where = Path(cfg.eval.path)
+        folder, files = (where.parent, [where.name]) if where.is_file() else (where, find_raw_files(where))
+        inputs["text"] = fingerprint_files(folder, files or sorted(str(p.relative_to(where)) for p in where.rglob("*")
+                                                                   if p.is_file()))
+    return inputs
+
+
+def score_model(run: StageRun, name: str, folder: str, device) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    from pipeline.evaluation.bits_per_byte import score_documents
+    from pipeline.warmstart.base import load_base, load_base_tokenizer, token_roles
+
+    cfg = run.cfg
+    model = load_base(folder).to(device).eval()
+    if device.type == "cuda":
+        model = model.to(torch.bfloat16)
+    tokenizer = load_base_tokenizer(folder)
+    start_id = token_roles(Path(folder), tokenizer)[cfg.eval.document_start]
+    if start_id is None:
+        raise StageError(f"evaluate: the tokenizer of {folder} has no {cfg.eval.document_start} token; set "
+                         f"eval.document_start to the token its model saw before documents (eos or bos).")
+    seq_len = min(cfg.eval.seq_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
+    stride = min(cfg.eval.stride or max(1, seq_len // 2), seq_len)
+    texts = eval_texts(cfg.eval.path, run.lang, stage_dir(cfg, "clean"), run.work_dir / "scratch", cfg.eval.max_bytes)
+    with tqdm(desc=f"evaluate {name}", unit="tok", disable=None) as progress:
+        score = score_documents(model, tokenizer, texts, start_id, seq_len, stride, cfg.eval.batch_size, device,
+                                progress)
+    if score.documents == 0:
+        raise StageError(f"evaluate {run.lang}: {describe_text(cfg.eval.path, stage_dir(cfg, 'clean'))} holds no "
+                         f"text. Give eval.path=<file or folder>, or raise clean.heldout_fraction and run clean again.")
+    result = {**score.as_dict(), "seq_len": seq_len, "stride": stride}
+    log.info("evaluate %s: %s %.4f bits per byte (token perplexity %.2f, %d tokens over %d bytes)", run.lang, name,
+             score.bits_per_byte, score.token_perplexity, score.tokens, score.bytes)
+    return result
+
+
+def run(run: StageRun) -> dict:
+    import torch
+
+    from pipeline.kernels import set_backend
+
+    cfg = run.cfg
+    set_backend(cfg.kernels)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    found = models(cfg)
+    scores = {name: score_model(run, name, folder, device) for name, folder in found.items()}
+    shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
+    curves = {stage: stage_dir(cfg, stage) / METRICS_FILE for stage in TRAINED
+              if stage in found and (stage_dir(cfg, stage) / METRICS_FILE).is_file()}
+    plots = write_plots(run.work_dir, scores, curves)
+    text = describe_text(cfg.eval.path, stage_dir(cfg, "clean"))
+    report = {"lang": run.lang, "text": text, "models": found, "scores": scores}
+    write_json_atomic(run.work_dir / "report.json", report)
+    (run.work_dir / "report.md").write_text(markdown(run.lang, text, scores, found, plots), encoding="utf-8")
+    log.info("evaluate %s: report in %s", run.lang, run.final_dir / "report.md")
+    return {name: {"bits_per_byte": s["bits_per_byte"], "token_perplexity": s["token_perplexity"]}
+            for name, s in scores.items()}
+
+
+# The clean stage is an input only when it provides the text (describe_inputs), so not a fixed need.
+STAGE = Stage(name="evaluate", run=run, config_sections=("eval",),
+              unhashed_keys=("eval.batch_size",), describe_inputs=describe_inputs)

@@ -1,0 +1,119 @@
+"""stage=workflow: look at what is done and queued, then render and submit the rest as dependent job arrays."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import shlex
+from pathlib import Path
+
+from pipeline.contract import StageError
+from pipeline.workflow import selection, slurm
+from pipeline.workflow.command import job_argv, passed_on, work_dir_override
+from pipeline.workflow.plan import Existing, Planned, array_spec, dependency, plan
+from pipeline.workflow.progress import DONE, observe
+from pipeline.workflow.render import render_script
+from pipeline.workflow.resources import cpu_stage_cpus, sbatch_options
+from pipeline.workflow.selection import TABLE_INDEX
+from pipeline.workflow.state import Submission, WorkflowState, locked, state_dir
+
+log = logging.getLogger(__name__)
+
+
+def submit_workflow(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from pipeline.stages import STAGES
+
+    work = Path(cfg.work_dir).absolute()
+    codes, chain = selection.languages(cfg), selection.stages(cfg)
+    overrides = passed_on(list(HydraConfig.get().overrides.task))
+    configs = selection.language_configs(cfg, [*overrides, work_dir_override(work)], codes)
+    dry_run = cfg.workflow.dry_run
+    if not dry_run and not slurm.available():
+        raise StageError("sbatch and squeue are not found here: run stage=workflow where Slurm's commands work (a "
+                         "login node; tests/slurm/start_local_slurm.sh starts a one-node Slurm on this machine), or "
+                         "add workflow.dry_run=true to print the scripts and the dependency graph only.")
+    # A dry run writes nothing, not even the lock.
+    with contextlib.nullcontext() if dry_run else locked(work):
+        state = WorkflowState.load(work)
+        states = slurm.task_states(state.job_ids()) if slurm.available() else {}
+        cells = observe(configs, chain, state.latest_tasks(), states)
+        planned = plan(codes, chain, cells)
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        scripts = {}
+        for stage in dict.fromkeys(array.stage for array in planned):
+            languages = {TABLE_INDEX[code]: code for array in planned if array.stage == stage
+                         for code in array.languages}
+            gpu = STAGES[stage].gpu
+            argv = job_argv(cfg, stage, gpu, overrides, cpu_stage_cpus(cfg.cluster))
+            text = render_script(stage, gpu, sbatch_options(cfg, gpu), languages, cfg.cluster.env_command, argv)
+            scripts[stage] = (state_dir(work) / "scripts" / f"{stage}-{stamp}.sh", text)
+        done = sum(cell.status == DONE for cell in cells.values())
+        active = sum(cell.active for cell in cells.values())
+        print(f"Workflow of {len(codes)} language(s) x {len(chain)} stage(s) in {work}: {done} done, {active} queued "
+              f"or running, {sum(len(a.languages) for a in planned)} to submit as {len(planned)} job array(s).")
+        if dry_run:
+            _print_dry_run(scripts, planned, work)
+            return
+        stuck = [cell.task.slurm_id for cell in cells.values() if cell.stuck]
+        if stuck:
+            log.info("Cancelling %d task(s) that wait for a failed predecessor: %s", len(stuck), " ".join(stuck))
+            slurm.cancel(stuck)
+        state.overrides = overrides
+        _submit(planned, scripts, state, work)
+        state.save()
+    if planned:
+        print(f"Follow it with: python -m pipeline stage=status {selection.languages_argument(cfg)} "
+              f"{shlex.quote(work_dir_override(work))}")
+
+
+def _submit(planned: list[Planned], scripts: dict, state: WorkflowState, work: Path) -> None:
+    for path, text in scripts.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    (state_dir(work) / "logs").mkdir(parents=True, exist_ok=True)
+    job_ids: dict[int, str] = {}
+    for array in planned:
+        script = scripts[array.stage][0]
+        log_pattern = _log_pattern(work, array.stage)
+        after = dependency(array, job_ids)
+        argv = _sbatch_argv(array, script, log_pattern, after)
+        job_ids[id(array)] = job = slurm.submit(argv)
+        state.submissions.append(Submission(job_id=job, stage=array.stage, tasks={
+            TABLE_INDEX[code]: code for code in array.languages}, script=str(script), log=log_pattern,
+            dependency=after))
+        state.save()  # after every array: a failing sbatch later must not lose the record of this one
+        shown = ", ".join(array.languages) if len(array.languages) <= 8 else f"{len(array.languages)} languages"
+        print(f"Submitted {array.name}: job {job}, array {array_spec([TABLE_INDEX[c] for c in array.languages])} "
+              f"({shown}){f', after {after}' if after else ''}")
+
+
+def _log_pattern(work: Path, stage: str) -> str:
+    """One log per array task: %A is the array's job id, %a the task's index."""
+    return str(state_dir(work) / "logs" / f"{stage}_%A_%a.log")
+
+
+def _sbatch_argv(array: Planned, script: Path, log_pattern: str, after: str | None) -> list[str]:
+    # Paths go on the command line (no shell, no quoting), not into #SBATCH lines.
+    argv = ["sbatch", "--parsable", f"--array={array_spec([TABLE_INDEX[c] for c in array.languages])}",
+            f"--output={log_pattern}", f"--chdir={os.getcwd()}"]
+    if after:
+        # A task whose predecessor failed can never start: end it instead of leaving it pending.
+        argv += [f"--dependency={after}", "--kill-on-invalid-dep=yes"]
+    return [*argv, str(script)]
+
+
+def _print_dry_run(scripts: dict, planned: list[Planned], work: Path) -> None:
+    for path, text in scripts.values():
+        print(f"\n#### {path} (not written: workflow.dry_run=true)\n{text}")
+    print("#### dependency graph (nothing submitted: workflow.dry_run=true)")
+    for array in planned:
+        indices = [TABLE_INDEX[code] for code in array.languages]
+        after = array.after
+        waits = "-" if after is None else f"aftercorr:{after.job_id if isinstance(after, Existing) else after.name}"
+        print(f"{array.name}: stage={array.stage} array={array_spec(indices)} tasks={len(indices)} after={waits}")
+        shown = dependency(array, {id(a): f"<job id of {a.name}>" for a in planned})
+        print("    " + shlex.join(_sbatch_argv(array, scripts[array.stage][0], _log_pattern(work, array.stage), shown)))

@@ -1,0 +1,37 @@
+"""The README's main command in miniature: `stage=all` without model.base builds the demo's English base model
+from scratch, runs every stage for the language, and reports base > warmup > pretrain in bits per byte."""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.stages import STAGE_NAMES
+from tests.conftest import marker, run_cli
+
+# The demo's budgets cut down to seconds; the order of the results must already show.
+SMALL = ("lang=nob", "workers=2", "clean.dedup.enabled=false", "tokenizer.vocab_size=1024", "model.max_seq_len=128",
+         "demo_base.train.steps=40", "demo_base.train.eval_every=0", "demo_base.train.checkpoint_every=0",
+         "warmup.train.steps=12", "warmup.train.eval_every=6", "train.steps=24", "train.eval_every=12",
+         "train.warmup_steps=4", "train.checkpoint_every=0", "eval.max_bytes=20000")
+
+
+def test_stage_all_builds_the_demo_base_then_the_whole_recipe(tmp_path):
+    result = run_cli("stage=all", *SMALL, cwd=tmp_path)
+    work = tmp_path / "work"
+    base = work / "eng" / "pretrain" / "hf"
+    assert marker(work, "eng", "pretrain")["config"]["init"] == "scratch" and (base / "config.json").is_file()
+    for stage in STAGE_NAMES:
+        assert marker(work, "nob", stage)
+    assert marker(work, "nob", "warmup")["config"]["model"]["base"] == str(base)
+    report_dir = work / "nob" / "evaluate"
+    assert f"Report: {report_dir / 'report.md'}" in result.stdout
+    scores = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))["scores"]
+    assert list(scores) == ["base", "warmup", "pretrain"]
+    bpb = {name: score["bits_per_byte"] for name, score in scores.items()}
+    assert bpb["pretrain"] < bpb["warmup"] < bpb["base"], bpb
+    for plot in ("bpb.png", "training_curves.png"):
+        assert (report_dir / plot).stat().st_size > 1000
+
+    again = run_cli("stage=all", *SMALL, cwd=tmp_path)
+    assert "Skipping pretrain for eng" in again.stderr and "Skipping evaluate for nob" in again.stderr
+    assert "Running" not in again.stderr
