@@ -123,7 +123,8 @@ def test_acceptance_sigterm_checkpoints_and_a_resume_with_two_replicas_continues
 def test_non_finite_steps_are_skipped_and_too_many_stop_the_run(fresh):
     # Weights of 1e200 are infinite in float32: every loss is NaN. (Short sequences: NaN arithmetic is slow.)
     result = run_cli(*SCRATCH, "model.init_std=1e200", "train.max_bad_steps=3", "train.seq_len=32",
-                     "train.global_batch_size=4", "train.eval_tokens=1", cwd=fresh, check=False)
+                     "train.global_batch_size=4", "train.micro_batch_size=4", "train.eval_tokens=1", cwd=fresh,
+                     check=False)
     assert result.returncode == 1
     assert "3 steps in a row had a non-finite loss or gradient" in result.stderr
     assert not (fresh / "work" / "nob" / "pretrain" / "_SUCCESS.json").exists()
@@ -160,6 +161,6 @@ def test_outside_slurm_the_slurm_executor_says_how_to_submit(fresh):
     ("init=pretrained", "Invalid value for `init`: 'pretrained'. Allowed: warmup, hf, scratch"),
 ])
 def test_bad_training_options_fail_before_any_work(tmp_path, override, message):
-    result = run_cli("stage=pretrain", "lang=nob", override, cwd=tmp_path, check=False)
+    result = run_cli("stage=pretrain", "lang=nob", "train.micro_batch_size=4", override, cwd=tmp_path, check=False)
     assert result.returncode == 1 and message in result.stderr
     assert not list((tmp_path / "work" / "nob").glob("*pretrain*"))
