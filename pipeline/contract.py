@@ -142,20 +142,23 @@ class Expected:
     digest: str
 
 
+def upstream_input(cfg, reader: str, need: str, fix: str = "") -> dict:
+    """Stage `need`'s finished output as an input of stage `reader`: its folder and config hash, for hashing.
+    Raises StageError, with `fix` or the command that makes it, when it has no marker."""
+    need_dir = stage_dir(cfg, need)
+    marker = read_marker(need_dir)
+    if marker is None:
+        raise StageError(
+            f"Stage `{reader}` for {cfg.lang.code} needs the output of stage `{need}`, but {need_dir / MARKER} does "
+            f"not exist. {fix or f'Run it first: python -m pipeline stage={need} lang={cfg.lang.code} work_dir={cfg.work_dir}'}"
+        )
+    return {"path": str(need_dir), "config_hash": marker["config_hash"]}
+
+
 def expected(stage: Stage, cfg) -> Expected:
     """Read the inputs' markers and hash the config; no side effects. Raises StageError for a missing input."""
-    input_dirs, upstream = {}, {}
-    for need in stage.needs:
-        need_dir = stage_dir(cfg, need)
-        marker = read_marker(need_dir)
-        if marker is None:
-            raise StageError(
-                f"Stage `{stage.name}` for {cfg.lang.code} needs the output of stage `{need}`, but "
-                f"{need_dir / MARKER} does not exist. Run it first: "
-                f"python -m pipeline stage={need} lang={cfg.lang.code} work_dir={cfg.work_dir}"
-            )
-        input_dirs[need] = need_dir
-        upstream[need] = {"path": str(need_dir), "config_hash": marker["config_hash"]}
+    upstream = {need: upstream_input(cfg, stage.name, need) for need in stage.needs}
+    input_dirs = {need: stage_dir(cfg, need) for need in stage.needs}
 
     inputs = {**stage.describe_inputs(cfg), **upstream}
     config = hashed_config(stage, cfg)

@@ -22,6 +22,17 @@ def _plain_lines(files: list[Path]) -> Iterator[str]:
                     yield line.rstrip("\n")
 
 
+def text_files(path: Path) -> tuple[Path, list[str], bool]:
+    """The folder, the files in it (relative paths) and whether they are raw corpus files (else plain text) that
+    `eval.path` names."""
+    if path.is_file():
+        return path.parent, [path.name], _is_raw(path)
+    raw = find_raw_files(path)
+    if raw:
+        return path, raw, True
+    return path, sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()), False
+
+
 def _raw(folder: Path, files: list[str], scratch: Path) -> Iterator[str]:
     source = SourceInput("eval", folder, RAW_FOLDER, folder, tuple(files), {})
     return (document.text for document in read_documents(source, scratch))
@@ -33,13 +44,8 @@ def eval_texts(path: str | None, lang: str, clean_dir: Path, scratch: Path, max_
     if path is None:
         texts = (document.text for document in read_documents(clean_output(lang, clean_dir, split="heldout"), scratch))
     else:
-        where = Path(path)
-        if where.is_file():
-            texts = _raw(where.parent, [where.name], scratch) if _is_raw(where) else _plain_lines([where])
-        elif find_raw_files(where):
-            texts = _raw(where, find_raw_files(where), scratch)
-        else:
-            texts = _plain_lines(sorted(p for p in where.rglob("*") if p.is_file()))
+        folder, files, raw = text_files(Path(path))
+        texts = _raw(folder, files, scratch) if raw else _plain_lines([folder / name for name in files])
     taken = 0
     for text in texts:
         if taken >= max_bytes:

@@ -14,10 +14,11 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline.contract import MARKER, Stage, StageError, StageRun, read_marker, stage_dir, write_json_atomic
-from pipeline.corpus.reader import find_raw_files, fingerprint_files
+from pipeline.contract import (MARKER, Stage, StageError, StageRun, read_marker, stage_dir, upstream_input,
+                               write_json_atomic)
+from pipeline.corpus.reader import fingerprint_files
 from pipeline.evaluation.report import markdown, write_plots
-from pipeline.evaluation.texts import describe_text, eval_texts
+from pipeline.evaluation.texts import describe_text, eval_texts, text_files
 from pipeline.training.run import METRICS_FILE
 from pipeline.warmstart.base import folder_fingerprint
 
@@ -52,21 +53,15 @@ def describe_inputs(cfg) -> dict:
         raise StageError(f"evaluate {cfg.lang.code}: there is no model to evaluate: no model.base, and neither "
                          f"{stage_dir(cfg, 'warmup') / MARKER} nor {stage_dir(cfg, 'pretrain') / MARKER} exists. "
                          f"Give model.base=<Hugging Face folder> or run the training stages first.")
-    inputs = {name: {"path": folder, "config_hash": read_marker(stage_dir(cfg, name))["config_hash"]}
-              if name in TRAINED else folder_fingerprint(folder) for name, folder in found.items()}
+    inputs = {name: upstream_input(cfg, "evaluate", name) if name in TRAINED else folder_fingerprint(folder)
+              for name, folder in found.items()}
     if cfg.eval.path is None:
-        clean_dir = stage_dir(cfg, "clean")
-        marker = read_marker(clean_dir)
-        if marker is None:
-            raise StageError(f"evaluate {cfg.lang.code} reads the clean stage's held-out split, but "
-                             f"{clean_dir / MARKER} does not exist. Run python -m pipeline stage=clean "
-                             f"lang={cfg.lang.code}, or give eval.path=<file or folder of held-out text>.")
-        inputs["clean"] = {"path": str(clean_dir), "config_hash": marker["config_hash"]}
+        inputs["clean"] = upstream_input(cfg, "evaluate", "clean", fix=(
+            f"evaluate reads its held-out split. Run python -m pipeline stage=clean lang={cfg.lang.code}, or give "
+            f"eval.path=<file or folder of held-out text>."))
     else:
-        where = Path(cfg.eval.path)
-        folder, files = (where.parent, [where.name]) if where.is_file() else (where, find_raw_files(where))
-        inputs["text"] = fingerprint_files(folder, files or sorted(str(p.relative_to(where)) for p in where.rglob("*")
-                                                                   if p.is_file()))
+        folder, files, _ = text_files(Path(cfg.eval.path))
+        inputs["text"] = fingerprint_files(folder, files)
     return inputs
 
 

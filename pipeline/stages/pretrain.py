@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.contract import MARKER, Stage, StageError, StageRun, read_marker, stage_dir, write_json_atomic
+from pipeline.contract import Stage, StageError, StageRun, stage_dir, upstream_input, write_json_atomic
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import TOKENIZER_FILE
 from pipeline.training.run import CHECKPOINTS, METRICS_FILE, export_trained, launch, rank_training, write_heldout
@@ -32,13 +32,9 @@ log = logging.getLogger(__name__)
 def describe_inputs(cfg) -> dict:
     """Where the weights start: the warmup stage's output or the base model's files."""
     if cfg.init == "warmup":
-        warmup_dir = stage_dir(cfg, "warmup")
-        marker = read_marker(warmup_dir)
-        if marker is None:
-            raise StageError(f"pretrain init=warmup starts from the warmup stage, but {warmup_dir / MARKER} does "
-                             f"not exist. Run it first: python -m pipeline stage=warmup lang={cfg.lang.code} "
-                             f"model.base=<folder>, or choose init=hf (model.base) or init=scratch.")
-        return {"warmup": {"path": str(warmup_dir), "config_hash": marker["config_hash"]}}
+        return {"warmup": upstream_input(cfg, "pretrain", "warmup", fix=(
+            f"pretrain init=warmup starts from it. Run it first: python -m pipeline stage=warmup "
+            f"lang={cfg.lang.code} model.base=<folder>, or choose init=hf (model.base) or init=scratch."))}
     if cfg.init == "hf":
         if cfg.model.base is None:
             raise StageError("pretrain init=hf needs model.base=<local Hugging Face folder> whose tokenizer is the "

@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline.contract import StageError
 from pipeline.workflow import selection, slurm
 from pipeline.workflow.command import job_argv, passed_on, work_dir_override
-from pipeline.workflow.plan import Existing, Planned, array_spec, dependency, plan
+from pipeline.workflow.plan import Planned, array_spec, dependency, plan
 from pipeline.workflow.progress import DONE, observe
 from pipeline.workflow.render import render_script
 from pipeline.workflow.resources import cpu_stage_cpus, sbatch_options
@@ -112,8 +112,7 @@ def _print_dry_run(scripts: dict, planned: list[Planned], work: Path) -> None:
     print("#### dependency graph (nothing submitted: workflow.dry_run=true)")
     for array in planned:
         indices = [TABLE_INDEX[code] for code in array.languages]
-        after = array.after
-        waits = "-" if after is None else f"aftercorr:{after.job_id if isinstance(after, Existing) else after.name}"
+        waits = dependency(array, {id(a): a.name for a in planned}) or "-"
         print(f"{array.name}: stage={array.stage} array={array_spec(indices)} tasks={len(indices)} after={waits}")
         shown = dependency(array, {id(a): f"<job id of {a.name}>" for a in planned})
         print("    " + shlex.join(_sbatch_argv(array, scripts[array.stage][0], _log_pattern(work, array.stage), shown)))
