@@ -37,11 +37,13 @@ from tokenizers import Tokenizer  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.config import TokenizerConfig  # noqa: E402
-from pipeline.mixing.sources import raw_folder, read_documents  # noqa: E402
+from pipeline.corpus.sources import raw_folder
+
+from pipeline.mixing.sources import read_documents  # noqa: E402
 from pipeline.packing import PackedSampler  # noqa: E402
 from pipeline.packing.output import source_folder, tokenizer_entry, write_packed, write_source  # noqa: E402
 from pipeline.packing.tokenize import tokenize_source  # noqa: E402
+from pipeline.tokenization.config import TokenizerConfig  # noqa: E402
 from pipeline.tokenization.training import train_tokenizer  # noqa: E402
 
 SOURCES = {"nob": 4.0, "eng": 1.5}  # epochs

@@ -28,8 +28,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.config import TokenizerConfig  # noqa: E402
-from pipeline.mixing.sources import raw_folder, read_documents  # noqa: E402
+from pipeline.corpus.sources import raw_folder
+
+from pipeline.mixing.sources import read_documents  # noqa: E402
+from pipeline.tokenization.config import TokenizerConfig  # noqa: E402
 from pipeline.tokenization.sample import read_sample, write_document  # noqa: E402
 
 RUNS = {  # name: TokenizerConfig options; None trains nothing

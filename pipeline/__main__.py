@@ -8,22 +8,29 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import ConfigError, register_configs, validate
-from pipeline.contract import StageError, StageInterrupted
+from pipeline.config import register_configs, validate
+from pipeline.errors import ConfigError, StageError, StageInterrupted
 from pipeline.languages import UnknownLanguageError
 from pipeline.overrides import OverrideError, preflight
+from pipeline.targets import WORKFLOW_TARGETS, check_target
 
 log = logging.getLogger("pipeline")
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> None:
-    from pipeline.stages import run_target
-
     try:
         config = OmegaConf.to_object(cfg)
         validate(config)
-        run_target(config)
+        check_target(config)
+        if config.stage in WORKFLOW_TARGETS:
+            from pipeline.workflow import run_workflow_target  # imports every stage, hence torch: not for --help
+
+            run_workflow_target(config)
+        else:
+            from pipeline.stages import run_target  # the stages import torch and datatrove: not for --help
+
+            run_target(config)
     except StageInterrupted as error:
         log.warning("%s", error)
         sys.exit(StageInterrupted.exit_code)

@@ -23,37 +23,34 @@ from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
+from pipeline.errors import StageError
+
 log = logging.getLogger(__name__)
 
 MARKER = "_SUCCESS.json"
 
 
-class StageError(RuntimeError):
-    """A problem the user must fix before the stage can run; the message says how."""
-
-
-class StageInterrupted(StageError):
-    """The stage stopped on request (a Slurm signal) after saving its progress; the same command resumes it."""
-
-    # EX_TEMPFAIL: "try again later", what a requeued Slurm job should see.
-    exit_code = 75
-
-
 @dataclass(frozen=True)
 class Stage:
     name: str
-    # Does the work in `StageRun.work_dir`. Returns the metrics for the contract to commit, or None
-    # when it calls `StageRun.commit` itself (clean does, so that the same step can end a Slurm chain).
+    # `run_<stage>(run)`: does the work in `StageRun.work_dir` and returns the metrics for the contract to commit,
+    # or None when it calls `StageRun.commit` itself (clean does, so that the same step can end a Slurm chain).
     run: Callable[["StageRun"], Optional[dict]]
-    # Stages whose outputs this one reads.
+    # Stages whose outputs this one always reads.
     needs: tuple[str, ...] = ()
+    # Stages whose outputs this one reads under some configs (pretrain init=warmup reads warmup's).
+    needs_when: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
+    # Stages whose outputs this one reads when they are done, and goes without otherwise (evaluate's models).
+    reads_if_done: tuple[str, ...] = ()
+    # Added to the message that names missing inputs: the other ways to run this stage.
+    hint: str = ""
     # Top-level config sections that change this stage's output (hashed).
     config_sections: tuple[str, ...] = ()
     # Keys inside those sections that do not change the output (parallelism, not results).
     unhashed_keys: tuple[str, ...] = ()
     # Describes external inputs (e.g. a fingerprint of the raw files); hashed too.
     describe_inputs: Callable[[Any], dict] = lambda cfg: {}
-    # Trains on GPUs (pipeline/parallel/launch.py): stage=workflow gives it GPU nodes and srun starts its ranks.
+    # Trains on GPUs (pipeline/training/): stage=workflow gives it GPU nodes and srun starts its ranks.
     gpu: bool = False
 
 
@@ -69,7 +66,18 @@ class StageRun:
     hashed_config: dict
     work_dir: Path
     final_dir: Path
-    input_dirs: dict[str, Path] = field(default_factory=dict)
+    # The finished outputs of earlier stages this run reads (`input`).
+    upstream: dict[str, Path] = field(default_factory=dict)
+
+    def input(self, stage: str) -> Path:
+        """The finished output folder of an earlier stage that this stage declares it reads."""
+        if stage not in self.upstream:
+            raise StageError(f"stage `{self.stage}` reads the output of `{stage}`, which it does not declare or "
+                             f"which is not done; this is a bug, please report it.")
+        return self.upstream[stage]
+
+    def has_input(self, stage: str) -> bool:
+        return stage in self.upstream
 
     def commit(self, metrics: dict) -> dict:
         """Write the marker into the finished work folder and move it into place."""
@@ -136,33 +144,33 @@ def config_hash(stage: Stage, config: dict, inputs: dict) -> str:
 class Expected:
     """What a run of the stage would be now: its inputs, hashed config and their hash."""
 
-    input_dirs: dict[str, Path]
+    upstream: dict[str, Path]
     inputs: dict
     config: dict
     digest: str
 
 
-def upstream_input(cfg, reader: str, need: str, fix: str = "") -> dict:
-    """Stage `need`'s finished output as an input of stage `reader`: its folder and config hash, for hashing.
-    Raises StageError, with `fix` or the command that makes it, when it has no marker."""
-    need_dir = stage_dir(cfg, need)
-    marker = read_marker(need_dir)
-    if marker is None:
-        raise StageError(
-            f"Stage `{reader}` for {cfg.lang.code} needs the output of stage `{need}`, but {need_dir / MARKER} does "
-            f"not exist. {fix or f'Run it first: python -m pipeline stage={need} lang={cfg.lang.code} work_dir={cfg.work_dir}'}"
-        )
-    return {"path": str(need_dir), "config_hash": marker["config_hash"]}
-
-
 def expected(stage: Stage, cfg) -> Expected:
-    """Read the inputs' markers and hash the config; no side effects. Raises StageError for a missing input."""
-    upstream = {need: upstream_input(cfg, stage.name, need) for need in stage.needs}
-    input_dirs = {need: stage_dir(cfg, need) for need in stage.needs}
-
-    inputs = {**stage.describe_inputs(cfg), **upstream}
+    """Read the inputs' markers and hash the config; no side effects. Raises StageError naming every missing
+    input at once, with the commands that make them."""
+    needed = tuple(dict.fromkeys((*stage.needs, *stage.needs_when(cfg))))
+    markers = {name: read_marker(stage_dir(cfg, name)) for name in (*needed, *stage.reads_if_done)}
+    missing = [name for name in needed if markers[name] is None]
+    if missing:
+        commands = "; ".join(f"python -m pipeline stage={name} lang={cfg.lang.code} work_dir={cfg.work_dir}"
+                             for name in missing)
+        names = ", ".join(f"`{name}`" for name in missing)
+        raise StageError(f"Stage `{stage.name}` for {cfg.lang.code} needs the output of stage{'s' * (len(missing) > 1)} "
+                         f"{names}, not done yet (no {MARKER} in "
+                         f"{', '.join(str(stage_dir(cfg, name)) for name in missing)}). Run first: {commands}."
+                         f"{' ' + stage.hint if stage.hint else ''}")
+    done = {name: marker for name, marker in markers.items() if marker is not None}
+    upstream = {name: stage_dir(cfg, name) for name in done}
+    # Earlier outputs enter the hash by their own hashes, not their paths: a moved work folder stays current.
+    inputs = {**stage.describe_inputs(cfg), **{name: {"config_hash": marker["config_hash"]}
+                                               for name, marker in done.items()}}
     config = hashed_config(stage, cfg)
-    return Expected(input_dirs=input_dirs, inputs=inputs, config=config, digest=config_hash(stage, config, inputs))
+    return Expected(upstream=upstream, inputs=inputs, config=config, digest=config_hash(stage, config, inputs))
 
 
 def is_current(stage: Stage, cfg) -> bool:
@@ -183,7 +191,7 @@ def is_current(stage: Stage, cfg) -> bool:
 def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun]:
     """Check inputs and the marker. None means the stage is up to date and is skipped."""
     now = expected(stage, cfg)
-    input_dirs, inputs, config, digest = now.input_dirs, now.inputs, now.config, now.digest
+    inputs, config, digest = now.inputs, now.config, now.digest
     final_dir = stage_dir(cfg, stage.name)
 
     marker = read_marker(final_dir)
@@ -209,7 +217,7 @@ def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun
     work_dir.mkdir(parents=True, exist_ok=True)
     return StageRun(
         stage=stage.name, lang=cfg.lang.code, cfg=cfg, config_hash=digest, inputs=inputs,
-        hashed_config=config, work_dir=work_dir, final_dir=final_dir, input_dirs=input_dirs,
+        hashed_config=config, work_dir=work_dir, final_dir=final_dir, upstream=now.upstream,
     )
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from pipeline.config import PipelineConfig, language_config
+from pipeline.config import PipelineConfig
 from pipeline.contract import stage_dir
-from pipeline.languages import LANGUAGES
+from pipeline.languages import LANGUAGES, language_config
 
 # The stages that make the base: everything up to pretrain, which starts from random weights.
 BASE_STAGES = ("clean", "mix", "tokenizer", "pack", "pretrain")

@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import List, Optional
 
 import yaml
+from omegaconf import MISSING, OmegaConf
 
 from pipeline.choices import closest_first
 
@@ -68,3 +71,65 @@ def resolve_languages(typed: str) -> list[str]:
         raise UnknownLanguageError(f"`langs={typed}` names no language. Give codes such as langs=[nob,nno], or "
                                    "langs=all for the 75 HPLT v1.2 languages.")
     return [code for code in LANGUAGES if code in codes]
+
+
+# -- a table entry as a typed config (the `lang` section) --------------------------------------------
+
+
+@dataclass
+class NGramLimit:
+    """Gopher repetition limit: at most `max_fraction` of the characters in repeated `n`-grams."""
+
+    n: int = MISSING
+    max_fraction: float = MISSING
+
+
+def _ngram_limits(*pairs: tuple[int, float]) -> list[NGramLimit]:
+    return [NGramLimit(n, fraction) for n, fraction in pairs]
+
+
+@dataclass
+class FilterThresholds:
+    """Per-language quality-filter thresholds; defaults are FineWeb's language-independent ones."""
+
+    language_score: float = 0.65
+    dup_line_frac: float = 0.3
+    top_n_grams: List[NGramLimit] = field(default_factory=lambda: _ngram_limits((2, 0.2), (3, 0.18), (4, 0.16)))
+    dup_n_grams: List[NGramLimit] = field(
+        default_factory=lambda: _ngram_limits((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+    )
+    line_punct_thr: float = 0.12
+    new_line_ratio: float = 0.3
+    min_avg_word_length: int = 3
+    max_avg_word_length: int = 10
+    max_non_alpha_words_ratio: float = 0.8
+    # None disables Gopher's stop-word check: English stop words would reject every other language.
+    stopwords: Optional[List[str]] = None
+
+
+@dataclass
+class LanguageConfig:
+    code: str = MISSING
+    name: str = MISSING
+    script: str = MISSING
+    hplt_code: str = MISSING
+    iso639_1: Optional[str] = None
+    aliases: List[str] = field(default_factory=list)
+    glotlid: List[str] = field(default_factory=list)
+    flores: Optional[str] = None
+    word_tokenizer: str = MISSING
+    # False for the few entries beyond the 75 HPLT v1.2 languages (e.g. Faroese).
+    in_hplt_v1_2: bool = True
+    filters_source: str = "defaults"
+    filters: FilterThresholds = field(default_factory=FilterThresholds)
+
+
+def language_config(code: str, entry: dict) -> LanguageConfig:
+    """The table's entry as a typed config; its `[n, fraction]` pairs become NGramLimits."""
+    table_filters = dict(entry.get("filters") or {})
+    for key in ("top_n_grams", "dup_n_grams"):
+        if key in table_filters:
+            table_filters[key] = [{"n": n, "max_fraction": f} for n, f in table_filters[key]]
+    filters = OmegaConf.merge(OmegaConf.structured(FilterThresholds), table_filters)
+    fields = {k: v for k, v in entry.items() if k != "filters"}
+    return LanguageConfig(code=code, filters=OmegaConf.to_object(filters), **fields)

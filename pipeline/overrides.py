@@ -13,6 +13,7 @@ from typing import Optional
 from pipeline.choices import closest_first
 from pipeline.config import PipelineConfig
 from pipeline.languages import resolve_language, resolve_languages
+from pipeline.targets import TARGETS, WORKFLOW_TARGETS
 
 # Hydra flags that take the next argument as their value.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
@@ -77,8 +78,6 @@ def _is_sweep_function(value: str) -> bool:
 
 def preflight(argv: list[str]) -> list[str]:
     """Validate and normalise the override arguments; returns the argv to hand to Hydra."""
-    from pipeline.stages import TARGETS, WORKFLOW_TARGETS
-
     wants_help = any(arg in _HELP_FLAGS for arg in argv)
     out, skip_next, seen, stages = [], False, set(), set()
     for arg in argv:

@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import REPO_ROOT, SpecialTokens, TokenizerConfig
+from pipeline.config import REPO_ROOT
 from pipeline.model import ModelConfig, Transformer, to_hf
+from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import write_tokenizer_folder
 from pipeline.tokenization.training import train_tokenizer
 

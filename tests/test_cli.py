@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.stages import TARGETS
+from pipeline.targets import TARGETS
 from tests.conftest import run_cli
 
 

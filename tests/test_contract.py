@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pipeline.contract import MARKER, Stage, StageError, execute, read_marker
+from pipeline.contract import MARKER, Stage, execute, read_marker
+from pipeline.errors import StageError
 
 
 @dataclass
@@ -39,7 +40,7 @@ def _first(run):
 
 def _second(run):
     calls.append("second")
-    upstream = (run.input_dirs["first"] / "out.txt").read_text()
+    upstream = (run.input("first") / "out.txt").read_text()
     (run.work_dir / "out.txt").write_text(upstream.upper())
     return {"chars": len(upstream)}
 

@@ -6,11 +6,10 @@ import json
 
 from datatrove.data import Document
 
-from pipeline.config import language_config
 from pipeline.corpus.heldout import is_heldout
 from pipeline.corpus.language_id import DeclaredLanguageFilter
 from pipeline.corpus.reader import RawCorpusReader
-from pipeline.languages import LANGUAGES
+from pipeline.languages import LANGUAGES, language_config
 
 
 def _read(tmp_path, lines: list[str]) -> tuple[list[Document], RawCorpusReader]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.stages import STAGE_NAMES
+from pipeline.targets import STAGE_NAMES
 from tests.conftest import marker, run_cli
 
 # The demo's budgets cut down to seconds; the order of the results must already show.

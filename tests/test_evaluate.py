@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.evaluation.bits_per_byte import score_documents, windows
-from pipeline.warmstart.base import load_base, load_base_tokenizer, token_roles
+from pipeline.model.files import load_base
+from pipeline.tokenization.folder import load_tokenizer, token_roles
 from tests.conftest import DATA, read_jsonl_gz, run_cli
 
 
@@ -38,7 +39,7 @@ def _independent_bits_per_byte(folder, texts, start_id) -> float:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    tokenizer = load_base_tokenizer(folder)
+    tokenizer = load_tokenizer(folder)
     nats, size = 0.0, 0
     for text in texts:
         ids = torch.tensor([[start_id, *tokenizer.encode(text, add_special_tokens=False).ids]])
@@ -51,7 +52,7 @@ def _independent_bits_per_byte(folder, texts, start_id) -> float:
 
 
 def test_bits_per_byte_matches_transformers_and_windows_change_nothing_within_the_context(english_base):
-    model, tokenizer = load_base(str(english_base)).eval(), load_base_tokenizer(str(english_base))
+    model, tokenizer = load_base(str(english_base)).eval(), load_tokenizer(str(english_base))
     start_id = token_roles(english_base, tokenizer)["eos"]
     texts = _documents()
     lengths = [len(tokenizer.encode(t, add_special_tokens=False).ids) for t in texts]
@@ -80,7 +81,7 @@ def test_evaluate_stage_reports_the_base_model_on_a_plain_text_file(tmp_path, en
     run_cli(*options, cwd=tmp_path)
     out = tmp_path / "work" / "nob" / "evaluate"
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-    start_id = token_roles(english_base, load_base_tokenizer(str(english_base)))["eos"]
+    start_id = token_roles(english_base, load_tokenizer(str(english_base)))["eos"]
     assert list(report["scores"]) == ["base"]
     assert report["scores"]["base"]["bits_per_byte"] == pytest.approx(
         _independent_bits_per_byte(english_base, texts, start_id), rel=1e-5)

@@ -6,8 +6,7 @@ import pytest
 from datatrove.utils.word_tokenizers import load_tokenizer_assignments
 from omegaconf import OmegaConf
 
-from pipeline.config import LanguageConfig, language_config
-from pipeline.languages import LANGUAGES, UnknownLanguageError, resolve_language
+from pipeline.languages import LANGUAGES, LanguageConfig, UnknownLanguageError, language_config, resolve_language
 
 
 def test_the_table_holds_the_75_hplt_languages_with_every_field():

@@ -6,12 +6,13 @@ import math
 
 import pytest
 
-from pipeline.config import ConfigError, MixConfig, MixSource, RehydrationConfig, RehydrationRow, validate_mix
+from pipeline.errors import ConfigError
+from pipeline.mixing.config import MixConfig, MixSource, RehydrationConfig, RehydrationRow, validate_mix
 from pipeline.mixing.planner import FILLER, FIXED_RATIO, TARGET, PlanError, Source, default_budget, plan_mixture
 from pipeline.mixing.rehydration import rehydrate, weight_for
 from pipeline.mixing.report import plan_verdict, verdict
-from pipeline.short_numbers import bytes_text, tokens_text
 from pipeline.mixing.scaling import R_STAR, effective_tokens, epoch_values
+from pipeline.short_numbers import bytes_text, tokens_text
 
 FINEWEB2_TABLE = [(1, 1.0), (2, 2.0), (3, 3.0), (5, 5.0), (100, 8.0)]
 

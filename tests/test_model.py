@@ -9,7 +9,8 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.config import ConfigError, CONF_DIR
+from pipeline.config import CONF_DIR
+from pipeline.errors import ConfigError
 from pipeline.model import (ModelConfig, RopeScaling, Transformer, alibi_slopes, flops_per_token, parameter_count,
                             validate_model)
 

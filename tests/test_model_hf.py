@@ -172,9 +172,9 @@ def project_tokenizer() -> Tokenizer:
 def test_tokenizer_files_and_special_token_ids_travel_with_the_model(checkpoints, tmp_path, form):
     tokenizer = project_tokenizer()
     if form == "folder":
-        from pipeline.config import SpecialTokens
+        from pipeline.tokenization.config import SpecialTokens
         from pipeline.tokenization.folder import write_tokenizer_folder
-        from pipeline.tokenization.training import TrainedTokenizer
+        from pipeline.tokenization.trained import TrainedTokenizer
 
         (tmp_path / "tok").mkdir()
         write_tokenizer_folder(tmp_path / "tok", TrainedTokenizer(tokenizer), SpecialTokens())

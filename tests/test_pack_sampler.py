@@ -20,8 +20,8 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
+from pipeline.corpus.sources import raw_folder
 from pipeline.mixing.rehydration import weight_for
-from pipeline.mixing.sources import raw_folder
 from pipeline.packing import PackedDataError, PackedSampler, SamplerStateError
 from pipeline.packing.blend import Blend
 from pipeline.packing.output import source_folder, tokenizer_entry, write_packed, write_source

@@ -5,7 +5,7 @@ tiny ALiBi (BLOOM-style: tied head, biases, embedding LayerNorm) and RoPE (Llama
 models train 5 steps on the real engine with every parameter trainable and gradient clipping active, as one
 process and as TP-only, PP-only, DP-only (2 ranks) and TP=2 x PP=2 x DP=2 (8 ranks): losses, global gradient
 norms and the saved full weights must agree. The rank entries below run in the ranks that
-`pipeline.parallel.launch` starts; each launch runs all of its layouts one after the other, to start as few
+`pipeline.parallel.ranks` starts; each launch runs all of its layouts one after the other, to start as few
 processes as possible.
 """
 
@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from pipeline.config import ConfigError, PipelineConfig, language_config
-from pipeline.languages import LANGUAGES
+from pipeline.cluster import ClusterConfig
+from pipeline.errors import ConfigError
 from pipeline.model import ModelConfig, Transformer
-from pipeline.parallel.launch import free_port, rank_environment, run_ranks, write_config
+from pipeline.model.files import CHECKPOINT_WEIGHTS, save_checkpoint
+from pipeline.parallel.ranks import free_port, rank_environment, run_ranks
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
 from pipeline.training.config import ParallelConfig, TrainConfig
-from pipeline.warmstart.base import CHECKPOINT_WEIGHTS, save_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 # The vocabulary (300) is padded to 384 (3 x 128) alone and to 512 (2 x 2 x 128) under TP=2: rank 1's shard
@@ -175,7 +175,7 @@ def _train(model: str, layout: tuple[int, int, int], work_dir: Path) -> dict:
     return {"losses": losses, "grad_norms": norms}
 
 
-def rank_entry(cfg, work_dir: Path) -> None:
+def rank_entry(work_dir: Path) -> None:
     """Run the job of `job.json` (layer checks and/or layouts) on this launch's ranks; rank 0 writes results."""
     import torch.distributed as dist
 
@@ -196,21 +196,15 @@ def rank_entry(cfg, work_dir: Path) -> None:
 
 # ---- in the test process -------------------------------------------------------------------------------------
 
-def _config() -> PipelineConfig:
-    return PipelineConfig(stage="pretrain", lang=language_config("nob", LANGUAGES["nob"]))
-
-
 def _launch(work_dir: Path, world_size: int, runs: list, layer_checks: bool = False) -> dict:
     (work_dir / JOB_FILE).write_text(json.dumps({"runs": runs, "layer_checks": layer_checks}), encoding="utf-8")
-    if world_size == 1:
-        # One rank in its own process (run_ranks would run it in this one, where pytest lives).
-        config = write_config(_config(), work_dir)
-        command = [sys.executable, "-m", "pipeline.parallel.worker", "--entry", f"{__name__}:rank_entry",
-                   "--config", str(config), "--work-dir", str(work_dir)]
-        subprocess.run(command, env=rank_environment(0, 1, free_port(), os.cpu_count() or 1), check=True,
-                       cwd=REPO, timeout=600)
+    argv = ["-c", f"from pathlib import Path; from tests.test_tensor_parallel import rank_entry; "
+                  f"rank_entry(Path({str(work_dir)!r}))"]
+    if world_size == 1:  # one rank in its own process, with torch.distributed's environment
+        subprocess.run([sys.executable, *argv], env=rank_environment(0, 1, free_port(), os.cpu_count() or 1),
+                       check=True, cwd=REPO, timeout=600)
     else:
-        run_ranks(f"{__name__}:rank_entry", _config(), work_dir, world_size)
+        run_ranks(argv, world_size, ClusterConfig(), work_dir / "rank_logs")
     return json.loads((work_dir / f"results-{world_size}.json").read_text(encoding="utf-8"))
 
 

@@ -8,7 +8,7 @@ import pytest
 import sentencepiece as spm
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from pipeline.config import SpecialTokens, TokenizerConfig
+from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import write_tokenizer_folder
 from pipeline.tokenization.metrics import evaluate, tokens_per_word, word_spans
 from pipeline.tokenization.sample import keeps, shares

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from pipeline.config import SpecialTokens, TokenizerConfig
 from pipeline.model import ModelConfig, Transformer
+from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import write_tokenizer_folder
+from pipeline.tokenization.surfaces import spelling, token_bytes
 from pipeline.tokenization.training import TrainedTokenizer, train_tokenizer
 from pipeline.warmstart.initialise import warm_started
-from pipeline.warmstart.surfaces import spelling, token_bytes
 from pipeline.warmstart.transfer import build_matrix, plan_rows
 
 ENGLISH = ["the king had three daughters and a house by the sea"] * 50 + ["she walked home in the rain"] * 50

@@ -18,7 +18,8 @@ from hydra.core.override_parser.types import Quote, QuotedString
 from pipeline.contract import MARKER, Stage, execute, is_current
 from pipeline.languages import LANGUAGES, UnknownLanguageError
 from pipeline.overrides import OverrideError, preflight
-from pipeline.stages import STAGE_NAMES, STAGES
+from pipeline.stages import STAGES
+from pipeline.targets import STAGE_NAMES
 from pipeline.workflow.plan import Existing, plan
 from pipeline.workflow.progress import DONE, NOT_STARTED, QUEUED, Cell
 from pipeline.workflow.state import Task

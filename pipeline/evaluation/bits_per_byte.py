@@ -1,21 +1,31 @@
 """Bits per byte of a model with its own tokenizer on a set of documents: fair across tokenizers.
 
+The one definition used by the training stages' held-out scores and by `stage=evaluate`.
+
 Each document is fed as `[start] + tokens`, where `start` is the token the model saw before documents in
 training (EOS in packed data), so its first token is predicted too. Long documents are cut into windows of
 at most `seq_len` inputs; the first window scores every token it predicts, each later window moves on by
 `stride` tokens and scores only those, the rest of it being context. Every token, hence every byte, is
-scored exactly once. Bits per byte = the summed negative log-likelihood in bits over the documents' UTF-8
-bytes; token perplexity (exp of the mean per-token NLL) is kept for reference, not comparison.
+scored exactly once. The windows are packed into rows of `seq_len` tokens with one segment id per window, so
+that a window attends only to itself (the same logits as alone: ALiBi and RoPE depend on relative positions
+only); positions that are context or padding have the label `IGNORE`.
+
+Bits per byte = the summed negative log-likelihood in bits over the documents' UTF-8 bytes; token
+perplexity (exp of the mean per-token NLL) is kept for reference, not comparison.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+# The label of a position that is not scored (PyTorch's cross_entropy ignore_index).
+IGNORE = -100
 
 
 @dataclass(frozen=True)
@@ -24,27 +34,6 @@ class Window:
     begin: int   # first input position
     end: int     # one past the last input position
     scored: int  # the window's last `scored` predictions count
-
-
-@dataclass
-class Score:
-    nats: float = 0.0
-    tokens: int = 0
-    bytes: int = 0
-    documents: int = 0
-
-    @property
-    def bits_per_byte(self) -> float:
-        return self.nats / math.log(2) / self.bytes if self.bytes else float("nan")
-
-    @property
-    def token_perplexity(self) -> float:
-        return math.exp(self.nats / self.tokens) if self.tokens else float("nan")
-
-    def as_dict(self) -> dict:
-        return {"bits_per_byte": self.bits_per_byte, "token_perplexity": self.token_perplexity,
-                "tokens": self.tokens, "bytes": self.bytes, "documents": self.documents,
-                "tokens_per_byte": self.tokens / self.bytes if self.bytes else None}
 
 
 def windows(document: int, targets: int, seq_len: int, stride: int) -> Iterator[Window]:
@@ -57,55 +46,128 @@ def windows(document: int, targets: int, seq_len: int, stride: int) -> Iterator[
         end = new_end
 
 
-def score_documents(model: torch.nn.Module, tokenizer, texts: Iterable[str], start_id: int, seq_len: int,
-                    stride: int, batch_size: int, device: torch.device, progress=None) -> Score:
-    """Summed NLL over every token of every document, and the documents' bytes."""
-    score, sequences, pending = Score(), [], []
+@dataclass
+class ScoringRows:
+    """Held-out documents as rows of `seq_len` tokens, ready for any forward pass."""
+
+    inputs: np.ndarray       # (rows, seq_len) int64
+    labels: np.ndarray       # (rows, seq_len) int64: the next token where scored, else IGNORE
+    segment_ids: np.ndarray  # (rows, seq_len) int64: one id per window of the row, another for the padding
+    bytes: int               # UTF-8 bytes of the documents
+    tokens: int              # scored tokens (every token of every document)
+    documents: int
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def padded_to(self, multiple: int) -> "ScoringRows":
+        """The same rows and extra rows that score nothing, so that their number is a multiple of `multiple`
+        (whole evaluation batches on every data-parallel replica)."""
+        extra = -len(self) % multiple
+        if not extra:
+            return self
+        seq_len = self.inputs.shape[1]
+
+        def more(array: np.ndarray, value: int) -> np.ndarray:
+            return np.concatenate([array, np.full((extra, seq_len), value, dtype=np.int64)])
+        return ScoringRows(more(self.inputs, 0), more(self.labels, IGNORE), more(self.segment_ids, 0),
+                           self.bytes, self.tokens, self.documents)
+
+
+def scoring_rows(texts: Iterable[str], tokenizer, start_id: int, seq_len: int, stride: int,
+                 max_tokens: Optional[int] = None) -> ScoringRows:
+    """The documents' windows packed into rows in order, whole documents until `max_tokens` scored tokens (the
+    document that crosses it included). Empty documents (no token) are skipped."""
+    rows_in, rows_label, rows_segment = [], [], []
+    row_in, row_label, row_segment = [], [], []
+    total_bytes = tokens = documents = 0
+
+    def close_row() -> None:
+        padding = seq_len - len(row_in)
+        rows_in.append(row_in + [0] * padding)
+        rows_label.append(row_label + [IGNORE] * padding)
+        rows_segment.append(row_segment + [row_segment[-1] + 1] * padding)
+        for row in (row_in, row_label, row_segment):
+            row.clear()
+
     for text in texts:
+        if max_tokens is not None and tokens >= max_tokens:
+            break
         ids = tokenizer.encode(text, add_special_tokens=False).ids
         if not ids:
             continue
-        sequences.append(torch.tensor([start_id, *ids], dtype=torch.long))
-        score.bytes += len(text.encode("utf-8"))
-        score.documents += 1
-        score.tokens += len(ids)
-        pending.extend(windows(len(sequences) - 1, len(ids), seq_len, stride))
-        while len(pending) >= batch_size:
-            score.nats += _batch_nats(model, sequences, pending[:batch_size], device)
-            if progress is not None:
-                progress.update(sum(w.scored for w in pending[:batch_size]))
-            pending = pending[batch_size:]
-            sequences = _keep_referenced(sequences, pending)
-    if pending:
-        score.nats += _batch_nats(model, sequences, pending, device)
-        if progress is not None:
-            progress.update(sum(w.scored for w in pending))
-    return score
+        sequence = [start_id, *ids]
+        total_bytes += len(text.encode("utf-8"))
+        tokens += len(ids)
+        documents += 1
+        for window in windows(documents - 1, len(ids), seq_len, stride):
+            size = window.end - window.begin
+            if len(row_in) + size > seq_len:
+                close_row()
+            segment = row_segment[-1] + 1 if row_segment else 0
+            row_in.extend(sequence[window.begin:window.end])
+            targets = sequence[window.begin + 1:window.end + 1]
+            row_label.extend([IGNORE] * (size - window.scored) + targets[size - window.scored:])
+            row_segment.extend([segment] * size)
+    if row_in:
+        close_row()
+
+    def array(rows: list) -> np.ndarray:
+        return np.asarray(rows, dtype=np.int64).reshape(-1, seq_len)
+    return ScoringRows(array(rows_in), array(rows_label), array(rows_segment), total_bytes, tokens, documents)
 
 
-def _keep_referenced(sequences: list, pending: list[Window]) -> list:
-    """Drop the token tensors of documents no pending window reads (indices stay valid)."""
-    needed = {window.document for window in pending}
-    return [seq if index in needed else None for index, seq in enumerate(sequences)]
+def summed_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The summed negative log-likelihood (nats, float32) of the labels that are not IGNORE."""
+    return F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+
+
+def bits_per_byte(nats: float, utf8_bytes: int) -> float:
+    if utf8_bytes <= 0:
+        raise ValueError("bits per byte of no text: there is nothing to score")
+    return nats / math.log(2) / utf8_bytes
 
 
 @torch.no_grad()
-def _batch_nats(model: torch.nn.Module, sequences: list, batch: list[Window], device: torch.device) -> float:
-    # Right padding is harmless under causal attention: no scored position sees it.
-    length = max(window.end - window.begin for window in batch)
-    inputs = torch.zeros((len(batch), length), dtype=torch.long)
-    targets = torch.zeros((len(batch), length), dtype=torch.long)
-    scored = torch.zeros((len(batch), length), dtype=torch.bool)
-    for row, window in enumerate(batch):
-        tokens = sequences[window.document]
-        size = window.end - window.begin
-        inputs[row, :size] = tokens[window.begin:window.end]
-        targets[row, :size] = tokens[window.begin + 1:window.end + 1]
-        scored[row, size - window.scored:size] = True
-    logits = model(inputs.to(device))
+def score_rows(model: torch.nn.Module, rows: ScoringRows, batch_size: int, device: torch.device,
+               progress=None) -> float:
+    """The summed NLL (nats) of every scored token, `batch_size` rows per forward pass of a plain model."""
     nats = 0.0
-    for row in range(len(batch)):  # one row's log-softmax at a time: a large vocabulary stays in memory
-        log_probs = F.log_softmax(logits[row].float(), dim=-1)
-        picked = log_probs.gather(-1, targets[row].to(device)[:, None])[:, 0]
-        nats -= picked[scored[row].to(device)].double().sum().item()
+    for start in range(0, len(rows), batch_size):
+        part = slice(start, start + batch_size)
+        inputs, labels, segments = (torch.from_numpy(array[part]).to(device)
+                                    for array in (rows.inputs, rows.labels, rows.segment_ids))
+        logits = model(inputs, segments)
+        for row in range(len(inputs)):  # one row's log-softmax at a time: a large vocabulary stays in memory
+            nats += summed_nll(logits[row], labels[row]).double().item()
+        if progress is not None:
+            progress.update(int((labels != IGNORE).sum()))
     return nats
+
+
+@dataclass
+class Score:
+    nats: float
+    tokens: int
+    bytes: int
+    documents: int
+
+    @property
+    def bits_per_byte(self) -> float:
+        return bits_per_byte(self.nats, self.bytes)
+
+    @property
+    def token_perplexity(self) -> float:
+        return math.exp(self.nats / self.tokens)
+
+    def as_dict(self) -> dict:
+        return {"bits_per_byte": self.bits_per_byte, "token_perplexity": self.token_perplexity,
+                "tokens": self.tokens, "bytes": self.bytes, "documents": self.documents,
+                "tokens_per_byte": self.tokens / self.bytes}
+
+
+def score_documents(model: torch.nn.Module, tokenizer, texts: Iterable[str], start_id: int, seq_len: int,
+                    stride: int, batch_size: int, device: torch.device, progress=None) -> Score:
+    """Every token of every document scored once by a plain model (stage=evaluate)."""
+    rows = scoring_rows(texts, tokenizer, start_id, seq_len, stride)
+    return Score(score_rows(model, rows, batch_size, device, progress), rows.tokens, rows.bytes, rows.documents)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files
-from pipeline.mixing.sources import RAW_FOLDER, SourceInput, clean_output, read_documents
+from pipeline.corpus.sources import RAW_FOLDER, SourceInput, clean_output, read_documents
 
 
 def _is_raw(path: Path) -> bool:

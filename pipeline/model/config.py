@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from pipeline.errors import ConfigError
+
 POSITIONS = ("alibi", "rope")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu")
@@ -78,8 +80,6 @@ class ModelConfig:
 
 def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     """Checks that types alone cannot express; each error names the key and what is allowed."""
-    from pipeline.config import ConfigError  # pipeline.config imports this module
-
     for key, value, allowed in (("position", model.position, POSITIONS), ("norm", model.norm, NORMS),
                                 ("activation", model.activation, ACTIVATIONS)):
         if value not in allowed:

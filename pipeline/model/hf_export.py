@@ -21,8 +21,9 @@ from pipeline.model.hf_architectures import (CheckpointError, architecture_for, 
                                              hf_tensor_name)
 from pipeline.model.hf_import import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, VOCAB_TENSORS
 from pipeline.model.transformer import Transformer
+from pipeline.tokenization.config import SpecialTokens
 from pipeline.tokenization.folder import TOKENIZER_FILE, special_token_strings, write_tokenizer_folder
-from pipeline.tokenization.training import TrainedTokenizer
+from pipeline.tokenization.trained import TrainedTokenizer
 
 # The files of a tokenizer folder that travel with the model (transformers' fast and SentencePiece tokenizers).
 TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
@@ -122,8 +123,6 @@ def _write_tokenizer(tokenizer, folder: Path, vocab_size: int) -> dict[str, Opti
 
 
 def _write_bare_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
-    from pipeline.config import SpecialTokens
-
     specials = SpecialTokens()
     if all(tokenizer.token_to_id(token) is not None for token in specials.in_id_order()):
         write_tokenizer_folder(folder, TrainedTokenizer(tokenizer), specials)

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pipeline.mixing.sources import FileTask, SourceInput, over_files, source_reader
+from pipeline.corpus.sources import FileTask, SourceInput, over_files, source_reader
 from pipeline.packing.shards import INDEX_DTYPE, INDEX_SUFFIX, METADATA_SUFFIX
 
 # datatrove's name for rank `i`'s file when documents are not shuffled.

@@ -3,13 +3,12 @@ use it before any rank starts."""
 
 from __future__ import annotations
 
+from pipeline.errors import ConfigError
 from pipeline.model.config import ModelConfig
 
 
 def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
     """Refuse a model whose query heads, key/value heads or feed-forward width do not split into `tp` equal parts."""
-    from pipeline.config import ConfigError  # pipeline.config imports the model config
-
     for key in ("num_heads", "num_kv_heads", "ffn_size"):
         value = getattr(model, key)
         if value % tp:

@@ -8,24 +8,18 @@ import logging
 from pipeline.contract import Stage, execute, stage_dir
 from pipeline.demo_base import BASE_STAGES, demo_base_config, demo_base_folder
 from pipeline.stages import clean, evaluate, mix, pack, pretrain, tokenizer, warmup
+from pipeline.targets import STAGE_NAMES
 
 log = logging.getLogger(__name__)
 
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (clean.STAGE, mix.STAGE, tokenizer.STAGE, pack.STAGE,
                                                              warmup.STAGE, pretrain.STAGE, evaluate.STAGE)}
-STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
-# stage=workflow submits the chain to Slurm for one or many languages; stage=status shows how far it got.
-WORKFLOW_TARGETS: tuple[str, ...] = ("workflow", "status")
-# What `stage=` accepts: one stage, `all` for the whole chain in order, or a workflow target.
-TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", *WORKFLOW_TARGETS)
+assert tuple(STAGES) == STAGE_NAMES, "pipeline/targets.py lists the stages in the recipe's order"
 
 
 def run_target(cfg) -> None:
-    if cfg.stage in WORKFLOW_TARGETS:
-        from pipeline.workflow import run_workflow_target  # not contract stages: no marker of their own
-
-        run_workflow_target(cfg)
-    elif cfg.stage == "all":
+    """`stage=all` (the whole recipe for one language) or one stage."""
+    if cfg.stage == "all":
         run_all(cfg)
     else:
         run_chain(cfg, (cfg.stage,))

@@ -21,10 +21,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.contract import Stage, StageError, StageRun
-from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files
-from pipeline.corpus.stats import step_key
+from pipeline.contract import Stage, StageRun
+from pipeline.corpus.heldout import HeldoutSplit
+from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter
+from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader, find_raw_files, fingerprint_files
+from pipeline.corpus.stats import count, step_key, summed_stats
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
+from pipeline.errors import StageError
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +73,9 @@ def _rejected(work: Path, name: str):
 
 def _filters(run: StageRun, tokenizer) -> list[tuple[str, object]]:
     """(name, datatrove filter) pairs; the name keys `rejected/<name>/` and `metrics.rejected`."""
-    from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter
-    from datatrove.pipeline.filters import GopherRepetitionFilter
+    from datatrove.pipeline.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
+                                            GopherRepetitionFilter)
 
-    from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter
 
     cfg, clean, work = run.cfg, run.cfg.clean, run.work_dir
     lang, limits = cfg.lang, cfg.lang.filters
@@ -114,7 +116,6 @@ def _filters(run: StageRun, tokenizer) -> list[tuple[str, object]]:
 def _split_and_write(run: StageRun) -> list:
     from datatrove.pipeline.writers import JsonlWriter
 
-    from pipeline.corpus.heldout import HeldoutSplit
 
     work, clean = run.work_dir, run.cfg.clean
     return [
@@ -132,11 +133,10 @@ def _minhash_config(clean):
 
 def build_phases(run: StageRun, tasks: int, tokenizer, filters: list) -> list[tuple[str, list, int]]:
     """The phases as (name, datatrove pipeline, number of tasks)."""
-    from datatrove.pipeline.dedup.minhash import MinhashDedupBuckets, MinhashDedupCluster
-    from datatrove.pipeline.dedup.minhash import MinhashDedupFilter, MinhashDedupSignature
+    from datatrove.pipeline.dedup.minhash import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
+                                                  MinhashDedupSignature)
     from datatrove.pipeline.writers import JsonlWriter
 
-    from pipeline.corpus.reader import RawCorpusReader, TaskOutputReader
 
     work, clean = run.work_dir, run.cfg.clean
     reader = RawCorpusReader(str(raw_folder(run.cfg)), str(work / "raw_files.txt"), str(work / "bad_records"))
@@ -167,9 +167,6 @@ def build_phases(run: StageRun, tasks: int, tokenizer, filters: list) -> list[tu
 def collect_metrics(run: StageRun) -> dict:
     from datatrove.pipeline.dedup.minhash import MinhashDedupFilter
 
-    from pipeline.corpus.heldout import HeldoutSplit
-    from pipeline.corpus.reader import RawCorpusReader
-    from pipeline.corpus.stats import count, summed_stats
 
     logs = run.work_dir / "logs"
     stats = summed_stats(logs / FILTER_PHASE)

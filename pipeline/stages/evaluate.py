@@ -14,13 +14,19 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline.contract import (MARKER, Stage, StageError, StageRun, read_marker, stage_dir, upstream_input,
-                               write_json_atomic)
+import torch
+from tqdm import tqdm
+
+from pipeline.contract import MARKER, Stage, StageRun, read_marker, stage_dir, write_json_atomic
 from pipeline.corpus.reader import fingerprint_files
+from pipeline.errors import StageError
+from pipeline.evaluation.bits_per_byte import score_documents
 from pipeline.evaluation.report import markdown, write_plots
 from pipeline.evaluation.texts import describe_text, eval_texts, text_files
-from pipeline.training.run import METRICS_FILE
-from pipeline.warmstart.base import folder_fingerprint
+from pipeline.kernels import set_backend
+from pipeline.model.files import folder_fingerprint, load_base
+from pipeline.tokenization.folder import load_tokenizer, token_roles
+from pipeline.training.outputs import EXPORT, METRICS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -35,60 +41,58 @@ def base_model(cfg) -> str | None:
     return marker["config"]["model"]["base"] if marker is not None else None
 
 
-def models(cfg) -> dict[str, str]:
-    """Name -> model folder, in the recipe's order, for the models that exist."""
-    found = {}
-    base = base_model(cfg)
-    if base is not None:
-        found["base"] = base
-    for stage in TRAINED:
-        if read_marker(stage_dir(cfg, stage)) is not None:
-            found[stage] = str(stage_dir(cfg, stage) / "hf")
-    return found
+def needs_when(cfg) -> tuple[str, ...]:
+    """The clean stage's held-out split is the text unless eval.path gives one."""
+    return ("clean",) if cfg.eval.path is None else ()
 
 
 def describe_inputs(cfg) -> dict:
-    found = models(cfg)
-    if not found:
+    """The base model's files and `eval.path`'s files (the trained models and clean come through the contract)."""
+    inputs = {}
+    base = base_model(cfg)
+    if base is not None:
+        inputs["base"] = folder_fingerprint(base)
+    elif not any(read_marker(stage_dir(cfg, stage)) is not None for stage in TRAINED):
         raise StageError(f"evaluate {cfg.lang.code}: there is no model to evaluate: no model.base, and neither "
                          f"{stage_dir(cfg, 'warmup') / MARKER} nor {stage_dir(cfg, 'pretrain') / MARKER} exists. "
                          f"Give model.base=<Hugging Face folder> or run the training stages first.")
-    inputs = {name: upstream_input(cfg, "evaluate", name) if name in TRAINED else folder_fingerprint(folder)
-              for name, folder in found.items()}
-    if cfg.eval.path is None:
-        inputs["clean"] = upstream_input(cfg, "evaluate", "clean", fix=(
-            f"evaluate reads its held-out split. Run python -m pipeline stage=clean lang={cfg.lang.code}, or give "
-            f"eval.path=<file or folder of held-out text>."))
-    else:
+    if cfg.eval.path is not None:
         folder, files, _ = text_files(Path(cfg.eval.path))
         inputs["text"] = fingerprint_files(folder, files)
     return inputs
 
 
+def models(run: StageRun) -> dict[str, str]:
+    """Name -> model folder, in the recipe's order, for the models that exist."""
+    found = {}
+    base = base_model(run.cfg)
+    if base is not None:
+        found["base"] = base
+    for stage in TRAINED:
+        if run.has_input(stage):
+            found[stage] = str(run.input(stage) / EXPORT)
+    return found
+
+
 def score_model(run: StageRun, name: str, folder: str, device) -> dict:
-    import torch
-    from tqdm import tqdm
-
-    from pipeline.evaluation.bits_per_byte import score_documents
-    from pipeline.warmstart.base import load_base, load_base_tokenizer, token_roles
-
     cfg = run.cfg
     model = load_base(folder).to(device).eval()
     if device.type == "cuda":
         model = model.to(torch.bfloat16)
-    tokenizer = load_base_tokenizer(folder)
+    tokenizer = load_tokenizer(folder)
     start_id = token_roles(Path(folder), tokenizer)[cfg.eval.document_start]
     if start_id is None:
         raise StageError(f"evaluate: the tokenizer of {folder} has no {cfg.eval.document_start} token; set "
                          f"eval.document_start to the token its model saw before documents (eos or bos).")
     seq_len = min(cfg.eval.seq_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
     stride = min(cfg.eval.stride or max(1, seq_len // 2), seq_len)
-    texts = eval_texts(cfg.eval.path, run.lang, stage_dir(cfg, "clean"), run.work_dir / "scratch", cfg.eval.max_bytes)
+    clean = run.input("clean") if run.has_input("clean") else None
+    texts = eval_texts(cfg.eval.path, run.lang, clean, run.work_dir / "scratch", cfg.eval.max_bytes)
     with tqdm(desc=f"evaluate {name}", unit="tok", disable=None) as progress:
         score = score_documents(model, tokenizer, texts, start_id, seq_len, stride, cfg.eval.batch_size, device,
                                 progress)
     if score.documents == 0:
-        raise StageError(f"evaluate {run.lang}: {describe_text(cfg.eval.path, stage_dir(cfg, 'clean'))} holds no "
+        raise StageError(f"evaluate {run.lang}: {describe_text(cfg.eval.path, clean)} holds no "
                          f"text. Give eval.path=<file or folder>, or raise clean.heldout_fraction and run clean again.")
     result = {**score.as_dict(), "seq_len": seq_len, "stride": stride}
     log.info("evaluate %s: %s %.4f bits per byte (token perplexity %.2f, %d tokens over %d bytes)", run.lang, name,
@@ -96,21 +100,17 @@ def score_model(run: StageRun, name: str, folder: str, device) -> dict:
     return result
 
 
-def run(run: StageRun) -> dict:
-    import torch
-
-    from pipeline.kernels import set_backend
-
+def run_evaluate(run: StageRun) -> dict:
     cfg = run.cfg
     set_backend(cfg.kernels)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    found = models(cfg)
+    found = models(run)
     scores = {name: score_model(run, name, folder, device) for name, folder in found.items()}
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
-    curves = {stage: stage_dir(cfg, stage) / METRICS_FILE for stage in TRAINED
-              if stage in found and (stage_dir(cfg, stage) / METRICS_FILE).is_file()}
+    curves = {stage: run.input(stage) / METRICS_FILE for stage in TRAINED
+              if stage in found and (run.input(stage) / METRICS_FILE).is_file()}
     plots = write_plots(run.work_dir, scores, curves)
-    text = describe_text(cfg.eval.path, stage_dir(cfg, "clean"))
+    text = describe_text(cfg.eval.path, run.input("clean") if run.has_input("clean") else None)
     report = {"lang": run.lang, "text": text, "models": found, "scores": scores}
     write_json_atomic(run.work_dir / "report.json", report)
     (run.work_dir / "report.md").write_text(markdown(run.lang, text, scores, found, plots), encoding="utf-8")
@@ -119,6 +119,13 @@ def run(run: StageRun) -> dict:
             for name, s in scores.items()}
 
 
-# The clean stage is an input only when it provides the text (describe_inputs), so not a fixed need.
-STAGE = Stage(name="evaluate", run=run, config_sections=("eval",),
-              unhashed_keys=("eval.batch_size",), describe_inputs=describe_inputs)
+STAGE = Stage(
+    name="evaluate",
+    run=run_evaluate,
+    needs_when=needs_when,
+    reads_if_done=TRAINED,
+    hint="Or give eval.path=<file or folder of held-out text> instead of the clean stage's held-out split.",
+    config_sections=("eval",),
+    unhashed_keys=("eval.batch_size",),
+    describe_inputs=describe_inputs,
+)

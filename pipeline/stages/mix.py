@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.contract import Stage, StageError, StageRun, write_json_atomic
+from pipeline.contract import Stage, StageRun, write_json_atomic
+from pipeline.corpus.sources import clean_output
+from pipeline.errors import StageError
 from pipeline.mixing.planner import Allocation, PlanError, Source, default_budget, plan_mixture
 from pipeline.mixing.rehydration import rehydrate
 from pipeline.mixing.report import markdown, plan_document, rehydration_section, summary_table
-from pipeline.mixing.sources import Measurement, clean_output, locate_sources, measure
+from pipeline.mixing.sources import Measurement, locate_sources, measure
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ def run_mix(run: StageRun) -> dict:
     found, skipped = locate_sources(cfg)
     for s in skipped:
         log.warning("mix %s: source `%s` skipped (%s): %s", lang, s.name, s.path, s.reason)
-    target_input = clean_output(lang, run.input_dirs["clean"])
+    target_input = clean_output(lang, run.input("clean"))
     configured = {source.name: source for source in mix.sources}
     scripts = {**{name: source.script for name, source in configured.items()}, lang: cfg.lang.script}
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from pipeline.contract import Stage, StageError, StageRun
+from pipeline.contract import Stage, StageRun
+from pipeline.errors import StageError
 from pipeline.mixing.planner import TARGET, Allocation, Plan, PlanError
 from pipeline.mixing.rehydration import Rehydration
 from pipeline.mixing.sources import planned_source
@@ -40,7 +41,7 @@ READING = "reading"
 
 
 def _input_file(run: StageRun, stage: str, name: str) -> Path:
-    path = run.input_dirs[stage] / name
+    path = run.input(stage) / name
     if not path.is_file():
         raise StageError(f"pack {run.lang}: {path} is missing although the {stage} stage finished. Run it again: "
                          f"python -m pipeline stage={stage} lang={run.lang} work_dir={run.cfg.work_dir}")

@@ -23,17 +23,19 @@ from typing import Iterator, Optional
 from datatrove.utils.word_tokenizers import load_word_tokenizer
 from tokenizers import Tokenizer
 
-from pipeline.contract import Stage, StageError, StageRun, write_json_atomic
+from pipeline.contract import Stage, StageRun, write_json_atomic
+from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
-from pipeline.mixing.sources import clean_output, read_documents
+from pipeline.errors import StageError
 from pipeline.short_numbers import bytes_text
-from pipeline.tokenization.folder import (TOKENIZER_FILE, adopt_base_tokenizer, base_tokenizer_file,
-                                          load_base_tokenizer, write_tokenizer_folder)
+from pipeline.tokenization.folder import (TOKENIZER_FILE, adopt_base_tokenizer, base_tokenizer_file, load_tokenizer,
+                                          write_tokenizer_folder)
 from pipeline.tokenization.metrics import Scores, evaluate
-from pipeline.tokenization.report import (METRICS, comparison, kept_section, markdown, metrics_table,
-                                          sample_section, tokenizer_section)
+from pipeline.tokenization.report import (METRICS, comparison, kept_section, markdown, metrics_table, sample_section,
+                                          tokenizer_section)
 from pipeline.tokenization.sample import SampledSource, read_sample, write_sample
-from pipeline.tokenization.training import TrainedTokenizer, TrainingError, padded_vocab_size, train_tokenizer
+from pipeline.tokenization.trained import TrainedTokenizer, TrainingError
+from pipeline.tokenization.training import padded_vocab_size, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ def describe_inputs(cfg) -> dict:
 
 
 def read_plan(run: StageRun) -> dict:
-    path = run.input_dirs["mix"] / "plan.json"
+    path = run.input("mix") / "plan.json"
     if not path.is_file():
         raise StageError(f"tokenizer {run.lang}: the mix plan {path} is missing although the mix stage finished. "
                          f"Run it again: python -m pipeline stage=mix lang={run.lang} work_dir={run.cfg.work_dir}")
@@ -143,12 +145,12 @@ def _score(run: StageRun, new: Tokenizer, scratch: Path) -> tuple[dict[str, Scor
     tokenizers = {"new": new}
     if options.base is not None and not options.keep_base:
         try:
-            tokenizers["base"] = load_base_tokenizer(options.base)
+            tokenizers["base"] = load_tokenizer(options.base)
         except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
             raise StageError(f"tokenizer.base={options.base}: {base_tokenizer_file(options.base)} is not a "
                              f"tokenizer.json that `tokenizers` can load ({error}).") from None
     word_tokenizer, word_tokenizer_name = resolve_word_tokenizer(run.cfg.lang)
-    heldout = HeldoutText(run.input_dirs["clean"], run.lang, scratch / "heldout", options.eval_bytes)
+    heldout = HeldoutText(run.input("clean"), run.lang, scratch / "heldout", options.eval_bytes)
     scores = evaluate(tokenizers, heldout, load_word_tokenizer(word_tokenizer))
     if not scores["new"].documents:
         log.warning("tokenizer %s: %s holds no held-out documents, so the report has no scores; run clean with "

@@ -17,10 +17,14 @@ from pathlib import Path
 
 import torch
 
-from pipeline.contract import Stage, StageError, StageRun, write_json_atomic
-from pipeline.tokenization.folder import TOKENIZER_FILE
-from pipeline.training.run import METRICS_FILE, export_trained, launch, rank_training, write_heldout
-from pipeline.warmstart.base import check_fit, folder_fingerprint, load_base, load_base_tokenizer, save_checkpoint
+from pipeline.contract import Stage, StageRun, write_json_atomic
+from pipeline.corpus.sources import clean_output, read_documents
+from pipeline.errors import StageError
+from pipeline.model.files import check_fit, folder_fingerprint, load_base, save_checkpoint
+from pipeline.tokenization.folder import load_tokenizer
+from pipeline.training.job import TrainingJob
+from pipeline.training.outputs import INIT, METRICS_FILE
+from pipeline.training.run import export_trained, launch, write_heldout
 from pipeline.warmstart.initialise import warm_started
 
 log = logging.getLogger(__name__)
@@ -31,42 +35,44 @@ def describe_inputs(cfg) -> dict:
     return {} if cfg.model.base is None else {"base_model": folder_fingerprint(cfg.model.base)}
 
 
-def seq_len(cfg) -> int:
-    return cfg.warmup.train.seq_len or cfg.model.max_seq_len
-
-
-def trainable(cfg):
+def trainable(cfg) -> list[str]:
     """Only the input embeddings, the LM head (when untied) and, if asked, the embedding LayerNorm."""
-    prefixes = ("embedding.tokens.", "head.") + (("embedding.norm.",) if cfg.warmup.train_embedding_norm else ())
-    return lambda name: name.startswith(prefixes)
+    return ["embedding.tokens.", "head."] + (["embedding.norm."] if cfg.warmup.train_embedding_norm else [])
 
 
-def run(run: StageRun) -> dict:
+def training_job(run: StageRun) -> TrainingJob:
+    cfg = run.cfg
+    return TrainingJob(stage="warmup", folder=str(run.work_dir), pack=str(run.input("pack")),
+                       seq_len=cfg.warmup.train.seq_len or cfg.model.max_seq_len, train=cfg.warmup.train,
+                       parallel=cfg.parallel, kernels=cfg.kernels, trainable=trainable(cfg))
+
+
+def run_warmup(run: StageRun) -> dict:
     cfg = run.cfg
     if cfg.model.base is None:
         raise StageError("warmup needs a base model: set model.base=<local Hugging Face folder or pipeline "
                          "checkpoint> (with its tokenizer.json), and the matching preset, e.g. "
                          "model=bloom-560m model.base=/models/bloom-560m")
     base = load_base(cfg.model.base)
-    base_tokenizer = load_base_tokenizer(cfg.model.base)
+    base_tokenizer = load_tokenizer(cfg.model.base)
     check_fit(cfg.model, base.cfg, cfg.model.base, base_tokenizer)
-    tokenizer_dir = run.input_dirs["tokenizer"]
-    from tokenizers import Tokenizer
-
-    new_tokenizer = Tokenizer.from_file(str(tokenizer_dir / TOKENIZER_FILE))
+    tokenizer_dir = run.input("tokenizer")
+    new_tokenizer = load_tokenizer(tokenizer_dir)
     model, transfer = warm_started(base, Path(cfg.model.base), base_tokenizer, tokenizer_dir, new_tokenizer,
                                    cfg.warmup.init, cfg.warmup.train.seed)
     log.info("warmup %s: %s initialisation of %d rows: %s", run.lang, cfg.warmup.init, model.cfg.vocab_size,
              transfer["embedding"])
-    init_dir = run.work_dir / "init"
-    save_checkpoint(model, init_dir)
-    eos_id = new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos)
-    write_heldout(run, cfg.warmup.train, cfg.parallel, seq_len(cfg), new_tokenizer, eos_id, key="warmup.train")
+    save_checkpoint(model, run.work_dir / INIT)
+    job = training_job(run)
+    heldout = clean_output(run.lang, run.input("clean"), split="heldout")
+    texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
+    write_heldout(job, texts, new_tokenizer, new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
+    shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
     (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
-    result = launch("pipeline.stages.warmup:train_rank", run)
-    trained = export_trained(run, tokenizer_dir)
-    trained_tensors = _check_body_unchanged(base, trained, trainable(cfg))
-    shutil.rmtree(init_dir)
+    result = launch(job, cfg.cluster)
+    trained = export_trained(run.work_dir, tokenizer_dir)
+    trained_tensors = _check_body_unchanged(base, trained, job.trains)
+    shutil.rmtree(run.work_dir / INIT)
     trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
     report = {"base": str(Path(cfg.model.base).resolve()), "init": cfg.warmup.init, "rows": transfer,
               "trained_tensors": trained_tensors, "trained_parameters": trained_parameters, **result}
@@ -90,10 +96,11 @@ def _check_body_unchanged(base, trained, is_trainable) -> list[str]:
     return sorted(name for name in trained.state_dict() if is_trainable(name))
 
 
-def train_rank(cfg, work_dir: Path) -> None:
-    """One rank's part: train the embeddings of `init/` with the body frozen."""
-    rank_training(cfg, work_dir, cfg.warmup.train, seq_len(cfg), trainable(cfg))
-
-
-STAGE = Stage(name="warmup", run=run, needs=("clean", "tokenizer", "pack"), config_sections=("model", "warmup"),
-              describe_inputs=describe_inputs, gpu=True)
+STAGE = Stage(
+    name="warmup",
+    run=run_warmup,
+    needs=("clean", "tokenizer", "pack"),
+    config_sections=("model", "warmup"),
+    describe_inputs=describe_inputs,
+    gpu=True,
+)

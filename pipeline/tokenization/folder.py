@@ -15,7 +15,8 @@ from typing import Optional
 
 from tokenizers import Tokenizer
 
-from pipeline.tokenization.training import TrainedTokenizer
+from pipeline.errors import StageError
+from pipeline.tokenization.trained import TrainedTokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
@@ -62,7 +63,7 @@ def _write_transformers_files(folder: Path, names: dict[str, str]) -> None:
         (folder / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def special_token_strings(folder: Path, roles=("bos", "eos", "pad", "unk")) -> dict[str, str]:
+def special_token_strings(folder: Path, roles=ROLES) -> dict[str, str]:
     """The special tokens (`bos` -> "<s>" ...) that a folder's special_tokens_map.json or tokenizer_config.json names."""
     found = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
@@ -85,6 +86,30 @@ def base_tokenizer_file(path: str) -> Optional[Path]:
     return candidate if candidate.is_file() else None
 
 
-def load_base_tokenizer(path: str) -> Tokenizer:
-    # A local file only: no hub download, no remote code.
-    return Tokenizer.from_file(str(base_tokenizer_file(path)))
+def load_tokenizer(path) -> Tokenizer:
+    """The tokenizer.json of a model or tokenizer folder (or the file itself): a local file only, no hub download,
+    no remote code."""
+    file = base_tokenizer_file(str(path))
+    if file is None:
+        raise StageError(f"{path} has no {TOKENIZER_FILE}. Save the model's own tokenizer there (e.g. "
+                         f"AutoTokenizer.from_pretrained(...).save_pretrained(folder)) and run again.")
+    return Tokenizer.from_file(str(file))
+
+
+def special_ids(tokenizer: Tokenizer) -> set[int]:
+    return {token_id for token_id, added in tokenizer.get_added_tokens_decoder().items() if added.special}
+
+
+def token_roles(folder: Path, tokenizer: Tokenizer) -> dict[str, Optional[int]]:
+    """bos/eos/pad/unk ids from the tokenizer files, else from config.json; pad falls back to eos."""
+    named = special_token_strings(folder, ROLES)
+    roles = {role: tokenizer.token_to_id(named[role]) if role in named else None for role in ROLES}
+    config = folder / "config.json"
+    if config.is_file():
+        hf = json.loads(config.read_text(encoding="utf-8"))
+        for role in ROLES:
+            if roles[role] is None and isinstance(hf.get(f"{role}_token_id"), int):
+                roles[role] = hf[f"{role}_token_id"]
+    if roles["pad"] is None:
+        roles["pad"] = roles["eos"]
+    return roles

@@ -25,7 +25,8 @@ from typing import BinaryIO, Iterator, Optional
 
 import orjson
 
-from pipeline.mixing.sources import FileTask, over_files, planned_source, source_reader
+from pipeline.corpus.sources import FileTask, over_files, source_reader
+from pipeline.mixing.sources import planned_source
 
 # Shares within this of a source's size take all of it (float rounding of planned / max epochs).
 _ALL = 1 - 1e-9

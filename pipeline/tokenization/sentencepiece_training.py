@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 
 import sentencepiece as spm
 
-from pipeline.tokenization.training import TrainingError
+from pipeline.tokenization.trained import TrainingError
 
 log = logging.getLogger(__name__)
 

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable
 
-from tokenizers import Tokenizer
+from pipeline.tokenization.bytelevel_bpe import train_bytelevel_bpe
+from pipeline.tokenization.sentencepiece_conversion import tokenizer_from_sentencepiece
+from pipeline.tokenization.sentencepiece_training import train_sentencepiece
+from pipeline.tokenization.trained import TrainedTokenizer
 
 log = logging.getLogger(__name__)
 
 # Tensor-parallel embedding shards and GPU matmul tiles want the vocabulary in multiples of 128.
 VOCAB_MULTIPLE = 128
-
-
-class TrainingError(RuntimeError):
-    """The trainer could not build the vocabulary from this text; the message says why."""
-
-
-@dataclass(frozen=True)
-class TrainedTokenizer:
-    tokenizer: Tokenizer
-    # The SentencePiece model (`tokenizer.model`) the tokenizer was converted from; None for byte-level BPE.
-    sentencepiece_model: Optional[bytes] = None
 
 
 def padded_vocab_size(requested: int) -> int:
@@ -37,11 +28,6 @@ def train_tokenizer(documents: Iterable[str], options, threads: int = 1) -> Trai
         log.info("tokenizer: vocab_size %d rounded up to %d, a multiple of %d", options.vocab_size, vocab_size,
                  VOCAB_MULTIPLE)
     if options.backend == "bytelevel_bpe":
-        from pipeline.tokenization.bytelevel_bpe import train_bytelevel_bpe
-
         return TrainedTokenizer(train_bytelevel_bpe(documents, options, vocab_size))
-    from pipeline.tokenization.sentencepiece_conversion import tokenizer_from_sentencepiece
-    from pipeline.tokenization.sentencepiece_training import train_sentencepiece
-
     model = train_sentencepiece(documents, options, vocab_size, threads)
     return TrainedTokenizer(tokenizer_from_sentencepiece(model), model)

@@ -29,7 +29,8 @@ from deepspeed.checkpoint.constants import (BASE_OPTIMIZER_STATE, BASE_OPTIMIZER
                                             SINGLE_PARTITION_OF_FP32_GROUPS)
 from safetensors.torch import load_file, save_file
 
-from pipeline.contract import StageError, write_json_atomic
+from pipeline.contract import write_json_atomic
+from pipeline.errors import StageError
 from pipeline.training.engine import Engine
 
 log = logging.getLogger(__name__)

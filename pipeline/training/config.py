@@ -1,21 +1,15 @@
-"""The typed `train` and `parallel` sections (torch-free, so the command line checks them quickly)."""
+"""The typed `train` section (torch-free, so the command line checks them quickly)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
+from pipeline.errors import ConfigError
+from pipeline.parallel.config import ParallelConfig
 from pipeline.training.schedule import SCHEDULES
 
 PRECISIONS = ("auto", "bf16", "fp32")
-
-
-@dataclass
-class ParallelConfig:
-    # Tensor x pipeline x data parallelism; the ranks started are tp * pp * dp.
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
 
 
 @dataclass
@@ -58,15 +52,10 @@ class TrainConfig:
 
 
 def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str = "train") -> None:
-    from pipeline.config import ConfigError  # pipeline.config imports this module
-
     for key in ("steps", "global_batch_size", "micro_batch_size", "log_every", "eval_tokens", "keep_checkpoints",
                 "max_bad_steps"):
         if getattr(train, key) < 1:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 1"])
-    for key in ("tp", "pp", "dp"):
-        if getattr(parallel, key) < 1:
-            raise ConfigError(f"parallel.{key}", getattr(parallel, key), ["an integer >= 1"])
     per_step = train.micro_batch_size * parallel.dp
     if train.global_batch_size % per_step:
         raise ConfigError(f"{prefix}.global_batch_size", train.global_batch_size, [

@@ -19,10 +19,11 @@ from typing import Callable, Optional
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from pipeline.contract import StageError, StageInterrupted
+from pipeline.errors import StageError, StageInterrupted
+from pipeline.evaluation.bits_per_byte import ScoringRows
 from pipeline.training.config import TrainConfig
 from pipeline.training.engine import Engine
-from pipeline.training.heldout import HeldoutWindows, heldout_bpb, micro_batches
+from pipeline.training.heldout import heldout_bpb, micro_batches
 from pipeline.training.signals import StopRequest
 from pipeline.training.throughput import device_peak_tflops, memory_gib, tflops_per_device
 
@@ -50,7 +51,7 @@ class Checkpointing:
     save: Callable[[int], Path]
 
 
-def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: HeldoutWindows, metrics_file: Path,
+def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows, metrics_file: Path,
                is_logger: bool, flops_per_token: int, run: Optional[RunState] = None,
                checkpointing: Optional[Checkpointing] = None) -> dict:
     """Train up to step `train.steps` from `run.step`; returns the run's summary."""

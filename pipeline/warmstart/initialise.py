@@ -9,9 +9,8 @@ import torch
 from tokenizers import Tokenizer
 
 from pipeline.model.transformer import Transformer
-from pipeline.tokenization.folder import special_token_strings
-from pipeline.warmstart.base import token_roles
-from pipeline.warmstart.transfer import ROLES, build_matrix, plan_rows
+from pipeline.tokenization.folder import ROLES, special_token_strings, token_roles
+from pipeline.warmstart.transfer import build_matrix, plan_rows
 
 
 def warm_started(base: Transformer, base_folder: Path, base_tokenizer: Tokenizer, new_folder: Path,

@@ -16,14 +16,10 @@ from typing import Optional
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.warmstart.surfaces import vocabulary_bytes
+from pipeline.tokenization.folder import special_ids
+from pipeline.tokenization.surfaces import vocabulary_bytes
 
 METHODS = ("mean", "random")
-ROLES = ("bos", "eos", "pad", "unk")
-
-
-def special_ids(tokenizer: Tokenizer) -> set[int]:
-    return {token_id for token_id, added in tokenizer.get_added_tokens_decoder().items() if added.special}
 
 
 @dataclass

@@ -18,13 +18,14 @@ again at any time. `stage=status` prints languages x stages. The pieces:
 
 from __future__ import annotations
 
+from pipeline.workflow.selection import validate_workflow
+from pipeline.workflow.status import print_status
+from pipeline.workflow.submit import submit_workflow
+
 
 def run_workflow_target(cfg) -> None:
+    validate_workflow(cfg)
     if cfg.stage == "workflow":
-        from pipeline.workflow.submit import submit_workflow
-
         submit_workflow(cfg)
     else:
-        from pipeline.workflow.status import print_status
-
         print_status(cfg)

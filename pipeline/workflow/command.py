@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 
 # Set by the workflow for each job; a user's value of these is replaced, not passed on.
 _SET_BY_WORKFLOW = {"stage", "lang", "langs", "work_dir", "workers", "cluster.executor"}

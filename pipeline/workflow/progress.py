@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.contract import is_current
+from pipeline.stages import STAGES
 from pipeline.workflow.slurm import TaskState
 from pipeline.workflow.state import Task
 
@@ -35,7 +36,6 @@ class Cell:
 def observe(configs: dict, stages: tuple[str, ...], tasks: dict[tuple[str, str], Task],
             states: dict[tuple[str, int], TaskState]) -> dict[tuple[str, str], Cell]:
     """(language, stage) -> Cell for every language of `configs` and every stage of the chain."""
-    from pipeline.stages import STAGES
 
     cells = {}
     for code, cfg in configs.items():

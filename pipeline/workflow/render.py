@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 
-from pipeline.contract import StageInterrupted
+from pipeline.errors import StageInterrupted
 from pipeline.workflow.command import LANG_ARG
 
 _HEADER = """\

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 
 _TOKEN = re.compile(r"[A-Za-z0-9_.,:=@%+/|&!*\[\]-]+")
 _OPTION = re.compile(r"[a-z][a-z0-9-]*")

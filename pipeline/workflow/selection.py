@@ -13,8 +13,14 @@ import os
 from pathlib import Path
 
 from pipeline.choices import closest_first
-from pipeline.config import ConfigError, PipelineConfig, language_config
-from pipeline.languages import LANGUAGES, resolve_languages
+from pipeline.config import PipelineConfig
+from pipeline.demo_base import demo_base_folder
+from pipeline.errors import ConfigError
+from pipeline.languages import LANGUAGES, language_config, resolve_languages
+from pipeline.stages import STAGES
+from pipeline.targets import STAGE_NAMES
+from pipeline.workflow.command import work_dir_override
+from pipeline.workflow.resources import check_resources
 
 TABLE_INDEX: dict[str, int] = {code: index for index, code in enumerate(LANGUAGES)}
 
@@ -27,7 +33,6 @@ def languages(cfg: PipelineConfig) -> list[str]:
 
 def stages(cfg: PipelineConfig) -> tuple[str, ...]:
     """The stages the workflow chains, in the pipeline's order."""
-    from pipeline.stages import STAGE_NAMES
 
     chosen = cfg.workflow.stages
     return STAGE_NAMES if chosen is None else tuple(name for name in STAGE_NAMES if name in chosen)
@@ -60,10 +65,6 @@ def language_configs(cfg: PipelineConfig, job_overrides: list[str], codes: list[
 
 def validate_workflow(cfg: PipelineConfig) -> None:
     """Checks of stage=workflow and stage=status; each error names the key and what to do."""
-    from pipeline.stages import STAGE_NAMES, STAGES
-    from pipeline.workflow.command import work_dir_override
-    from pipeline.workflow.resources import check_resources
-
     if cfg.lang is not None and cfg.langs is not None:
         raise ConfigError("langs", cfg.langs, ["either lang=<code> (one language) or langs=[...] (several), not both"])
     codes = cfg.langs if cfg.langs is not None else [cfg.lang.code] if cfg.lang is not None else []
@@ -89,7 +90,6 @@ def validate_workflow(cfg: PipelineConfig) -> None:
 def _check_base_model(cfg: PipelineConfig) -> None:
     if cfg.model.base is not None and os.path.isdir(cfg.model.base):
         return
-    from pipeline.demo_base import demo_base_folder
 
     demo = demo_base_folder(cfg)
     raise ConfigError("model.base", cfg.model.base, [

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Iterable
 
-from pipeline.contract import StageError
+from pipeline.errors import StageError
 
 log = logging.getLogger(__name__)
 

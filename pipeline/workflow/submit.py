@@ -9,7 +9,8 @@ import os
 import shlex
 from pathlib import Path
 
-from pipeline.contract import StageError
+from pipeline.errors import StageError
+from pipeline.stages import STAGES
 from pipeline.workflow import selection, slurm
 from pipeline.workflow.command import job_argv, passed_on, work_dir_override
 from pipeline.workflow.plan import Planned, array_spec, dependency, plan
@@ -25,7 +26,6 @@ log = logging.getLogger(__name__)
 def submit_workflow(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from pipeline.stages import STAGES
 
     work = Path(cfg.work_dir).absolute()
     codes, chain = selection.languages(cfg), selection.stages(cfg)

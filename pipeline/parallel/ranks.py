@@ -1,14 +1,12 @@
-"""Starting the ranks of a training stage.
+"""Starting the ranks of a distributed job: `python <argv>` once per rank, the job's own command line.
 
-The stage contract runs once, in the process the user started; the training itself runs in `world_size`
-ranks that it starts here, each running `pipeline.parallel.worker` with the resolved config:
 - on a machine of its own: local processes with torch.distributed's environment (RANK, LOCAL_RANK,
   WORLD_SIZE, MASTER_ADDR, MASTER_PORT), gloo on a CPU and NCCL/RCCL with one process per GPU;
 - inside a Slurm allocation with `cluster.executor=slurm`: `srun` with one task per rank (one per
-  GPU/GCD), the cluster's srun options, container and environment; the worker reads Slurm's task ids;
-- a single rank (outside Slurm) runs in this process: no start-up cost for the demo, and a debugger sees
-  the training loop.
-No shell is involved: every argument goes to srun or Python as it is.
+  GPU/GCD), the cluster's srun options, container and environment; each rank reads Slurm's task ids
+  (`slurm_ranks`).
+A rank that fails stops the others; SIGUSR1/SIGTERM are passed on, so that every rank can checkpoint. No shell
+is involved: every argument goes to srun or Python as it is.
 """
 
 from __future__ import annotations
@@ -23,25 +21,14 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from pipeline.contract import StageError, StageInterrupted
+from pipeline.errors import StageError, StageInterrupted
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE = "launch_config.yaml"
-
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def write_config(cfg, work_dir: Path) -> Path:
-    path = work_dir / CONFIG_FILE
-    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
-    return path
 
 
 def distributed_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
@@ -64,28 +51,19 @@ def inside_slurm_allocation() -> bool:
     return "SLURM_JOB_ID" in os.environ
 
 
-def run_ranks(entry: str, cfg, work_dir: Path, world_size: int) -> None:
-    """Run `entry` ("module:function", called as function(cfg, work_dir)) on `world_size` ranks."""
-    if cfg.cluster.executor == "slurm":
+def run_ranks(argv: list[str], world_size: int, cluster, logs: Path) -> None:
+    """Run `python <argv>` as `world_size` ranks; ranks 1.. log to `logs/rank<N>.log`, rank 0 to this console."""
+    command = [sys.executable, *argv]
+    if cluster.executor == "slurm":
         if not inside_slurm_allocation():
-            raise StageError(f"stage={cfg.stage} with cluster.executor=slurm starts its {world_size} ranks with "
-                             f"srun inside a Slurm allocation, and this process is not in one. Submit the "
-                             f"command as a job (e.g. sbatch --ntasks={world_size} --gpus-per-task=1 --wrap "
-                             f"'python -m pipeline stage={cfg.stage} ...'), or run it here with cluster=local.")
-        _run_srun(entry, cfg, work_dir, world_size)
+            raise StageError(f"cluster.executor=slurm starts the {world_size} ranks with srun inside a Slurm "
+                             f"allocation, and this process is not in one. Submit the command as a job (e.g. "
+                             f"sbatch --ntasks={world_size} --gpus-per-task=1 --wrap 'python -m pipeline ...'), or "
+                             f"run it here with cluster=local.")
+        _run_srun(command, cluster, world_size, logs)
         return
-    if world_size == 1:
-        from pipeline.parallel.worker import run_entry
-
-        os.environ.update(distributed_environment(0, 1, free_port()))
-        run_entry(entry, cfg, work_dir)
-        return
-    config_file = write_config(cfg, work_dir)
-    logs = work_dir / "rank_logs"
-    logs.mkdir(exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
     port, threads = free_port(), _threads(world_size)
-    command = [sys.executable, "-m", "pipeline.parallel.worker", "--entry", entry,
-               "--config", str(config_file), "--work-dir", str(work_dir)]
     log.info("Starting %d ranks (%d threads each); logs of ranks 1.. in %s", world_size, threads, logs)
     processes = []
     for rank in range(world_size):
@@ -96,15 +74,20 @@ def run_ranks(entry: str, cfg, work_dir: Path, world_size: int) -> None:
     _wait_all(processes, logs)
 
 
-def _run_srun(entry: str, cfg, work_dir: Path, world_size: int) -> None:
-    config_file = write_config(cfg, work_dir)
-    command = srun_command(cfg.cluster, world_size, [sys.executable, "-m", "pipeline.parallel.worker", "--entry",
-                                                     entry, "--config", str(config_file), "--work-dir", str(work_dir)])
+def slurm_ranks() -> None:
+    """Under srun, torch.distributed's rank variables from Slurm's task ids (each rank calls it first)."""
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        os.environ.update(RANK=os.environ["SLURM_PROCID"], LOCAL_RANK=os.environ["SLURM_LOCALID"],
+                          WORLD_SIZE=os.environ["SLURM_NTASKS"])
+
+
+def _run_srun(command: list[str], cluster, world_size: int, logs: Path) -> None:
+    command = srun_command(cluster, world_size, command)
     # Rank 0 may be on another node than this batch step, but the first node of the allocation is this one.
     env = {**os.environ, "MASTER_ADDR": socket.gethostname(), "MASTER_PORT": str(free_port()),
-           **{key: os.path.expandvars(str(value)) for key, value in cfg.cluster.env.items()}}
+           **{key: os.path.expandvars(str(value)) for key, value in cluster.env.items()}}
     log.info("Starting %d ranks: %s", world_size, shlex.join(command))
-    _wait_all([subprocess.Popen(command, env=env)], work_dir)
+    _wait_all([subprocess.Popen(command, env=env)], logs)
 
 
 def _threads(world_size: int) -> int:

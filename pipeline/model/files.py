@@ -1,8 +1,9 @@
-"""The base model the warm start begins from, and the checks that it fits the configured model.
+"""Model files: pipeline checkpoints, the base model folder, and their identity for the stage contract.
 
 `model.base` is a local Hugging Face folder (BLOOM, Llama, Mistral; `config.json`, safetensors and the
 tokenizer files) or a pipeline checkpoint (`model_config.json`, `model.safetensors`, tokenizer files),
-such as the one `stage=warmup` writes for `stage=pretrain`.
+such as the one `stage=warmup` writes for `stage=pretrain`. `check_fit` says whether a base model fits the
+configured one.
 """
 
 from __future__ import annotations
@@ -11,19 +12,17 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Optional
 
 import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from pipeline.contract import StageError
+from pipeline.errors import StageError
 from pipeline.model.config import ModelConfig
 from pipeline.model.hf_import import from_hf
 from pipeline.model.transformer import Transformer
-from pipeline.tokenization.folder import TOKENIZER_FILE, special_token_strings
-from pipeline.warmstart.transfer import ROLES
+from pipeline.tokenization.folder import TOKENIZER_FILE
 
 CHECKPOINT_CONFIG = "model_config.json"
 CHECKPOINT_WEIGHTS = "model.safetensors"
@@ -80,30 +79,6 @@ def load_base(path: str) -> Transformer:
         return load_checkpoint(folder).float()
     model, _ = from_hf(folder, dtype=torch.float32)
     return model
-
-
-def load_base_tokenizer(path: str) -> Tokenizer:
-    file = Path(path) / TOKENIZER_FILE
-    if not file.is_file():
-        raise StageError(f"The base model folder {path} has no {TOKENIZER_FILE}: the warm start needs the base "
-                         f"model's own tokenizer to map the new vocabulary onto the old one. Save it there "
-                         f"(e.g. AutoTokenizer.save_pretrained) and run again.")
-    return Tokenizer.from_file(str(file))
-
-
-def token_roles(folder: Path, tokenizer: Tokenizer) -> dict[str, Optional[int]]:
-    """bos/eos/pad/unk ids from the tokenizer files, else from config.json; pad falls back to eos."""
-    named = special_token_strings(folder, ROLES)
-    roles = {role: tokenizer.token_to_id(named[role]) if role in named else None for role in ROLES}
-    config = folder / "config.json"
-    if config.is_file():
-        hf = json.loads(config.read_text(encoding="utf-8"))
-        for role in ROLES:
-            if roles[role] is None and isinstance(hf.get(f"{role}_token_id"), int):
-                roles[role] = hf[f"{role}_token_id"]
-    if roles["pad"] is None:
-        roles["pad"] = roles["eos"]
-    return roles
 
 
 def check_fit(configured: ModelConfig, base: ModelConfig, base_path: str, base_tokenizer: Tokenizer) -> None:

@@ -1,0 +1,51 @@
+"""The typed `clean` section: language ID, quality filters, deduplication and the held-out split."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pipeline.errors import ConfigError
+
+
+@dataclass
+class LanguageIdConfig:
+    # A local GlotLID (or other fastText) model file. None: trust the corpus' own `lang` field.
+    model: Optional[str] = None
+    # Minimum score; None takes the language's `filters.language_score`.
+    threshold: Optional[float] = None
+
+
+@dataclass
+class DedupConfig:
+    enabled: bool = True
+    n_grams: int = 5
+    num_buckets: int = 14
+    hashes_per_bucket: int = 8
+    seed: int = 1
+
+
+@dataclass
+class CleanConfig:
+    lid: LanguageIdConfig = field(default_factory=LanguageIdConfig)
+    gopher_repetition: bool = True
+    gopher_quality: bool = True
+    fineweb_quality: bool = True
+    c4: bool = False
+    gopher_min_doc_words: int = 50
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    heldout_fraction: float = 0.02
+    # Output shards are cut at this many bytes (compressed); -1 means one shard per task.
+    shard_bytes: int = 256 * 2**20
+    # datatrove tasks (units of work, each a share of the input files); None: as many as workers.
+    tasks: Optional[int] = None
+
+
+def validate_clean(clean: CleanConfig) -> None:
+    if not 0.0 <= clean.heldout_fraction < 1.0:
+        raise ConfigError("clean.heldout_fraction", clean.heldout_fraction, ["a number in [0, 1)"])
+    if clean.tasks is not None and clean.tasks < 1:
+        raise ConfigError("clean.tasks", clean.tasks, ["null", "an integer >= 1"])
+    if clean.lid.model is not None and not os.path.isfile(clean.lid.model):
+        raise ConfigError("clean.lid.model", clean.lid.model, ["a path to a local fastText/GlotLID .bin file"])

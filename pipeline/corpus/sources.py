@@ -1,0 +1,97 @@
+"""A corpus on disk and its documents: a clean stage output (its `train/` or `heldout/` shards, whose documents
+carry the duplicate-cluster sizes) or any folder of raw files that the clean stage's reader understands.
+
+Read in one process (`read_documents`) or file by file on several (`over_files`, with a progress bar over the
+compressed bytes). The mix, tokenizer, pack, warmup, pretrain and evaluate stages read their text this way.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+from tqdm import tqdm
+
+from pipeline.contract import read_marker
+from pipeline.corpus.reader import RawCorpusReader, find_raw_files, fingerprint_files
+
+CLEAN_OUTPUT, RAW_FOLDER = "clean output", "raw folder"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SourceInput:
+    name: str
+    path: Path
+    kind: str  # CLEAN_OUTPUT or RAW_FOLDER
+    # The folder the files are read from (`<path>/train` for a clean output) and the files in it.
+    folder: Path
+    files: tuple[str, ...]
+    # Hashed into the mix stage's config hash, so that a changed source reruns the plan.
+    fingerprint: dict
+
+
+def clean_output(name: str, path: Path, split: str = "train") -> SourceInput:
+    """A finished clean stage output (its marker exists); its training shards (or `heldout/`) are the source."""
+    marker = read_marker(path)
+    files = tuple(find_raw_files(path / split))
+    return SourceInput(name, path, CLEAN_OUTPUT, path / split, files,
+                       {"path": str(path), "kind": CLEAN_OUTPUT, "config_hash": marker["config_hash"]})
+
+
+def raw_folder(name: str, path: Path) -> SourceInput:
+    files = tuple(find_raw_files(path))
+    fingerprint = {"kind": RAW_FOLDER, **fingerprint_files(path, list(files))}
+    return SourceInput(name, path, RAW_FOLDER, path, files, fingerprint)
+
+
+def source_reader(source: SourceInput, paths_file: Path, bad_records_dir: Path):
+    """The datatrove reader of the source's files (listed in `paths_file`); shard `i` of `len(files)` is file `i`.
+
+    The clean stage's own readers: datatrove's JSONL reader for its output (which keeps the metadata),
+    the robust raw reader for anything else.
+    """
+    if source.kind == CLEAN_OUTPUT:
+        from datatrove.pipeline.readers import JsonlReader
+
+        return JsonlReader(str(source.folder), paths_file=str(paths_file), file_progress=False)
+    return RawCorpusReader(str(source.folder), str(paths_file), str(bad_records_dir), file_progress=False)
+
+
+FileTask = tuple[SourceInput, Path, Path, int]  # source, paths file, bad-records folder, file index
+
+
+def _paths_file(source: SourceInput, scratch: Path) -> Path:
+    """The list of the source's files that datatrove's readers take."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    paths_file = scratch / "files.txt"
+    paths_file.write_text("".join(f"{name}\n" for name in source.files), encoding="utf-8")
+    return paths_file
+
+
+def read_documents(source: SourceInput, scratch: Path) -> Iterator:
+    """The source's documents, file after file, in one process (bad records are logged in `scratch`)."""
+    yield from source_reader(source, _paths_file(source, scratch), scratch / "bad_records").run()
+
+
+def over_files(source: SourceInput, scratch: Path, workers: int, per_file: Callable[[FileTask], T],
+               description: str) -> Iterator[T]:
+    """`per_file(task)` for each file of the source, in file order, on `workers` processes, with a progress
+    bar over the compressed bytes. Bad records are logged in `scratch/bad_records`."""
+    paths_file = _paths_file(source, scratch)
+    tasks = [(source, paths_file, scratch / "bad_records", index) for index in range(len(source.files))]
+    sizes = [(source.folder / name).stat().st_size for name in source.files]
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc=description, disable=None) as bar:
+        if workers > 1 and len(tasks) > 1:
+            with multiprocessing.Pool(min(workers, len(tasks))) as pool:
+                # imap keeps the order, so each result is matched with its file's size.
+                for result, size in zip(pool.imap(per_file, tasks), sizes):
+                    bar.update(size)
+                    yield result
+        else:
+            for task, size in zip(tasks, sizes):
+                result = per_file(task)
+                bar.update(size)
+                yield result

@@ -1,0 +1,102 @@
+"""The typed `tokenizer` section: backend, vocabulary size, special tokens, pre-tokenizer, samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pipeline.choices import closest_first
+from pipeline.errors import ConfigError
+
+# GPT-4's split pattern (cl100k, as in Llama 3) with two changes for many languages: combining marks
+# (\p{M}: Devanagari vowel signs, decomposed accents) stay inside words, and the English contractions
+# ('s, 't, 're ...) are not special (`'s` still splits off as punctuation + letters). Runs of 1-3
+# digits, punctuation with its leading space, newlines and other whitespace runs are pieces of their own.
+DEFAULT_PRETOKENIZER_PATTERN = (
+    r"[^\r\n\p{L}\p{M}\p{N}]?[\p{L}\p{M}]+|\p{N}{1,3}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+TOKENIZER_BACKENDS = ("bytelevel_bpe", "sentencepiece")
+SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe")
+NORMALIZATIONS = ("none", "nfkc")
+
+
+@dataclass
+class SpecialTokens:
+    """The special tokens, at ids 0-3 in this order."""
+
+    bos: str = "<s>"
+    eos: str = "</s>"
+    pad: str = "<pad>"
+    unk: str = "<unk>"
+
+    def in_id_order(self) -> list[str]:
+        return [self.bos, self.eos, self.pad, self.unk]
+
+
+@dataclass
+class TokenizerConfig:
+    backend: str = "bytelevel_bpe"
+    # For backend=sentencepiece.
+    sentencepiece_model_type: str = "unigram"
+    # Rounded up to a multiple of 128 (tensor-parallel embedding shards and GPU kernels want it).
+    vocab_size: int = 32768
+    special_tokens: SpecialTokens = field(default_factory=SpecialTokens)
+    # `none` keeps decode(encode(x)) == x; `nfkc` folds compatibility characters and breaks that.
+    normalization: str = "none"
+    # For backend=bytelevel_bpe: the regex that splits text into pre-tokens before BPE.
+    pretokenizer_pattern: str = DEFAULT_PRETOKENIZER_PATTERN
+    # The longest token the trainer may learn: bytes for bytelevel_bpe, characters for sentencepiece.
+    # None: no limit for bytelevel_bpe, SentencePiece's own 16 for sentencepiece.
+    max_token_length: Optional[int] = None
+    # For backend=bytelevel_bpe: a pair seen fewer times is never merged.
+    min_frequency: int = 2
+    # Cap on the training text sampled from the mix plan's sources (UTF-8 bytes): bounds memory and time.
+    sample_bytes: int = 1_000_000_000
+    # Cap on the held-out text the report evaluates (UTF-8 bytes).
+    eval_bytes: int = 100_000_000
+    seed: int = 1
+    # The base model's tokenizer to compare with: a tokenizer.json file or a folder holding one.
+    base: Optional[str] = None
+    # Train nothing: adopt the base's tokenizer (`base`, else `model.base`'s tokenizer.json), to continue
+    # pretraining with the old vocabulary (the baseline the new tokenizer and the warm start are measured against).
+    keep_base: bool = False
+
+
+def validate_tokenizer(tok: TokenizerConfig) -> None:
+    # tokenizers (a Rust extension) only when the section is checked, not when the CLI only composes it
+    from tokenizers import Regex
+
+    from pipeline.tokenization.folder import base_tokenizer_file
+
+    for key, value, allowed in (("backend", tok.backend, TOKENIZER_BACKENDS),
+                                ("sentencepiece_model_type", tok.sentencepiece_model_type, SENTENCEPIECE_MODEL_TYPES),
+                                ("normalization", tok.normalization, NORMALIZATIONS)):
+        if value not in allowed:
+            raise ConfigError(f"tokenizer.{key}", value, closest_first(value, allowed))
+    specials = tok.special_tokens.in_id_order()
+    if len(set(specials)) != len(specials) or any(not t or t != "".join(t.split()) for t in specials):
+        raise ConfigError("tokenizer.special_tokens", specials, ["four distinct non-empty strings without whitespace"])
+    smallest = 256 + len(specials)
+    if tok.vocab_size <= smallest:
+        raise ConfigError("tokenizer.vocab_size", tok.vocab_size, [
+            f"an integer > {smallest} (256 byte tokens + {len(specials)} special tokens, before any learned token); "
+            "it is rounded up to a multiple of 128, e.g. 32768"])
+    if tok.max_token_length is not None and not 2 <= tok.max_token_length <= 512:
+        raise ConfigError("tokenizer.max_token_length", tok.max_token_length,
+                          ["null (no limit for bytelevel_bpe, 16 for sentencepiece)", "an integer in [2, 512]"])
+    for key in ("min_frequency", "seed"):
+        if getattr(tok, key) < 0:
+            raise ConfigError(f"tokenizer.{key}", getattr(tok, key), ["an integer >= 0"])
+    for key in ("sample_bytes", "eval_bytes"):
+        if getattr(tok, key) < 1:
+            raise ConfigError(f"tokenizer.{key}", getattr(tok, key),
+                              ["a positive number of UTF-8 bytes, e.g. 1000000000"])
+    try:
+        Regex(tok.pretokenizer_pattern)
+    except Exception as error:  # tokenizers raises a bare Exception for Oniguruma syntax errors
+        raise ConfigError("tokenizer.pretokenizer_pattern", tok.pretokenizer_pattern,
+                          [f"an Oniguruma regular expression ({error})"]) from None
+    if tok.base is not None and base_tokenizer_file(tok.base) is None:
+        raise ConfigError("tokenizer.base", tok.base, [
+            "null", "a local tokenizer.json file", "a local folder holding a tokenizer.json (a Hugging Face model "
+            "folder)"])

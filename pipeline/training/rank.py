@@ -1,0 +1,82 @@
+"""One rank of a training stage: engine, sampler, resume, loop, and its share of the trained model.
+
+Reads everything from the job (pipeline/training/job.py) and the files the launching process wrote into the
+job's folder: the starting model in `init/` and the held-out rows in `heldout.npz`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import torch.distributed as dist
+
+from pipeline.contract import write_json_atomic
+from pipeline.kernels import set_backend
+from pipeline.model.files import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS, read_model_config
+from pipeline.model.flops import flops_per_token
+from pipeline.packing.sampler import PackedSampler
+from pipeline.training import checkpoint
+from pipeline.training.engine import build_engine, init_distributed
+from pipeline.training.heldout import load_rows
+from pipeline.training.job import TrainingJob
+from pipeline.training.loop import Checkpointing, RunState, train_loop
+from pipeline.training.outputs import CHECKPOINTS, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED
+from pipeline.training.weights import join_parts, save_part
+
+log = logging.getLogger(__name__)
+
+
+def train_rank(job: TrainingJob) -> None:
+    """Train the model of `init/`; `job.resume` (auto|never) enables checkpoints."""
+    set_backend(job.kernels)
+    init_distributed()
+    rank = dist.get_rank()
+    folder = Path(job.folder)
+    model_cfg = read_model_config(folder / INIT / CHECKPOINT_CONFIG)
+    engine = build_engine(model_cfg, job.train, job.parallel, folder / INIT / CHECKPOINT_WEIGHTS, job.trains)
+    heldout = load_rows(folder / HELDOUT_FILE)
+    sampler = PackedSampler(Path(job.pack), seq_len=job.seq_len, global_batch_size=job.train.global_batch_size,
+                            seed=job.train.seed, rank=engine.dp_rank, world=engine.dp_world)
+    state, checkpointing = RunState(), None
+    if job.resume is not None:
+        root = folder / CHECKPOINTS
+        found = checkpoint.latest(root)
+        if found is not None:
+            saved = checkpoint.load(engine, found)
+            sampler.load_state_dict(saved["sampler"])
+            state = RunState(**saved["run"])
+            if rank == 0:
+                log.info("Resuming from %s (step %d of %d)", found, state.step, job.train.steps)
+
+        def save(step: int) -> Path:
+            return checkpoint.save(engine, root, step, {"run": state.as_dict(), "sampler": sampler.state_dict()},
+                                   job.train.keep_checkpoints)
+
+        checkpointing = Checkpointing(job.train.checkpoint_every, save)
+    result = train_loop(engine, sampler, job.train, heldout, folder / METRICS_FILE, is_logger=rank == 0,
+                        flops_per_token=flops_per_token(model_cfg, job.seq_len), run=state,
+                        checkpointing=checkpointing)
+    _save_trained(engine, folder)
+    if rank == 0:
+        write_json_atomic(folder / RESULT_FILE, result)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _save_trained(engine, folder: Path) -> None:
+    """The trained model as one pipeline checkpoint in `checkpoint/`: each stage's part, joined by rank 0."""
+    parts = folder / "parts"
+    if dist.get_rank() == 0:
+        parts.mkdir(exist_ok=True)
+    dist.barrier()
+    if engine.dp_rank == 0:
+        save_part(engine.layers, parts / f"stage{engine.engine.grid.get_pipe_parallel_rank():03d}.safetensors")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        trained = folder / TRAINED
+        trained.mkdir(exist_ok=True)
+        join_parts(sorted(parts.glob("stage*.safetensors")), trained / CHECKPOINT_WEIGHTS)
+        shutil.copyfile(folder / INIT / CHECKPOINT_CONFIG, trained / CHECKPOINT_CONFIG)
+        shutil.rmtree(parts)

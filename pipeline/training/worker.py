@@ -1,0 +1,38 @@
+"""One rank of a training stage: `python -m pipeline.training.worker <job.yaml>`, started by
+pipeline/training/launch.py through pipeline/parallel/ranks.py."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from pipeline.errors import StageInterrupted
+from pipeline.parallel.ranks import slurm_ranks
+from pipeline.training.job import read_job
+from pipeline.training.rank import train_rank
+
+log = logging.getLogger("pipeline")
+
+
+def main() -> None:
+    slurm_ranks()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("job", type=Path, help="the job file the launching process wrote")
+    args = parser.parse_args()
+    rank = os.environ.get("RANK", "?")
+    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][rank {rank}][%(name)s] %(message)s")
+    try:
+        train_rank(read_job(args.job))
+    except StageInterrupted as stop:
+        log.warning("%s", stop)
+        sys.exit(StageInterrupted.exit_code)
+    except Exception:
+        log.exception("This rank failed")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
