@@ -49,20 +49,22 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         head_dim = cfg.head_dim
-        # This module's heads: all of them, or a tensor-parallel rank's slice (its ALiBi slopes start at
-        # `first_head`), set by pipeline/parallel/tensor_parallel.py.
-        self.num_heads, self.num_kv_heads, self.first_head = cfg.num_heads, cfg.num_kv_heads, 0
         self.q = nn.Linear(cfg.hidden_size, cfg.num_heads * head_dim, bias=cfg.bias)
         self.k = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * head_dim, bias=cfg.bias)
         self.v = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * head_dim, bias=cfg.bias)
         self.out = nn.Linear(cfg.num_heads * head_dim, cfg.hidden_size, bias=cfg.bias)
 
+    def alibi_slopes(self, device: torch.device) -> torch.Tensor:
+        """The ALiBi slope of each of this module's query heads."""
+        return alibi_slopes(self.cfg.num_heads, device)
+
     def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         cfg = self.cfg
-        q = self.q(x).view(batch, seq, self.num_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k(x).view(batch, seq, self.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v(x).view(batch, seq, self.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        # The head counts follow the projections (a tensor-parallel rank holds a slice of the heads).
+        q = self.q(x).view(batch, seq, -1, cfg.head_dim).transpose(1, 2)
+        k = self.k(x).view(batch, seq, -1, cfg.head_dim).transpose(1, 2)
+        v = self.v(x).view(batch, seq, -1, cfg.head_dim).transpose(1, 2)
         slopes = None
         if cfg.position == "rope":
             # Positions count from the start of the sequence, also in packed sequences (documents
@@ -70,9 +72,9 @@ class Attention(nn.Module):
             cos, sin = rope_cos_sin(rope_frequencies(cfg, x.device), seq, x.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         else:
-            slopes = alibi_slopes(cfg.num_heads, x.device)[self.first_head:self.first_head + self.num_heads]
+            slopes = self.alibi_slopes(x.device)
         y = flash_attention(q, k, v, causal=True, alibi_slopes=slopes, segment_ids=segment_ids)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, self.num_heads * cfg.head_dim))
+        return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class MLP(nn.Module):

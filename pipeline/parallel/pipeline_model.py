@@ -22,6 +22,9 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
 from pipeline.model.config import ModelConfig
+from pipeline.parallel.deepspeed_internals import (local_layer, local_layer_indices, replace_local_layer,
+                                                  replicated_marks, restore_replicated_marks, slice_parallel_group,
+                                                  tied_module)
 from pipeline.model.transformer import Block, Embedding, Head, LayerNorm, RMSNorm
 from pipeline.parallel.tensor_parallel import (VocabParallelEmbedding, apply_tensor_parallel,
                                                vocab_parallel_cross_entropy)
@@ -77,18 +80,23 @@ def _tied_head(embedding: EmbeddingLayer, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def token_loss(vocab_size: int, group=None) -> Callable:
-    """The mean cross-entropy of the next tokens; from vocabulary shards of the logits under tensor parallelism."""
+    """The cross-entropy of the next tokens summed over the labels that count (not -100) and divided by all labels:
+    the mean in training, where every label counts; in held-out scoring, where context and padding do not, the
+    engine's mean over micro-batches times their labels is the exact sum (pipeline/training/heldout.py). Under
+    tensor parallelism, from vocabulary shards of the logits."""
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # The padded vocabulary rows are never predicted.
-        return F.cross_entropy(logits[..., :vocab_size].float().flatten(0, 1), labels.flatten())
+        summed = F.cross_entropy(logits[..., :vocab_size].float().flatten(0, 1), labels.flatten(), reduction="sum")
+        return summed / labels.numel()
 
     def parallel_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(logits.float(), labels, vocab_size, group)
+        return vocab_parallel_cross_entropy(logits.float(), labels, vocab_size, group, reduction="sum") / labels.numel()
     return loss if group is None else parallel_loss
 
 
 class TransformerPipeline(PipelineModule):
-    """DeepSpeed's PipelineModule whose activation checkpointing recomputes transformer blocks only.
+    """DeepSpeed's PipelineModule whose activation checkpointing recomputes transformer blocks only (it overrides
+    the private `_is_checkpointable`: pipeline/parallel/deepspeed_internals.py lists what else is private).
 
     DeepSpeed would also wrap the embedding, whose input (token ids) needs no gradient: a reentrant
     checkpoint around it then drops its parameters' gradients, and training silently goes wrong.
@@ -118,7 +126,7 @@ def pipeline_module(cfg: ModelConfig, num_stages: int, topology=None, partition_
     kwargs = {"topology": topology} if topology is not None else {"num_stages": num_stages}
     module = TransformerPipeline(layers=layers, loss_fn=token_loss(cfg.vocab_size), partition_method=partition_method,
                             activation_checkpoint_interval=checkpoint_interval, **kwargs)
-    group = module._grid.get_slice_parallel_group()
+    group = slice_parallel_group(module)
     if dist.get_world_size(group) > 1:
         _tensor_parallel_stage(module, cfg, group)
     return module
@@ -130,14 +138,11 @@ def _tensor_parallel_stage(module: PipelineModule, cfg: ModelConfig, group) -> N
     for _, layer in local_layers(module, cfg):
         # DeepSpeed marked the last stage's copy of a tied embedding as replicated (counted once in the
         # gradient norm); its shards keep the mark.
-        replicated = {name: parameter.ds_pipe_replicated for name, parameter in layer.named_parameters()}
+        marks = replicated_marks(layer)
         parallel = apply_tensor_parallel(layer, cfg, group)
-        for name, parameter in parallel.named_parameters():
-            parameter.ds_pipe_replicated = replicated[name]
+        restore_replicated_marks(parallel, marks)
         if parallel is not layer:  # the untied head
-            position = module.forward_funcs.index(layer)
-            module.forward_funcs[position] = parallel
-            setattr(module, str(module._local_start + position), parallel)
+            replace_local_layer(module, layer, parallel)
     module.loss_fn = token_loss(cfg.vocab_size, group)
 
 
@@ -145,10 +150,10 @@ def local_layers(module: PipelineModule, cfg: ModelConfig) -> list[tuple[str, nn
     """This stage's layers with their Transformer prefixes (a tied embedding appears once per stage)."""
     prefixes = layer_prefixes(cfg)
     found, seen = [], set()
-    for index in range(module._local_start, module._local_stop):
-        layer = module.forward_funcs[index - module._local_start]
+    for index in local_layer_indices(module):
+        layer = local_layer(module, index)
         if not isinstance(layer, nn.Module):  # a tied layer runs through a partial function
-            layer = module.tied_modules[TIED_KEY]
+            layer = tied_module(module, TIED_KEY)
         if id(layer) not in seen:
             seen.add(id(layer))
             found.append((prefixes[index], layer))

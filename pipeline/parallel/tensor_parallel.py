@@ -2,8 +2,9 @@
 
 `apply_tensor_parallel` is applied to the plain model's parts (torchtitan style) and swaps their layers:
 
-- attention q, k, v: column-parallel by heads (each rank keeps num_heads/tp query and num_kv_heads/tp
-  key/value heads, so grouped-query attention stays within a rank), out: row-parallel;
+- attention (`TensorParallelAttention`): q, k, v column-parallel by heads (each rank keeps num_heads/tp query and
+  num_kv_heads/tp key/value heads, so grouped-query attention stays within a rank) with their ALiBi slopes, out
+  row-parallel;
 - MLP gate and up: column-parallel, down: row-parallel;
 - embedding and LM head (tied or not): vocab-parallel, the vocabulary padded to a multiple of
   model.pad_vocab_multiple x tp so that every rank holds an equal shard;
@@ -37,7 +38,7 @@ from torch import nn
 
 from pipeline.kernels import vocab_shard_statistics
 from pipeline.model.config import ModelConfig
-from pipeline.model.transformer import Block, Embedding, Head
+from pipeline.model.transformer import Attention, Block, Embedding, Head
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
 
 
@@ -218,8 +219,9 @@ class VocabParallelHead(nn.Module):
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group,
-                                 ignore_index: int = -100) -> torch.Tensor:
-    """The mean cross-entropy over the targets that are not `ignore_index`, from this rank's vocabulary shard
+                                 ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+    """The mean (or, with reduction="sum", the sum of the) cross-entropy over the targets that are not
+    `ignore_index`, from this rank's vocabulary shard
     of the logits (..., shard) (rank r holds ids r*shard .. (r+1)*shard - 1): the same value on every rank.
 
     Each shard gives its log-sum-exp and target logit (`vocab_shard_statistics`, the kernels' building block);
@@ -243,7 +245,24 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vo
     target_logit = reduce_from_tensor_parallel(target_logit, group)
     losses = torch.log(total) + highest - target_logit
     counted = targets != ignore_index
-    return torch.where(counted, losses, 0.0).sum() / counted.sum()
+    summed = torch.where(counted, losses, 0.0).sum()
+    return summed if reduction == "sum" else summed / counted.sum()
+
+
+class TensorParallelAttention(Attention):
+    """Attention cut by heads: this rank's num_heads/tp query and num_kv_heads/tp key/value heads (so grouped-query
+    attention stays within a rank), their ALiBi slopes, and the output projection's matching input columns."""
+
+    def __init__(self, full: Attention, group) -> None:
+        nn.Module.__init__(self)
+        self.cfg = full.cfg
+        self.q, self.k, self.v = (ColumnParallelLinear(linear, group) for linear in (full.q, full.k, full.v))
+        self.out = RowParallelLinear(full.out, group)
+        heads = full.cfg.num_heads // dist.get_world_size(group)
+        self.heads = slice(dist.get_rank(group) * heads, (dist.get_rank(group) + 1) * heads)
+
+    def alibi_slopes(self, device: torch.device) -> torch.Tensor:
+        return super().alibi_slopes(device)[self.heads]
 
 
 def apply_tensor_parallel(part: nn.Module, cfg: ModelConfig, group) -> nn.Module:
@@ -252,12 +271,8 @@ def apply_tensor_parallel(part: nn.Module, cfg: ModelConfig, group) -> nn.Module
     tp = dist.get_world_size(group)
     check_tensor_parallel(cfg, tp)
     if isinstance(part, Block):
-        attention, mlp = part.attn, part.mlp
-        attention.q, attention.k, attention.v = (ColumnParallelLinear(linear, group)
-                                                 for linear in (attention.q, attention.k, attention.v))
-        attention.out = RowParallelLinear(attention.out, group)
-        attention.num_heads, attention.num_kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
-        attention.first_head = dist.get_rank(group) * attention.num_heads
+        part.attn = TensorParallelAttention(part.attn, group)
+        mlp = part.mlp
         if mlp.swiglu:
             mlp.gate = ColumnParallelLinear(mlp.gate, group)
         mlp.up = ColumnParallelLinear(mlp.up, group)

@@ -20,6 +20,7 @@ import torch
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
+from pipeline.parallel.deepspeed_internals import holds_first_layer
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
 from pipeline.training.config import ParallelConfig, TrainConfig
 from pipeline.training.schedule import lr_factor
@@ -57,11 +58,11 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
                              checkpoint_interval=train.activation_checkpoint_interval)
     layers = local_layers(module, model_cfg)
     load_layers(layers, init_file)
-    holds_first_layer = module._local_start == 0
+    first = holds_first_layer(module)
     for prefix, layer in layers:
         for name, parameter in layer.named_parameters():
             # The last stage's copy of a tied embedding trains only the shared matrix.
-            shared_copy = prefix == "embedding." and not holds_first_layer and name != "tokens.weight"
+            shared_copy = prefix == "embedding." and not first and name != "tokens.weight"
             parameter.requires_grad_(trainable(prefix + name) and not shared_copy)
     trained = [p for p in module.parameters() if p.requires_grad]
     count = sum(p.numel() for p in trained)

@@ -1,0 +1,56 @@
+"""The private parts of DeepSpeed that this project relies on, in one place.
+
+DeepSpeed's PipelineModule keeps no public API for what pipeline_model.py needs: which layers this pipeline stage
+holds, replacing one of them with its tensor-parallel form after DeepSpeed built it (the tensor-parallel group
+exists only then), the tied embedding's module, and the topology's groups. The training engine also overrides
+`PipelineModule._is_checkpointable` (pipeline_model.TransformerPipeline) and reads `ds_pipe_replicated`, the mark
+DeepSpeed puts on a tied layer's copy so that the global gradient norm counts it once; checkpoint.py writes ZeRO-1's
+optimizer state in its elastic layout (`deepspeed.checkpoint.constants`).
+
+Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later DeepSpeed may
+rename any of these; the CPU tests (tests/test_tensor_parallel.py, tests/test_pretrain.py) fail if one moved.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def local_layer_indices(module) -> range:
+    """The pipeline's layer indices that this stage holds."""
+    return range(module._local_start, module._local_stop)
+
+
+def local_layer(module, index: int):
+    """This stage's callable for pipeline layer `index` (a module, or a partial function for a tied layer)."""
+    return module.forward_funcs[index - module._local_start]
+
+
+def tied_module(module, key: str) -> nn.Module:
+    return module.tied_modules[key]
+
+
+def replace_local_layer(module, old: nn.Module, new: nn.Module) -> None:
+    """Run (and register the parameters of) `new` where this stage ran `old`."""
+    position = module.forward_funcs.index(old)
+    module.forward_funcs[position] = new
+    setattr(module, str(module._local_start + position), new)
+
+
+def slice_parallel_group(module):
+    """The topology's tensor-parallel ("slice") process group of this rank."""
+    return module._grid.get_slice_parallel_group()
+
+
+def holds_first_layer(module) -> bool:
+    return module._local_start == 0
+
+
+def replicated_marks(layer: nn.Module) -> dict[str, bool]:
+    """DeepSpeed's `ds_pipe_replicated` mark of each parameter (set on the last stage's copy of a tied layer)."""
+    return {name: parameter.ds_pipe_replicated for name, parameter in layer.named_parameters()}
+
+
+def restore_replicated_marks(layer: nn.Module, marks: dict[str, bool]) -> None:
+    for name, parameter in layer.named_parameters():
+        parameter.ds_pipe_replicated = marks[name]
