@@ -61,8 +61,9 @@ def _layer_errors() -> dict[str, float]:
     """Each parallel layer against the full layer it was built from, on the world group (2 ranks)."""
     import torch.distributed as dist
 
+    from pipeline.parallel.pipeline_model import token_loss
     from pipeline.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, apply_tensor_parallel,
-                                                   full_state_dict, parameter_shards, vocab_parallel_cross_entropy)
+                                                   copy_to_tensor_parallel, full_state_dict, parameter_shards)
 
     group, rank = dist.group.WORLD, dist.get_rank()
     errors = {}
@@ -118,18 +119,25 @@ def _layer_errors() -> dict[str, float]:
             compare(f"{model} head", padded_head, apply_tensor_parallel(copy.deepcopy(reference.head), cfg, group),
                     (x,), cut_output=vocab_shard)
 
-    # The cross-entropy from vocabulary shards: padding ids in both shards, targets on both, one ignored.
+    # The fused head + cross-entropy from vocabulary shards (the training loss): padding ids in both shards,
+    # targets on both, one ignored; chunks of 4 rows.
     vocab = 300
-    logits = torch.randn(6, 2 * shard)
-    targets = torch.tensor([0, 255, 256, 299, -100, 17])
-    full_logits = logits[:, :vocab].clone().requires_grad_()
-    expected = F.cross_entropy(full_logits, targets)
+    hidden = torch.randn(2, 3, 32)
+    weight = torch.randn(2 * shard, 32)
+    weight[vocab:] = 0.0  # the padding rows
+    targets = torch.tensor([[0, 255, 256], [299, -100, 17]])
+    full_hidden, full_weight = hidden.clone().requires_grad_(), weight[:vocab].clone().requires_grad_()
+    expected = F.cross_entropy((full_hidden @ full_weight.t()).flatten(0, 1), targets.flatten(), reduction="sum") / 6
     expected.backward()
-    local = logits[:, rank * shard:(rank + 1) * shard].clone().requires_grad_()
-    loss = vocab_parallel_cross_entropy(local, targets, vocab, group)
+    local_hidden = hidden.clone().requires_grad_()
+    local_weight = weight[rank * shard:(rank + 1) * shard].clone().requires_grad_()
+    loss = token_loss(vocab, group)((copy_to_tensor_parallel(local_hidden, group), local_weight), targets)
     loss.backward()
     errors["cross-entropy"] = _max_error(loss, expected)
-    errors["cross-entropy grad"] = _max_error(local.grad, vocab_shard(full_logits.grad))
+    errors["cross-entropy hidden grad"] = _max_error(local_hidden.grad, full_hidden.grad)
+    errors["cross-entropy weight grad"] = _max_error(local_weight.grad,
+                                                     F.pad(full_weight.grad, (0, 0, 0, 2 * shard - vocab))[
+                                                         rank * shard:(rank + 1) * shard])
     return errors
 
 

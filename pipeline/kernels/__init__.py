@@ -9,10 +9,12 @@ on CPU; see pipeline/kernels/backend.py for the switch):
   keeps attention within each packed document. Head dims up to 128 in the Triton kernel.
 - `rms_norm(x, weight, eps)` and `layer_norm(x, weight, bias, eps)` (bias may be None): over the last axis,
   statistics in float32, output in x's dtype; the Triton kernels hold a row whole (hidden size <= 65536).
-- `linear_cross_entropy(hidden, weight, targets, ignore_index=-100, chunk_size=None)`: the mean cross-entropy
-  of the LM head `hidden @ weight.T` (hidden (..., d), weight (vocab, d), targets hidden.shape[:-1]) over the
-  targets that are not `ignore_index`, computed `chunk_size` rows at a time (default: ~128M logits per chunk)
-  so that the whole (tokens, vocab) logits never exist; gradients flow to hidden and weight.
+- `linear_cross_entropy(hidden, weight, targets, ignore_index=-100, chunk_size=None, reduction="mean",
+  shard=None)`: the mean (or sum) cross-entropy of the LM head `hidden @ weight.T` (hidden (..., d), weight
+  (vocab, d), targets hidden.shape[:-1]) over the targets that are not `ignore_index`, computed `chunk_size` rows
+  at a time (default: ~128M logits per chunk) so that the whole (tokens, vocab) logits never exist; gradients flow
+  to hidden and weight. With `shard` (a `VocabShard`), `weight` is this rank's rows of a head cut by vocabulary
+  and the statistics are combined over the ranks (fused_head.py).
 - `vocab_shard_statistics(logits, targets, vocab_start=0) -> (lse, target_logit)`: the building block of a
   vocab-parallel cross-entropy. For a (rows, shard_vocab) logits shard holding the ids vocab_start ..
   vocab_start + shard_vocab - 1: per row, the float32 log-sum-exp over the shard and the logit of the row's
@@ -31,6 +33,7 @@ import torch
 
 from pipeline.kernels import reference
 from pipeline.kernels.backend import get_backend, kernel_backend, set_backend, use_triton
+from pipeline.kernels.fused_head import VocabShard, fused_linear_cross_entropy
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
@@ -60,11 +63,14 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
-                         chunk_size: Optional[int] = None) -> torch.Tensor:
+                         chunk_size: Optional[int] = None, reduction: str = "mean",
+                         shard: Optional[VocabShard] = None) -> torch.Tensor:
     if use_triton(hidden):
-        from pipeline.kernels import cross_entropy
-        return cross_entropy.linear_cross_entropy(hidden, weight, targets, ignore_index, chunk_size)
-    return reference.linear_cross_entropy(hidden, weight, targets, ignore_index, chunk_size)
+        from pipeline.kernels.cross_entropy import ROW_PRIMITIVES
+    else:
+        ROW_PRIMITIVES = reference.ROW_PRIMITIVES
+    return fused_linear_cross_entropy(hidden, weight, targets, ROW_PRIMITIVES, ignore_index, chunk_size, reduction,
+                                      shard)
 
 
 def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
@@ -75,5 +81,5 @@ def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
     return reference.vocab_shard_statistics(logits, targets, vocab_start)
 
 
-__all__ = ["flash_attention", "get_backend", "kernel_backend", "layer_norm", "linear_cross_entropy", "rms_norm",
-           "set_backend", "vocab_shard_statistics"]
+__all__ = ["VocabShard", "flash_attention", "get_backend", "kernel_backend", "layer_norm", "linear_cross_entropy",
+           "rms_norm", "set_backend", "vocab_shard_statistics"]

@@ -6,24 +6,17 @@ Imported only when a call runs the Triton backend. Two kernels, one program per 
   (0 otherwise): what a vocab-parallel cross-entropy all-reduces across tensor-parallel ranks;
 - `_softmax_gradient`: d/dlogits of g_lse * lse + g_target * target_logit = g_lse * softmax + g_target * onehot,
   written in place over the logits when asked.
-`linear_cross_entropy` runs the LM-head matmul chunk by chunk of rows: only a (chunk, vocab) logits buffer
-ever exists; each chunk's loss and its gradients with respect to hidden states and weight are computed in the
-forward (the chunk's logits are gone by the backward), and the backward scales them by the incoming gradient.
+They are the GPU primitives of the fused LM head and loss (fused_head.py).
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from pipeline.kernels.fused_head import RowPrimitives
 from pipeline.kernels.launch_configs import ROWWISE, current_arch
-
-# Rows per chunk of the fused LM head: the chunk's logits take chunk x vocab x 2 bytes (bf16), 256 MiB at
-# vocab 131072 with 1024 rows, while each chunk's matmuls stay large enough to run at full speed.
-CHUNK_LOGIT_ELEMENTS = 1024 * 131072
 
 
 @triton.jit
@@ -113,47 +106,5 @@ def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor, vocab_st
     return _ShardStatistics.apply(logits, targets, vocab_start)
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size):
-        rows = _row_major(hidden.reshape(-1, hidden.shape[-1]))
-        targets = targets.reshape(-1).contiguous()
-        valid = targets != ignore_index
-        n_valid = valid.sum()
-        # every token's gradient carries 1/n_valid (mean over the tokens that count); ignored tokens none
-        row_scale = valid.float() / n_valid.clamp(min=1)
-        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad_rows = torch.empty_like(rows) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
-        loss_sum = torch.zeros((), device=rows.device, dtype=torch.float32)
-        for start in range(0, rows.shape[0], chunk_size):
-            chunk = slice(start, start + chunk_size)
-            logits = rows[chunk] @ weight.t()
-            lse, target_logit = _launch_statistics(logits, targets[chunk], 0)
-            loss_sum += torch.where(valid[chunk], lse - target_logit, 0.0).sum()
-            if needs_grad:
-                scale = row_scale[chunk]
-                _launch_gradient(logits, logits, targets[chunk], lse, scale, -scale, 0)  # in place
-                if grad_rows is not None:
-                    torch.matmul(logits, weight, out=grad_rows[chunk])
-                if grad_weight is not None:
-                    grad_weight.addmm_(logits.t(), rows[chunk])
-        ctx.save_for_backward(grad_rows, grad_weight)
-        ctx.hidden_shape = hidden.shape
-        return loss_sum / n_valid
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_rows, grad_weight = ctx.saved_tensors
-        grad_hidden = (grad_rows * grad_loss).view(ctx.hidden_shape) if grad_rows is not None else None
-        return grad_hidden, grad_weight * grad_loss if grad_weight is not None else None, None, None, None
-
-
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
-                         chunk_size: Optional[int] = None) -> torch.Tensor:
-    if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"linear_cross_entropy: hidden {tuple(hidden.shape)} needs one target per row; targets "
-                         f"are {tuple(targets.shape)}")
-    chunk_size = chunk_size or max(1, CHUNK_LOGIT_ELEMENTS // weight.shape[0])
-    return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size)
+# The per-row primitives of the fused LM head (fused_head.py) on a GPU.
+ROW_PRIMITIVES = RowPrimitives(statistics=_launch_statistics, softmax_gradient=_launch_gradient)

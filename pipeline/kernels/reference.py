@@ -7,6 +7,8 @@ from typing import Optional
 
 import torch
 
+from pipeline.kernels.fused_head import RowPrimitives
+
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
               alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
@@ -65,10 +67,26 @@ def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
     return logits.logsumexp(-1), torch.where(holds, target_logit, 0.0)
 
 
+def softmax_gradient(logits: torch.Tensor, out: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+                     grad_lse: torch.Tensor, grad_target: torch.Tensor, vocab_start: int = 0) -> None:
+    """out = grad_lse * softmax(logits) + grad_target * one-hot(target), per row (out may be logits itself); the
+    gradient of grad_lse * lse + grad_target * target_logit, as the Triton kernel computes it."""
+    grad = torch.exp(logits.float() - lse[:, None]) * grad_lse[:, None]
+    local = targets - vocab_start
+    holds = (local >= 0) & (local < logits.shape[-1])
+    rows = torch.arange(len(targets), device=logits.device)[holds]
+    grad[rows, local[holds]] += grad_target[holds]
+    out.copy_(grad)
+
+
+# The per-row primitives of the fused LM head (fused_head.py) on a CPU.
+ROW_PRIMITIVES = RowPrimitives(statistics=vocab_shard_statistics, softmax_gradient=softmax_gradient)
+
+
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         ignore_index: int = -100, chunk_size: Optional[int] = None) -> torch.Tensor:
-    """Mean cross-entropy of the LM head `hidden @ weight.T` over the targets that are not `ignore_index`.
-    `chunk_size` only matters to the Triton kernel (the reference holds all logits at once)."""
+                         ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of the LM head `hidden @ weight.T` over the targets that are not `ignore_index` (their mean or
+    sum), all logits at once: the oracle of the fused, chunked one (fused_head.py)."""
     logits = (hidden @ weight.t()).float()
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                             ignore_index=ignore_index)
+                                             ignore_index=ignore_index, reduction=reduction)

@@ -6,9 +6,10 @@ last stage, and DeepSpeed sums the two stages' gradients of the shared matrix. L
 holds the Transformer's module `LAYER_PREFIXES(i)`, so a stage's weights load from (and save to) the
 single-model names of a safetensors file.
 
-With a tensor-parallel topology (parallel.tp > 1) each stage's layers are cut over the topology's
-tensor-slicing group (`pipeline/parallel/tensor_parallel.py`), the head gives each rank its vocabulary shard
-of the logits, and the loss is the vocab-parallel cross-entropy.
+The last layer hands the hidden states and the head's weight to the loss, which fuses the LM head with the
+cross-entropy chunk by chunk (`token_loss`). With a tensor-parallel topology (parallel.tp > 1) each stage's layers
+are cut over the topology's tensor-slicing group (`pipeline/parallel/tensor_parallel.py`), and the loss works on
+this rank's vocabulary rows of the head.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
+from pipeline.kernels import VocabShard, linear_cross_entropy
 from pipeline.model.config import ModelConfig
-from pipeline.parallel.deepspeed_internals import (local_layer, local_layer_indices, replace_local_layer,
-                                                  replicated_marks, restore_replicated_marks, slice_parallel_group,
-                                                  tied_module)
 from pipeline.model.transformer import Block, Embedding, Head, LayerNorm, RMSNorm
-from pipeline.parallel.tensor_parallel import (VocabParallelEmbedding, apply_tensor_parallel,
-                                               vocab_parallel_cross_entropy)
+from pipeline.parallel.deepspeed_internals import (local_layer, local_layer_indices, replace_local_layer,
+                                                   replicated_marks, restore_replicated_marks, slice_parallel_group,
+                                                   tied_module)
+from pipeline.parallel.tensor_parallel import (VocabParallelEmbedding, VocabParallelHead, apply_tensor_parallel,
+                                               copy_to_tensor_parallel)
 
 TIED_KEY = "embedding"
 
@@ -70,28 +71,48 @@ class FinalLayerNormLayer(LayerNorm):
 
 
 class HeadLayer(Head):
-    pass
+    """The LM head as the pipeline's last layer: it hands the hidden states and its weight to the loss, which
+    applies the head fused with the cross-entropy (the (tokens, vocabulary) logits never exist whole)."""
+
+    def forward(self, hidden: torch.Tensor):
+        return hidden, self.weight
 
 
-def _tied_head(embedding: EmbeddingLayer, hidden: torch.Tensor) -> torch.Tensor:
+class ParallelHeadLayer(VocabParallelHead):
+    """HeadLayer cut by vocabulary over the tensor-parallel group: this rank's rows of the weight; the hidden states'
+    gradient is summed over the group in the backward."""
+
+    def forward(self, hidden: torch.Tensor):
+        return copy_to_tensor_parallel(hidden, self.group), self.weight
+
+
+def _tied_head(embedding: EmbeddingLayer, hidden: torch.Tensor):
     if isinstance(embedding.tokens, VocabParallelEmbedding):
-        return embedding.tokens.logits(hidden)
-    return F.linear(hidden, embedding.tokens.weight)
+        return copy_to_tensor_parallel(hidden, embedding.tokens.group), embedding.tokens.weight
+    return hidden, embedding.tokens.weight
 
 
 def token_loss(vocab_size: int, group=None) -> Callable:
-    """The cross-entropy of the next tokens summed over the labels that count (not -100) and divided by all labels:
-    the mean in training, where every label counts; in held-out scoring, where context and padding do not, the
-    engine's mean over micro-batches times their labels is the exact sum (pipeline/training/heldout.py). Under
-    tensor parallelism, from vocabulary shards of the logits."""
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # The padded vocabulary rows are never predicted.
-        summed = F.cross_entropy(logits[..., :vocab_size].float().flatten(0, 1), labels.flatten(), reduction="sum")
-        return summed / labels.numel()
+    """The cross-entropy of the next tokens, the LM head fused into it (pipeline.kernels.linear_cross_entropy), summed
+    over the labels that count (not -100) and divided by all labels: the mean in training, where every label counts;
+    in held-out scoring, where context and padding do not, the engine's mean over micro-batches times their labels
+    is the exact sum (pipeline/training/heldout.py). Under tensor parallelism from this rank's vocabulary shard of
+    the head, the per-token statistics combined over the group. The padded vocabulary rows are never predicted."""
+    def all_reduce(tensor: torch.Tensor, op: str) -> None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
 
-    def parallel_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(logits.float(), labels, vocab_size, group, reduction="sum") / labels.numel()
-    return loss if group is None else parallel_loss
+    def loss(outputs, labels: torch.Tensor) -> torch.Tensor:
+        hidden, weight = outputs
+        shard = None
+        if group is not None:
+            start = dist.get_rank(group) * weight.shape[0]
+            shard = VocabShard(start, all_reduce)
+            vocab_size_here = min(weight.shape[0], max(0, vocab_size - start))
+        else:
+            vocab_size_here = vocab_size
+        summed = linear_cross_entropy(hidden, weight[:vocab_size_here], labels, reduction="sum", shard=shard)
+        return summed / labels.numel()
+    return loss
 
 
 class TransformerPipeline(PipelineModule):
@@ -139,7 +160,10 @@ def _tensor_parallel_stage(module: PipelineModule, cfg: ModelConfig, group) -> N
         # DeepSpeed marked the last stage's copy of a tied embedding as replicated (counted once in the
         # gradient norm); its shards keep the mark.
         marks = replicated_marks(layer)
-        parallel = apply_tensor_parallel(layer, cfg, group)
+        if isinstance(layer, HeadLayer):
+            parallel = ParallelHeadLayer(layer, group, cfg.pad_vocab_multiple)
+        else:
+            parallel = apply_tensor_parallel(layer, cfg, group)
         restore_replicated_marks(parallel, marks)
         if parallel is not layer:  # the untied head
             replace_local_layer(module, layer, parallel)

@@ -13,8 +13,9 @@
 Each row-parallel layer all-reduces its output in the forward, and each column-parallel layer the gradient
 of its input in the backward (q, k and v one each, where Megatron's fused QKV projection needs a single one;
 separate projections keep the single model's tensors and names). The LM head leaves the logits cut by
-vocabulary, and `vocab_parallel_cross_entropy` computes the loss from the shards (max, sum of exponentials
-and target logit all-reduced), so that the (tokens, vocab) logits are never gathered.
+vocabulary; the training loss (pipeline_model.token_loss) fuses this rank's rows of the head with the
+cross-entropy and combines the per-token statistics over the ranks (max, sum of exponentials and target logit
+all-reduced), so that the (tokens, vocab) logits are never gathered, nor even made whole on one rank.
 
 Every parallel layer is built from the full layer and keeps its shard of each full tensor; a sharded
 parameter carries its `Shard` as `tp_shard` (how it is cut: to load a shard from a full tensor, to gather the full one
@@ -36,7 +37,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.kernels import vocab_shard_statistics
 from pipeline.model.config import ModelConfig
 from pipeline.model.transformer import Attention, Block, Embedding, Head
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
@@ -216,37 +216,6 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return _vocab_logits(hidden, self.weight, self.group)
-
-
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group,
-                                 ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
-    """The mean (or, with reduction="sum", the sum of the) cross-entropy over the targets that are not
-    `ignore_index`, from this rank's vocabulary shard
-    of the logits (..., shard) (rank r holds ids r*shard .. (r+1)*shard - 1): the same value on every rank.
-
-    Each shard gives its log-sum-exp and target logit (`vocab_shard_statistics`, the kernels' building block);
-    lse = log(sum_r exp(lse_r - m)) + m with m the largest lse_r. Ids >= vocab_size (padding) get the lowest
-    finite logit rather than -inf, so that a shard of padding alone still has finite statistics and gradients;
-    exp() of it is exactly 0, as if it were not there.
-    """
-    shard = logits.shape[-1]
-    vocab_start = dist.get_rank(group) * shard
-    logits = logits.reshape(-1, shard)
-    targets = targets.reshape(-1)
-    real = vocab_size - vocab_start  # this shard's ids below vocab_size
-    if real < shard:
-        padding = torch.arange(shard, device=logits.device) >= real
-        logits = logits.masked_fill(padding, torch.finfo(logits.dtype).min)
-    lse, target_logit = vocab_shard_statistics(logits, targets, vocab_start)
-    # The maximum only keeps exp() in range; it cancels out of the result, so no gradient flows through it.
-    highest = lse.detach().clone()
-    dist.all_reduce(highest, op=dist.ReduceOp.MAX, group=group)
-    total = reduce_from_tensor_parallel(torch.exp(lse - highest), group)
-    target_logit = reduce_from_tensor_parallel(target_logit, group)
-    losses = torch.log(total) + highest - target_logit
-    counted = targets != ignore_index
-    summed = torch.where(counted, losses, 0.0).sum()
-    return summed if reduction == "sum" else summed / counted.sum()
 
 
 class TensorParallelAttention(Attention):
