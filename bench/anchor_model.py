@@ -31,6 +31,15 @@ def causal(batch, head, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
+def dense_mask(score_mod, heads: int, seq: int, device: torch.device) -> torch.Tensor:
+    """A score_mod and the causal mask as SDPA's float mask (heads, seq, seq), where FlexAttention has no backward
+    (a CPU): the same functions decide the scores."""
+    head = torch.arange(heads, device=device).view(-1, 1, 1)
+    q_idx, kv_idx = torch.arange(seq, device=device).view(-1, 1), torch.arange(seq, device=device)
+    bias = score_mod(torch.zeros(heads, seq, seq, device=device), None, head, q_idx, kv_idx)
+    return bias.masked_fill(~causal(None, head, q_idx, kv_idx), float("-inf"))
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
@@ -47,11 +56,10 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        widths = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
+        self.widths = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
         self.attn_norm, self.mlp_norm = make_norm(cfg), make_norm(cfg)
-        self.qkv = nn.Linear(cfg.hidden_size, sum(widths), bias=cfg.bias)
-        self.widths = widths
-        self.out = nn.Linear(widths[0], cfg.hidden_size, bias=cfg.bias)
+        self.qkv = nn.Linear(cfg.hidden_size, sum(self.widths), bias=cfg.bias)
+        self.out = nn.Linear(self.widths[0], cfg.hidden_size, bias=cfg.bias)
         self.gate = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias) if cfg.activation == "swiglu" else None
         self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
         self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.bias)
@@ -59,7 +67,6 @@ class Block(nn.Module):
             self.register_buffer("slopes", alibi_slopes(cfg.num_heads), persistent=False)
 
     def attention(self, x: torch.Tensor, positions) -> torch.Tensor:
-        batch, seq, _ = x.shape
         q, k, v = (part.unflatten(-1, (-1, self.cfg.head_dim)).transpose(1, 2)
                    for part in self.qkv(x).split(self.widths, dim=-1))
         if self.cfg.position == "rope":
@@ -74,11 +81,8 @@ class Block(nn.Module):
 
             if q.is_cuda:
                 y = flex_attention(q, k, v, score_mod=alibi, block_mask=positions)
-            else:  # FlexAttention has no backward on a CPU: the same score_mod and mask as SDPA's float mask
-                head, q_idx, kv_idx = (torch.arange(size, device=q.device) for size in (q.shape[1], seq, seq))
-                head, q_idx = head.view(-1, 1, 1), q_idx.view(-1, 1)
-                bias = alibi(torch.zeros(q.shape[1], seq, seq, device=q.device), None, head, q_idx, kv_idx)
-                mask = bias.masked_fill(~causal(None, head, q_idx, kv_idx), float("-inf")).to(q.dtype)
+            else:
+                mask = dense_mask(alibi, q.shape[1], q.shape[2], q.device).to(q.dtype)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out(y.transpose(1, 2).flatten(2))
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -59,7 +60,7 @@ MODELS = {"alibi": "ALiBi model", "rope": "RoPE model"}
 TARGETS = {"alibi": 1.15, "rope": 1.1}
 # The 1.3B measurement on GPUs, and --smoke: every role end to end on a tiny model (a CPU is enough).
 FULL = dict(hidden=2048, layers=24, heads=16, kv_heads=None, vocab=50304, seq_len=2048, init_std=0.02,
-            micro_batches="8", hf_micro_batch=4, accumulation=8, agree_batch=16, agree_steps=3, warmup=2, steps=5,
+            micro_batches="8", hf_micro_batch=4, accumulation=8, agree_batch=16, agree_steps=3, warmup=1, steps=5,
             precision="bf16", compile=True)
 # At the usual init (std 0.02) a tiny model's output is nearly uniform and attention barely moves the loss; at 0.3 an
 # anchor without its position information (ALiBi slopes or RoPE) is off by > 1e-3, fp32 rounding by ~1e-7.
@@ -76,7 +77,7 @@ def model_config(args) -> ModelConfig:
                            position="alibi", norm="layernorm", activation="gelu", embedding_norm=True, bias=True,
                            tie_embeddings=True, max_seq_len=args.seq_len, init_std=args.init_std)
     # SwiGLU's three matrices of 8/3 x hidden hold as many weights as GELU's two of 4 x hidden (Llama's rule).
-    ffn = -(-8 * args.hidden // 3 // 256) * 256
+    ffn = 256 * math.ceil(8 * args.hidden / 3 / 256)
     return ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
                        num_kv_heads=args.kv_heads or args.heads, ffn_size=ffn, vocab_size=args.vocab,
                        position="rope", norm="rmsnorm", activation="swiglu", embedding_norm=False, bias=False,
@@ -249,8 +250,9 @@ def run_hf(args) -> dict:
     while True:
         try:
             reset_peak_memory()
-            seconds, losses = timed(lambda i: step(random_rows(10_000 + i, global_batch, args.seq_len,
-                                                               cfg.vocab_size), micro), args.warmup, args.steps)
+            seconds, losses = timed(lambda i, micro=micro: step(random_rows(10_000 + i, global_batch, args.seq_len,
+                                                                            cfg.vocab_size), micro),
+                                    args.warmup, args.steps)
             break
         except torch.OutOfMemoryError:
             model.zero_grad(set_to_none=True)
@@ -328,8 +330,8 @@ def summary_row(text: str, value: str) -> str:
 
 
 def table(results: list[dict], failures: list[str]) -> str:
-    lines = ["| run | model | layout (tp x pp x dp) | GPUs | micro x accum | global batch | tokens/s | "
-             "tokens/s per GPU | TFLOP/s per GPU | MFU | peak memory (GiB) |",
+    lines = [("| run | model | layout (tp x pp x dp) | GPUs | micro x accum | global batch | tokens/s | "
+              "tokens/s per GPU | TFLOP/s per GPU | MFU | peak memory (GiB) |"),
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         mfu = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
@@ -369,10 +371,10 @@ def agreement_table(label: str, runs: list[dict]) -> list[str]:
     if not runs:
         return []
     reference = runs[0]
-    lines = ["", f"Loss agreement, {label} ({len(reference['agree_losses'])} steps on the same global batches, from "
-             f"the same weights):", "",
-             f"| run | layout | micro | losses | max relative difference from {reference['name']} "
-             f"{reference['layout']} |", "|---|---|---:|---|---:|"]
+    lines = ["", (f"Loss agreement, {label} ({len(reference['agree_losses'])} steps on the same global batches, "
+                  f"from the same weights):"), "",
+             (f"| run | layout | micro | losses | max relative difference from {reference['name']} "
+              f"{reference['layout']} |"), "|---|---|---:|---|---:|"]
     for r in runs:
         diff = max(abs(a - b) / abs(b) for a, b in zip(r["agree_losses"], reference["agree_losses"]))
         losses = ", ".join(f"{loss:.5f}" for loss in r["agree_losses"])
