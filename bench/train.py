@@ -390,9 +390,13 @@ def describe(cfg: ModelConfig, seq_len: int) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    def listed(preset: dict) -> str:
+        return ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in preset.items())
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=f"Defaults: {listed(FULL)}.\nWith --smoke: {listed(SMOKE)}.")
     parser.add_argument("--smoke", action="store_true", help="defaults for a tiny model in fp32 without torch.compile, "
-                        "2 steps: every role end to end in a minute on a CPU (options given still apply)")
+                        "2 steps: every role end to end in a few minutes on 2 CPU cores (options given still apply)")
     parser.add_argument("--models", default="alibi,rope", help="which models: alibi (BLOOM-shaped), rope "
                         "(Llama-shaped), or both")
     parser.add_argument("--hidden", type=int)
@@ -417,7 +421,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the anchor's blocks")
     parser.add_argument("--no-anchor", action="store_true", help="leave out the plain PyTorch anchor")
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers anchor")
-    parser.add_argument("--hf-micro-batch", type=int)
+    parser.add_argument("--hf-micro-batch", type=int, help="the transformers row's micro-batch (at 4 its eager "
+                        "attention already takes 77 GiB of an H100's 80)")
     parser.add_argument("--log-dir", default=None, help="write each run's full output here")
     parser.add_argument("--out", default=None, help="also write the table and results (JSON) here")
     # Internal: one measurement, in the process that runs it.
