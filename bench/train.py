@@ -1,30 +1,40 @@
-"""Benchmark: training throughput and MFU of a ~1.3B BLOOM-style ALiBi model, our stack against Hugging Face.
+"""Benchmark: training throughput and MFU of ~1.3B models, our stack against plain PyTorch and Hugging Face.
 
-Our stack is what the warmup and pretrain stages run: `pipeline.training.engine.build_engine` (DeepSpeed's
-PipelineEngine, ZeRO-1, bf16 parameters with fp32 master weights, our Triton attention). The anchor is
-`transformers`' BloomForCausalLM of the same shape (SDPA attention where the installed version offers it for
-BLOOM, else its eager attention; fp32 weights under bf16 autocast, as the HF Trainer's `bf16=True` does,
-torch.optim.AdamW with `fused=True`), on the same sequence length and global batch. Both read random token
-ids (no packing, no segment ids). Each run warms up, then times a fixed number of optimizer steps between two
-`torch.cuda.synchronize()`; MFU = model FLOPs per token (`pipeline.model.flops_per_token`, the same count for
-both) x tokens/s / GPUs / the peak of `pipeline.training.throughput`.
+Two models of the same size (`--models alibi,rope`): BLOOM-shaped (ALiBi, LayerNorm, embedding LayerNorm, GELU,
+biases, tied head) and Llama-shaped (RoPE, RMSNorm, SwiGLU of width 8/3 x hidden rounded up to 256, no biases,
+tied head; grouped-query attention with `--kv-heads`). Three roles train them:
+- ours: what the warmup and pretrain stages run, `pipeline.training.engine.build_engine` (DeepSpeed's
+  PipelineEngine, ZeRO-1, bf16 parameters with fp32 master weights, our Triton attention and norms, fused AdamW);
+- anchor: the same model as plain PyTorch (bench/anchor_model.py: FlexAttention with an ALiBi score_mod and a
+  causal block mask, or SDPA with is_causal=True; `torch.compile` per block), fp32 weights under bf16 autocast
+  (what the HF Trainer's `bf16=True` does), torch.optim.AdamW with `fused=True`;
+- hf (ALiBi model only): `transformers`' BloomForCausalLM of the same shape (SDPA attention where the installed
+  version offers it for BLOOM, else its eager attention), trained as the anchor.
+All read random token ids (no packing, no segment ids) and use the same loss, clipping and AdamW settings. Each run
+warms up, then times a fixed number of optimizer steps between two synchronizations; MFU = model FLOPs per token
+(`pipeline.model.flops_per_token`, the same count for every role) x tokens/s / GPUs / the peak of
+`pipeline.training.throughput`. The table ends in the ratios ours / anchor (issue 19's targets: >= 1.15 for the
+ALiBi model, >= 1.1 for the RoPE model) and ours / transformers, at the same micro-batch and global batch.
 
-Layouts of our stack are `tp x pp x dp`; each runs in its own `torchrun` (one process per GPU). The default is
-1x1x1, plus DP on all GPUs when there are several, plus TP2 x PP2 x DP2 when there are 8. Weak scaling keeps the
-per-GPU batch (micro-batch x accumulation) fixed: efficiency = tokens/s(N) / (N x tokens/s(1)). Loss agreement:
-before timing, every layout trains `--agree-steps` steps on the same global batches (`--agree-batch` sequences,
-the same rows whatever the layout) from the same initial weights; the table gives each layout's losses and the
-largest relative difference from 1x1x1.
+Layouts of our stack are `tp x pp x dp`; each runs in its own `torchrun` (one process per GPU), the anchor and
+transformers in a plain process. The default is 1x1x1, plus DP on all GPUs when there are several, plus TP2 x PP2 x
+DP2 when there are 8. Weak scaling keeps the per-GPU batch (micro-batch x accumulation) fixed: efficiency =
+tokens/s(N) / (N x tokens/s(1)). Loss agreement: before timing, every layout of ours and the anchor train
+`--agree-steps` steps on the same global batches (`--agree-batch` sequences, the same rows whatever the layout) from
+the same initial weights (written once per model and run with `Transformer(cfg)`); the table gives each run's losses
+and the largest relative difference from ours at 1x1x1, so that a speed-up is not bought with another computation.
 
-    python bench/train.py                                  # the 1.3B model, micro-batch 4, on every GPU there is
-    python bench/train.py --micro-batches 4,8 --no-hf      # ours only, two micro-batch sizes
+    python bench/train.py                          # both models, micro-batch 8, on every GPU there is
+    python bench/train.py --models alibi --micro-batches 4,8 --no-hf --no-anchor
     python bench/train.py --layouts 1x1x1,1x1x2 --out train.md
+    python bench/train.py --smoke                  # every role on a tiny model, fp32, 2 steps (runs on a CPU)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -33,39 +43,68 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.anchor_model import AnchorModel, anchor_state_dict  # noqa: E402
 from pipeline.model.config import ModelConfig  # noqa: E402
+from pipeline.model.flops import flops_per_token  # noqa: E402
+from pipeline.training.config import TrainConfig  # noqa: E402
+from pipeline.training.throughput import device_peak_tflops, memory_gib  # noqa: E402
 
 LR = 1e-4
+MODELS = {"alibi": "ALiBi model", "rope": "RoPE model"}
+# Issue 19: ours / anchor tokens/s at the same batch.
+TARGETS = {"alibi": 1.15, "rope": 1.1}
+# The 1.3B measurement on GPUs, and --smoke: every role end to end on a tiny model (a CPU is enough).
+FULL = dict(hidden=2048, layers=24, heads=16, kv_heads=None, vocab=50304, seq_len=2048, init_std=0.02,
+            micro_batches="8", hf_micro_batch=4, accumulation=8, agree_batch=16, agree_steps=3, warmup=1, steps=5,
+            precision="bf16", compile=True)
+# At the usual init (std 0.02) a tiny model's output is nearly uniform and attention barely moves the loss; at 0.3 an
+# anchor without its position information (ALiBi slopes or RoPE) is off by > 1e-3, fp32 rounding by ~1e-7.
+SMOKE = dict(hidden=64, layers=2, heads=4, kv_heads=2, vocab=250, seq_len=32, init_std=0.3, micro_batches="2",
+             hf_micro_batch=2, accumulation=2, agree_batch=4, agree_steps=2, warmup=0, steps=2, precision="fp32",
+             compile=False)
 
 
 def model_config(args) -> ModelConfig:
-    """BLOOM's shape family (ALiBi, LayerNorm, embedding LayerNorm, GELU, biases, tied head) at ~1.3B."""
+    """BLOOM's shape family (ALiBi) or Llama's (RoPE) at the same hidden size, depth and heads."""
+    if args.model == "alibi":
+        return ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+                           num_kv_heads=args.heads, ffn_size=4 * args.hidden, vocab_size=args.vocab,
+                           position="alibi", norm="layernorm", activation="gelu", embedding_norm=True, bias=True,
+                           tie_embeddings=True, max_seq_len=args.seq_len, init_std=args.init_std)
+    # SwiGLU's three matrices of 8/3 x hidden hold as many weights as GELU's two of 4 x hidden (Llama's rule).
+    ffn = 256 * math.ceil(8 * args.hidden / 3 / 256)
     return ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
-                       num_kv_heads=args.heads, ffn_size=4 * args.hidden, vocab_size=args.vocab,
-                       position="alibi", norm="layernorm", activation="gelu", embedding_norm=True, bias=True,
-                       tie_embeddings=True, max_seq_len=args.seq_len)
+                       num_kv_heads=args.kv_heads or args.heads, ffn_size=ffn, vocab_size=args.vocab,
+                       position="rope", norm="rmsnorm", activation="swiglu", embedding_norm=False, bias=False,
+                       tie_embeddings=True, max_seq_len=args.seq_len, init_std=args.init_std)
 
 
-def write_init(cfg: ModelConfig, folder: Path, seed: int) -> Path:
-    """The initial weights every layout of our stack starts from (single-model names, tied head once)."""
+def train_config(args) -> TrainConfig:
+    """Our engine's settings; the plain PyTorch roles read their optimizer, clipping and precision from it too."""
+    return TrainConfig(steps=10 ** 6, global_batch_size=args.agree_batch, micro_batch_size=args.micro,
+                       seq_len=args.seq_len, lr=LR, schedule="constant", warmup_steps=0, precision=args.precision,
+                       seed=args.seed)
+
+
+def write_init(cfg: ModelConfig, path: Path, seed: int) -> None:
+    """The initial weights every run of the model starts from (single-model names, tied head once)."""
     from safetensors.torch import save_file
 
     from pipeline.model.transformer import Transformer
 
-    path = folder / "init.safetensors"
     torch.manual_seed(seed)
     model = Transformer(cfg)
     save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items() if name != "head.weight"},
               str(path))
-    return path
 
 
 def random_rows(step: int, rows: int, seq_len: int, vocab: int) -> torch.Tensor:
-    """The global batch of one step: `rows` sequences of seq_len + 1 token ids, the same in every layout."""
+    """The global batch of one step: `rows` sequences of seq_len + 1 token ids, the same in every run."""
     generator = torch.Generator().manual_seed(1_000_003 * step + 17)
     return torch.randint(0, vocab, (rows, seq_len + 1), generator=generator)
 
@@ -77,13 +116,27 @@ def micro_batches(rows: torch.Tensor, micro: int, device):
         yield window[:, :-1], window[:, 1:]
 
 
+def training_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def reset_peak_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
 def timed(step, warmup: int, steps: int) -> tuple[float, list]:
     """Seconds for `steps` calls of step(i) after `warmup` untimed ones, and every call's loss."""
     losses = [step(i) for i in range(warmup)]
-    torch.cuda.synchronize()
+    synchronize()
     start = time.perf_counter()
     losses += [step(warmup + i) for i in range(steps)]
-    torch.cuda.synchronize()
+    synchronize()
     return time.perf_counter() - start, [float(loss) for loss in losses]
 
 
@@ -91,18 +144,14 @@ def run_ours(args) -> dict:
     """One rank of a layout (under torchrun): agreement steps, then the timed steps; rank 0 returns the result."""
     import torch.distributed as dist
 
-    from pipeline.model.flops import flops_per_token
-    from pipeline.training.config import ParallelConfig, TrainConfig
+    from pipeline.training.config import ParallelConfig
     from pipeline.training.engine import build_engine, init_distributed
-    from pipeline.training.throughput import device_peak_tflops
 
     tp, pp, dp = (int(x) for x in args.layout.split("x"))
     init_distributed()
     cfg = model_config(args)
-    train = TrainConfig(steps=10 ** 6, global_batch_size=args.agree_batch, micro_batch_size=args.micro,
-                        seq_len=args.seq_len, lr=LR, schedule="constant", warmup_steps=0, precision="bf16",
-                        seed=args.seed)
-    built = build_engine(cfg, train, ParallelConfig(tp=tp, pp=pp, dp=dp), Path(args.init), lambda name: True)
+    built = build_engine(cfg, train_config(args), ParallelConfig(tp=tp, pp=pp, dp=dp), Path(args.init),
+                         lambda name: True)
     engine = built.engine
 
     def step(index: int, rows_per_step: int, offset: int) -> torch.Tensor:
@@ -114,27 +163,76 @@ def run_ours(args) -> dict:
     agree = [float(step(i, args.agree_batch, 0)) for i in range(args.agree_steps)]
     global_batch = args.micro * args.accumulation * dp
     engine.set_train_batch_size(global_batch)
-    torch.cuda.reset_peak_memory_stats()
+    reset_peak_memory()
     seconds, losses = timed(lambda i: step(i, global_batch, 10_000), args.warmup, args.steps)
-    result = throughput("ours", f"{tp}x{pp}x{dp}", dist.get_world_size(), args, global_batch, seconds,
-                        flops_per_token(cfg, args.seq_len), device_peak_tflops())
-    result.update(agree_losses=agree, losses=losses, micro=args.micro, accumulation=args.accumulation,
-                  memory_gib=torch.cuda.max_memory_allocated() / 2 ** 30)
+    result = throughput("ours", f"{tp}x{pp}x{dp}", dist.get_world_size(), args, global_batch, seconds, cfg)
+    result.update(role="ours", agree_losses=agree, losses=losses, micro=args.micro, accumulation=args.accumulation)
     dist.barrier()
     dist.destroy_process_group()
     return result
 
 
+def plain_trainer(model: torch.nn.Module, logits_of, train: TrainConfig, device: torch.device):
+    """step(rows, micro): one optimizer step of a plain PyTorch model, as the HF Trainer's bf16=True trains (fp32
+    weights under bf16 autocast), with our engine's loss, clipping and AdamW (decay on matrices only)."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in parameters if p.dim() >= 2], "weight_decay": train.weight_decay},
+              {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
+                                  fused=True if device.type == "cuda" else None)
+    bf16 = train.precision == "bf16"
+
+    def step(rows: torch.Tensor, micro: int) -> torch.Tensor:
+        total = torch.zeros((), device=device)
+        for ids, labels in micro_batches(rows, micro, device):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = logits_of(ids)
+            # Ours: float32 cross-entropy of the next token at every position, averaged over the micro-batches.
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) * len(ids) / len(rows)
+            loss.backward()
+            total += loss.detach()
+        torch.nn.utils.clip_grad_norm_(parameters, train.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total
+    return step
+
+
+def run_anchor(args) -> dict:
+    """The plain PyTorch model from our initial weights on one device: agreement steps, then the timed steps."""
+    from safetensors.torch import load_file
+
+    cfg, device = model_config(args), training_device()
+    with device:
+        model = AnchorModel(cfg)
+    model.load_state_dict(anchor_state_dict(load_file(args.init, device=str(device))))
+    if args.compile:
+        for block in model.blocks:
+            block.compile(fullgraph=True, dynamic=False)
+    step = plain_trainer(model, model, train_config(args), device)
+    agree = [float(step(random_rows(i, args.agree_batch, args.seq_len, cfg.vocab_size), args.micro))
+             for i in range(args.agree_steps)]
+    global_batch = args.micro * args.accumulation
+    reset_peak_memory()
+    seconds, losses = timed(lambda i: step(random_rows(10_000 + i, global_batch, args.seq_len, cfg.vocab_size),
+                                           args.micro), args.warmup, args.steps)
+    attention = "SDPA is_causal"
+    if cfg.position == "alibi":
+        attention = ("FlexAttention + ALiBi score_mod" if device.type == "cuda"
+                     else "ALiBi score_mod as SDPA's mask (FlexAttention has no backward on a CPU)")
+    compiled = "torch.compile per block" if args.compile else "eager"
+    result = throughput(f"anchor: plain PyTorch, {attention}, {compiled}", single_device(device), 1, args,
+                        global_batch, seconds, cfg)
+    result.update(role="anchor", agree_losses=agree, losses=losses, micro=args.micro, accumulation=args.accumulation)
+    return result
+
+
 def run_hf(args) -> dict:
-    """BloomForCausalLM of the same shape on one GPU; on running out of memory, half the micro-batch, twice
+    """BloomForCausalLM of the same shape on one device; on running out of memory, half the micro-batch, twice
     the accumulation (the same global batch)."""
-    import torch.nn.functional as F
     from transformers import BloomConfig, BloomForCausalLM
 
-    from pipeline.model.flops import flops_per_token
-    from pipeline.training.throughput import device_peak_tflops
-
-    cfg = model_config(args)
+    cfg, device = model_config(args), training_device()
     config = BloomConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, n_layer=cfg.num_layers,
                          n_head=cfg.num_heads, layer_norm_epsilon=cfg.norm_eps, hidden_dropout=0.0,
                          attention_dropout=0.0, tie_word_embeddings=True, use_cache=False)
@@ -145,60 +243,63 @@ def run_hf(args) -> dict:
     except ValueError:  # transformers has no SDPA path for BLOOM (its ALiBi is an additive bias of its own)
         model = BloomForCausalLM._from_config(config, attn_implementation="eager")
         attention = "eager"
-    model = model.cuda().train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    model = model.to(device).train()
+    step = plain_trainer(model, lambda ids: model(input_ids=ids).logits, train_config(args), device)
     global_batch = args.micro * args.accumulation
     micro = args.micro
     while True:
-        def step(index: int) -> torch.Tensor:
-            rows = random_rows(10_000 + index, global_batch, args.seq_len, cfg.vocab_size).cuda()
-            total = torch.zeros((), device="cuda")
-            for start in range(0, global_batch, micro):
-                ids = rows[start:start + micro]
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    logits = model(input_ids=ids[:, :-1]).logits
-                # The same loss as ours: float32 cross-entropy of the next token at each of seq_len positions.
-                loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-                (loss * micro / global_batch).backward()
-                total += loss.detach() * micro / global_batch
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            return total
-
         try:
-            torch.cuda.reset_peak_memory_stats()
-            seconds, losses = timed(step, args.warmup, args.steps)
+            reset_peak_memory()
+            seconds, losses = timed(lambda i, micro=micro: step(random_rows(10_000 + i, global_batch, args.seq_len,
+                                                                            cfg.vocab_size), micro),
+                                    args.warmup, args.steps)
             break
         except torch.OutOfMemoryError:
-            optimizer.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
             if micro == 1:
                 raise
             micro //= 2
             print(f"hf: out of memory at micro-batch {micro * 2}; trying {micro}", flush=True)
-    result = throughput(f"transformers BloomForCausalLM ({attention})", "1 GPU", 1, args, global_batch, seconds,
-                        flops_per_token(cfg, args.seq_len), device_peak_tflops())
-    result.update(losses=losses, micro=micro, accumulation=global_batch // micro,
-                  memory_gib=torch.cuda.max_memory_allocated() / 2 ** 30)
+    result = throughput(f"transformers BloomForCausalLM ({attention})", single_device(device), 1, args,
+                        global_batch, seconds, cfg)
+    result.update(role="hf", agree_losses=[], losses=losses, micro=micro, accumulation=global_batch // micro)
     return result
 
 
-def throughput(name: str, layout: str, gpus: int, args, global_batch: int, seconds: float, flops: int,
-               peak) -> dict:
+def single_device(device: torch.device) -> str:
+    return "1 GPU" if device.type == "cuda" else "1 CPU process"
+
+
+def throughput(name: str, layout: str, gpus: int, args, global_batch: int, seconds: float, cfg: ModelConfig) -> dict:
     tokens_per_s = args.steps * global_batch * args.seq_len / seconds
-    tflops = flops * tokens_per_s / gpus / 1e12
-    return {"name": name, "layout": layout, "gpus": gpus, "global_batch": global_batch,
+    tflops = flops_per_token(cfg, args.seq_len) * tokens_per_s / gpus / 1e12
+    peak = device_peak_tflops()
+    return {"name": name, "model": args.model, "layout": layout, "gpus": gpus, "global_batch": global_batch,
             "step_s": seconds / args.steps, "tokens_per_s": tokens_per_s, "tflops_per_gpu": tflops,
-            "mfu": None if peak is None else tflops / peak, "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__}
+            "mfu": None if peak is None else tflops / peak, "memory_gib": memory_gib(),
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU", "torch": torch.__version__}
+
+
+# The options that a run's own process reads, passed on from the command line.
+FORWARDED = ("hidden", "layers", "heads", "kv_heads", "vocab", "seq_len", "init_std", "accumulation", "agree_batch",
+             "agree_steps", "warmup", "steps", "seed", "precision", "compile")
+
+
+def forwarded_options(args) -> list[str]:
+    options = []
+    for key in FORWARDED:
+        value, option = getattr(args, key), key.replace("_", "-")
+        if isinstance(value, bool):
+            options.append(f"--{option}" if value else f"--no-{option}")
+        elif value is not None:
+            options.append(f"--{option}={value}")
+    return options
 
 
 def launch(args, role: str, result: Path, extra: list[str], gpus: int = 1) -> tuple[dict | None, str]:
     """Run one measurement in fresh processes (torchrun for our layouts); its result, or the error's tail."""
-    forwarded = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
-                 if key in SHAPE_ARGS]
-    script = [str(Path(__file__).resolve()), f"--role={role}", f"--result={result}", *forwarded, *extra]
+    script = [str(Path(__file__).resolve()), f"--role={role}", f"--result={result}", *forwarded_options(args), *extra]
     if role == "ours":
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
                    *script]
@@ -208,15 +309,10 @@ def launch(args, role: str, result: Path, extra: list[str], gpus: int = 1) -> tu
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = done.stdout
     if args.log_dir:
-        name = result.stem
-        Path(args.log_dir, f"{name}.log").write_text(log, encoding="utf-8")
+        Path(args.log_dir, f"{result.stem}.log").write_text(log, encoding="utf-8")
     if done.returncode != 0 or not result.exists():
         return None, log[-3000:]
     return json.loads(result.read_text(encoding="utf-8")), ""
-
-
-SHAPE_ARGS = ("hidden", "layers", "heads", "vocab", "seq_len", "accumulation", "agree_batch", "agree_steps",
-              "warmup", "steps", "seed")
 
 
 def default_layouts(gpus: int) -> list[str]:
@@ -228,116 +324,180 @@ def default_layouts(gpus: int) -> list[str]:
     return layouts
 
 
+def summary_row(text: str, value: str) -> str:
+    """A row that holds one figure, in the tokens/s column."""
+    return f"| {text} | | | | | | {value} | | | | |"
+
+
 def table(results: list[dict], failures: list[str]) -> str:
-    lines = ["| run | layout (tp x pp x dp) | GPUs | micro x accum | global batch | tokens/s | tokens/s per GPU | "
-             "TFLOP/s per GPU | MFU | peak memory (GiB) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [("| run | model | layout (tp x pp x dp) | GPUs | micro x accum | global batch | tokens/s | "
+              "tokens/s per GPU | TFLOP/s per GPU | MFU | peak memory (GiB) |"),
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         mfu = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        lines.append(f"| {r['name']} | {r['layout']} | {r['gpus']} | {r['micro']} x {r['accumulation']} | "
-                     f"{r['global_batch']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / r['gpus']:,.0f} | "
-                     f"{r['tflops_per_gpu']:.1f} | {mfu} | {r['memory_gib']:.1f} |")
-    ours_single = [r for r in results if r["name"] == "ours" and r["layout"] == "1x1x1"]
-    hf = [r for r in results if r["name"].startswith("transformers")]
-    for r in ours_single if hf else []:
-        lines.append(f"| ratio ours (1x1x1, micro {r['micro']}, global batch {r['global_batch']}) / transformers "
-                     f"(global batch {hf[0]['global_batch']}) | | | | | {r['tokens_per_s'] / hf[0]['tokens_per_s']:.2f} "
-                     f"| | | | |")
-    for r in results:
-        if r["name"] == "ours" and r["layout"].startswith("1x1x") and r["gpus"] > 1:
-            base = [s for s in ours_single if s["micro"] == r["micro"]]
-            if base:
-                efficiency = r["tokens_per_s"] / (r["gpus"] * base[0]["tokens_per_s"])
-                lines.append(f"| weak-scaling efficiency {r['layout']} (micro {r['micro']}) | | | | | "
-                             f"{efficiency:.3f} | | | | |")
-    agreeing = [r for r in results if r.get("agree_losses")]
-    if agreeing:
-        reference = agreeing[0]["agree_losses"]
-        lines += ["", f"Loss agreement ({len(reference)} steps on the same global batches, from the same weights):",
-                  "", "| layout | micro | losses | max relative difference from the first |", "|---|---:|---|---:|"]
-        for r in agreeing:
-            diff = max(abs(a - b) / abs(b) for a, b in zip(r["agree_losses"], reference))
-            losses = ", ".join(f"{loss:.5f}" for loss in r["agree_losses"])
-            lines.append(f"| {r['layout']} | {r['micro']} | {losses} | {diff:.2e} |")
-    for failure in failures:
-        lines += ["", failure]
-    return "\n".join(lines)
+        lines.append(f"| {r['name']} | {MODELS[r['model']]} | {r['layout']} | {r['gpus']} | {r['micro']} x "
+                     f"{r['accumulation']} | {r['global_batch']} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['tokens_per_s'] / r['gpus']:,.0f} | {r['tflops_per_gpu']:.1f} | {mfu} | "
+                     f"{r['memory_gib']:.1f} |")
+    agreement = []
+    for model, label in MODELS.items():
+        rows = [r for r in results if r["model"] == model]
+        ours_single = [r for r in rows if r["role"] == "ours" and r["layout"] == "1x1x1"]
+        hf = [r for r in rows if r["role"] == "hf"]
+        for r in ours_single:
+            for anchor in (a for a in rows if a["role"] == "anchor" and a["micro"] == r["micro"]):
+                ratio, target = r["tokens_per_s"] / anchor["tokens_per_s"], TARGETS[model]
+                lines.append(summary_row(f"ratio ours (1x1x1) / anchor, {label}, micro {r['micro']}, global batch "
+                                         f"{r['global_batch']} (target >= {target}: "
+                                         f"{'met' if ratio >= target else 'MISSED'})", f"{ratio:.3f}"))
+            for other in hf:
+                lines.append(summary_row(f"ratio ours (1x1x1, micro {r['micro']}, global batch {r['global_batch']}) "
+                                         f"/ transformers (micro {other['micro']}, global batch "
+                                         f"{other['global_batch']}), {label}",
+                                         f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}"))
+        for r in rows:
+            if r["role"] == "ours" and r["layout"].startswith("1x1x") and r["gpus"] > 1:
+                for base in (s for s in ours_single if s["micro"] == r["micro"]):
+                    efficiency = r["tokens_per_s"] / (r["gpus"] * base["tokens_per_s"])
+                    lines.append(summary_row(f"weak-scaling efficiency {r['layout']}, {label} (micro {r['micro']})",
+                                             f"{efficiency:.3f}"))
+        agreement += agreement_table(label, [r for r in rows if r["agree_losses"]])
+    return "\n".join(lines + agreement + [line for failure in failures for line in ("", failure)])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--vocab", type=int, default=50304)
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--micro-batches", default="4", help="our stack's micro-batch sizes to time, e.g. 4,8")
-    parser.add_argument("--accumulation", type=int, default=8,
+def agreement_table(label: str, runs: list[dict]) -> list[str]:
+    """Each run's agreement losses and their largest relative difference from the first run (ours at 1x1x1 when
+    it ran: runs are ordered ours first)."""
+    if not runs:
+        return []
+    reference = runs[0]
+    lines = ["", (f"Loss agreement, {label} ({len(reference['agree_losses'])} steps on the same global batches, "
+                  f"from the same weights):"), "",
+             (f"| run | layout | micro | losses | max relative difference from {reference['name']} "
+              f"{reference['layout']} |"), "|---|---|---:|---|---:|"]
+    for r in runs:
+        diff = max(abs(a - b) / abs(b) for a, b in zip(r["agree_losses"], reference["agree_losses"]))
+        losses = ", ".join(f"{loss:.5f}" for loss in r["agree_losses"])
+        lines.append(f"| {r['name']} | {r['layout']} | {r['micro']} | {losses} | {diff:.2e} |")
+    return lines
+
+
+def describe(cfg: ModelConfig, seq_len: int) -> str:
+    heads = f"{cfg.num_heads} heads" + (f" ({cfg.num_kv_heads} key/value)" if cfg.num_kv_heads != cfg.num_heads
+                                         else "")
+    return (f"hidden {cfg.hidden_size}, {cfg.num_layers} layers, {heads}, FFN {cfg.ffn_size}, vocab {cfg.vocab_size}, "
+            f"{flops_per_token(cfg, seq_len) / 1e9:.2f} GFLOP/token")
+
+
+def parse_args() -> argparse.Namespace:
+    def listed(preset: dict) -> str:
+        return ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in preset.items())
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=f"Defaults: {listed(FULL)}.\nWith --smoke: {listed(SMOKE)}.")
+    parser.add_argument("--smoke", action="store_true", help="defaults for a tiny model in fp32 without torch.compile, "
+                        "2 steps: every role end to end in a few minutes on 2 CPU cores (options given still apply)")
+    parser.add_argument("--models", default="alibi,rope", help="which models: alibi (BLOOM-shaped), rope "
+                        "(Llama-shaped), or both")
+    parser.add_argument("--hidden", type=int)
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--kv-heads", type=int, help="key/value heads of the RoPE model (default: --heads)")
+    parser.add_argument("--vocab", type=int)
+    parser.add_argument("--seq-len", type=int)
+    parser.add_argument("--init-std", type=float, help="standard deviation of the initial weights")
+    parser.add_argument("--micro-batches", help="micro-batch sizes of ours and the anchor to time, e.g. 4,8")
+    parser.add_argument("--accumulation", type=int,
                         help="micro-batches per optimizer step and GPU (global batch = micro x this x dp)")
     parser.add_argument("--layouts", default=None, help="tp x pp x dp of our runs, e.g. 1x1x1,1x1x4 "
                         "(default: 1x1x1, DP over all GPUs, and 2x2x2 on 8 GPUs)")
-    parser.add_argument("--agree-steps", type=int, default=3)
-    parser.add_argument("--agree-batch", type=int, default=16, help="sequences per agreement step (a multiple "
-                        "of micro x dp of every layout)")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--agree-steps", type=int)
+    parser.add_argument("--agree-batch", type=int, help="sequences per agreement step (a multiple of micro x dp of "
+                        "every layout)")
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--steps", type=int)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--precision", choices=("bf16", "fp32"))
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the anchor's blocks")
+    parser.add_argument("--no-anchor", action="store_true", help="leave out the plain PyTorch anchor")
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers anchor")
-    parser.add_argument("--hf-micro-batch", type=int, default=None, help="default: the first of --micro-batches")
+    parser.add_argument("--hf-micro-batch", type=int, help="the transformers row's micro-batch (at 4 its eager "
+                        "attention already takes 77 GiB of an H100's 80)")
     parser.add_argument("--log-dir", default=None, help="write each run's full output here")
     parser.add_argument("--out", default=None, help="also write the table and results (JSON) here")
     # Internal: one measurement, in the process that runs it.
-    parser.add_argument("--role", choices=("ours", "hf"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=("ours", "anchor", "hf"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=tuple(MODELS), default="alibi", help=argparse.SUPPRESS)
     parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--layout", default="1x1x1", help=argparse.SUPPRESS)
     parser.add_argument("--micro", type=int, default=4, help=argparse.SUPPRESS)
     parser.add_argument("--init", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for key, value in (SMOKE if args.smoke else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
+
+def main() -> None:
+    args = parse_args()
     if args.role is not None:
-        result = run_ours(args) if args.role == "ours" else run_hf(args)
-        if args.role == "hf" or int(os.environ.get("RANK", "0")) == 0:
+        result = {"ours": run_ours, "anchor": run_anchor, "hf": run_hf}[args.role](args)
+        if int(os.environ.get("RANK", "0")) == 0:
             Path(args.result).write_text(json.dumps(result), encoding="utf-8")
         return
 
+    models = args.models.split(",")
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        sys.exit(f"--models: unknown {', '.join(unknown)}; allowed: {', '.join(MODELS)} (comma-separated)")
     gpus = torch.cuda.device_count()
-    if gpus == 0:
-        sys.exit("bench/train.py needs a CUDA GPU (it measures bf16 training throughput); none is visible.")
+    if gpus == 0 and not args.smoke:
+        sys.exit("bench/train.py measures bf16 training throughput on CUDA GPUs, and none is visible. "
+                 "`--smoke` runs every role on a tiny model on this CPU instead, to check the script end to end.")
+    devices = max(gpus, 1)  # on a CPU: one process per run
     layouts = args.layouts.split(",") if args.layouts else default_layouts(gpus)
     micros = [int(m) for m in args.micro_batches.split(",")]
     if args.log_dir:
         Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-    results, failures = [], []
+    results, failures, shapes = [], [], []
     with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch)
-        started = time.perf_counter()
-        init = write_init(model_config(args), folder, args.seed)
-        print(f"initial weights written in {time.perf_counter() - started:.0f} s", flush=True)
-        runs = [("ours", layout, micro) for layout in layouts for micro in micros]
-        if not args.no_hf:
-            runs.append(("hf", "1x1x1", args.hf_micro_batch or micros[0]))
-        for role, layout, micro in runs:
-            world = 1
-            for size in layout.split("x"):
-                world *= int(size)
-            if world > gpus:
-                failures.append(f"{role} {layout}: needs {world} GPUs, this machine has {gpus}; not run.")
-                continue
-            result_file = folder / f"{role}-{layout}-micro{micro}.json"
-            extra = [f"--layout={layout}", f"--micro={micro}", f"--init={init}"]
+        for model in models:
+            args.model = model
+            shapes.append(f"{MODELS[model]}: {describe(model_config(args), args.seq_len)}")
+            init = Path(scratch, f"init-{model}.safetensors")
             started = time.perf_counter()
-            result, error = launch(args, role, result_file, extra, gpus=world)
-            print(f"{role} {layout} micro {micro}: {time.perf_counter() - started:.0f} s", flush=True)
-            if result is None:
-                failures.append(f"{role} {layout} micro {micro} FAILED:\n```\n{error}\n```")
-                print(failures[-1], flush=True)
-            else:
-                results.append(result)
-                print(json.dumps(result), flush=True)
+            write_init(model_config(args), init, args.seed)
+            print(f"{model}: initial weights written in {time.perf_counter() - started:.0f} s", flush=True)
+            runs = [("ours", layout, micro) for layout in layouts for micro in micros]
+            if not args.no_anchor:
+                runs += [("anchor", "1x1x1", micro) for micro in micros]
+            if not args.no_hf and model == "alibi":
+                runs.append(("hf", "1x1x1", args.hf_micro_batch))
+            for role, layout, micro in runs:
+                world = 1
+                for size in layout.split("x"):
+                    world *= int(size)
+                if world > devices:
+                    failures.append(f"{role} {model} {layout}: needs {world} GPUs, this machine has {gpus}; not run.")
+                    continue
+                result_file = Path(scratch, f"{role}-{model}-{layout}-micro{micro}.json")
+                extra = [f"--model={model}", f"--layout={layout}", f"--micro={micro}", f"--init={init}"]
+                started = time.perf_counter()
+                result, error = launch(args, role, result_file, extra, gpus=world)
+                print(f"{role} {model} {layout} micro {micro}: {time.perf_counter() - started:.0f} s", flush=True)
+                if result is None:
+                    failures.append(f"{role} {model} {layout} micro {micro} FAILED:\n```\n{error}\n```")
+                    print(failures[-1], flush=True)
+                else:
+                    results.append(result)
+                    print(json.dumps(result), flush=True)
+            init.unlink()
     report = table(results, failures)
-    devices = sorted({r["device"] for r in results})
-    header = (f"device: {', '.join(devices) or '?'} x{gpus}; model: hidden {args.hidden}, {args.layers} layers, "
-              f"{args.heads} heads, vocab {args.vocab}, seq {args.seq_len}; {args.steps} timed steps after "
-              f"{args.warmup} warm-up steps")
+    device_names = sorted({r["device"] for r in results})
+    header = (f"device: {', '.join(device_names) or '?'} x{devices}; seq {args.seq_len}, {args.precision}; "
+              f"{'; '.join(shapes)}; "
+              f"{args.steps} timed steps after {args.warmup} warm-up steps")
     print("\n" + header + "\n\n" + report)
     if args.out:
         Path(args.out).write_text(header + "\n\n" + report + "\n\n```json\n" + json.dumps(results, indent=1)
