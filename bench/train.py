@@ -144,7 +144,7 @@ def run_ours(args) -> dict:
     """One rank of a layout (under torchrun): agreement steps, then the timed steps; rank 0 returns the result."""
     import torch.distributed as dist
 
-    from pipeline.training.config import ParallelConfig
+    from pipeline.parallel.config import ParallelConfig
     from pipeline.training.engine import build_engine, init_distributed
 
     tp, pp, dp = (int(x) for x in args.layout.split("x"))
