@@ -67,13 +67,13 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
         # pipelined 4 deep (160 KiB of shared memory): the fastest of the candidates that bench/attention_configs.py
         # timed on an H100; 128x128 tiles spill at D=128 (ptxas: 255 registers).
         # Backward dK/dV: the program keeps its keys' K and V tiles in shared memory (wgmma operands) and the
-        # dK/dV accumulators (fp32) in registers while query blocks stream by; 32 queries x 128 keys with 8 warps
-        # and 2 stages is the fastest that compiles without spills (64x64 with 4 warps ran ~10% faster but spills).
-        # dQ: 128 queries, 64-key blocks. Every entry compiles without spills (tests/test_kernels_compile.py). A second sweep
-        # (2026-11-21) found no spill-free dK/dV or dQ tiling more than 2% faster, within run-to-run noise.
-        # With document masks the dK/dV kernel needs 16-query steps to stay spill-free (32 spills 68 bytes).
+        # dK/dV accumulators (fp32) in registers while query blocks stream by: 16 queries x 128 keys with 8 warps
+        # and 3 stages (224 registers); 32 x 128 with 2 stages was 1-3% slower in three H100 runs (2026-11-21 and
+        # -23), 64x64 with 4 warps ran ~10% faster but spills. dQ: 128 queries, 64-key blocks. Every entry compiles
+        # without spills (tests/test_kernels_compile.py).
+        # With document masks the dK/dV kernel takes 2 stages to stay spill-free (3 spill 4 bytes).
         128: AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
-                              backward_kv=KernelConfig(32, 128, 8, 2),
+                              backward_kv=KernelConfig(16, 128, 8, 3),
                               backward_q=KernelConfig(128, 64, 8, 3),
                               documents=AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
                                                          backward_kv=KernelConfig(16, 128, 8, 2),

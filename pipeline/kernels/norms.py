@@ -11,6 +11,7 @@ a multiprocessor, and each program requests the next row before it reduces the c
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -92,6 +93,11 @@ def _norm_backward(x_ptr, weight_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dweigh
         tl.store(dbias_ptr + chunk * n_cols + cols, dbias, mask=inside)
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
     return rows if rows.stride(-1) == 1 else rows.contiguous()
@@ -113,8 +119,9 @@ class _Norm(torch.autograd.Function):
         block = _block(n_cols, "rms_norm" if rms else "layer_norm")
         config = ROWWISE[current_arch(x.device)]
         y = torch.empty_like(rows)
-        rstd = torch.empty(n_rows, device=x.device, dtype=torch.float32)
-        mean = rstd if rms else torch.empty_like(rstd)  # RMSNorm never touches it
+        # one allocation for both statistics: the host's per-call work is a visible share of a norm's time
+        statistics = torch.empty((1 if rms else 2, n_rows), device=x.device, dtype=torch.float32)
+        rstd, mean = statistics[0], statistics[-1]  # RMSNorm never touches mean
         _norm_forward[(n_rows,)](rows, weight, bias if bias is not None else weight, y, mean, rstd, rows.stride(0),
                                  y.stride(0), n_cols, eps, BLOCK=block, RMS=rms, HAS_BIAS=bias is not None,
                                  num_warps=config.num_warps)
@@ -130,17 +137,17 @@ class _Norm(torch.autograd.Function):
         dy = _rows(dy)
         block = _block(n_cols, "rms_norm" if rms else "layer_norm")
         config = NORM_BACKWARD[current_arch(rows.device)]
-        processors = torch.cuda.get_device_properties(rows.device).multi_processor_count if rows.is_cuda else 4
+        processors = _multiprocessors(rows.device)
         rows_per_program = triton.cdiv(n_rows, max(1, min(n_rows, config.programs_per_sm * processors)))
         programs = triton.cdiv(n_rows, rows_per_program)
         dx = torch.empty_like(rows)
-        dweight = torch.empty(programs, n_cols, device=rows.device, dtype=torch.float32)
-        dbias = torch.empty_like(dweight) if has_bias else dweight
-        _norm_backward[(programs,)](rows, weight, dy, dx, mean, rstd, dweight, dbias, rows.stride(0), dy.stride(0),
-                                    dx.stride(0), n_rows, n_cols, rows_per_program, BLOCK=block, RMS=rms,
-                                    HAS_BIAS=has_bias, num_warps=config.num_warps(block))
-        grad_weight = dweight.sum(0).to(weight.dtype)
-        grad_bias = dbias.sum(0).to(weight.dtype) if has_bias else None
+        # the weight's and the bias' partial sums in one buffer: one reduction and one cast for both
+        partials = torch.empty((2 if has_bias else 1, programs, n_cols), device=rows.device, dtype=torch.float32)
+        _norm_backward[(programs,)](rows, weight, dy, dx, mean, rstd, partials[0], partials[-1], rows.stride(0),
+                                    dy.stride(0), dx.stride(0), n_rows, n_cols, rows_per_program, BLOCK=block,
+                                    RMS=rms, HAS_BIAS=has_bias, num_warps=config.num_warps(block))
+        sums = partials.sum(1).to(weight.dtype)
+        grad_weight, grad_bias = sums[0], sums[1] if has_bias else None
         return dx.view(shape), grad_weight, grad_bias, None, None
 
 
