@@ -22,19 +22,20 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from pipeline.kernels import attention, cross_entropy, norms
-from pipeline.kernels.launch_configs import ATTENTION, ROWWISE
+from pipeline.kernels.launch_configs import ATTENTION, NORM_BACKWARD, ROWWISE
 
 TARGETS = {"sm90": GPUTarget("cuda", 90, 32), "gfx90a": GPUTarget("hip", "gfx90a", 64)}
 GFX90A_LDS_BYTES = 64 * 1024
 FLOAT32_POINTERS = {"lse_ptr", "delta_ptr", "slopes_ptr", "mean_ptr", "rstd_ptr", "dweight_ptr", "dbias_ptr",
                     "target_logit_ptr", "grad_lse_ptr", "grad_target_ptr"}
-INT_POINTERS = {"seg_ptr": "*i32", "targets_ptr": "*i64"}
+INT_POINTERS = {"seg_ptr": "*i32", "ranges_ptr": "*i32", "targets_ptr": "*i64"}
 FLOAT_SCALARS = {"qk_scale", "sm_scale", "eps"}
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
-def signature(kernel, constexprs: dict) -> tuple[dict, dict]:
-    """Triton types of the kernel's arguments by naming convention, and the 16-alignment hints."""
+def signature(kernel, constexprs: dict, divisible: frozenset = frozenset()) -> tuple[dict, dict]:
+    """Triton types of the kernel's arguments by naming convention, and the 16-alignment hints (pointers, strides
+    and the integer arguments named in `divisible`)."""
     types, hints = {}, {}
     for index, param in enumerate(kernel.params):
         name = param.name
@@ -47,7 +48,7 @@ def signature(kernel, constexprs: dict) -> tuple[dict, dict]:
             types[name] = "fp32"
         else:
             types[name] = "i32"
-            if name.startswith("stride"):
+            if name.startswith("stride") or name in divisible:
                 hints[(index,)] = [["tt.divisibility", 16]]
     return types, hints
 
@@ -59,8 +60,9 @@ class Build:
     lds_bytes: int
 
 
-def build(kernel, constexprs: dict, arch: str, options: dict, tmp_path: Path) -> Build:
-    types, hints = signature(kernel, constexprs)
+def build(kernel, constexprs: dict, arch: str, options: dict, tmp_path: Path,
+          divisible: frozenset = frozenset()) -> Build:
+    types, hints = signature(kernel, constexprs, divisible)
     compiled = triton.compile(ASTSource(kernel, types, constexprs, hints), target=TARGETS[arch], options=options)
     if arch == "gfx90a":
         asm = compiled.asm["amdgcn"]
@@ -86,14 +88,16 @@ def check(result: Build, arch: str, uses_matrix_units: bool, what: str) -> None:
         assert result.lds_bytes <= GFX90A_LDS_BYTES, f"{what} on gfx90a: {result.lds_bytes} bytes of LDS > 64 KiB"
 
 
-ATTENTION_CASES = [(arch, head_dim) for arch in TARGETS for head_dim in ATTENTION[arch]]
+ATTENTION_CASES = [(arch, head_dim, documents) for arch in TARGETS for head_dim in ATTENTION[arch]
+                   for documents in (False, True)]
 
 
-@pytest.mark.parametrize("arch, head_dim", ATTENTION_CASES)
-def test_attention_configs_compile_to_matrix_instructions_without_spills(arch, head_dim, tmp_path):
-    configs = ATTENTION[arch][head_dim]
-    # ALiBi + causal, the specialisation the benchmarks run; block tiling rules the kernels rely on
-    flags = dict(BLOCK_D=head_dim, CAUSAL=True, HAS_ALIBI=True, HAS_SEGMENTS=False, CHECK_SEQ=False, CHECK_D=False)
+@pytest.mark.parametrize("arch, head_dim, documents", ATTENTION_CASES)
+def test_attention_configs_compile_to_matrix_instructions_without_spills(arch, head_dim, documents, tmp_path):
+    """ALiBi + causal, the specialisation the benchmarks run, dense and with document masks (segment ids)."""
+    configs = ATTENTION[arch][head_dim].specialised(documents)
+    flags = dict(BLOCK_D=head_dim, CAUSAL=True, HAS_ALIBI=True, HAS_SEGMENTS=documents, CHECK_SEQ=False,
+                 CHECK_D=False)
     kernels = {"forward": attention._attention_forward, "backward_kv": attention._attention_backward_kv,
                "backward_q": attention._attention_backward_q}
     for name, kernel in kernels.items():
@@ -103,19 +107,29 @@ def test_attention_configs_compile_to_matrix_instructions_without_spills(arch, h
         assert outer % inner == 0, f"{arch} D={head_dim} {name}: causal blocks need {outer} divisible by {inner}"
         result = build(kernel, {**flags, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}, arch,
                        config.launch_options(arch), tmp_path)
-        check(result, arch, True, f"attention {name} D={head_dim} {config}")
+        what = f"attention {name} D={head_dim}{' with documents' if documents else ''} {config}"
+        check(result, arch, True, what)
 
 
 @pytest.mark.parametrize("arch", TARGETS)
 def test_rowwise_kernels_compile_without_spills(arch, tmp_path):
     config = ROWWISE[arch]
     options = config.launch_options(arch)
+    norm_backward = NORM_BACKWARD[arch]
+    # The norms' hidden size is a multiple of 16 in real models, and Triton specialises such an argument at launch
+    # (16-byte vector loads); other sizes run with element-wise masks.
+    hidden = frozenset({"n_cols"})
     builds = {
-        "delta": (attention._attention_backward_delta, dict(BLOCK_M=64, BLOCK_D=128)),
-        "norm forward": (norms._norm_forward, dict(BLOCK=8192, RMS=False, HAS_BIAS=True)),
-        "norm backward": (norms._norm_backward, dict(BLOCK=8192, RMS=False, HAS_BIAS=True)),
-        "cross-entropy statistics": (cross_entropy._row_statistics, dict(BLOCK=config.block_n)),
-        "cross-entropy gradient": (cross_entropy._softmax_gradient, dict(BLOCK=config.block_n)),
+        "segment block ranges": (attention._segment_block_ranges, dict(OUTER=128, INNER=64, CHUNK=1024),
+                                 dict(options, num_warps=4), frozenset()),
+        "norm forward": (norms._norm_forward, dict(BLOCK=8192, RMS=False, HAS_BIAS=True), options, hidden),
+        "cross-entropy statistics": (cross_entropy._row_statistics, dict(BLOCK=config.block_n), options,
+                                     frozenset()),
+        "cross-entropy gradient": (cross_entropy._softmax_gradient, dict(BLOCK=config.block_n), options,
+                                   frozenset()),
     }
-    for name, (kernel, constexprs) in builds.items():
-        check(build(kernel, constexprs, arch, options, tmp_path), arch, False, name)
+    for block in (4096, 8192):
+        builds[f"norm backward {block}"] = (norms._norm_backward, dict(BLOCK=block, RMS=False, HAS_BIAS=True),
+                                            dict(options, num_warps=norm_backward.num_warps(block)), hidden)
+    for name, (kernel, constexprs, kernel_options, divisible) in builds.items():
+        check(build(kernel, constexprs, arch, kernel_options, tmp_path, divisible), arch, False, name)

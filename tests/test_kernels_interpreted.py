@@ -93,12 +93,20 @@ def compare_with_reference(triton_fn, reference_fn, inputs, dtype, **kwargs):
         assert_close(actual, wanted, dtype, f"gradient of input {i}")
 
 
+def packed_documents(batch: int, seq: int, lengths: list[int]) -> torch.Tensor:
+    """Segment ids 0, 1, ... of documents with these lengths, repeated to fill each row, shifted per row."""
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    return torch.stack([ids.roll(row * 37)[:seq].sort().values for row in range(batch)])
+
+
 @pytest.mark.parametrize("batch, heads, kv_heads, seq, head_dim, causal, alibi, segments, dtype", [
-    (1, 2, 2, 150, 32, True, True, False, torch.float32),  # several query and key blocks, causal split
-    (2, 4, 2, 97, 80, True, True, True, torch.float32),  # GQA, odd length, padded head dim, documents
-    (1, 4, 1, 130, 64, False, True, True, torch.float32),  # MQA, bidirectional
-    (1, 2, 2, 77, 96, True, False, False, torch.float16),
-    (1, 4, 2, 130, 32, True, True, True, torch.float16),
+    (1, 2, 2, 150, 32, True, True, None, torch.float32),  # several query and key blocks, causal split
+    (2, 4, 2, 97, 80, True, True, "short", torch.float32),  # GQA, odd length, padded head dim, documents
+    (1, 4, 1, 130, 64, False, True, "short", torch.float32),  # MQA, bidirectional
+    (1, 2, 2, 77, 96, True, False, None, torch.float16),
+    (1, 4, 2, 130, 32, True, True, "short", torch.float16),
+    (2, 2, 1, 260, 32, True, True, "long", torch.float32),  # documents spanning whole blocks: unmasked runs
+    (1, 1, 1, 260, 32, False, False, "long", torch.float16),
 ])
 def check_attention_matches_reference(interpreted, batch, heads, kv_heads, seq, head_dim, causal, alibi, segments,
                                      dtype):
@@ -108,25 +116,58 @@ def check_attention_matches_reference(interpreted, batch, heads, kv_heads, seq, 
     kwargs = dict(causal=causal, softmax_scale=0.7 / head_dim ** 0.5 if segments else None)
     if alibi:
         kwargs["alibi_slopes"] = torch.rand(heads) * 0.5
-    if segments:  # documents of random lengths, plus one token that matches no neighbour
+    if segments == "short":  # documents of random lengths, plus one token that matches no neighbour
         ids = torch.randint(0, 4, (batch, seq)).sort(dim=1).values
         ids[:, seq // 2] = 99
         kwargs["segment_ids"] = ids
+    elif segments == "long":
+        kwargs["segment_ids"] = packed_documents(batch, seq, [40, 170, 60, 140])
     compare_with_reference(kernels.flash_attention, reference.attention, [q, k, v], dtype, **kwargs)
 
 
 @pytest.mark.parametrize("arch", sorted(ATTENTION))
 def check_attention_with_each_architecture_tiles(interpreted, arch):
-    """The tile sizes of every table entry give the same result (the interpreter ignores warps and stages)."""
+    """The tile sizes of every table entry give the same result (the interpreter ignores warps and stages); the
+    document-mask entries run with documents where their tiles differ from the dense ones."""
     torch.manual_seed(1)
-    for head_dim, configs in ATTENTION[arch].items():
-        q = torch.randn(1, 2, 200, head_dim)
-        k, v = (torch.randn(1, 1, 200, head_dim) for _ in range(2))
-        slopes = torch.tensor([0.25, 0.0625])
-        attend = lambda q, k, v: interpreted["attention"].flash_attention(q, k, v, alibi_slopes=slopes,
-                                                                          configs=configs)
-        reference_attend = lambda q, k, v: reference.attention(q, k, v, alibi_slopes=slopes.double())
-        compare_with_reference(attend, reference_attend, [q, k, v], torch.float32)
+    slopes = torch.tensor([0.25, 0.0625])
+    tiles = lambda configs: [(c.block_m, c.block_n) for c in (configs.forward, configs.backward_kv, configs.backward_q)]
+    for head_dim, dense in ATTENTION[arch].items():
+        documents = dense.specialised(True)
+        cases = [(dense, None)] + ([(documents, packed_documents(1, 160, [50, 110]))]
+                                   if tiles(documents) != tiles(dense) else [])
+        for configs, segment_ids in cases:
+            q = torch.randn(1, 2, 160, head_dim)
+            k, v = (torch.randn(1, 1, 160, head_dim) for _ in range(2))
+            attend = lambda q, k, v, configs=configs, segment_ids=segment_ids: interpreted["attention"].flash_attention(
+                q, k, v, alibi_slopes=slopes, segment_ids=segment_ids, configs=configs)
+            reference_attend = lambda q, k, v, segment_ids=segment_ids: reference.attention(
+                q, k, v, alibi_slopes=slopes.double(), segment_ids=segment_ids)
+            compare_with_reference(attend, reference_attend, [q, k, v], torch.float32)
+
+
+@pytest.mark.parametrize("outer, inner", [(64, 32), (32, 64)])
+def check_document_block_ranges_are_exact(interpreted, outer, inner):
+    """For ascending segment ids, the range of blocks each block visits is exactly the blocks sharing a segment
+    with it, and its unmasked run exactly those where every pair does (brute force over positions)."""
+    seq = 300
+    segment_ids = packed_documents(2, seq, [40, 170, 60, 3, 1, 90]).to(torch.int32)
+    ranges = interpreted["attention"]._segment_ranges(segment_ids, outer, inner)
+    for row in range(2):
+        ids = segment_ids[row]
+        for block in range(ranges.shape[1]):
+            mine = ids[block * outer:(block + 1) * outer]
+            visible, full = [], []
+            for start in range(0, seq, inner):
+                theirs = ids[start:start + inner]
+                shared = mine[:, None] == theirs[None, :]
+                if shared.any():
+                    visible.append(start)
+                if shared.all() and len(theirs) == inner:
+                    full.append(start)
+            lo, full_lo, full_hi, hi = ranges[row, block].tolist()
+            assert (lo, hi) == (visible[0], visible[-1] + inner), (row, block, ranges[row, block], visible)
+            assert list(range(full_lo, full_hi, inner)) == full, (row, block, ranges[row, block], full)
 
 
 @pytest.mark.parametrize("shape, dtype", [((37, 300), torch.float32), ((2, 5, 1000), torch.float16)])

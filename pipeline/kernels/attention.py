@@ -5,21 +5,29 @@ with torch alone. Layout (batch, heads, seq, head_dim) like SDPA; k and v may ha
 
 Forward: one program per (query block, batch x head) streams key blocks with an online softmax in
 float32 and stores the log-sum-exp (LSE) per row. Backward recomputes the probabilities from the LSE,
-never storing attention: a preprocess computes delta = rowsum(dO * O); one program per key block and
-kv head accumulates dK and dV over the query blocks of every query head of its group (GQA sums in
-registers, no atomics: deterministic); another program per query block accumulates dQ. That is 7 matrix
-products per tile pair against the 5 of a FlashAttention-2 backward that adds dQ with float32 atomics inside
-the dK/dV loop; such a variant was built and timed on an H100 (Triton 3.6) and was slower at every tiling that
-compiles without register spills (it needs 64 queries x 128 keys to win, +5%, and that spills 752 bytes):
-BENCHMARKS.md, "Attention", has the figures.
+never storing attention: one program per query block accumulates dQ and first stores the softmax
+backward's per-row term delta = rowsum(dO * O); then one program per key block and kv head accumulates
+dK and dV over the query blocks of every query head of its group (GQA sums in registers, no atomics:
+deterministic). That is 7 matrix products per tile pair against the 5 of a FlashAttention-2 backward
+that adds dQ with float32 atomics inside the dK/dV loop; such a variant was built and timed on an H100
+(Triton 3.6) and was slower at every tiling that compiles without register spills: BENCHMARKS.md,
+"Attention", has the figures.
 
-Scores live in the log2 domain (exp2 is the native instruction): log2(e) is folded into the softmax
-scale and into the ALiBi slope. ALiBi adds slope * (j - i); a kernel adds slope * (j - anchor) with
-`anchor` the first position of its own block instead, which differs by a constant per row (softmax
+Scores live in the log2 domain (exp2 is the native instruction): log2(e) is folded, on the host, into
+the softmax scale and into the ALiBi slopes. ALiBi adds slope * (j - i); a kernel adds slope * (j - anchor)
+with `anchor` the first position of its own block instead, which differs by a constant per row (softmax
 ignores it) and costs one fused multiply-add per score, like no bias at all. The LSE is stored in the
-true (j - i) frame, so each kernel can pick its own anchor. Causal loops run the key blocks wholly below
-the diagonal without a mask and only the diagonal blocks with one; document masks (segment ids) skip
-key blocks whose segment ids cannot match any query of the block.
+true (j - i) frame, so each kernel can pick its own anchor.
+
+Which tile pairs run: causal loops run the blocks wholly on the visible side of the diagonal without a
+causal mask and only the diagonal blocks with one. Document masks (segment ids) are resolved per block
+before the attention kernels run (`_segment_block_ranges`, one small launch per tiling): each block gets
+the range of the other side's blocks that share a segment with it, and inside it the run of "full" blocks
+where every pair does; the kernels loop over that range only. The forward and dQ kernels apply the document
+mask to the partial blocks at the range's ends and nothing to the full ones; the dK/dV kernel masks its
+whole range (a split would spill, see there). The loops have no data-dependent branch, so Triton's
+software pipeliner streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's
+work, as this kernel had before, keeps the loads out of the pipeline (BENCHMARKS.md, packed rows).
 """
 
 from __future__ import annotations
@@ -33,10 +41,13 @@ import triton.language as tl
 
 from pipeline.kernels.launch_configs import AttentionConfigs, attention_configs, current_arch
 
-LOG2E = 1.4426950408889634
-# Masked scores in the forward: finite, so that a row whose first key blocks are all masked gives
-# exp2(0) = 1 garbage that the next real maximum rescales to exactly 0 (no inf - inf = NaN).
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E): the kernels work in the log2 domain
+# Masked scores: finite, so that a forward row whose first key blocks are all masked gives exp2(0) = 1
+# garbage that the next real maximum rescales to exactly 0 (no inf - inf = NaN); the backward subtracts
+# a finite LSE from it and gets exp2(-1e30) = 0.
 MASKED = tl.constexpr(-1.0e30)
+INT32_MAX = tl.constexpr(2147483647)
+INT32_MIN = tl.constexpr(-2147483648)
 
 
 @triton.jit
@@ -69,43 +80,143 @@ def _store_tile(ptrs, tile, rows, cols, n_rows, n_cols, CHECK_ROWS: tl.constexpr
 
 
 @triton.jit
-def _forward_key_blocks(acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_k_seq, stride_v_seq, seg_k_ptr,
-                        seg_q, seg_q_min, seg_q_max, offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale,
-                        seq_len, head_dim, lo, hi,
-                        BLOCK_N: tl.constexpr, MASK_DIAGONAL: tl.constexpr, CHECK_KEYS: tl.constexpr,
-                        CHECK_D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEGMENTS: tl.constexpr):
+def _load_rows(ptrs, rows, n_rows, CHECK_ROWS: tl.constexpr):
+    """A per-row float32 vector (LSE, delta), 0 past the sequence end."""
+    if CHECK_ROWS:
+        values = tl.load(ptrs, mask=rows < n_rows, other=0.0)
+    else:
+        values = tl.load(ptrs)
+    return values
+
+
+@triton.jit
+def _masked_scores(a, b, a_pos, b_pos, a_seg, b_seg, alibi_slope2, anchor, qk_scale, seq_len,
+                   QUERIES_FIRST: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                   CHECK_B: tl.constexpr, SEGMENT_MASK: tl.constexpr):
+    """Log2-domain scores of one tile pair, rows of `a` against rows of `b`: queries x keys when QUERIES_FIRST,
+    else keys x queries (the dK/dV kernel's transposed view). ALiBi is taken relative to `anchor`; masked
+    entries are MASKED. CHECK_B masks rows of `b` past the sequence end (a's are never stored)."""
+    scores = tl.dot(a, tl.trans(b))
+    if HAS_ALIBI:
+        if QUERIES_FIRST:
+            scores = scores * qk_scale + (alibi_slope2 * (b_pos - anchor).to(tl.float32))[None, :]
+        else:
+            scores = scores * qk_scale + (alibi_slope2 * (a_pos - anchor).to(tl.float32))[:, None]
+    else:
+        scores = scores * qk_scale
+    if CAUSAL_MASK:
+        if QUERIES_FIRST:
+            scores = tl.where(a_pos[:, None] >= b_pos[None, :], scores, MASKED)
+        else:
+            scores = tl.where(b_pos[None, :] >= a_pos[:, None], scores, MASKED)
+    if CHECK_B:
+        scores = tl.where(b_pos[None, :] < seq_len, scores, MASKED)
+    if SEGMENT_MASK:
+        scores = tl.where(a_seg[:, None] == b_seg[None, :], scores, MASKED)
+    return scores
+
+
+@triton.jit
+def _segment_range(seg_row_ptr, ranges_ptr, block, batch, positions, seq_len, region_lo, region_hi,
+                   HAS_SEGMENTS: tl.constexpr):
+    """For the block at `positions` (its program's own queries or keys): the other side's range [lo, hi) that
+    it can see, the run [full_lo, full_hi) inside it where no document mask is needed, all clipped to the
+    region [region_lo, region_hi), and the block's segment ids. Without documents: the whole region, full."""
+    if HAS_SEGMENTS:
+        bounds = ranges_ptr + (batch * tl.num_programs(0) + block) * 4
+        lo = tl.minimum(tl.maximum(tl.load(bounds), region_lo), region_hi)
+        full_lo = tl.minimum(tl.maximum(tl.load(bounds + 1), region_lo), region_hi)
+        full_hi = tl.minimum(tl.maximum(tl.load(bounds + 2), region_lo), region_hi)
+        hi = tl.minimum(tl.maximum(tl.load(bounds + 3), region_lo), region_hi)
+        segments = tl.load(seg_row_ptr + positions, mask=positions < seq_len, other=-1)
+    else:
+        lo = region_lo
+        full_lo = region_lo
+        full_hi = region_hi
+        hi = region_hi
+        segments = positions  # unused
+    return lo, full_lo, full_hi, hi, segments
+
+
+@triton.jit
+def _segment_block_ranges(seg_ptr, ranges_ptr, stride_seg_b, seq_len,
+                          OUTER: tl.constexpr, INNER: tl.constexpr, CHUNK: tl.constexpr):
+    """For each OUTER-wide block of a row (program_id 0) and batch row (program_id 1): the range of INNER-wide
+    blocks that share a segment with it, and the run of those where every position does ("full" blocks).
+
+    A block is seen when the [min, max] intervals of the two blocks' segment ids overlap: exact (no block that
+    no position can see) when ids are monotone along the row, as packers number documents, and a superset
+    otherwise, which the kernels' element-wise document mask keeps correct. A block is full when both blocks
+    hold one and the same id and the inner one lies wholly inside the sequence. The full run is kept only if it
+    is one unbroken run; otherwise every block of the range is masked. Writes [lo, full_lo, full_hi, hi] as
+    positions (multiples of INNER); full_lo == full_hi == lo when no full run exists."""
+    block = tl.program_id(0)
+    batch = tl.program_id(1)
+    seg_row = seg_ptr + batch * stride_seg_b
+    outer = block * OUTER + tl.arange(0, OUTER)
+    outer_seg = tl.load(seg_row + outer, mask=outer < seq_len, other=0)
+    outer_min = tl.min(tl.where(outer < seq_len, outer_seg, INT32_MAX), 0)
+    outer_max = tl.max(tl.where(outer < seq_len, outer_seg, INT32_MIN), 0)
+
+    blocks_per_chunk: tl.constexpr = CHUNK // INNER
+    first_seen = INT32_MAX
+    last_seen = -1
+    first_full = INT32_MAX
+    last_full = -1
+    full_count = 0
+    for start in range(0, seq_len, CHUNK):
+        inner_block = start // INNER + tl.arange(0, blocks_per_chunk)
+        inner = inner_block[:, None] * INNER + tl.arange(0, INNER)[None, :]
+        valid = inner < seq_len
+        inner_seg = tl.load(seg_row + inner, mask=valid, other=0)
+        inner_min = tl.min(tl.where(valid, inner_seg, INT32_MAX), 1)
+        inner_max = tl.max(tl.where(valid, inner_seg, INT32_MIN), 1)
+        whole = tl.min(valid.to(tl.int32), 1) == 1
+        seen = (inner_max >= outer_min) & (inner_min <= outer_max)
+        full = seen & whole & (inner_min == inner_max) & (inner_min == outer_min) & (outer_min == outer_max)
+        first_seen = tl.minimum(first_seen, tl.min(tl.where(seen, inner_block, INT32_MAX), 0))
+        last_seen = tl.maximum(last_seen, tl.max(tl.where(seen, inner_block, -1), 0))
+        first_full = tl.minimum(first_full, tl.min(tl.where(full, inner_block, INT32_MAX), 0))
+        last_full = tl.maximum(last_full, tl.max(tl.where(full, inner_block, -1), 0))
+        full_count += tl.sum(full.to(tl.int32), 0)
+
+    one_run = (full_count > 0) & (full_count == last_full - first_full + 1)
+    full_lo = tl.where(one_run, first_full, first_seen)
+    full_hi = tl.where(one_run, last_full + 1, first_seen)
+    bounds = ranges_ptr + (batch * tl.num_programs(0) + block) * 4
+    tl.store(bounds, first_seen * INNER)
+    tl.store(bounds + 1, full_lo * INNER)
+    tl.store(bounds + 2, full_hi * INNER)
+    tl.store(bounds + 3, (last_seen + 1) * INNER)
+
+
+@triton.jit
+def _forward_key_blocks(acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q,
+                        offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
+                        BLOCK_N: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                        CHECK_KEYS: tl.constexpr, SEGMENT_MASK: tl.constexpr, CHECK_D: tl.constexpr):
     """Online softmax over the key blocks [lo, hi) for one query block."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
-        active = True
-        if HAS_SEGMENTS:
-            seg_k = tl.load(seg_k_ptr + keys, mask=keys < seq_len, other=-1)
-            active = (tl.max(seg_k, 0) >= seg_q_min) & (tl.min(seg_k, 0) <= seg_q_max)
-        if active:
-            k = _load_tile(k_ptrs + start_n * stride_k_seq, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
-            scores = tl.dot(q, tl.trans(k))
-            if HAS_ALIBI:
-                scores = scores * qk_scale + (alibi_slope2 * (keys - anchor).to(tl.float32))[None, :]
-            else:
-                scores = scores * qk_scale
-            if MASK_DIAGONAL:
-                scores = tl.where(offs_m[:, None] >= keys[None, :], scores, MASKED)
-            if CHECK_KEYS:
-                scores = tl.where(keys[None, :] < seq_len, scores, MASKED)
-            if HAS_SEGMENTS:
-                scores = tl.where(seg_q[:, None] == seg_k[None, :], scores, MASKED)
-            new_max = tl.maximum(row_max, tl.max(scores, 1))
-            p = tl.math.exp2(scores - new_max[:, None])
-            rescale = tl.math.exp2(row_max - new_max)
-            row_sum = row_sum * rescale + tl.sum(p, 1)
-            v = _load_tile(v_ptrs + start_n * stride_v_seq, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
-            acc = tl.dot(p.to(v.dtype), v, acc * rescale[:, None])
-            row_max = new_max
+        seg_k = keys
+        if SEGMENT_MASK:
+            seg_k = tl.load(seg_row_ptr + keys, mask=keys < seq_len, other=-1)
+        k = _load_tile(k_ptrs + start_n * stride_ks, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
+        scores = _masked_scores(q, k, offs_m, keys, seg_q, seg_k, alibi_slope2, anchor, qk_scale, seq_len,
+                                QUERIES_FIRST=True, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL_MASK,
+                                CHECK_B=CHECK_KEYS, SEGMENT_MASK=SEGMENT_MASK)
+        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        p = tl.math.exp2(scores - new_max[:, None])
+        rescale = tl.math.exp2(row_max - new_max)
+        row_sum = row_sum * rescale + tl.sum(p, 1)
+        v = _load_tile(v_ptrs + start_n * stride_vs, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
+        acc = tl.dot(p.to(v.dtype), v, acc * rescale[:, None])
+        row_max = new_max
     return acc, row_sum, row_max
 
 
 @triton.jit
-def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr,
+def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr, ranges_ptr,
                        stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
                        stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, stride_seg_b,
                        heads, group, seq_len, head_dim, qk_scale,
@@ -128,37 +239,41 @@ def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr,
     q = _load_tile(q_ptrs, offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
     k_ptrs = k_ptr + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = v_ptr + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
-
     alibi_slope2 = 0.0
     if HAS_ALIBI:
-        alibi_slope2 = tl.load(slopes_ptr + head).to(tl.float32) * 1.4426950408889634
-    seg_k_ptr = seg_ptr + batch * stride_seg_b
-    seg_q = offs_m
-    seg_q_min = 0
-    seg_q_max = 0
-    if HAS_SEGMENTS:
-        seg_q = tl.load(seg_k_ptr + offs_m, mask=offs_m < seq_len, other=-2)
-        seg_q_min = tl.min(tl.where(offs_m < seq_len, seg_q, 2147483647), 0)
-        seg_q_max = tl.max(seg_q, 0)
+        alibi_slope2 = tl.load(slopes_ptr + head)
+    seg_row_ptr = seg_ptr + batch * stride_seg_b
+    # Keys before the block's first query are visible to all its queries (causal); the diagonal comes last.
+    region_hi = anchor if CAUSAL else seq_len
+    lo, full_lo, full_hi, hi, seg_q = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_m, seq_len, 0,
+                                                     region_hi, HAS_SEGMENTS=HAS_SEGMENTS)
 
     row_max = tl.full([BLOCK_M], MASKED, dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if HAS_SEGMENTS:
+        acc, row_sum, row_max = _forward_key_blocks(
+            acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n,
+            offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, full_lo, BLOCK_N=BLOCK_N,
+            HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not CAUSAL, SEGMENT_MASK=True,
+            CHECK_D=CHECK_D)
+    acc, row_sum, row_max = _forward_key_blocks(
+        acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
+        alibi_slope2, anchor, qk_scale, seq_len, head_dim, full_lo, full_hi, BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI,
+        CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS), SEGMENT_MASK=False,
+        CHECK_D=CHECK_D)
+    if HAS_SEGMENTS:
+        acc, row_sum, row_max = _forward_key_blocks(
+            acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n,
+            offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, full_hi, hi, BLOCK_N=BLOCK_N,
+            HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not CAUSAL, SEGMENT_MASK=True,
+            CHECK_D=CHECK_D)
     if CAUSAL:
-        # Keys before the block's first query: visible to every query of the block, no mask, no bounds check.
         acc, row_sum, row_max = _forward_key_blocks(
-            acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_k_ptr, seg_q, seg_q_min,
-            seg_q_max, offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, 0, anchor,
-            BLOCK_N, False, False, CHECK_D, HAS_ALIBI, HAS_SEGMENTS)
-        acc, row_sum, row_max = _forward_key_blocks(
-            acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_k_ptr, seg_q, seg_q_min,
-            seg_q_max, offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, anchor,
-            tl.minimum(anchor + BLOCK_M, seq_len), BLOCK_N, True, CHECK_SEQ, CHECK_D, HAS_ALIBI, HAS_SEGMENTS)
-    else:
-        acc, row_sum, row_max = _forward_key_blocks(
-            acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_k_ptr, seg_q, seg_q_min,
-            seg_q_max, offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, 0, seq_len,
-            BLOCK_N, False, CHECK_SEQ, CHECK_D, HAS_ALIBI, HAS_SEGMENTS)
+            acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n,
+            offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, anchor, tl.minimum(anchor + BLOCK_M, seq_len),
+            BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True, CHECK_KEYS=CHECK_SEQ, SEGMENT_MASK=HAS_SEGMENTS,
+            CHECK_D=CHECK_D)
 
     acc = acc / row_sum[:, None]
     # LSE (log2 domain) in the true (j - i) frame: the scores above carried + slope * (i - anchor).
@@ -175,73 +290,37 @@ def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr,
 
 
 @triton.jit
-def _attention_backward_delta(o_ptr, do_ptr, delta_ptr, stride_ob, stride_oh, stride_os, stride_dob, stride_doh,
-                              stride_dos, heads, seq_len, head_dim,
-                              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """delta = rowsum(dO * O) in float32, the softmax backward's per-row term."""
-    block = tl.program_id(0)
-    batch_head = tl.program_id(1)
-    batch = batch_head // heads
-    head = batch_head % heads
-    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m[:, None] < seq_len) & (offs_d[None, :] < head_dim)
-    o = tl.load(o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
-                mask=mask, other=0.0)
-    do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
-                 mask=mask, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(delta_ptr + batch_head * seq_len + offs_m, delta, mask=offs_m < seq_len)
-
-
-@triton.jit
-def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_ptr, delta_ptr, seg_q_ptr,
-                              seg_k, seg_k_min, seg_k_max, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale,
-                              seq_len, head_dim, lo, hi,
-                              BLOCK_M: tl.constexpr, MASK_DIAGONAL: tl.constexpr, CHECK_QUERIES: tl.constexpr,
-                              CHECK_D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEGMENTS: tl.constexpr):
-    """dK, dV of one key block from the query blocks [lo, hi) of one query head (scores transposed: keys x queries)."""
-    key_bias = tl.zeros_like(offs_n).to(tl.float32)
-    if HAS_ALIBI:
-        key_bias = alibi_slope2 * (offs_n - anchor).to(tl.float32)
+def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_ptr, delta_ptr,
+                              seg_row_ptr, seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len,
+                              head_dim, lo, hi,
+                              BLOCK_M: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                              CHECK_QUERIES: tl.constexpr, SEGMENT_MASK: tl.constexpr, CHECK_D: tl.constexpr):
+    """dK, dV of one key block from the query blocks [lo, hi) of one query head (keys x queries)."""
     for start_m in tl.range(lo, hi, BLOCK_M):
         queries = start_m + offs_m
-        active = True
-        if HAS_SEGMENTS:
-            seg_q = tl.load(seg_q_ptr + queries, mask=queries < seq_len, other=-1)
-            active = (tl.max(seg_q, 0) >= seg_k_min) & (tl.min(seg_q, 0) <= seg_k_max)
-        if active:
-            q = _load_tile(q_ptrs + start_m * stride_qs, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
-            if CHECK_QUERIES:
-                lse = tl.load(lse_ptr + queries, mask=queries < seq_len, other=0.0)
-                delta = tl.load(delta_ptr + queries, mask=queries < seq_len, other=0.0)
-            else:
-                lse = tl.load(lse_ptr + queries)
-                delta = tl.load(delta_ptr + queries)
-            if HAS_ALIBI:
-                lse = lse + alibi_slope2 * (queries - anchor).to(tl.float32)
-            scores_t = tl.dot(k, tl.trans(q)) * qk_scale
-            if HAS_ALIBI:
-                scores_t = scores_t + key_bias[:, None]
-            scores_t = scores_t - lse[None, :]
-            if MASK_DIAGONAL:
-                scores_t = tl.where(queries[None, :] >= offs_n[:, None], scores_t, float("-inf"))
-            if CHECK_QUERIES:
-                scores_t = tl.where(queries[None, :] < seq_len, scores_t, float("-inf"))
-            if HAS_SEGMENTS:
-                scores_t = tl.where(seg_k[:, None] == seg_q[None, :], scores_t, float("-inf"))
-            p_t = tl.math.exp2(scores_t)
-            do = _load_tile(do_ptrs + start_m * stride_dos, queries, offs_d, seq_len, head_dim, CHECK_QUERIES,
-                            CHECK_D)
-            dv = tl.dot(p_t.to(do.dtype), do, dv)
-            dp_t = tl.dot(v, tl.trans(do))
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        seg_q = queries
+        if SEGMENT_MASK:
+            seg_q = tl.load(seg_row_ptr + queries, mask=queries < seq_len, other=-1)
+        q = _load_tile(q_ptrs + start_m * stride_qs, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
+        lse = _load_rows(lse_ptr + queries, queries, seq_len, CHECK_QUERIES)
+        delta = _load_rows(delta_ptr + queries, queries, seq_len, CHECK_QUERIES)
+        if HAS_ALIBI:  # into this kernel's frame, anchored at the key block
+            lse = lse + alibi_slope2 * (queries - anchor).to(tl.float32)
+        scores_t = _masked_scores(k, q, offs_n, queries, seg_k, seg_q, alibi_slope2, anchor, qk_scale, seq_len,
+                                  QUERIES_FIRST=False, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL_MASK,
+                                  CHECK_B=CHECK_QUERIES, SEGMENT_MASK=SEGMENT_MASK)
+        p_t = tl.math.exp2(scores_t - lse[None, :])
+        do = _load_tile(do_ptrs + start_m * stride_dos, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
     return dk, dv
 
 
 @triton.jit
 def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, slopes_ptr, seg_ptr,
+                           ranges_ptr,
                            stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
                            stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
                            stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_seg_b,
@@ -262,14 +341,12 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
                    offs_n, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
     v = _load_tile(v_ptr + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
                    offs_n, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
-    seg_q_ptr = seg_ptr + batch * stride_seg_b
-    seg_k = offs_n
-    seg_k_min = 0
-    seg_k_max = 0
-    if HAS_SEGMENTS:
-        seg_k = tl.load(seg_q_ptr + offs_n, mask=offs_n < seq_len, other=-2)
-        seg_k_min = tl.min(tl.where(offs_n < seq_len, seg_k, 2147483647), 0)
-        seg_k_max = tl.max(seg_k, 0)
+    seg_row_ptr = seg_ptr + batch * stride_seg_b
+    # Queries after the key block see all of it (causal); the diagonal queries need the causal mask.
+    diagonal_end = tl.minimum(anchor + BLOCK_N, seq_len)
+    region_lo = diagonal_end if CAUSAL else 0
+    lo, _, _, hi, seg_k = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_n, seq_len, region_lo, seq_len,
+                                         HAS_SEGMENTS=HAS_SEGMENTS)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -277,28 +354,25 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
         head = kv_head * group + member
         alibi_slope2 = 0.0
         if HAS_ALIBI:
-            alibi_slope2 = tl.load(slopes_ptr + head).to(tl.float32) * 1.4426950408889634
+            alibi_slope2 = tl.load(slopes_ptr + head)
         q_ptrs = q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
         do_ptrs = do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :]
         row_offset = (batch * heads + head) * seq_len
+        lse_row_ptr = lse_ptr + row_offset
+        delta_row_ptr = delta_ptr + row_offset
         if CAUSAL:
-            # Queries of the diagonal blocks need the causal mask; every later query sees the whole key block.
-            diagonal_end = tl.minimum(anchor + BLOCK_N, seq_len)
             dk, dv = _backward_kv_query_blocks(
-                dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_ptr + row_offset, delta_ptr + row_offset,
-                seg_q_ptr, seg_k, seg_k_min, seg_k_max, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale,
-                seq_len, head_dim, anchor, diagonal_end, BLOCK_M, True, CHECK_SEQ, CHECK_D, HAS_ALIBI,
-                HAS_SEGMENTS)
-            dk, dv = _backward_kv_query_blocks(
-                dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_ptr + row_offset, delta_ptr + row_offset,
-                seg_q_ptr, seg_k, seg_k_min, seg_k_max, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale,
-                seq_len, head_dim, diagonal_end, seq_len, BLOCK_M, False, CHECK_SEQ, CHECK_D, HAS_ALIBI,
-                HAS_SEGMENTS)
-        else:
-            dk, dv = _backward_kv_query_blocks(
-                dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_ptr + row_offset, delta_ptr + row_offset,
-                seg_q_ptr, seg_k, seg_k_min, seg_k_max, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale,
-                seq_len, head_dim, 0, seq_len, BLOCK_M, False, CHECK_SEQ, CHECK_D, HAS_ALIBI, HAS_SEGMENTS)
+                dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr,
+                seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, anchor,
+                diagonal_end, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True, CHECK_QUERIES=CHECK_SEQ,
+                SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
+        # Not split into partial and full blocks like the forward: the dK/dV program already holds K, V, dK and dV
+        # of its keys, and the extra loops would spill on sm90; every block of the document range is masked.
+        dk, dv = _backward_kv_query_blocks(
+            dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr, seg_k,
+            offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
+            BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_QUERIES=CHECK_SEQ,
+            SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
 
     dk = dk * sm_scale
     _store_tile(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
@@ -308,47 +382,40 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
 
 
 @triton.jit
-def _backward_q_key_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_k_ptr, seg_q, seg_q_min,
-                           seg_q_max, offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim,
-                           lo, hi,
-                           BLOCK_N: tl.constexpr, MASK_DIAGONAL: tl.constexpr, CHECK_KEYS: tl.constexpr,
-                           CHECK_D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEGMENTS: tl.constexpr):
+def _backward_q_key_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m,
+                           offs_n, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
+                           BLOCK_N: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                           CHECK_KEYS: tl.constexpr, SEGMENT_MASK: tl.constexpr, CHECK_D: tl.constexpr):
     """dQ of one query block from the key blocks [lo, hi); `lse` already carries the block's ALiBi row term."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
-        active = True
-        if HAS_SEGMENTS:
-            seg_k = tl.load(seg_k_ptr + keys, mask=keys < seq_len, other=-1)
-            active = (tl.max(seg_k, 0) >= seg_q_min) & (tl.min(seg_k, 0) <= seg_q_max)
-        if active:
-            k = _load_tile(k_ptrs + start_n * stride_ks, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
-            scores = tl.dot(q, tl.trans(k)) * qk_scale
-            if HAS_ALIBI:
-                scores = scores + (alibi_slope2 * (keys - anchor).to(tl.float32))[None, :]
-            scores = scores - lse[:, None]
-            if MASK_DIAGONAL:
-                scores = tl.where(offs_m[:, None] >= keys[None, :], scores, float("-inf"))
-            if CHECK_KEYS:
-                scores = tl.where(keys[None, :] < seq_len, scores, float("-inf"))
-            if HAS_SEGMENTS:
-                scores = tl.where(seg_q[:, None] == seg_k[None, :], scores, float("-inf"))
-            p = tl.math.exp2(scores)
-            v = _load_tile(v_ptrs + start_n * stride_vs, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
-            dp = tl.dot(do, tl.trans(v))
-            ds = p * (dp - delta[:, None])
-            dq = tl.dot(ds.to(k.dtype), k, dq)
+        seg_k = keys
+        if SEGMENT_MASK:
+            seg_k = tl.load(seg_row_ptr + keys, mask=keys < seq_len, other=-1)
+        k = _load_tile(k_ptrs + start_n * stride_ks, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
+        scores = _masked_scores(q, k, offs_m, keys, seg_q, seg_k, alibi_slope2, anchor, qk_scale, seq_len,
+                                QUERIES_FIRST=True, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL_MASK,
+                                CHECK_B=CHECK_KEYS, SEGMENT_MASK=SEGMENT_MASK)
+        p = tl.math.exp2(scores - lse[:, None])
+        v = _load_tile(v_ptrs + start_n * stride_vs, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
 
 
 @triton.jit
-def _attention_backward_q(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, slopes_ptr, seg_ptr,
+def _attention_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, slopes_ptr, seg_ptr,
+                          ranges_ptr,
                           stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                          stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-                          stride_dqb, stride_dqh, stride_dqs, stride_seg_b,
+                          stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+                          stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs, stride_seg_b,
                           heads, group, seq_len, head_dim, qk_scale, sm_scale,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
                           CHECK_SEQ: tl.constexpr, CHECK_D: tl.constexpr):
+    """dQ of one query block; it also computes and stores the block's delta = rowsum(dO * O) for the dK/dV
+    kernel that runs after it, since it holds dO anyway (one pass over dO and one launch fewer)."""
     block = tl.program_id(0)
     if CAUSAL:  # heaviest query blocks first, as in the forward
         block = tl.num_programs(0) - 1 - block
@@ -365,42 +432,47 @@ def _attention_backward_q(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_pt
                    offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
     do = _load_tile(do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
                     offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
+    o = _load_tile(o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                   offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if CHECK_SEQ:
-        lse = tl.load(lse_ptr + batch_head * seq_len + offs_m, mask=offs_m < seq_len, other=0.0)
-        delta = tl.load(delta_ptr + batch_head * seq_len + offs_m, mask=offs_m < seq_len, other=0.0)
+        tl.store(delta_ptr + batch_head * seq_len + offs_m, delta, mask=offs_m < seq_len)
     else:
-        lse = tl.load(lse_ptr + batch_head * seq_len + offs_m)
-        delta = tl.load(delta_ptr + batch_head * seq_len + offs_m)
+        tl.store(delta_ptr + batch_head * seq_len + offs_m, delta)
+    lse = _load_rows(lse_ptr + batch_head * seq_len + offs_m, offs_m, seq_len, CHECK_SEQ)
     alibi_slope2 = 0.0
     if HAS_ALIBI:
-        alibi_slope2 = tl.load(slopes_ptr + head).to(tl.float32) * 1.4426950408889634
+        alibi_slope2 = tl.load(slopes_ptr + head)
         lse = lse + alibi_slope2 * (offs_m - anchor).to(tl.float32)
-    seg_k_ptr = seg_ptr + batch * stride_seg_b
-    seg_q = offs_m
-    seg_q_min = 0
-    seg_q_max = 0
-    if HAS_SEGMENTS:
-        seg_q = tl.load(seg_k_ptr + offs_m, mask=offs_m < seq_len, other=-2)
-        seg_q_min = tl.min(tl.where(offs_m < seq_len, seg_q, 2147483647), 0)
-        seg_q_max = tl.max(seg_q, 0)
+    seg_row_ptr = seg_ptr + batch * stride_seg_b
+    region_hi = anchor if CAUSAL else seq_len
+    lo, full_lo, full_hi, hi, seg_q = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_m, seq_len, 0,
+                                                     region_hi, HAS_SEGMENTS=HAS_SEGMENTS)
 
     k_ptrs = k_ptr + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = v_ptr + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if HAS_SEGMENTS:
+        dq = _backward_q_key_blocks(
+            dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
+            alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, full_lo, BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not CAUSAL, SEGMENT_MASK=True, CHECK_D=CHECK_D)
+    dq = _backward_q_key_blocks(
+        dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
+        alibi_slope2, anchor, qk_scale, seq_len, head_dim, full_lo, full_hi, BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI,
+        CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS), SEGMENT_MASK=False,
+        CHECK_D=CHECK_D)
+    if HAS_SEGMENTS:
+        dq = _backward_q_key_blocks(
+            dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
+            alibi_slope2, anchor, qk_scale, seq_len, head_dim, full_hi, hi, BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not CAUSAL, SEGMENT_MASK=True, CHECK_D=CHECK_D)
     if CAUSAL:
-        dq = _backward_q_key_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_k_ptr, seg_q,
-                                    seg_q_min, seg_q_max, offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale,
-                                    seq_len, head_dim, 0, anchor, BLOCK_N, False, False, CHECK_D, HAS_ALIBI,
-                                    HAS_SEGMENTS)
-        dq = _backward_q_key_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_k_ptr, seg_q,
-                                    seg_q_min, seg_q_max, offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale,
-                                    seq_len, head_dim, anchor, tl.minimum(anchor + BLOCK_M, seq_len), BLOCK_N, True,
-                                    CHECK_SEQ, CHECK_D, HAS_ALIBI, HAS_SEGMENTS)
-    else:
-        dq = _backward_q_key_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_k_ptr, seg_q,
-                                    seg_q_min, seg_q_max, offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale,
-                                    seq_len, head_dim, 0, seq_len, BLOCK_N, False, CHECK_SEQ, CHECK_D, HAS_ALIBI,
-                                    HAS_SEGMENTS)
+        dq = _backward_q_key_blocks(
+            dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
+            alibi_slope2, anchor, qk_scale, seq_len, head_dim, anchor, tl.minimum(anchor + BLOCK_M, seq_len),
+            BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True, CHECK_KEYS=CHECK_SEQ, SEGMENT_MASK=HAS_SEGMENTS,
+            CHECK_D=CHECK_D)
     dq = dq * sm_scale
     _store_tile(dq_ptr + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
                 dq.to(dq_ptr.dtype.element_ty), offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
@@ -412,6 +484,17 @@ def _flags(seq_len: int, head_dim: int, configs: AttentionConfigs) -> tuple[int,
     tiles = (configs.forward.block_m, configs.forward.block_n, configs.backward_kv.block_m,
              configs.backward_kv.block_n, configs.backward_q.block_m, configs.backward_q.block_n)
     return block_d, any(seq_len % tile for tile in tiles), block_d != head_dim
+
+
+def _segment_ranges(segments: torch.Tensor, outer: int, inner: int) -> torch.Tensor:
+    """(batch, outer blocks, 4) int32 [lo, full_lo, full_hi, hi] of `_segment_block_ranges` for one tiling."""
+    batch, seq_len = segments.shape
+    outer_blocks = triton.cdiv(seq_len, outer)
+    ranges = torch.empty((batch, outer_blocks, 4), device=segments.device, dtype=torch.int32)
+    chunk = max(inner, min(1024, triton.next_power_of_2(seq_len)))
+    _segment_block_ranges[(outer_blocks, batch)](segments, ranges, segments.stride(0), seq_len, OUTER=outer,
+                                                  INNER=inner, CHUNK=chunk, num_warps=4)
+    return ranges
 
 
 def _check_inputs(q, k, v, alibi_slopes, segment_ids) -> None:
@@ -446,28 +529,27 @@ class _FlashAttention(torch.autograd.Function):
         arch = current_arch(q.device)
         block_d, check_seq, check_d = _flags(seq_len, head_dim, configs)
         sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-        slopes = alibi_slopes.to(torch.float32).contiguous() if alibi_slopes is not None else q  # q: unused pointer
-        segments = segment_ids.to(torch.int32).contiguous() if segment_ids is not None else q.new_empty((1, 1),
-                                                                                                       dtype=torch.int32)
+        has_alibi, has_segments = alibi_slopes is not None, segment_ids is not None
+        slopes2 = alibi_slopes.to(torch.float32) * LOG2E if has_alibi else q  # q: an unused pointer
+        segments = segment_ids.to(torch.int32).contiguous() if has_segments else q.new_empty((1, 1), dtype=torch.int32)
+        cfg = configs.forward
+        ranges = _segment_ranges(segments, cfg.block_m, cfg.block_n) if has_segments else segments
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
-        cfg = configs.forward
-        grid = (triton.cdiv(seq_len, cfg.block_m), batch * heads)
-        _attention_forward[grid](
-            q, k, v, out, lse, slopes, segments,
+        _attention_forward[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
+            q, k, v, out, lse, slopes2, segments, ranges,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), segments.stride(0),
             heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, CAUSAL=causal,
-            HAS_ALIBI=alibi_slopes is not None, HAS_SEGMENTS=segment_ids is not None, CHECK_SEQ=check_seq,
-            CHECK_D=check_d, **cfg.launch_options(arch))
-        ctx.save_for_backward(q, k, v, out, lse, slopes, segments)
-        ctx.settings = (causal, alibi_slopes is not None, segment_ids is not None, sm_scale, configs)
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi,
+            HAS_SEGMENTS=has_segments, CHECK_SEQ=check_seq, CHECK_D=check_d, **cfg.launch_options(arch))
+        ctx.save_for_backward(q, k, v, out, lse, slopes2, segments, ranges)
+        ctx.settings = (causal, has_alibi, has_segments, sm_scale, configs)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, slopes, segments = ctx.saved_tensors
+        q, k, v, out, lse, slopes2, segments, forward_ranges = ctx.saved_tensors
         causal, has_alibi, has_segments, sm_scale, configs = ctx.settings
         batch, heads, seq_len, head_dim = q.shape
         kv_heads = k.shape[1]
@@ -475,33 +557,35 @@ class _FlashAttention(torch.autograd.Function):
         block_d, check_seq, check_d = _flags(seq_len, head_dim, configs)
         grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
 
-        delta = torch.empty_like(lse)
-        delta_block = 64
-        _attention_backward_delta[(triton.cdiv(seq_len, delta_block), batch * heads)](
-            out, grad_out, delta, out.stride(0), out.stride(1), out.stride(2), grad_out.stride(0), grad_out.stride(1),
-            grad_out.stride(2), heads, seq_len, head_dim, BLOCK_M=delta_block, BLOCK_D=block_d, num_warps=4)
+        def ranges_for(outer: int, inner: int) -> torch.Tensor:
+            if not has_segments:
+                return segments
+            if (outer, inner) == (configs.forward.block_m, configs.forward.block_n):
+                return forward_ranges
+            return _segment_ranges(segments, outer, inner)
 
+        delta = torch.empty_like(lse)
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         dk = torch.empty_like(k, memory_format=torch.contiguous_format)
         dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-        common = dict(CAUSAL=causal, HAS_ALIBI=has_alibi, HAS_SEGMENTS=has_segments, CHECK_SEQ=check_seq,
-                      CHECK_D=check_d, BLOCK_D=block_d)
+        flags = dict(BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi, HAS_SEGMENTS=has_segments,
+                     CHECK_SEQ=check_seq, CHECK_D=check_d)
+        cfg = configs.backward_q  # first: it stores delta, which the dK/dV kernel reads
+        _attention_backward_q[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
+            q, k, v, out, grad_out, dq, lse, delta, slopes2, segments, ranges_for(cfg.block_m, cfg.block_n),
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            grad_out.stride(0), grad_out.stride(1), grad_out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
+            segments.stride(0), heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
         cfg = configs.backward_kv
         _attention_backward_kv[(triton.cdiv(seq_len, cfg.block_n), batch * kv_heads)](
-            q, k, v, grad_out, dk, dv, lse, delta, slopes, segments,
+            q, k, v, grad_out, dk, dv, lse, delta, slopes2, segments, ranges_for(cfg.block_n, cfg.block_m),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), segments.stride(0),
             heads, kv_heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common, **cfg.launch_options(arch))
-        cfg = configs.backward_q
-        _attention_backward_q[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
-            q, k, v, grad_out, dq, lse, delta, slopes, segments,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
-            dq.stride(0), dq.stride(1), dq.stride(2), segments.stride(0),
-            heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common, **cfg.launch_options(arch))
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
         return dq, dk, dv, None, None, None, None, None
 
 
@@ -510,5 +594,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                     softmax_scale: Optional[float] = None, configs: Optional[AttentionConfigs] = None) -> torch.Tensor:
     """The Triton kernel behind pipeline.kernels.flash_attention; `configs` overrides the table (tests)."""
     _check_inputs(q, k, v, alibi_slopes, segment_ids)
-    configs = configs or attention_configs(current_arch(q.device), q.shape[-1])
+    has_segments = segment_ids is not None
+    configs = (configs or attention_configs(current_arch(q.device), q.shape[-1])).specialised(has_segments)
     return _FlashAttention.apply(q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs)

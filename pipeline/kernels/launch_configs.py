@@ -20,6 +20,7 @@ a tuning pass. Architectures:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -49,6 +50,13 @@ class AttentionConfigs:
     forward: KernelConfig
     backward_kv: KernelConfig  # one program per key block: block_n keys, loops over block_m-query blocks
     backward_q: KernelConfig  # one program per query block: block_m queries, loops over block_n-key blocks
+    # With document masks (segment ids) the kernels are another specialisation with more live registers; where
+    # the dense tiles would spill there, `documents` holds the ones to use instead.
+    documents: Optional[AttentionConfigs] = None
+
+    def specialised(self, has_segments: bool) -> AttentionConfigs:
+        """The configurations of the dense or the document-mask specialisation."""
+        return self.documents if has_segments and self.documents is not None else self
 
 
 # Keyed by architecture, then by the padded head dim (64: head dims up to 64; 128: 65..128, so 80 and 96
@@ -59,19 +67,26 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
         # pipelined 4 deep (160 KiB of shared memory): the fastest of the candidates that bench/attention_configs.py
         # timed on an H100; 128x128 tiles spill at D=128 (ptxas: 255 registers).
         # Backward dK/dV: the program keeps its keys' K and V tiles in shared memory (wgmma operands) and the
-        # dK/dV accumulators (fp32) in registers while query blocks stream by; 32 queries x 128 keys with 8 warps and 2 stages is the fastest
-        # that compiles without spills (64x64 with 4 warps ran ~10% faster but spills). dQ: 128 queries,
-        # 64-key blocks. Every entry compiles without spills (tests/test_kernels_compile.py). A second sweep
-        # (2026-11-21) found no spill-free dK/dV or dQ tiling more than 2% faster, within run-to-run noise.
+        # dK/dV accumulators (fp32) in registers while query blocks stream by: 16 queries x 128 keys with 8 warps
+        # and 3 stages (224 registers); 32 x 128 with 2 stages was 1-3% slower in three H100 runs (2026-11-21 and
+        # -23), 64x64 with 4 warps ran ~10% faster but spills. dQ: 128 queries, 64-key blocks. Every entry compiles
+        # without spills (tests/test_kernels_compile.py).
+        # With document masks the dK/dV kernel takes 2 stages to stay spill-free (3 spill 4 bytes).
         128: AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
-                              backward_kv=KernelConfig(32, 128, 8, 2),
-                              backward_q=KernelConfig(128, 64, 8, 3)),
+                              backward_kv=KernelConfig(16, 128, 8, 3),
+                              backward_q=KernelConfig(128, 64, 8, 3),
+                              documents=AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
+                                                         backward_kv=KernelConfig(16, 128, 8, 2),
+                                                         backward_q=KernelConfig(128, 64, 8, 3))),
         # D=64 halves every tile: 4 warps suffice for the forward's 128x64 tiles (3 stages); dK/dV 32 queries x
         # 128 keys with 8 warps and 3 stages (64x64 with 4 warps ran ~8% faster but spills 4 bytes), dQ 64 queries
-        # x 32 keys with 4 stages.
+        # x 32 keys with 4 stages; with document masks dK/dV takes 2 stages (3 spill 68 bytes).
         64: AttentionConfigs(forward=KernelConfig(128, 64, 4, 3),
                              backward_kv=KernelConfig(32, 128, 8, 3),
-                             backward_q=KernelConfig(64, 32, 4, 4)),
+                             backward_q=KernelConfig(64, 32, 4, 4),
+                             documents=AttentionConfigs(forward=KernelConfig(128, 64, 4, 3),
+                                                        backward_kv=KernelConfig(32, 128, 8, 2),
+                                                        backward_q=KernelConfig(64, 32, 4, 4))),
     },
     "gfx90a": {
         # Forward: 128x64 tiles with 4 wavefronts (256 lanes) and waves_per_eu=2 (at most 256 VGPRs per lane,
@@ -80,14 +95,24 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
         # straight into registers; a second LDS stage spills at D=128.
         # Backward: the dK/dV program holds K, V, dK, dV of 64 keys (wider spills); waves_per_eu=1 lets it
         # use the accumulation registers (AGPRs) too. dQ: 64 queries x 32 keys.
+        # With document masks the forward's 128x64 tiles spill a few VGPRs with 4 wavefronts (the element-wise
+        # segment compare); 8 wavefronts halve each lane's share and compile clean.
         128: AttentionConfigs(forward=KernelConfig(128, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
                               backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
-                              backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16)),
+                              backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
+                              documents=AttentionConfigs(
+                                  forward=KernelConfig(128, 64, 8, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                                  backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
+                                  backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16))),
         # D=64: tiles are half as large, so the forward double-buffers K/V in LDS (num_stages=2, 16 KiB) and
-        # every kernel keeps two waves per SIMD.
+        # every kernel keeps two waves per SIMD. Document masks: the forward as at D=128, dK/dV 32-query steps.
         64: AttentionConfigs(forward=KernelConfig(128, 64, 4, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
                              backward_kv=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
-                             backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16)),
+                             backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                             documents=AttentionConfigs(
+                                 forward=KernelConfig(128, 64, 8, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
+                                 backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                                 backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16))),
     },
     "default": {
         128: AttentionConfigs(forward=KernelConfig(64, 64, 4, 2),
@@ -108,6 +133,29 @@ ROWWISE: dict[str, KernelConfig] = {
 }
 
 
+@dataclass(frozen=True)
+class NormBackwardConfig:
+    """The norm backward holds its row in registers, `lane_elements` per lane, so its warps grow with the hidden
+    size; `programs_per_sm` programs per multiprocessor each sum the weight gradient of a chunk of rows."""
+
+    lane_elements: int
+    programs_per_sm: int
+    warp_size: int  # lanes per warp: 32 on NVIDIA, 64 on AMD (a wavefront)
+    max_warps: int  # 1024 lanes per program
+
+    def num_warps(self, block: int) -> int:
+        return max(4, min(self.max_warps, block // (self.warp_size * self.lane_elements)))
+
+
+# 16 elements per lane: sm90 gives the LayerNorm backward 128 registers at hidden 4096 (8 warps, two programs per
+# SM) and 8192 (16 warps), none spilled; 8 per lane would need 32 warps at 8192, capped at 64 registers, and spill.
+NORM_BACKWARD: dict[str, NormBackwardConfig] = {
+    "sm90": NormBackwardConfig(lane_elements=16, programs_per_sm=2, warp_size=32, max_warps=32),
+    "gfx90a": NormBackwardConfig(lane_elements=16, programs_per_sm=2, warp_size=64, max_warps=16),
+    "default": NormBackwardConfig(lane_elements=16, programs_per_sm=2, warp_size=32, max_warps=32),
+}
+
+
 def current_arch(device: torch.device | None = None) -> str:
     """`sm90`, `gfx90a` or `default` for the device that a kernel is about to run on."""
     if device is None or device.type != "cuda" or not torch.cuda.is_available():
@@ -120,5 +168,5 @@ def current_arch(device: torch.device | None = None) -> str:
     return arch if arch in ATTENTION else "default"
 
 
-def attention_configs(arch: str, head_dim: int) -> AttentionConfigs:
-    return ATTENTION[arch][64 if head_dim <= 64 else 128]
+def attention_configs(arch: str, head_dim: int, has_segments: bool = False) -> AttentionConfigs:
+    return ATTENTION[arch][64 if head_dim <= 64 else 128].specialised(has_segments)

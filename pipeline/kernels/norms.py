@@ -4,18 +4,21 @@ Imported only when a call runs the Triton backend. One program normalises one ro
 registers (hidden sizes up to 65536), statistics in float32; the forward keeps only the per-row
 1/std (and mean) for the backward. The backward recomputes the normalised row, writes dx, and sums
 the weight (and bias) gradients of a contiguous chunk of rows in float32 registers; the chunks' partial
-sums are added on the host in a fixed order, so the result is deterministic (no atomics).
+sums are added on the host in a fixed order, so the result is deterministic (no atomics). Its warps and
+programs come from the launch table (NORM_BACKWARD): few enough registers per lane that two programs share
+a multiprocessor, and each program requests the next row before it reduces the current one.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from pipeline.kernels.launch_configs import ROWWISE, current_arch
+from pipeline.kernels.launch_configs import NORM_BACKWARD, ROWWISE, current_arch
 
 MAX_HIDDEN = 65536
 
@@ -42,6 +45,11 @@ def _norm_forward(x_ptr, weight_ptr, bias_ptr, y_ptr, mean_ptr, rstd_ptr, stride
 
 
 @triton.jit
+def _add_pairs(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
 def _norm_backward(x_ptr, weight_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dweight_ptr, dbias_ptr,
                    stride_x, stride_dy, stride_dx, n_rows, n_cols, rows_per_program,
                    BLOCK: tl.constexpr, RMS: tl.constexpr, HAS_BIAS: tl.constexpr):
@@ -52,32 +60,42 @@ def _norm_backward(x_ptr, weight_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dweigh
     dweight = tl.zeros([BLOCK], dtype=tl.float32)
     dbias = tl.zeros([BLOCK], dtype=tl.float32)
     first = chunk.to(tl.int64) * rows_per_program
-    x_row = x_ptr + first * stride_x
-    dy_row = dy_ptr + first * stride_dy
-    dx_row = dx_ptr + first * stride_dx
-    for row in range(first, tl.minimum(first + rows_per_program, n_rows)):
-        x = tl.load(x_row + cols, mask=inside, other=0.0).to(tl.float32)
-        dy = tl.load(dy_row + cols, mask=inside, other=0.0).to(tl.float32)
+    end = tl.minimum(first + rows_per_program, n_rows)
+    # The next row's x and dy are requested before this row's reductions (block-wide barriers) run, so that
+    # their memory latency overlaps the arithmetic: a row loop without it waits on every load.
+    x_next = tl.load(x_ptr + first * stride_x + cols, mask=inside & (first < end), other=0.0)
+    dy_next = tl.load(dy_ptr + first * stride_dy + cols, mask=inside & (first < end), other=0.0)
+    for row in range(first, end):
+        x = x_next.to(tl.float32)
+        dy = dy_next.to(tl.float32)
+        following = row + 1
+        x_next = tl.load(x_ptr + following * stride_x + cols, mask=inside & (following < end), other=0.0)
+        dy_next = tl.load(dy_ptr + following * stride_dy + cols, mask=inside & (following < end), other=0.0)
         rstd = tl.load(rstd_ptr + row)
         if RMS:
             normed = x * rstd
         else:
             normed = tl.where(inside, (x - tl.load(mean_ptr + row)) * rstd, 0.0)
         dnormed = dy * weight
-        # d/dx of (x - mean) * rstd: rstd * (dn - mean(dn * n) * n [- mean(dn) for LayerNorm])
-        dx = dnormed - normed * (tl.sum(dnormed * normed, 0) / n_cols)
-        if not RMS:
-            dx -= tl.sum(dnormed, 0) / n_cols
-        tl.store(dx_row + cols, (dx * rstd).to(dx_ptr.dtype.element_ty), mask=inside)
+        # d/dx of (x - mean) * rstd: rstd * (dn - mean(dn * n) * n [- mean(dn) for LayerNorm]); LayerNorm's two
+        # sums share one reduction (one round of barriers)
+        if RMS:
+            dx = dnormed - normed * (tl.sum(dnormed * normed, 0) / n_cols)
+        else:
+            dot, total = tl.reduce((dnormed * normed, dnormed), 0, _add_pairs)
+            dx = dnormed - normed * (dot / n_cols) - total / n_cols
+        tl.store(dx_ptr + row * stride_dx + cols, (dx * rstd).to(dx_ptr.dtype.element_ty), mask=inside)
         dweight += dy * normed
         if HAS_BIAS:
             dbias += dy
-        x_row += stride_x
-        dy_row += stride_dy
-        dx_row += stride_dx
     tl.store(dweight_ptr + chunk * n_cols + cols, dweight, mask=inside)
     if HAS_BIAS:
         tl.store(dbias_ptr + chunk * n_cols + cols, dbias, mask=inside)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -101,8 +119,9 @@ class _Norm(torch.autograd.Function):
         block = _block(n_cols, "rms_norm" if rms else "layer_norm")
         config = ROWWISE[current_arch(x.device)]
         y = torch.empty_like(rows)
-        rstd = torch.empty(n_rows, device=x.device, dtype=torch.float32)
-        mean = rstd if rms else torch.empty_like(rstd)  # RMSNorm never touches it
+        # one allocation for both statistics: the host's per-call work is a visible share of a norm's time
+        statistics = torch.empty((1 if rms else 2, n_rows), device=x.device, dtype=torch.float32)
+        rstd, mean = statistics[0], statistics[-1]  # RMSNorm never touches mean
         _norm_forward[(n_rows,)](rows, weight, bias if bias is not None else weight, y, mean, rstd, rows.stride(0),
                                  y.stride(0), n_cols, eps, BLOCK=block, RMS=rms, HAS_BIAS=bias is not None,
                                  num_warps=config.num_warps)
@@ -116,20 +135,19 @@ class _Norm(torch.autograd.Function):
         rms, has_bias, shape = ctx.settings
         n_rows, n_cols = rows.shape
         dy = _rows(dy)
-        config = ROWWISE[current_arch(rows.device)]
-        # enough chunks to fill the GPU, each long enough that its partial sums are cheap to add afterwards
-        programs = max(1, min(n_rows, 4 * torch.cuda.get_device_properties(rows.device).multi_processor_count
-                              if rows.is_cuda else 8))
-        rows_per_program = triton.cdiv(n_rows, programs)
+        block = _block(n_cols, "rms_norm" if rms else "layer_norm")
+        config = NORM_BACKWARD[current_arch(rows.device)]
+        processors = _multiprocessors(rows.device)
+        rows_per_program = triton.cdiv(n_rows, max(1, min(n_rows, config.programs_per_sm * processors)))
         programs = triton.cdiv(n_rows, rows_per_program)
         dx = torch.empty_like(rows)
-        dweight = torch.empty(programs, n_cols, device=rows.device, dtype=torch.float32)
-        dbias = torch.empty_like(dweight) if has_bias else dweight
-        _norm_backward[(programs,)](rows, weight, dy, dx, mean, rstd, dweight, dbias, rows.stride(0), dy.stride(0),
-                                    dx.stride(0), n_rows, n_cols, rows_per_program, BLOCK=_block(n_cols, "norm"),
-                                    RMS=rms, HAS_BIAS=has_bias, num_warps=config.num_warps)
-        grad_weight = dweight.sum(0).to(weight.dtype)
-        grad_bias = dbias.sum(0).to(weight.dtype) if has_bias else None
+        # the weight's and the bias' partial sums in one buffer: one reduction and one cast for both
+        partials = torch.empty((2 if has_bias else 1, programs, n_cols), device=rows.device, dtype=torch.float32)
+        _norm_backward[(programs,)](rows, weight, dy, dx, mean, rstd, partials[0], partials[-1], rows.stride(0),
+                                    dy.stride(0), dx.stride(0), n_rows, n_cols, rows_per_program, BLOCK=block,
+                                    RMS=rms, HAS_BIAS=has_bias, num_warps=config.num_warps(block))
+        sums = partials.sum(1).to(weight.dtype)
+        grad_weight, grad_bias = sums[0], sums[1] if has_bias else None
         return dx.view(shape), grad_weight, grad_bias, None, None
 
 
