@@ -42,7 +42,12 @@ def base_model(cfg) -> str | None:
 
 
 def needs_when(cfg) -> tuple[str, ...]:
-    """The clean stage's held-out split is the text unless eval.path gives one."""
+    """The clean stage's held-out split is the text unless eval.path gives one. Without any model to score, the
+    text does not matter: that is said first."""
+    if base_model(cfg) is None and not any(read_marker(stage_dir(cfg, stage)) is not None for stage in TRAINED):
+        raise StageError(f"evaluate {cfg.lang.code}: there is no model to evaluate: no model.base, and neither "
+                         f"{stage_dir(cfg, 'warmup') / MARKER} nor {stage_dir(cfg, 'pretrain') / MARKER} exists. "
+                         f"Give model.base=<Hugging Face folder> or run the training stages first.")
     return ("clean",) if cfg.eval.path is None else ()
 
 
@@ -52,10 +57,6 @@ def describe_inputs(cfg) -> dict:
     base = base_model(cfg)
     if base is not None:
         inputs["base"] = folder_fingerprint(base)
-    elif not any(read_marker(stage_dir(cfg, stage)) is not None for stage in TRAINED):
-        raise StageError(f"evaluate {cfg.lang.code}: there is no model to evaluate: no model.base, and neither "
-                         f"{stage_dir(cfg, 'warmup') / MARKER} nor {stage_dir(cfg, 'pretrain') / MARKER} exists. "
-                         f"Give model.base=<Hugging Face folder> or run the training stages first.")
     if cfg.eval.path is not None:
         folder, files, _ = text_files(Path(cfg.eval.path))
         inputs["text"] = fingerprint_files(folder, files)
