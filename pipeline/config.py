@@ -239,7 +239,8 @@ class PackConfig:
     batch_size: int = 1000
 
 
-WARMUP_INITS = ("mean", "random")
+# pipeline/warmstart/transfer.py describes them; `focus` and `align` learn from warmup.transfer_bytes of text.
+WARMUP_INITS = ("mean", "random", "focus", "align")
 PRETRAIN_INITS = ("warmup", "hf", "scratch")
 RESUME = ("auto", "never")
 
@@ -252,10 +253,17 @@ def _warmup_training() -> TrainConfig:
 
 @dataclass
 class WarmupConfig:
-    # New embedding rows: `mean` of the old pieces that spell each new token (copies for shared tokens),
-    # or `random`, the baseline it is measured against.
+    # New embedding (and untied head) rows; shared tokens always copy theirs. The other new tokens: `mean` of the
+    # old pieces that spell them (FVT); `focus`, a sparse mix of shared tokens' rows chosen by fastText vectors
+    # learnt on the language's text (FOCUS); `align`, the row of the old token whose co-occurrence embedding on
+    # the same text tokenized both ways is nearest (TokAlign); `random`, the baseline they are measured against.
     init: str = "mean"
-    # Train BLOOM's LayerNorm after the embedding as well (it belongs to the embedding, not the body).
+    # The text `focus` and `align` learn from: this many bytes from the start of the clean stage's training text.
+    transfer_bytes: int = 16_000_000
+    # What trains besides the input embeddings (pipeline/warmstart/freezing.py): the untied LM head; every norm's
+    # weights (blocks, final norm, BLOOM's embedding LayerNorm); or BLOOM's LayerNorm after the embedding alone.
+    train_head: bool = True
+    train_norms: bool = False
     train_embedding_norm: bool = False
     train: TrainConfig = field(default_factory=_warmup_training)
 
@@ -428,6 +436,8 @@ def validate(cfg: PipelineConfig) -> None:
     validate_training(cfg.warmup.train, cfg.parallel, prefix="warmup.train")
     if cfg.warmup.init not in WARMUP_INITS:
         raise ConfigError("warmup.init", cfg.warmup.init, WARMUP_INITS)
+    if cfg.warmup.transfer_bytes < 1:
+        raise ConfigError("warmup.transfer_bytes", cfg.warmup.transfer_bytes, ["a number of bytes >= 1, e.g. 16000000"])
     validate_training(cfg.train, cfg.parallel, prefix="train")
     if cfg.init not in PRETRAIN_INITS:
         raise ConfigError("init", cfg.init, PRETRAIN_INITS)

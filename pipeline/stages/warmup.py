@@ -1,10 +1,11 @@
 """Stage `warmup`: the base model with the new tokenizer, only the embeddings (and LM head) trained.
 
 The launching process loads the base model (`model.base`), checks that it fits the configured model,
-builds the new embedding rows (`warmup.init`: `mean` or `random`, pipeline/warmstart/transfer.py) and
-writes the initial model; `parallel.pp x parallel.dp` ranks then train it on DeepSpeed's pipeline
-engine with ZeRO-1, the whole transformer body frozen, reading the pack stage's sampler; held-out bits
-per byte are scored before and after. Outputs: `checkpoint/` (the pipeline checkpoint that
+builds the new embedding rows (`warmup.init`, pipeline/warmstart/transfer.py; `focus` and `align` learn
+from the clean stage's training text) and writes the initial model; `parallel.pp x parallel.dp` ranks
+then train it on DeepSpeed's pipeline engine with ZeRO-1, the transformer body frozen
+(pipeline/warmstart/freezing.py), reading the pack stage's sampler; held-out bits per byte are scored
+before and after. Outputs: `checkpoint/` (the pipeline checkpoint that
 `stage=pretrain` starts from), `hf/` (a transformers folder with the new tokenizer), `metrics.jsonl`,
 `report.json` and the marker.
 """
@@ -21,7 +22,10 @@ from pipeline.contract import Stage, StageError, StageRun, write_json_atomic
 from pipeline.tokenization.folder import TOKENIZER_FILE
 from pipeline.training.run import METRICS_FILE, export_trained, launch, rank_training, write_heldout
 from pipeline.warmstart.base import check_fit, folder_fingerprint, load_base, load_base_tokenizer, save_checkpoint
+from pipeline.warmstart.freezing import warmup_trainable
 from pipeline.warmstart.initialise import warm_started
+from pipeline.warmstart.transfer import needs_text
+from pipeline.warmstart.transfer_text import read_transfer_text
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +40,8 @@ def seq_len(cfg) -> int:
 
 
 def trainable(cfg):
-    """Only the input embeddings, the LM head (when untied) and, if asked, the embedding LayerNorm."""
-    prefixes = ("embedding.tokens.", "head.") + (("embedding.norm.",) if cfg.warmup.train_embedding_norm else ())
-    return lambda name: name.startswith(prefixes)
+    """The input embeddings and what warmup.train_head/train_norms/train_embedding_norm add."""
+    return warmup_trainable(cfg.warmup.train_head, cfg.warmup.train_norms, cfg.warmup.train_embedding_norm)
 
 
 def run(run: StageRun) -> dict:
@@ -54,10 +57,12 @@ def run(run: StageRun) -> dict:
     from tokenizers import Tokenizer
 
     new_tokenizer = Tokenizer.from_file(str(tokenizer_dir / TOKENIZER_FILE))
+    texts = (read_transfer_text(run.input_dirs["clean"], run.lang, cfg.warmup.transfer_bytes, run.work_dir / "scratch")
+             if needs_text(cfg.warmup.init) else None)
     model, transfer = warm_started(base, Path(cfg.model.base), base_tokenizer, tokenizer_dir, new_tokenizer,
-                                   cfg.warmup.init, cfg.warmup.train.seed)
-    log.info("warmup %s: %s initialisation of %d rows: %s", run.lang, cfg.warmup.init, model.cfg.vocab_size,
-             transfer["embedding"])
+                                   cfg.warmup.init, cfg.warmup.train.seed, texts=texts)
+    log.info("warmup %s: %s initialisation of %d rows in %.1f s: %s", run.lang, cfg.warmup.init,
+             model.cfg.vocab_size, transfer["cost"]["seconds"], transfer["embedding"])
     init_dir = run.work_dir / "init"
     save_checkpoint(model, init_dir)
     eos_id = new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos)
