@@ -438,6 +438,10 @@ def validate(cfg: PipelineConfig) -> None:
         raise ConfigError("warmup.init", cfg.warmup.init, WARMUP_INITS)
     if cfg.warmup.transfer_bytes < 1:
         raise ConfigError("warmup.transfer_bytes", cfg.warmup.transfer_bytes, ["a number of bytes >= 1, e.g. 16000000"])
+    if not cfg.warmup.train_head and cfg.model.tie_embeddings:
+        raise ConfigError("warmup.train_head", False, [
+            "true (a tied head is the input embedding, which always trains)",
+            "false with an untied model (model.tie_embeddings=false)"])
     validate_training(cfg.train, cfg.parallel, prefix="train")
     if cfg.init not in PRETRAIN_INITS:
         raise ConfigError("init", cfg.init, PRETRAIN_INITS)

@@ -9,8 +9,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from pipeline.config import REPO_ROOT, SpecialTokens, TokenizerConfig
+from pipeline.config import (REPO_ROOT, ConfigError, PipelineConfig, SpecialTokens, TokenizerConfig, language_config,
+                             validate)
 from pipeline.contract import StageError
+from pipeline.languages import LANGUAGES
 from pipeline.model import ModelConfig, Transformer
 from pipeline.tokenization.folder import write_tokenizer_folder
 from pipeline.tokenization.training import TrainedTokenizer, train_tokenizer
@@ -209,5 +211,18 @@ def test_the_warmup_trains_the_embeddings_and_what_the_switches_add():
     assert trained() == ["embedding.tokens.weight", "head.weight"]
     assert trained(train_head=False) == ["embedding.tokens.weight"]
     assert trained(train_embedding_norm=True) == ["embedding.tokens.weight", "embedding.norm.weight", "head.weight"]
-    assert trained(train_norms=True) == ["embedding.tokens.weight", "embedding.norm.weight", "blocks.0.attn_norm.weight",
-                                         "blocks.0.mlp_norm.weight", "final_norm.weight", "head.weight"]
+    assert trained(train_norms=True) == ["embedding.tokens.weight", "embedding.norm.weight",
+                                         "blocks.0.attn_norm.weight", "blocks.0.mlp_norm.weight", "final_norm.weight",
+                                         "head.weight"]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("init", "fvt", "Allowed: mean, random, focus, align"),
+    ("transfer_bytes", 0, "a number of bytes >= 1"),
+    ("train_head", False, "a tied head is the input embedding"),
+])
+def test_bad_warmup_settings_fail_at_start_naming_the_key(key, value, message):
+    cfg = PipelineConfig(stage="warmup", lang=language_config("nob", LANGUAGES["nob"]))
+    setattr(cfg.warmup, key, value)
+    with pytest.raises(ConfigError, match=rf"`warmup.{key}`.*{message}"):
+        validate(cfg)

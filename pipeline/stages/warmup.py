@@ -70,7 +70,7 @@ def run(run: StageRun) -> dict:
     (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
     result = launch("pipeline.stages.warmup:train_rank", run)
     trained = export_trained(run, tokenizer_dir)
-    trained_tensors = _check_body_unchanged(base, trained, trainable(cfg))
+    trained_tensors = _check_body_unchanged(model, trained, trainable(cfg))
     shutil.rmtree(init_dir)
     trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
     report = {"base": str(Path(cfg.model.base).resolve()), "init": cfg.warmup.init, "rows": transfer,
@@ -81,14 +81,15 @@ def run(run: StageRun) -> dict:
     return {key: value for key, value in report.items() if key != "sampler"}
 
 
-def _check_body_unchanged(base, trained, is_trainable) -> list[str]:
-    """Fail if training moved any frozen tensor; returns the names of the trained ones."""
-    base_state = base.state_dict()
+def _check_body_unchanged(initial, trained, is_trainable) -> list[str]:
+    """Fail if training moved any frozen tensor away from the warm-started model (whose body is the base's, and
+    whose frozen head, with warmup.train_head=false, is the transferred one); returns the trained ones' names."""
+    initial_state = initial.state_dict()
     moved = []
     for name, tensor in trained.state_dict().items():
         if is_trainable(name):
             continue
-        if name not in base_state or not torch.equal(tensor.to(base_state[name].dtype), base_state[name]):
+        if name not in initial_state or not torch.equal(tensor.to(initial_state[name].dtype), initial_state[name]):
             moved.append(name)
     if moved:
         raise StageError(f"warmup: frozen tensors changed during training: {moved[:5]}. This is a bug; please report it.")

@@ -41,7 +41,8 @@ def transfer_plan(base_folder: Path, base_tokenizer: Tokenizer, new_folder: Path
     if method == "align":
         return plan, align_rows(plan, new_sequences, token_sequences(base_tokenizer, texts),
                                 new_tokenizer.get_vocab_size(with_added_tokens=True),
-                                base_tokenizer.get_vocab_size(with_added_tokens=True), special_ids(base_tokenizer), seed)
+                                base_tokenizer.get_vocab_size(with_added_tokens=True), special_ids(base_tokenizer),
+                                seed)
     return plan, {}
 
 

@@ -77,7 +77,8 @@ def _pieces(surface: bytes, old: Tokenizer, old_by_bytes: dict[bytes, int]) -> l
     return old.encode(text, add_special_tokens=False).ids
 
 
-def plan_rows(new: Tokenizer, old: Tokenizer, new_roles: dict[str, int], old_roles: dict[str, Optional[int]]) -> TransferPlan:
+def plan_rows(new: Tokenizer, old: Tokenizer, new_roles: dict[str, int],
+              old_roles: dict[str, Optional[int]]) -> TransferPlan:
     """The `mean` plan: special rows by role, shared tokens `copied`, the rest `averaged` over their old pieces."""
     old_specials = special_ids(old)
     old_by_bytes: dict[bytes, int] = {}
