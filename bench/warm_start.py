@@ -375,7 +375,7 @@ def cell(values: list[Optional[float]], digits: int = 3, percent: bool = False) 
     def one(value):
         return ">T" if value is None else (f"{value:.0%}" if percent else f"{value:.{digits}f}")
     known = [v for v in values if v is not None]
-    mean = one(sum(known) / len(known)) if len(known) == len(values) and known else "-"
+    mean = one(sum(known) / len(known)) if len(known) == len(values) else (">T" if not known else "-")
     return mean + (f" ({', '.join(one(v) for v in values)})" if len(values) > 1 else "")
 
 
