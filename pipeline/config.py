@@ -112,6 +112,10 @@ def validate(cfg: PipelineConfig) -> None:
     validate_parallel(cfg.parallel)
     check_tensor_parallel(cfg.model, cfg.parallel.tp)
     validate_warmup(cfg.warmup)
+    if not cfg.warmup.train_head and cfg.model.tie_embeddings:
+        raise ConfigError("warmup.train_head", False, [
+            "true (a tied head is the input embedding, which always trains)",
+            "false with an untied model (model.tie_embeddings=false)"])
     validate_training(cfg.warmup.train, cfg.parallel, prefix="warmup.train")
     validate_training(cfg.train, cfg.parallel, prefix="train")
     if cfg.init not in PRETRAIN_INITS:

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+
+import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from pipeline.config import REPO_ROOT, PipelineConfig, validate
+from pipeline.errors import ConfigError, StageError
+from pipeline.languages import LANGUAGES, language_config
 from pipeline.model import ModelConfig, Transformer
 from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import write_tokenizer_folder
 from pipeline.tokenization.surfaces import spelling, token_bytes
-from pipeline.tokenization.training import TrainedTokenizer, train_tokenizer
-from pipeline.warmstart.initialise import warm_started
+from pipeline.tokenization.trained import TrainedTokenizer
+from pipeline.tokenization.training import train_tokenizer
+from pipeline.warmstart.focus import sparsemax
+from pipeline.warmstart.freezing import warmup_trainable
+from pipeline.warmstart.initialise import transfer_plan, warm_started
 from pipeline.warmstart.transfer import build_matrix, plan_rows
 
 ENGLISH = ["the king had three daughters and a house by the sea"] * 50 + ["she walked home in the rain"] * 50
 NORWEGIAN = ["kongen hadde tre døtre og et hus ved sjøen"] * 50 + ["hun gikk hjem i regnet, the end"] * 50
 ROLES = {"bos": 0, "eos": 1, "pad": 2, "unk": 3}
+METHODS = ("mean", "focus", "align")
 
 
 def bpe(texts: list[str], vocab: int = 512) -> Tokenizer:
@@ -30,6 +41,39 @@ def metaspace(texts: list[str]) -> Tokenizer:
     return tokenizer
 
 
+def embedded_text(lang: str, characters: int) -> list[str]:
+    """The first documents of the embedded sample of `lang`, about `characters` long."""
+    texts, size = [], 0
+    for path in sorted((REPO_ROOT / "data" / lang).glob("*.jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            for line in handle:
+                texts.append(json.loads(line)["text"])
+                size += len(texts[-1])
+                if size >= characters:
+                    return texts
+    return texts
+
+
+def folder_of(path, tokenizer: Tokenizer):
+    path.mkdir()
+    write_tokenizer_folder(path, TrainedTokenizer(tokenizer), SpecialTokens())
+    return path
+
+
+@pytest.fixture(scope="module")
+def transfer(tmp_path_factory):
+    """An English and a Norwegian tokenizer (as folders) trained on the embedded samples, and Norwegian text."""
+    root = tmp_path_factory.mktemp("transfer")
+    old, new = bpe(embedded_text("eng", 150_000), 800), bpe(embedded_text("nob", 150_000), 800)
+    return {"old": old, "new": new, "old_dir": folder_of(root / "old", old), "new_dir": folder_of(root / "new", new),
+            "texts": embedded_text("nob", 150_000)}
+
+
+def plan_of(transfer, method: str):
+    return transfer_plan(transfer["old_dir"], transfer["old"], transfer["new_dir"], transfer["new"], method, 1,
+                         transfer["texts"])
+
+
 def test_token_bytes_reads_both_spellings():
     assert token_bytes("Ġhus", "byte_level") == b" hus"
     assert token_bytes("Ã¸", "byte_level") == "ø".encode("utf-8")
@@ -40,25 +84,27 @@ def test_token_bytes_reads_both_spellings():
 
 def test_mean_rows_copy_shared_tokens_and_average_the_pieces_of_new_ones():
     old, new = bpe(ENGLISH), bpe(NORWEGIAN)
-    sources = plan_rows(new, old, ROLES, ROLES)
+    plan = plan_rows(new, old, ROLES, ROLES)
     old_matrix = torch.randn(old.get_vocab_size(), 8)
-    matrix, counts = build_matrix(old_matrix, new.get_vocab_size(), sources, "mean", torch.Generator().manual_seed(0))
+    matrix, counts = build_matrix(old_matrix, new.get_vocab_size(), plan, "mean", torch.Generator().manual_seed(0))
     assert counts["special"] == 4 and counts["copied"] > 0 and counts["averaged"] > 0
     for token in ("Ġthe", "e"):
         new_id, old_id = new.token_to_id(token), old.token_to_id(token)
-        assert sources.kinds[new_id] == "copied" and torch.equal(matrix[new_id], old_matrix[old_id])
-    averaged = [i for i, kind in sources.kinds.items() if kind == "averaged" and len(sources.old_ids[i]) > 1]
+        assert plan.rows[new_id].kind == "copied" and torch.equal(matrix[new_id], old_matrix[old_id])
+    averaged = [i for i in plan.ids_of("averaged") if len(plan.rows[i].old_ids) > 1]
+    assert averaged
     for new_id in averaged[:20]:
-        assert old.decode(sources.old_ids[new_id]) == new.decode([new_id])
-        assert torch.allclose(matrix[new_id], old_matrix[sources.old_ids[new_id]].mean(dim=0))
+        old_ids = list(plan.rows[new_id].old_ids)
+        assert old.decode(old_ids) == new.decode([new_id])
+        assert torch.allclose(matrix[new_id], old_matrix[old_ids].mean(dim=0), atol=1e-6)
     assert torch.equal(matrix[ROLES["eos"]], old_matrix[ROLES["eos"]])
 
 
 def test_a_byte_level_vocabulary_finds_its_tokens_in_a_sentencepiece_one():
     old, new = metaspace(ENGLISH), bpe(NORWEGIAN)
-    sources = plan_rows(new, old, ROLES, ROLES)
+    plan = plan_rows(new, old, ROLES, ROLES)
     new_id = new.token_to_id("Ġthe")
-    assert sources.kinds[new_id] == "copied" and sources.old_ids[new_id] == [old.token_to_id("\u2581the")]
+    assert plan.rows[new_id].kind == "copied" and plan.rows[new_id].old_ids == (old.token_to_id("\u2581the"),)
 
 
 def test_random_rows_follow_the_old_scale():
@@ -67,22 +113,117 @@ def test_random_rows_follow_the_old_scale():
     assert counts == {"random": 1000} and abs(matrix.std().item() - 0.05) < 0.005
 
 
-def test_an_untied_head_gets_its_own_rows_and_the_body_is_kept(tmp_path):
-    old, new = bpe(ENGLISH), bpe(NORWEGIAN)
-    folders = {}
-    for name, tokenizer in (("old", old), ("new", new)):
-        folders[name] = tmp_path / name
-        folders[name].mkdir()
-        write_tokenizer_folder(folders[name], TrainedTokenizer(tokenizer), SpecialTokens())
+def test_sparsemax_keeps_the_closest_scores_with_weights_summing_to_one():
+    weights = sparsemax(torch.tensor([[0.9, 0.85, 0.1, -0.5], [0.3, 0.3, 0.3, 0.3]]))
+    assert torch.allclose(weights.sum(dim=1), torch.ones(2))
+    assert torch.allclose(weights[0], torch.tensor([0.525, 0.475, 0.0, 0.0]))
+    assert torch.allclose(weights[1], torch.full((4,), 0.25))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_init_copies_shared_rows_and_builds_finite_deterministic_new_ones(transfer, method):
+    plan, learnt = plan_of(transfer, method)
+    again, _ = plan_of(transfer, method)
+    assert plan.rows == again.rows
+    old_matrix = torch.randn(transfer["old"].get_vocab_size(), 16, generator=torch.Generator().manual_seed(3))
+    matrix, counts = build_matrix(old_matrix, transfer["new"].get_vocab_size(), plan, method,
+                                  torch.Generator().manual_seed(0))
+    assert torch.isfinite(matrix).all()
+    copied = plan.ids_of("copied")
+    assert len(copied) > 100
+    for new_id in copied:
+        assert torch.equal(matrix[new_id], old_matrix[plan.rows[new_id].old_ids[0]])
+    new_kind = {"mean": "averaged", "focus": "focus", "align": "aligned"}[method]
+    built = plan.ids_of(new_kind)
+    assert len(built) > 100 and counts[new_kind] == len(built)
+    for new_id in built:
+        row = plan.rows[new_id]
+        assert abs(sum(row.weights) - 1) < 1e-5 and min(row.weights) > 0
+        expected = sum(w * old_matrix[i] for i, w in zip(row.old_ids, row.weights))
+        assert torch.allclose(matrix[new_id], expected, atol=1e-5)
+    shared_old = {plan.rows[new_id].old_ids[0] for new_id in copied}
+    if method == "focus":
+        # a new row mixes rows of shared tokens only, chosen by the static vectors
+        assert all(set(plan.rows[new_id].old_ids) <= shared_old for new_id in built)
+        assert learnt["tokens_with_vectors"] > 500 and learnt["shared_with_vectors"] > 100
+    if method == "align":
+        assert all(len(plan.rows[new_id].old_ids) == 1 for new_id in built)
+        assert learnt["anchors"] >= 20 and learnt["held_out_shared_tokens"] > 0
+        assert 0 <= learnt["held_out_shared_recovered"] <= 1
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("method", ("mean", "focus"))
+def test_tied_and_untied_heads_get_the_planned_rows_and_the_body_is_kept(transfer, method, tied):
+    old, new = transfer["old"], transfer["new"]
     base = Transformer(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, ffn_size=64,
-                                   vocab_size=old.get_vocab_size(), tie_embeddings=False, init_std=0.5))
-    model, report = warm_started(base, folders["old"], old, folders["new"], new, "mean", 0)
-    assert report["head"] == report["embedding"]
-    new_id, old_id = new.token_to_id("Ġthe"), old.token_to_id("Ġthe")
-    assert torch.equal(model.head.weight[new_id], base.head.weight[old_id])
+                                   vocab_size=old.get_vocab_size(), tie_embeddings=tied, init_std=0.5))
+    model, summary = warm_started(base, transfer["old_dir"], old, transfer["new_dir"], new, method, 0,
+                                  texts=transfer["texts"])
+    assert summary["method"] == method and summary["cost"]["seconds"] > 0
+    assert summary["cost"]["peak_rss_mib"] > 0 and summary["cost"]["peak_added_mib"] >= 0
+    new_id = next(i for i in plan_of(transfer, "mean")[0].ids_of("copied") if len(new.decode([i])) > 2)
+    old_id = old.token_to_id(new.id_to_token(new_id))
     assert torch.equal(model.embedding.tokens.weight[new_id], base.embedding.tokens.weight[old_id])
-    assert not torch.equal(model.head.weight[new_id], model.embedding.tokens.weight[new_id])
+    if tied:
+        assert "head" not in summary and model.head.weight is model.embedding.tokens.weight
+    else:
+        assert summary["head"] == summary["embedding"]
+        assert torch.equal(model.head.weight[new_id], base.head.weight[old_id])
+        assert not torch.equal(model.head.weight[new_id], model.embedding.tokens.weight[new_id])
+        assert model.head.weight[new.get_vocab_size():].abs().sum() == 0
     for name, tensor in base.state_dict().items():
         if not name.startswith(("embedding.tokens", "head")):
             assert torch.equal(model.state_dict()[name], tensor)
-    assert model.head.weight[new.get_vocab_size():].abs().sum() == 0
+    assert torch.isfinite(model.embedding.tokens.weight).all()
+
+
+def test_a_base_tokenizer_that_shares_nothing_fails_clearly_unless_random(transfer, tmp_path):
+    cyrillic = Tokenizer(models.WordLevel({"привет": 0, "мир": 1, "<unk>": 2}, unk_token="<unk>"))
+    cyrillic.pre_tokenizer = pre_tokenizers.Whitespace()
+    cyrillic.add_special_tokens(["<unk>"])
+    for method in METHODS:
+        with pytest.raises(StageError, match="shares no token.*warmup.init=random"):
+            transfer_plan(tmp_path, cyrillic, transfer["new_dir"], transfer["new"], method, 1, transfer["texts"])
+    plan, _ = transfer_plan(tmp_path, cyrillic, transfer["new_dir"], transfer["new"], "random", 1, None)
+    assert plan is None
+
+
+@pytest.mark.parametrize("method", ("focus", "align"))
+def test_too_little_text_falls_back_to_the_mean_rows(transfer, method):
+    mean, _ = plan_of(transfer, "mean")
+    plan, learnt = transfer_plan(transfer["old_dir"], transfer["old"], transfer["new_dir"], transfer["new"], method,
+                                 1, ["Kongen hadde tre døtre."])
+    assert "every new row stays `mean`" in learnt["fallback"]
+    assert plan.rows == mean.rows
+    with pytest.raises(ValueError, match="learns from text"):
+        transfer_plan(transfer["old_dir"], transfer["old"], transfer["new_dir"], transfer["new"], method, 1, None)
+
+
+def test_the_warmup_trains_the_embeddings_and_what_the_switches_add():
+    names = ["embedding.tokens.weight", "embedding.norm.weight", "blocks.0.attn_norm.weight", "blocks.0.attn.q.weight",
+             "blocks.0.mlp_norm.weight", "blocks.0.mlp.up.weight", "final_norm.weight", "head.weight"]
+
+    def trained(**switches):
+        prefixes = tuple(warmup_trainable(**{"train_head": True, "train_norms": False, "train_embedding_norm": False,
+                                              "num_layers": 1, **switches}))
+        return [name for name in names if name.startswith(prefixes)]
+
+    assert trained() == ["embedding.tokens.weight", "head.weight"]
+    assert trained(train_head=False) == ["embedding.tokens.weight"]
+    assert trained(train_embedding_norm=True) == ["embedding.tokens.weight", "embedding.norm.weight", "head.weight"]
+    assert trained(train_norms=True) == ["embedding.tokens.weight", "embedding.norm.weight",
+                                         "blocks.0.attn_norm.weight", "blocks.0.mlp_norm.weight", "final_norm.weight",
+                                         "head.weight"]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("init", "fvt", "Allowed: mean, random, focus, align"),
+    ("transfer_bytes", 0, "a number of bytes >= 1"),
+    ("train_head", False, "a tied head is the input embedding"),
+])
+def test_bad_warmup_settings_fail_at_start_naming_the_key(key, value, message):
+    cfg = PipelineConfig(stage="warmup", lang=language_config("nob", LANGUAGES["nob"]))
+    setattr(cfg.warmup, key, value)
+    with pytest.raises(ConfigError, match=rf"`warmup.{key}`.*{message}"):
+        validate(cfg)

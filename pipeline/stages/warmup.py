@@ -1,10 +1,11 @@
 """Stage `warmup`: the base model with the new tokenizer, only the embeddings (and LM head) trained.
 
 The launching process loads the base model (`model.base`), checks that it fits the configured model,
-builds the new embedding rows (`warmup.init`: `mean` or `random`, pipeline/warmstart/transfer.py) and
-writes the initial model; `parallel.pp x parallel.dp` ranks then train it on DeepSpeed's pipeline
-engine with ZeRO-1, the whole transformer body frozen, reading the pack stage's sampler; held-out bits
-per byte are scored before and after. Outputs: `checkpoint/` (the pipeline checkpoint that
+builds the new embedding rows (`warmup.init`, pipeline/warmstart/transfer.py; `focus` and `align` learn
+from the clean stage's training text) and writes the initial model; `parallel.pp x parallel.dp` ranks
+then train it on DeepSpeed's pipeline engine with ZeRO-1, the transformer body frozen
+(pipeline/warmstart/freezing.py), reading the pack stage's sampler; held-out bits per byte are scored
+before and after. Outputs: `checkpoint/` (the pipeline checkpoint that
 `stage=pretrain` starts from), `hf/` (a transformers folder with the new tokenizer), `metrics.jsonl`,
 `report.json` and the marker.
 """
@@ -25,7 +26,10 @@ from pipeline.tokenization.folder import load_tokenizer
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import INIT, METRICS_FILE
 from pipeline.training.run import export_trained, launch, write_heldout
+from pipeline.warmstart.freezing import warmup_trainable
 from pipeline.warmstart.initialise import warm_started
+from pipeline.warmstart.transfer import needs_text
+from pipeline.warmstart.transfer_text import read_transfer_text
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +39,17 @@ def describe_inputs(cfg) -> dict:
     return {} if cfg.model.base is None else {"base_model": folder_fingerprint(cfg.model.base)}
 
 
-def trainable(cfg) -> list[str]:
-    """Only the input embeddings, the LM head (when untied) and, if asked, the embedding LayerNorm."""
-    return ["embedding.tokens.", "head."] + (["embedding.norm."] if cfg.warmup.train_embedding_norm else [])
+def trainable(cfg, num_layers: int) -> list[str]:
+    """The input embeddings and what warmup.train_head/train_norms/train_embedding_norm add."""
+    return warmup_trainable(cfg.warmup.train_head, cfg.warmup.train_norms, cfg.warmup.train_embedding_norm,
+                            num_layers)
 
 
-def training_job(run: StageRun) -> TrainingJob:
+def training_job(run: StageRun, num_layers: int) -> TrainingJob:
     cfg = run.cfg
     return TrainingJob(stage="warmup", folder=str(run.work_dir), pack=str(run.input("pack")),
                        seq_len=cfg.warmup.train.seq_len or cfg.model.max_seq_len, train=cfg.warmup.train,
-                       parallel=cfg.parallel, kernels=cfg.kernels, trainable=trainable(cfg))
+                       parallel=cfg.parallel, kernels=cfg.kernels, trainable=trainable(cfg, num_layers))
 
 
 def run_warmup(run: StageRun) -> dict:
@@ -58,12 +63,14 @@ def run_warmup(run: StageRun) -> dict:
     check_fit(cfg.model, base.cfg, cfg.model.base, base_tokenizer)
     tokenizer_dir = run.input("tokenizer")
     new_tokenizer = load_tokenizer(tokenizer_dir)
+    texts = (read_transfer_text(run.input("clean"), run.lang, cfg.warmup.transfer_bytes, run.work_dir / "scratch")
+             if needs_text(cfg.warmup.init) else None)
     model, transfer = warm_started(base, Path(cfg.model.base), base_tokenizer, tokenizer_dir, new_tokenizer,
-                                   cfg.warmup.init, cfg.warmup.train.seed)
-    log.info("warmup %s: %s initialisation of %d rows: %s", run.lang, cfg.warmup.init, model.cfg.vocab_size,
-             transfer["embedding"])
+                                   cfg.warmup.init, cfg.warmup.train.seed, texts=texts)
+    log.info("warmup %s: %s initialisation of %d rows in %.1f s: %s", run.lang, cfg.warmup.init,
+             model.cfg.vocab_size, transfer["cost"]["seconds"], transfer["embedding"])
     save_checkpoint(model, run.work_dir / INIT)
-    job = training_job(run)
+    job = training_job(run, model.cfg.num_layers)
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
     write_heldout(job, texts, new_tokenizer, new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
@@ -71,7 +78,7 @@ def run_warmup(run: StageRun) -> dict:
     (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
     result = launch(job, cfg.cluster)
     trained = export_trained(run.work_dir, tokenizer_dir)
-    trained_tensors = _check_body_unchanged(base, trained, job.trains)
+    trained_tensors = _check_body_unchanged(model, trained, job.trains)
     shutil.rmtree(run.work_dir / INIT)
     trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
     report = {"base": str(Path(cfg.model.base).resolve()), "init": cfg.warmup.init, "rows": transfer,
@@ -82,14 +89,15 @@ def run_warmup(run: StageRun) -> dict:
     return {key: value for key, value in report.items() if key != "sampler"}
 
 
-def _check_body_unchanged(base, trained, is_trainable) -> list[str]:
-    """Fail if training moved any frozen tensor; returns the names of the trained ones."""
-    base_state = base.state_dict()
+def _check_body_unchanged(initial, trained, is_trainable) -> list[str]:
+    """Fail if training moved any frozen tensor away from the warm-started model (whose body is the base's, and
+    whose frozen head, with warmup.train_head=false, is the transferred one); returns the trained ones' names."""
+    initial_state = initial.state_dict()
     moved = []
     for name, tensor in trained.state_dict().items():
         if is_trainable(name):
             continue
-        if name not in base_state or not torch.equal(tensor.to(base_state[name].dtype), base_state[name]):
+        if name not in initial_state or not torch.equal(tensor.to(initial_state[name].dtype), initial_state[name]):
             moved.append(name)
     if moved:
         raise StageError(f"warmup: frozen tensors changed during training: {moved[:5]}. This is a bug; please report it.")

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pipeline.errors import ConfigError
 from pipeline.training.config import TrainConfig
 
-WARMUP_INITS = ("mean", "random")
+# pipeline/warmstart/transfer.py describes them; `focus` and `align` learn from warmup.transfer_bytes of text.
+WARMUP_INITS = ("mean", "random", "focus", "align")
 
 
 def _warmup_training() -> TrainConfig:
@@ -18,10 +19,17 @@ def _warmup_training() -> TrainConfig:
 
 @dataclass
 class WarmupConfig:
-    # New embedding rows: `mean` of the old pieces that spell each new token (copies for shared tokens),
-    # or `random`, the baseline it is measured against.
+    # New embedding (and untied head) rows; shared tokens always copy theirs. The other new tokens: `mean` of the
+    # old pieces that spell them (FVT); `focus`, a sparse mix of shared tokens' rows chosen by fastText vectors
+    # learnt on the language's text (FOCUS); `align`, the row of the old token whose co-occurrence embedding on
+    # the same text tokenized both ways is nearest (TokAlign); `random`, the baseline they are measured against.
     init: str = "mean"
-    # Train BLOOM's LayerNorm after the embedding as well (it belongs to the embedding, not the body).
+    # The text `focus` and `align` learn from: this many bytes from the start of the clean stage's training text.
+    transfer_bytes: int = 16_000_000
+    # What trains besides the input embeddings (pipeline/warmstart/freezing.py): the untied LM head; every norm's
+    # weights (blocks, final norm, BLOOM's embedding LayerNorm); or BLOOM's LayerNorm after the embedding alone.
+    train_head: bool = True
+    train_norms: bool = False
     train_embedding_norm: bool = False
     train: TrainConfig = field(default_factory=_warmup_training)
 
@@ -29,3 +37,5 @@ class WarmupConfig:
 def validate_warmup(warmup: WarmupConfig) -> None:
     if warmup.init not in WARMUP_INITS:
         raise ConfigError("warmup.init", warmup.init, WARMUP_INITS)
+    if warmup.transfer_bytes < 1:
+        raise ConfigError("warmup.transfer_bytes", warmup.transfer_bytes, ["a number of bytes >= 1, e.g. 16000000"])

@@ -1,10 +1,17 @@
 """A new vocabulary's embedding rows from the base model's (`warmup.init`).
 
-`mean` (FVT, Gee et al. 2022, as in NorMistral-warm): a new token whose bytes are an old token copies
-that row; any other new token starts as the mean of the old rows of the pieces the *old* tokenizer cuts
-its bytes into; special tokens take the row of the old token with the same role. `random` draws every
-row from a normal with the old matrix's standard deviation, the baseline the mean start is measured
-against. The same mapping serves the untied LM head.
+Every method but `random` starts from the same plan: a special token takes the row of the old token with
+the same role, and a new token whose bytes are an old token copies that row (a shared token). They differ
+in the other new tokens:
+- `mean` (FVT, Gee et al. 2022, as in NorMistral-warm): the mean of the old rows of the pieces the *old*
+  tokenizer cuts the token's bytes into;
+- `focus` (FOCUS, Dobler & de Melo 2023; focus.py): a sparsemax-weighted sum of shared tokens' rows, weighted
+  by how close static fastText vectors learnt on the target text put the new token to each shared one;
+- `align` (TokAlign, Li et al. 2025; align.py): the row of the one old token whose co-occurrence embedding,
+  learnt on the same text tokenized both ways, is nearest, both measured against the shared tokens;
+- `random`: every row drawn from a normal with the old matrix's standard deviation, the baseline.
+A new token that `focus` or `align` has no evidence for (too rare in the text) keeps its `mean` row. A row
+is always a weighted sum of old rows, so the same plan serves the untied LM head.
 """
 
 from __future__ import annotations
@@ -16,21 +23,43 @@ from typing import Optional
 import torch
 from tokenizers import Tokenizer
 
+from pipeline.errors import StageError
 from pipeline.tokenization.folder import special_ids
 from pipeline.tokenization.surfaces import vocabulary_bytes
 
-METHODS = ("mean", "random")
+METHODS = ("mean", "random", "focus", "align")
+# The methods that learn from text of the language (warmup.transfer_bytes of it).
+TEXT_METHODS = ("focus", "align")
+
+
+def needs_text(method: str) -> bool:
+    return method in TEXT_METHODS
+
+
+@dataclass(frozen=True)
+class Row:
+    """One new row: the weighted sum of old rows `old_ids` (weights summing to 1); `kind` says why."""
+
+    kind: str
+    old_ids: tuple[int, ...]
+    weights: tuple[float, ...]
 
 
 @dataclass
-class RowSources:
-    """For each new id, the old ids its row is built from (one id: a copy; several: their mean)."""
+class TransferPlan:
+    """Where each new row comes from; new ids without an entry are drawn at random."""
 
-    old_ids: dict[int, list[int]] = field(default_factory=dict)
-    kinds: dict[int, str] = field(default_factory=dict)
+    rows: dict[int, Row] = field(default_factory=dict)
+
+    def set(self, new_id: int, kind: str, old_ids: list[int], weights: Optional[list[float]] = None) -> None:
+        weights = weights or [1.0 / len(old_ids)] * len(old_ids)
+        self.rows[new_id] = Row(kind, tuple(old_ids), tuple(weights))
+
+    def ids_of(self, kind: str) -> list[int]:
+        return sorted(new_id for new_id, row in self.rows.items() if row.kind == kind)
 
     def counts(self) -> dict[str, int]:
-        return dict(Counter(self.kinds.values()))
+        return dict(Counter(row.kind for row in self.rows.values()))
 
 
 def _pieces(surface: bytes, old: Tokenizer, old_by_bytes: dict[bytes, int]) -> list[int]:
@@ -44,34 +73,40 @@ def _pieces(surface: bytes, old: Tokenizer, old_by_bytes: dict[bytes, int]) -> l
     return old.encode(text, add_special_tokens=False).ids
 
 
-def plan_rows(new: Tokenizer, old: Tokenizer, new_roles: dict[str, int], old_roles: dict[str, Optional[int]]) -> RowSources:
-    """Where each row of the new matrix comes from under `mean`."""
+def plan_rows(new: Tokenizer, old: Tokenizer, new_roles: dict[str, int],
+              old_roles: dict[str, Optional[int]]) -> TransferPlan:
+    """The `mean` plan: special rows by role, shared tokens `copied`, the rest `averaged` over their old pieces."""
     old_specials = special_ids(old)
     old_by_bytes: dict[bytes, int] = {}
     for old_id, surface in sorted(vocabulary_bytes(old, old_specials).items()):
         old_by_bytes.setdefault(surface, old_id)
-    sources = RowSources()
+    plan = TransferPlan()
     for role, new_id in new_roles.items():
         old_id = old_roles.get(role)
         if old_id is not None:
-            sources.old_ids[new_id], sources.kinds[new_id] = [old_id], "special"
+            plan.set(new_id, "special", [old_id])
     for new_id, surface in vocabulary_bytes(new, special_ids(new)).items():
-        if new_id in sources.kinds:
+        if new_id in plan.rows:
             continue
         if surface in old_by_bytes:
-            sources.old_ids[new_id], sources.kinds[new_id] = [old_by_bytes[surface]], "copied"
+            plan.set(new_id, "copied", [old_by_bytes[surface]])
             continue
         pieces = [piece for piece in _pieces(surface, old, old_by_bytes) if piece not in old_specials]
         if pieces:
-            sources.old_ids[new_id], sources.kinds[new_id] = pieces, "averaged"
-    return sources
+            plan.set(new_id, "averaged", pieces)
+    if not plan.ids_of("copied") and not plan.ids_of("averaged"):
+        raise StageError("The base model's tokenizer shares no token with the new one and cannot spell any new token "
+                         "(a different script, or a vocabulary without byte fallback), so no new row can be built "
+                         "from the base's embeddings. Use a base whose tokenizer covers the language's script, or "
+                         "set warmup.init=random to start the new embeddings from scratch on purpose.")
+    return plan
 
 
-def build_matrix(old_matrix: torch.Tensor, new_rows: int, sources: Optional[RowSources], method: str,
+def build_matrix(old_matrix: torch.Tensor, new_rows: int, plan: Optional[TransferPlan], method: str,
                  generator: torch.Generator) -> tuple[torch.Tensor, dict[str, int]]:
-    """The new matrix (new_rows x hidden), in float32 then the old dtype, and how each row was made.
+    """The new matrix (new_rows x hidden), in float32 then the old dtype, and how many rows of each kind.
 
-    Rows that `sources` has no origin for (and every row under `random`) are drawn at random.
+    Rows that `plan` has no entry for (and every row under `random`) are drawn at random.
     """
     if method not in METHODS:
         raise ValueError(f"warmup.init={method!r} is not a known initialisation; choose one of {', '.join(METHODS)}")
@@ -79,9 +114,15 @@ def build_matrix(old_matrix: torch.Tensor, new_rows: int, sources: Optional[RowS
     std = old.std().item()
     matrix = torch.randn(new_rows, old.shape[1], generator=generator) * std
     counts = Counter()
-    if method == "mean":
-        for new_id, old_ids in sources.old_ids.items():
-            matrix[new_id] = old[old_ids].mean(dim=0)
-        counts.update(sources.counts())
+    if method != "random":
+        planned = sorted(plan.rows)
+        entries = [(position, old_id, weight) for position, new_id in enumerate(planned)
+                   for old_id, weight in zip(plan.rows[new_id].old_ids, plan.rows[new_id].weights)]
+        positions, old_ids, weights = zip(*entries)
+        # One sparse (planned x old) product builds every weighted sum at once, for any vocabulary size.
+        mixing = torch.sparse_coo_tensor(torch.tensor([positions, old_ids]), torch.tensor(weights, dtype=torch.float32),
+                                         (len(planned), old.shape[0]), check_invariants=True)
+        matrix[torch.tensor(planned)] = torch.sparse.mm(mixing, old)
+        counts.update(plan.counts())
     counts["random"] = new_rows - sum(counts.values())
     return matrix.to(old_matrix.dtype), dict(counts)
