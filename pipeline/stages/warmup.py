@@ -23,6 +23,7 @@ from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
 from pipeline.model.files import check_fit, folder_fingerprint, load_base, save_checkpoint
 from pipeline.tokenization.folder import load_tokenizer
+from pipeline.training.config import use_bf16
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import INIT, METRICS_FILE
 from pipeline.training.run import export_trained, launch, write_heldout
@@ -78,7 +79,8 @@ def run_warmup(run: StageRun) -> dict:
     (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
     result = launch(job, cfg.cluster)
     trained = export_trained(run.work_dir, tokenizer_dir)
-    trained_tensors = _check_body_unchanged(model, trained, job.trains)
+    held = torch.bfloat16 if use_bf16(job.train) else torch.float32
+    trained_tensors = _check_body_unchanged(model, trained, job.trains, held)
     shutil.rmtree(run.work_dir / INIT)
     trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
     report = {"base": str(Path(cfg.model.base).resolve()), "init": cfg.warmup.init, "rows": transfer,
@@ -89,15 +91,16 @@ def run_warmup(run: StageRun) -> dict:
     return {key: value for key, value in report.items() if key != "sampler"}
 
 
-def _check_body_unchanged(initial, trained, is_trainable) -> list[str]:
+def _check_body_unchanged(initial, trained, is_trainable, held: torch.dtype) -> list[str]:
     """Fail if training moved any frozen tensor away from the warm-started model (whose body is the base's, and
-    whose frozen head, with warmup.train_head=false, is the transferred one); returns the trained ones' names."""
+    whose frozen head, with warmup.train_head=false, is the transferred one), as the engine held it (`held`: bf16
+    on a GPU, where a frozen float32 tensor is rounded once and never updated); returns the trained ones' names."""
     initial_state = initial.state_dict()
     moved = []
     for name, tensor in trained.state_dict().items():
         if is_trainable(name):
             continue
-        if name not in initial_state or not torch.equal(tensor.to(initial_state[name].dtype), initial_state[name]):
+        if name not in initial_state or not torch.equal(tensor, initial_state[name].to(held).to(tensor.dtype)):
             moved.append(name)
     if moved:
         raise StageError(f"warmup: frozen tensors changed during training: {moved[:5]}. This is a bug; please report it.")

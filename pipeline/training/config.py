@@ -51,6 +51,13 @@ class TrainConfig:
     max_bad_steps: int = 10
 
 
+def use_bf16(train: TrainConfig) -> bool:
+    """Whether the engine holds the model in bf16 (with fp32 master weights of what it trains)."""
+    import torch  # only when a run starts: the command line checks this section without torch
+
+    return train.precision == "bf16" or (train.precision == "auto" and torch.cuda.is_available())
+
+
 def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str = "train") -> None:
     for key in ("steps", "global_batch_size", "micro_batch_size", "log_every", "eval_tokens", "keep_checkpoints",
                 "max_bad_steps"):

@@ -20,17 +20,14 @@ import torch
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
+from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.deepspeed_internals import holds_first_layer
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
-from pipeline.training.config import ParallelConfig, TrainConfig
+from pipeline.training.config import TrainConfig, use_bf16
 from pipeline.training.schedule import lr_factor
 from pipeline.training.weights import load_layers
 
 log = logging.getLogger(__name__)
-
-
-def use_bf16(train: TrainConfig) -> bool:
-    return train.precision == "bf16" or (train.precision == "auto" and torch.cuda.is_available())
 
 
 def init_distributed() -> None:
