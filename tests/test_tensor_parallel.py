@@ -28,9 +28,10 @@ from pipeline.cluster import ClusterConfig
 from pipeline.errors import ConfigError
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.files import CHECKPOINT_WEIGHTS, save_checkpoint
+from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.ranks import free_port, rank_environment, run_ranks
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
-from pipeline.training.config import ParallelConfig, TrainConfig
+from pipeline.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 # The vocabulary (300) is padded to 384 (3 x 128) alone and to 512 (2 x 2 x 128) under TP=2: rank 1's shard
