@@ -17,22 +17,23 @@ from pathlib import Path
 
 import torch
 
-from pipeline.contract import Stage, StageRun, write_json_atomic
+from pipeline.contract import Stage, StageRun, portable_path, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
-from pipeline.model.files import check_fit, folder_fingerprint, load_base, save_checkpoint
-from pipeline.tokenization.folder import load_tokenizer
+from pipeline.model.files import base_identity, check_fit, load_base, save_checkpoint
+from pipeline.packing.packed import PACKED_FILE
+from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import INIT, METRICS_FILE
-from pipeline.training.run import export_trained, launch, write_heldout
+from pipeline.training.run import check_pack_tokenizer, export_trained, launch, write_heldout
 from pipeline.warmstart.initialise import warm_started
 
 log = logging.getLogger(__name__)
 
 
 def describe_inputs(cfg) -> dict:
-    """The base model's files: a different base reruns the warm start."""
-    return {} if cfg.model.base is None else {"base_model": folder_fingerprint(cfg.model.base)}
+    """The base model, by content: a different base reruns the warm start, a moved one does not."""
+    return {} if cfg.model.base is None else {"base_model": base_identity(cfg, cfg.model.base)}
 
 
 def trainable(cfg) -> list[str]:
@@ -57,13 +58,15 @@ def run_warmup(run: StageRun) -> dict:
     base_tokenizer = load_tokenizer(cfg.model.base)
     check_fit(cfg.model, base.cfg, cfg.model.base, base_tokenizer)
     tokenizer_dir = run.input("tokenizer")
-    new_tokenizer = load_tokenizer(tokenizer_dir)
+    new_tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
     model, transfer = warm_started(base, Path(cfg.model.base), base_tokenizer, tokenizer_dir, new_tokenizer,
                                    cfg.warmup.init, cfg.warmup.train.seed)
     log.info("warmup %s: %s initialisation of %d rows: %s", run.lang, cfg.warmup.init, model.cfg.vocab_size,
              transfer["embedding"])
     save_checkpoint(model, run.work_dir / INIT)
     job = training_job(run)
+    check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json), run.input_file("tokenizer", TOKENIZER_FILE),
+                         new_tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
     write_heldout(job, texts, new_tokenizer, new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
@@ -74,7 +77,8 @@ def run_warmup(run: StageRun) -> dict:
     trained_tensors = _check_body_unchanged(base, trained, job.trains)
     shutil.rmtree(run.work_dir / INIT)
     trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
-    report = {"base": str(Path(cfg.model.base).resolve()), "init": cfg.warmup.init, "rows": transfer,
+    # Where the base is, relative to the work folder when inside it: stage=evaluate scores it too.
+    report = {"base": portable_path(cfg, cfg.model.base), "init": cfg.warmup.init, "rows": transfer,
               "trained_tensors": trained_tensors, "trained_parameters": trained_parameters, **result}
     write_json_atomic(run.work_dir / "report.json", report)
     log.info("warmup %s: held-out bits per byte %.4f after %s initialisation, %.4f after %d steps",
@@ -101,6 +105,8 @@ STAGE = Stage(
     run=run_warmup,
     needs=("clean", "tokenizer", "pack"),
     config_sections=("model", "warmup"),
+    # The base model enters the hash by its content (describe_inputs), not by where it is.
+    unhashed_keys=("model.base",),
     describe_inputs=describe_inputs,
     gpu=True,
 )
