@@ -1,8 +1,11 @@
-"""The clean stage as Slurm jobs (datatrove's Slurm executor) on a real one-node Slurm cluster."""
+"""The clean stage as Slurm jobs (datatrove's Slurm executor) on a real one-node Slurm cluster, and the values that
+would reach its batch scripts refused before anything is submitted."""
 
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from tests.conftest import marker, read_jsonl_gz, run_cli
 
@@ -31,3 +34,20 @@ def test_clean_on_slurm_matches_the_local_run(tmp_path, slurm_cluster):
     again = run_cli("stage=clean", "lang=fao", "work_dir=slurm", "cluster.executor=slurm",
                     f"cluster.partition={slurm_cluster}", cwd=tmp_path)
     assert "Skipping clean for fao" in again.stderr + again.stdout
+
+
+@pytest.mark.parametrize("work_dir", ["runs/a$(touch pwned)b", "runs/a`touch pwned`b", "runs/with space"])
+def test_a_work_dir_that_would_be_shell_syntax_in_the_batch_script_is_refused_before_submitting(tmp_path, work_dir):
+    # datatrove writes its folders unquoted into the sbatch script; no Slurm is needed to see the refusal.
+    result = run_cli("stage=clean", "lang=fao", f"work_dir='{work_dir}'", "cluster.executor=slurm", cwd=tmp_path,
+                     check=False)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Invalid value for `work_dir`" in result.stderr and "unquoted into its batch script" in result.stderr
+    assert not (tmp_path / "pwned").exists()
+    assert not list(tmp_path.rglob("executor.pik")) and not list(tmp_path.rglob("launch_script.slurm"))
+
+
+def test_sbatch_values_are_single_tokens(tmp_path):
+    result = run_cli("stage=clean", "lang=fao", "cluster.executor=slurm", "+cluster.sbatch_args.comment='a b'",
+                     cwd=tmp_path, check=False)
+    assert result.returncode == 1 and "Invalid value for `cluster.sbatch_args.comment`" in result.stderr
