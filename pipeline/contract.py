@@ -113,10 +113,8 @@ class StageRun:
         path = self.input_file(stage, name)
         try:
             return read(path)
-        except StageError:
-            raise
         except Exception as error:  # each reader fails its own way: JSON, tokenizers, safetensors, numpy
-            raise self._damaged(stage, path, f"it cannot be read: {type(error).__name__}: {error}") from None
+            raise self._damaged(stage, path, f"it cannot be read: {error}") from None
 
     def _damaged(self, stage: str, path: Path, what: str) -> StageError:
         # The contract skips a stage whose marker matches, whatever its files look like: the marker must go.
@@ -309,8 +307,8 @@ def _settle_partials(stage: Stage, cfg, now: Expected, work_dir: Path) -> None:
     partials = sorted(path for path in work_dir.parent.glob(f".{stage.name}.partial-*") if path.is_dir())
     if cfg.resume == "never":
         for partial in partials:
-            aside = partial.with_name(f".{stage.name}.set-aside-"
-                                      f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{partial.name.rsplit('-', 1)[1]}")
+            moment = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            aside = partial.with_name(f".{stage.name}.set-aside-{moment}-{partial.name.rsplit('-', 1)[1]}")
             os.replace(partial, aside)
             log.warning("resume=never: the interrupted run of %s in %s is moved aside to %s and the stage starts "
                         "again; delete that folder when you no longer need it.", what, partial, aside)

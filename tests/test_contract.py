@@ -123,7 +123,8 @@ def test_failed_stage_leaves_no_output_that_looks_complete(cfg, tmp_path):
     resumed = execute(FIRST, cfg)
     assert resumed["metrics"] == {"size": 5}
     assert (tmp_path / "nob" / "first" / "out.txt").read_text() == "x" * 5
-    assert not list((tmp_path / "nob").glob(".first.partial-*")) and not list((tmp_path / "nob").glob(".first.replaced-*"))
+    assert not list((tmp_path / "nob").glob(".first.partial-*"))
+    assert not list((tmp_path / "nob").glob(".first.replaced-*"))
 
 
 # -- interrupted runs under another config, the lock, damaged inputs, moved work folders -------------------------------

@@ -147,7 +147,7 @@ def test_acceptance_a_larger_budget_resumes_from_the_newest_sound_checkpoint_and
     assert kept[-2:] == ["step-00000004", "step-00000006"]
 
     # Another learning rate is another run: refused while the checkpoints exist, and nothing is deleted.
-    refused = run_cli(*SCRATCH, "train.lr=1e-3", cwd=fresh, check=False)
+    refused = run_cli(*SCRATCH, "train.lr=5e-4", cwd=fresh, check=False)
     assert refused.returncode == 1
     assert "train.lr" in refused.stderr and "resume=never" in refused.stderr and "step-4, step-6" in refused.stderr
     assert sorted(path.name for path in checkpoints.iterdir()) == kept and partial.is_dir()

@@ -79,7 +79,8 @@ def test_a_checkpoint_verifies_only_with_every_file_whole(tmp_path):
     assert size_problem(newest) == "model.safetensors has 100 bytes, 4,096 were written"
     (newest / "model.safetensors").write_bytes(bytes([data[0] ^ 1]) + data[1:])
     assert size_problem(newest) is None
-    assert checksum_problem(newest, ["model.safetensors"]) == "model.safetensors does not match the checksum written with it"
+    assert checksum_problem(newest, ["model.safetensors"]) == ("model.safetensors does not match the checksum "
+                                                               "written with it")
     (newest / STATE_FILE).write_text('{"step": 8, "fil')
     assert "cannot be read" in size_problem(newest)
 

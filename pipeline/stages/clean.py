@@ -373,7 +373,8 @@ def run_clean(run: StageRun):
     except subprocess.CalledProcessError as error:
         raise StageError(f"clean {cfg.lang.code}: sbatch refused a job (exit code {error.returncode}; its message is "
                          f"above). Check the cluster options (cluster.partition, cluster.account, cluster.qos, "
-                         f"cluster.sbatch_args); jobs submitted before it are listed in {run.work_dir / SLURM_JOBS}.") from None
+                         f"cluster.sbatch_args); jobs submitted before it are listed in "
+                         f"{run.work_dir / SLURM_JOBS}.") from None
     finally:
         submitted = [str(e.job_id) for e in executors if e.job_id not in (None, -1)]
         write_json_atomic(run.work_dir / SLURM_JOBS, {"job_ids": submitted})

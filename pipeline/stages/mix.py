@@ -74,9 +74,8 @@ def run_mix(run: StageRun) -> dict:
                       "unique_bytes": measured[s.name].bytes,
                       "bytes_per_token": bytes_per_token(mix, scripts[s.name])}
              for s in (target_input, *found)}
-    document = plan_document(lang, plan, facts, budget_from,
-                             [{"name": s.name, "path": portable_path(cfg, s.path), "reason": s.reason} for s in skipped],
-                             rehydration)
+    skipped_facts = [{"name": s.name, "path": portable_path(cfg, s.path), "reason": s.reason} for s in skipped]
+    document = plan_document(lang, plan, facts, budget_from, skipped_facts, rehydration)
     write_json_atomic(run.work_dir / "plan.json", document)
     (run.work_dir / "plan.md").write_text(markdown(document), encoding="utf-8")
     log.info("mix plan for %s: %s\n%s", lang, document["verdict"], summary_table(document))

@@ -4,12 +4,12 @@ The launching process builds the starting model (`init`: the warmup stage's chec
 folder `model.base` that uses the pack's tokenizer, or random weights) and the held-out rows; then
 `parallel.tp x parallel.pp x parallel.dp` ranks train it with ZeRO-1 from the pack sampler
 (pipeline/training/), checkpointing every `train.checkpoint_every` steps and on SIGUSR1/SIGTERM.
-`resume=auto` continues from the newest checkpoint that verifies of an interrupted run with the same configuration
-(also with another data-parallel degree, micro-batch size or how often it logs, scores and checkpoints), or with
+`resume=auto` continues an interrupted run from its newest checkpoint that verifies, with the same configuration
+(also with another data-parallel degree, micro-batch size or how often it logs, scores and checkpoints) or with
 another step budget `train.steps` (the schedule is computed for the new total from the checkpoint's step on); any
-other change is refused while those checkpoints exist. `resume=never` moves them aside and starts again. Outputs: `checkpoint/` (pipeline
-checkpoint), `hf/` (transformers folder with the tokenizer), `metrics.jsonl`, `tensorboard/`, `report.json`
-and the marker.
+other change is refused while those checkpoints exist. `resume=never` moves them aside and starts again.
+Outputs: `checkpoint/` (pipeline checkpoint), `hf/` (transformers folder with the tokenizer), `metrics.jsonl`,
+`tensorboard/`, `report.json` and the marker.
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def run_pretrain(run: StageRun) -> dict:
         shutil.rmtree(run.work_dir / "tensorboard", ignore_errors=True)
     save_checkpoint(initial_model(run, tokenizer), run.work_dir / INIT)
     job = training_job(run)
-    check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json), run.input_file("tokenizer", TOKENIZER_FILE),
-                         tokenizer.get_vocab_size())
+    check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json),
+                         run.input_file("tokenizer", TOKENIZER_FILE), tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
     write_heldout(job, texts, tokenizer, tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))

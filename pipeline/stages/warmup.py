@@ -65,8 +65,8 @@ def run_warmup(run: StageRun) -> dict:
              transfer["embedding"])
     save_checkpoint(model, run.work_dir / INIT)
     job = training_job(run)
-    check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json), run.input_file("tokenizer", TOKENIZER_FILE),
-                         new_tokenizer.get_vocab_size())
+    check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json),
+                         run.input_file("tokenizer", TOKENIZER_FILE), new_tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
     write_heldout(job, texts, new_tokenizer, new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))

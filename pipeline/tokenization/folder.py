@@ -97,8 +97,7 @@ def load_tokenizer(path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(file))
     except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
-        raise StageError(f"{file} is not a readable tokenizer ({error}): the file is damaged or cut short. Save "
-                         f"the model's own tokenizer there again.") from None
+        raise StageError(f"{file} is not a readable tokenizer file ({error}): it is damaged or cut short.") from None
 
 
 def tokenizer_digest(file: Path) -> str:

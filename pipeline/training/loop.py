@@ -4,8 +4,9 @@ Shared by `warmup` and `pretrain`. A step whose loss or gradient is not finite i
 (the model and optimizer stay as they were) and counted; too many of them, in a row or among the recent
 steps (pipeline/training/run_state.py), stop the run with the last good checkpoint in place. A skipped step
 still moves the learning-rate schedule on, as it moves the step counter and the data: the rate stays a
-function of the step, whatever was skipped before and across a resume. On SIGUSR1/SIGTERM every rank finishes its step, a
-checkpoint is written and `StageInterrupted` is raised (exit code 75: run the same command again).
+function of the step, whatever was skipped before and across a resume. On SIGUSR1/SIGTERM every rank
+finishes its step, a checkpoint is written and `StageInterrupted` is raised (exit code 75: run the same
+command again).
 """
 
 from __future__ import annotations
