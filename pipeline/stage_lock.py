@@ -75,14 +75,13 @@ def stage_lock(stage_folder: Path, what: str) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     with os.fdopen(fd, "r+", encoding="utf-8") as handle:
-        previous = _read_holder(handle)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             locked = True
         except BlockingIOError:
-            raise StageError(f"{what} is already running on this work folder ({_describe(previous)}; lock {path}). "
-                             f"Wait for it to finish, or stop that process; two runs of one stage would write "
-                             f"the same files.") from None
+            raise StageError(f"{what} is already running on this work folder ({_describe(_read_holder(handle))}; "
+                             f"lock {path}). Wait for it to finish, or stop that process; two runs of one stage "
+                             f"would write the same files.") from None
         except OSError as error:
             if error.errno not in _NO_FLOCK:
                 raise
@@ -90,10 +89,12 @@ def stage_lock(stage_folder: Path, what: str) -> Iterator[None]:
             log.warning("The file system of %s does not support flock (%s; on Lustre, mount with -o flock): "
                         "only the holder recorded in the lock file keeps a second run of %s out.", path,
                         os.strerror(error.errno), what)
-            if previous is not None and previous.get("pid") != os.getpid() and _alive_here(previous):
-                raise StageError(f"{what} is already running on this work folder ({_describe(previous)}; lock "
-                                 f"{path}, not enforced by the file system). Wait for it to finish; if that run "
-                                 f"is gone, delete {path}.") from None
+        # A holder recorded in the file: with flock held, one that ended without clearing it (killed).
+        previous = _read_holder(handle)
+        if not locked and previous is not None and _alive_here(previous):
+            raise StageError(f"{what} is already running on this work folder ({_describe(previous)}; lock "
+                             f"{path}, not enforced by the file system). Wait for it to finish; if that run is "
+                             f"gone, delete {path}.") from None
         if previous is not None:
             log.info("Taking over the lock of an earlier run of %s that ended without releasing it (%s).", what,
                      _describe(previous))
