@@ -63,11 +63,14 @@ def save_checkpoint(model: Transformer, folder: Path) -> None:
                                             encoding="utf-8")
 
 
-def non_finite_tensors(model: Transformer) -> list[str]:
-    """The names of the model's tensors that hold a NaN or an infinity: such a model is refused, never trained
-    on (every step would be skipped), exported or scored."""
-    return [name for name, tensor in model.state_dict().items()
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+def check_finite(model: Transformer, what: str, advice: str) -> None:
+    """Refuse a model with a NaN or an infinity in its weights: it is never trained on (every step would be
+    skipped), exported or scored. `what` names it in the message ("pretrain: the starting model (...)")."""
+    bad = [name for name, tensor in model.state_dict().items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise StageError(f"{what} holds non-finite values (in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}); "
+                         f"{advice}")
 
 
 def read_model_config(path: Path) -> ModelConfig:

@@ -25,7 +25,7 @@ from pipeline.evaluation.bits_per_byte import score_documents
 from pipeline.evaluation.report import markdown, write_plots
 from pipeline.evaluation.texts import describe_text, eval_texts, text_files
 from pipeline.kernels import set_backend
-from pipeline.model.files import base_identity, load_base, non_finite_tensors
+from pipeline.model.files import base_identity, check_finite, load_base
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from pipeline.training.outputs import EXPORT, METRICS_FILE
 
@@ -78,11 +78,8 @@ def models(run: StageRun) -> dict[str, str]:
 def score_model(run: StageRun, name: str, folder: str, device) -> dict:
     cfg = run.cfg
     model = load_base(folder)
-    bad = non_finite_tensors(model)
-    if bad:
-        raise StageError(f"evaluate {run.lang}: the {name} model in {folder} holds non-finite values (in "
-                         f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}); it cannot be scored. Train it "
-                         f"again (or give model.base a sound model).")
+    check_finite(model, f"evaluate {run.lang}: the {name} model in {folder}", "it is not scored. Train it again (or "
+                 "give model.base a sound model).")
     model = model.to(device).eval()
     if device.type == "cuda":
         model = model.to(torch.bfloat16)

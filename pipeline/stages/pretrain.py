@@ -24,7 +24,7 @@ import torch
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
-from pipeline.model.files import (base_identity, check_fit, load_base, load_checkpoint, non_finite_tensors,
+from pipeline.model.files import (base_identity, check_finite, check_fit, load_base, load_checkpoint,
                                   save_checkpoint)
 from pipeline.model.transformer import Transformer
 from pipeline.packing.packed import PACKED_FILE
@@ -84,11 +84,8 @@ def initial_model(run: StageRun, tokenizer) -> Transformer:
                              f"this base model first: python -m pipeline stage=warmup lang={run.lang} "
                              f"model.base={source}")
     check_fit(cfg.model, model.cfg, str(source), tokenizer)
-    bad = non_finite_tensors(model)
-    if bad:
-        raise StageError(f"pretrain: the starting model ({source}) holds non-finite values (in {', '.join(bad[:5])}"
-                         f"{' ...' if len(bad) > 5 else ''}); every training step would be skipped. Start from a "
-                         f"sound model: run the stage that made it again, or check model.init_std.")
+    check_finite(model, f"pretrain: the starting model ({source})", "every training step would be skipped. Start "
+                 "from a sound model: run the stage that made it again, or check model.init_std.")
     if model.cfg.vocab_size != vocab:
         raise StageError(f"pretrain: the model of {source} has {model.cfg.vocab_size} vocabulary rows, the pack's "
                          f"tokenizer {vocab}; they must be the same (run warmup for this tokenizer).")

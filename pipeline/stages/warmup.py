@@ -20,7 +20,7 @@ import torch
 from pipeline.contract import Stage, StageRun, portable_path, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
-from pipeline.model.files import base_identity, check_fit, load_base, save_checkpoint
+from pipeline.model.files import base_identity, check_finite, check_fit, load_base, save_checkpoint
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 from pipeline.training.job import TrainingJob
@@ -57,6 +57,8 @@ def run_warmup(run: StageRun) -> dict:
     base = load_base(cfg.model.base)
     base_tokenizer = load_tokenizer(cfg.model.base)
     check_fit(cfg.model, base.cfg, cfg.model.base, base_tokenizer)
+    check_finite(base, f"warmup: the base model {cfg.model.base}", "a warm start from it cannot train. Give a sound "
+                 "model.base.")
     tokenizer_dir = run.input("tokenizer")
     new_tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
     model, transfer = warm_started(base, Path(cfg.model.base), base_tokenizer, tokenizer_dir, new_tokenizer,

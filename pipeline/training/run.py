@@ -13,7 +13,7 @@ from typing import Iterable
 from pipeline.contract import MARKER
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import scoring_rows
-from pipeline.model.files import load_checkpoint, non_finite_tensors
+from pipeline.model.files import check_finite, load_checkpoint
 from pipeline.model.hf_export import TOKENIZER_FILES, to_hf
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.parallel.ranks import distributed_environment, free_port, run_ranks
@@ -83,11 +83,8 @@ def export_trained(folder: Path, tokenizer_dir: Path):
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, trained_dir / name)
     trained = load_checkpoint(trained_dir)
-    bad = non_finite_tensors(trained)
-    if bad:
-        raise StageError(f"The trained model in {trained_dir} holds non-finite values (in {', '.join(bad[:5])}"
-                         f"{' ...' if len(bad) > 5 else ''}); it is neither exported nor marked done. Lower the "
-                         f"learning rate or check the data and the starting model, then run again.")
+    check_finite(trained, f"The trained model in {trained_dir}", "it is neither exported nor marked done. Lower the "
+                 "learning rate or check the data and the starting model, then run again.")
     shutil.rmtree(folder / EXPORT, ignore_errors=True)
     to_hf(trained, folder / EXPORT, tokenizer=tokenizer_dir)
     return trained
