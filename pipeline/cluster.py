@@ -1,12 +1,26 @@
 """The typed `cluster` and `workflow` sections: where jobs run (local processes, Slurm) and how
-stage=workflow submits them."""
+stage=workflow submits them, and the checks of every value that goes into a Slurm batch script.
+
+sbatch reads `#SBATCH` lines without a shell, but a newline in a value would start a new script line and a
+space would end the option: every such value is one plain token. Paths that datatrove's Slurm executor writes
+into the script body (its logging folders, under work_dir) are not quoted there: they may hold only characters
+that mean nothing to the shell (`check_script_word`). cluster.env_command is shell code by design.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from pipeline.errors import ConfigError
+
+_TOKEN = re.compile(r"[A-Za-z0-9_.,:=@%+/|&!*\[\]-]+")
+_OPTION = re.compile(r"[a-z][a-z0-9-]*")
+# Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]].
+_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
+# Besides letters and digits, what a path or name written unquoted into a batch script may hold.
+_SCRIPT_WORD_CHARACTERS = "_.,+-/@:=~"
 
 @dataclass
 class ClusterConfig:
@@ -60,3 +74,28 @@ class WorkflowConfig:
 def validate_cluster(cluster: ClusterConfig) -> None:
     if cluster.executor not in ("local", "slurm"):
         raise ConfigError("cluster.executor", cluster.executor, ["local", "slurm"])
+    for key in ("cpu_time", "gpu_time"):
+        if not _TIME.fullmatch(getattr(cluster, key)):
+            raise ConfigError(f"cluster.{key}", getattr(cluster, key), [
+                "a Slurm time limit: minutes, HH:MM:SS or D-HH:MM:SS, e.g. 24:00:00"])
+    for key in ("partition", "gpu_partition", "account", "qos"):
+        value = getattr(cluster, key)
+        if value is not None and not _TOKEN.fullmatch(value):
+            raise ConfigError(f"cluster.{key}", value, ["null", "one word of letters, digits and _.-"])
+    for key, value in cluster.sbatch_args.items():
+        if not _OPTION.fullmatch(str(key)):
+            raise ConfigError("cluster.sbatch_args", key, ["sbatch's long option names without `--`, e.g. qos"])
+        if value is not True and (isinstance(value, bool) or not _TOKEN.fullmatch(str(value))):
+            raise ConfigError(f"cluster.sbatch_args.{key}", value, [
+                "true (a flag)", "one token of letters, digits and _.,:=@%+/|&!*[]- (no spaces, quotes or newlines)"])
+
+
+def check_script_word(key: str, value) -> None:
+    """Refuse a value (a path, a job name) that would be shell syntax, or split, where a batch script holds it
+    unquoted; `key` names the config key it comes from."""
+    bad = sorted({ch for ch in str(value) if not (ch.isalnum() or ch in _SCRIPT_WORD_CHARACTERS)})
+    if bad:
+        raise ConfigError(key, str(value), [
+            f"letters, digits and {_SCRIPT_WORD_CHARACTERS} only: datatrove's Slurm executor writes it unquoted into "
+            f"its batch script, where {' '.join(repr(ch) for ch in bad)} would be shell syntax or split it (a relative "
+            f"work_dir counts from the current folder)"])

@@ -5,7 +5,13 @@ Every stage writes under `${work_dir}/${lang}/<stage>/` and ends with `_SUCCESS.
 marker matches is skipped; a stage that reruns first removes the markers of the stages after it.
 Work happens in a partial folder named after the config hash (so an interrupted run with the same
 config resumes there) and is renamed into place only when complete: a killed stage never leaves a
-folder that looks finished.
+folder that looks finished. A partial folder of another config is continued when only the keys the stage
+declares resumable changed (pretrain's step budget), removed when it holds nothing a run could continue
+from, and otherwise kept: the run refuses, naming the keys that differ (`resume=never` moves it aside).
+A stage runs under a lock (pipeline/stage_lock.py): one run per (work_dir, lang, stage) at a time.
+
+Hashes never depend on where the work folder is: earlier stages enter by their own hashes, and paths inside
+the work folder are recorded relative to it (`portable_path`), so a moved or copied work folder stays current.
 """
 
 from __future__ import annotations
@@ -19,15 +25,21 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from omegaconf import OmegaConf
 
+from pipeline.config_keys import differences, drop, matches_any
 from pipeline.errors import StageError
+from pipeline.stage_lock import stage_lock
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MARKER = "_SUCCESS.json"
+# In a partial folder: the config hash, hashed config and inputs of the run that works there.
+PARTIAL_RECORD = "_PARTIAL.json"
+WORK_DIR_PREFIX = "${work_dir}/"
 
 
 @dataclass(frozen=True)
@@ -46,8 +58,17 @@ class Stage:
     hint: str = ""
     # Top-level config sections that change this stage's output (hashed).
     config_sections: tuple[str, ...] = ()
-    # Keys inside those sections that do not change the output (parallelism, not results).
+    # Keys inside those sections that do not change the output (parallelism, not results); dotted, `*` for any
+    # list index (pipeline/config_keys.py).
     unhashed_keys: tuple[str, ...] = ()
+    # Keys that change the output but may change while an interrupted run is continued in its partial folder
+    # (pretrain's step budget): such a run goes on under the new values.
+    resumable_keys: tuple[str, ...] = ()
+    # Further conditions on continuing the partial folder (given) under `cfg`; returns what stands in the way.
+    check_resume: Callable[[Path, Any], list[str]] = lambda folder, cfg: []
+    # What an interrupted run left in its partial folder that a run continues from ("checkpoints step-4, step-8");
+    # empty: nothing, and a partial folder of another config is removed instead of refusing the run.
+    kept_state: Callable[[Path], str] = lambda folder: ""
     # Describes external inputs (e.g. a fingerprint of the raw files); hashed too.
     describe_inputs: Callable[[Any], dict] = lambda cfg: {}
     # Trains on GPUs (pipeline/training/): stage=workflow gives it GPU nodes and srun starts its ranks.
@@ -79,6 +100,28 @@ class StageRun:
     def has_input(self, stage: str) -> bool:
         return stage in self.upstream
 
+    def input_file(self, stage: str, name: str) -> Path:
+        """A file (or folder) of an earlier stage's output, which must be there since that stage finished."""
+        path = self.input(stage) / name
+        if not path.exists():
+            raise self._damaged(stage, path, "it is missing")
+        return path
+
+    def read_input(self, stage: str, name: str, read: Callable[[Path], T]) -> T:
+        """`read(path)` of a file of an earlier stage's output; a damaged file (truncated by a full disk, a copy cut
+        short) fails naming the file and the stage that made it, instead of a bare parser error."""
+        path = self.input_file(stage, name)
+        try:
+            return read(path)
+        except Exception as error:  # each reader fails its own way: JSON, tokenizers, safetensors, numpy
+            raise self._damaged(stage, path, f"it cannot be read: {error}") from None
+
+    def _damaged(self, stage: str, path: Path, what: str) -> StageError:
+        # The contract skips a stage whose marker matches, whatever its files look like: the marker must go.
+        return StageError(f"{self.stage} {self.lang}: {path}, written by the {stage} stage, is damaged ({what}). "
+                          f"Make it again: delete {self.upstream[stage] / MARKER} and run python -m pipeline "
+                          f"stage={stage} lang={self.lang} work_dir={self.cfg.work_dir}")
+
     def commit(self, metrics: dict) -> dict:
         """Write the marker into the finished work folder and move it into place."""
         marker = {
@@ -91,6 +134,7 @@ class StageRun:
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }
         write_json_atomic(self.work_dir / MARKER, marker)
+        (self.work_dir / PARTIAL_RECORD).unlink(missing_ok=True)
         old = self.final_dir.with_name(f".{self.stage}.replaced-{os.getpid()}")
         if self.final_dir.exists():
             os.replace(self.final_dir, old)
@@ -105,6 +149,35 @@ def stage_dir(cfg, stage: str) -> Path:
     return Path(cfg.work_dir).absolute() / cfg.lang.code / stage
 
 
+def portable_path(cfg, path) -> str:
+    """How the contract records a path: `${work_dir}/eng/clean` inside the work folder, else absolute."""
+    absolute = Path(path).absolute().resolve()
+    try:
+        return WORK_DIR_PREFIX + str(absolute.relative_to(Path(cfg.work_dir).absolute().resolve()))
+    except ValueError:
+        return str(absolute)
+
+
+def resolve_path(work_dir: str, recorded: str) -> Path:
+    """The path that `portable_path` recorded, in the work folder `work_dir` (wherever it is now)."""
+    if recorded.startswith(WORK_DIR_PREFIX):
+        return Path(work_dir).absolute() / recorded[len(WORK_DIR_PREFIX):]
+    return Path(recorded)
+
+
+def output_identity(cfg, path) -> Optional[dict]:
+    """For a path inside a finished stage output of this work folder (the demo's base model,
+    `${work_dir}/eng/pretrain/hf`): that stage's config hash, which names its content wherever the folder is."""
+    recorded = portable_path(cfg, path)
+    if not recorded.startswith(WORK_DIR_PREFIX):
+        return None
+    parts = Path(recorded[len(WORK_DIR_PREFIX):]).parts  # <lang>/<stage>/...
+    marker = read_marker(Path(cfg.work_dir).absolute().joinpath(*parts[:2])) if len(parts) >= 2 else None
+    if marker is None:
+        return None
+    return {"stage_output": "/".join(parts[:2]), "config_hash": marker["config_hash"], "within": "/".join(parts[2:])}
+
+
 def read_marker(directory: Path) -> Optional[dict]:
     path = Path(directory) / MARKER
     if not path.is_file():
@@ -114,6 +187,10 @@ def read_marker(directory: Path) -> Optional[dict]:
     except json.JSONDecodeError:
         log.warning("Ignoring unreadable marker %s; the stage will run again.", path)
         return None
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -129,9 +206,8 @@ def hashed_config(stage: Stage, cfg) -> dict:
         if dataclasses.is_dataclass(value):
             value = OmegaConf.to_container(OmegaConf.structured(value), resolve=True)
         sections[name] = value
-    for dotted in stage.unhashed_keys:
-        section, _, key = dotted.partition(".")
-        sections.get(section, {}).pop(key, None)
+    for pattern in stage.unhashed_keys:
+        drop(sections, pattern)
     return sections
 
 
@@ -206,19 +282,84 @@ def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun
         log.info("%s for %s changed (config hash %s -> %s); running it again.",
                  stage.name, cfg.lang.code, marker.get("config_hash"), digest)
 
-    invalidate(cfg, downstream)
     work_dir = final_dir.with_name(f".{stage.name}.partial-{digest}")
-    for stale in final_dir.parent.glob(f".{stage.name}.partial-*"):
-        if stale != work_dir:
-            log.info("Removing the partial output of an earlier, different run: %s", stale)
-            shutil.rmtree(stale, ignore_errors=True)
+    # Before anything changes: a refusal leaves the work folder as it was.
+    _settle_partials(stage, cfg, now, work_dir)
+    invalidate(cfg, downstream)
     if work_dir.exists():
         log.info("Resuming the interrupted run in %s", work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(work_dir / PARTIAL_RECORD, {"config_hash": digest, "config": config, "inputs": inputs})
     return StageRun(
         stage=stage.name, lang=cfg.lang.code, cfg=cfg, config_hash=digest, inputs=inputs,
         hashed_config=config, work_dir=work_dir, final_dir=final_dir, upstream=now.upstream,
     )
+
+
+def _settle_partials(stage: Stage, cfg, now: Expected, work_dir: Path) -> None:
+    """Decide the fate of the partial folders of interrupted runs before this run starts in `work_dir`.
+
+    `resume=never` moves every one aside. Otherwise the partial folder of another config is continued (renamed
+    to `work_dir`) when only the stage's resumable keys differ and its own check agrees; removed when it holds
+    nothing a run continues from; else the run is refused, naming the keys that differ, and nothing changes.
+    """
+    what = f"{stage.name} for {cfg.lang.code}"
+    partials = sorted(path for path in work_dir.parent.glob(f".{stage.name}.partial-*") if path.is_dir())
+    if cfg.resume == "never":
+        for partial in partials:
+            moment = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            aside = partial.with_name(f".{stage.name}.set-aside-{moment}-{partial.name.rsplit('-', 1)[1]}")
+            os.replace(partial, aside)
+            log.warning("resume=never: the interrupted run of %s in %s is moved aside to %s and the stage starts "
+                        "again; delete that folder when you no longer need it.", what, partial, aside)
+        return
+    refusals, restore = [], {}
+    for partial in partials:
+        if partial == work_dir:
+            continue
+        changed = _changed_keys(partial, now)
+        fixed = {key: values for key, values in changed.items() if not matches_any(key, stage.resumable_keys)}
+        problems = [] if fixed else stage.check_resume(partial, cfg)
+        if not fixed and not problems and not work_dir.exists():
+            os.replace(partial, work_dir)
+            log.info("Continuing the interrupted run of %s from %s, with %s", what, partial, _listed(changed))
+            continue
+        kept = stage.kept_state(partial)
+        if not kept:
+            log.info("Removing the partial output of an earlier, different run of %s: %s (it holds nothing a run "
+                     "continues from)", what, partial)
+            shutil.rmtree(partial, ignore_errors=True)
+            continue
+        reasons = [f"it ran with {_listed(changed)}"]
+        if fixed:
+            reasons.append(f"{', '.join(fixed)} cannot change while it is continued")
+            restore.update({key: old for key, (old, _) in fixed.items() if key.split(".")[0] in now.config})
+        elif not problems:
+            reasons.append(f"a partial folder of this very config exists too ({work_dir})")
+        refusals.append(f"{partial} holds {kept}; {'; '.join(reasons + problems)}")
+    if refusals:
+        values = " ".join(f"{key}={old}" for key, old in restore.items())
+        resumable = f"; these may change: {', '.join(stage.resumable_keys)}" if stage.resumable_keys else ""
+        raise StageError(
+            f"{what}: an interrupted run of another configuration is kept, not deleted: {' | '.join(refusals)}. "
+            f"Either continue it: run with its values again{f' ({values})' if values else ''}{resumable}. Or start "
+            f"again: add resume=never, which moves it aside to .{stage.name}.set-aside-<time>-<hash>/ (delete that "
+            f"folder yourself once you no longer need it).")
+
+
+def _changed_keys(partial: Path, now: Expected) -> dict[str, tuple]:
+    """What differs between the run recorded in `partial` and this one: config keys, and `inputs.<name>...`."""
+    try:
+        recorded = json.loads((partial / PARTIAL_RECORD).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {"(unrecorded configuration)": ("?", "this run's")}
+    changed = differences(recorded.get("config"), now.config)
+    changed.update({f"inputs.{key}": values for key, values in differences(recorded.get("inputs"), now.inputs).items()})
+    return changed
+
+
+def _listed(changed: dict[str, tuple]) -> str:
+    return ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items()) or "no key changed"
 
 
 def invalidate(cfg, stages: tuple[str, ...]) -> None:
@@ -231,13 +372,14 @@ def invalidate(cfg, stages: tuple[str, ...]) -> None:
 
 
 def execute(stage: Stage, cfg, downstream: tuple[str, ...] = ()) -> Optional[dict]:
-    """Run one stage under the contract. Returns its marker, or None if it went to Slurm."""
-    run = prepare(stage, cfg, downstream)
-    if run is None:
-        return read_marker(stage_dir(cfg, stage.name))
-    log.info("Running %s for %s (config hash %s) in %s", stage.name, run.lang, run.config_hash, run.work_dir)
-    metrics = stage.run(run)
-    if metrics is not None:
-        return run.commit(metrics)
+    """Run one stage under the contract and its lock. Returns its marker, or None if it went to Slurm."""
+    with stage_lock(stage_dir(cfg, stage.name), f"stage {stage.name} for {cfg.lang.code}"):
+        run = prepare(stage, cfg, downstream)
+        if run is None:
+            return read_marker(stage_dir(cfg, stage.name))
+        log.info("Running %s for %s (config hash %s) in %s", stage.name, run.lang, run.config_hash, run.work_dir)
+        metrics = stage.run(run)
+        if metrics is not None:
+            return run.commit(metrics)
     marker = read_marker(run.final_dir)
     return marker if marker is not None and marker["config_hash"] == run.config_hash else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import zlib
 
 import pyarrow as pa
@@ -73,6 +74,11 @@ def build_raw_dir(root, records):
     (folder / "good.jsonl.gz").write_bytes(gzip.compress(b"".join(_line(r) for r in chunks[4])))
     valid |= {r["id"] for r in chunks[4]}
     (folder / "notes.txt").write_text("not a corpus file")
+
+    # 6. a file whose name is not valid UTF-8 (Latin-1 "café"), next to the valid ones: one bad record
+    with open(os.path.join(os.fsencode(folder / "sub"), b"caf\xe9.jsonl"), "wb") as handle:
+        handle.write(_line({"id": "unreachable", "text": "Ein skjal sum ongin kann lesa."}))
+    bad += 1
     return valid, bad
 
 
@@ -86,7 +92,7 @@ def test_every_valid_document_survives_and_bad_records_are_counted(tmp_path, emb
     assert metrics["bad_records"] == bad
     assert metrics["bad_records_by_reason"] == {
         "malformed_json": 1, "invalid_utf8": 1, "empty_text": 2, "missing_text": 2, "not_an_object": 1,
-        "text_not_a_string": 1, "empty_file": 1, "truncated_or_corrupt_file": 1,
+        "text_not_a_string": 1, "empty_file": 1, "truncated_or_corrupt_file": 1, "file_name_not_utf8": 1,
     }
     assert metrics["docs_in"] == len(valid)
 
@@ -98,6 +104,7 @@ def test_every_valid_document_survives_and_bad_records_are_counted(tmp_path, emb
     assert {"file", "line", "reason"} <= set(logged[0])
     assert any(entry["file"] == "mixed.jsonl" and entry["reason"] == "invalid_utf8" and entry["line"] == 4
                for entry in logged)
+    assert {"file": "sub/caf\\xe9.jsonl", "line": 0, "reason": "file_name_not_utf8"} in logged  # shown escaped
 
 
 def test_raw_dir_without_readable_files_names_the_folder_and_patterns(tmp_path):

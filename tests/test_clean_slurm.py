@@ -1,9 +1,14 @@
-"""The clean stage as Slurm jobs (datatrove's Slurm executor) on a real one-node Slurm cluster."""
+"""The clean stage as Slurm jobs (datatrove's Slurm executor) on a real one-node Slurm cluster, and the values that
+would reach its batch scripts refused before anything is submitted."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
+
+from pipeline.cluster import ClusterConfig, check_script_word, validate_cluster
+from pipeline.errors import ConfigError
 from tests.conftest import marker, read_jsonl_gz, run_cli
 
 
@@ -31,3 +36,37 @@ def test_clean_on_slurm_matches_the_local_run(tmp_path, slurm_cluster):
     again = run_cli("stage=clean", "lang=fao", "work_dir=slurm", "cluster.executor=slurm",
                     f"cluster.partition={slurm_cluster}", cwd=tmp_path)
     assert "Skipping clean for fao" in again.stderr + again.stdout
+    # datatrove's folders (its pickled executors among them) follow the umask: none is world-writable.
+    assert not [path for path in (tmp_path / "slurm").rglob("*") if path.is_dir() and path.stat().st_mode & 0o002]
+
+
+def test_a_refused_submission_exits_non_zero(tmp_path, slurm_cluster):
+    result = run_cli("stage=clean", "lang=fao", "cluster.executor=slurm", "cluster.partition=no_such_partition",
+                     cwd=tmp_path, check=False)
+    assert result.returncode == 1 and "sbatch refused a job" in result.stderr
+
+
+def test_acceptance_a_work_dir_that_the_batch_script_would_run_is_refused_before_submitting(tmp_path):
+    # datatrove writes its folders unquoted into the sbatch script; no Slurm is needed to see the refusal.
+    result = run_cli("stage=clean", "lang=fao", "work_dir='runs/a$(touch pwned)b`touch pwned`c d'",
+                     "cluster.executor=slurm", cwd=tmp_path, check=False)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Invalid value for `work_dir`" in result.stderr and "unquoted into its batch script" in result.stderr
+    assert "' ' '$' '(' ')' '`'" in result.stderr  # every offending character named
+    assert not (tmp_path / "pwned").exists()
+    assert not list(tmp_path.rglob("executor.pik")) and not list(tmp_path.rglob("launch_script.slurm"))
+
+
+@pytest.mark.parametrize("value", ["a$(id)b", "a`id`b", "a b", "a'b", "a;b", "a\nb", "50%"])
+def test_values_written_unquoted_into_a_batch_script_are_refused(value):
+    with pytest.raises(ConfigError, match="Invalid value for `work_dir`"):
+        check_script_word("work_dir", f"/scratch/{value}/nob/.clean.partial-0123/logs")
+    check_script_word("work_dir", "/scratch/project_465000000/bjørn/work-2.1/nob/.clean.partial-0123/logs")
+
+
+def test_sbatch_values_are_single_tokens():
+    with pytest.raises(ConfigError, match="Invalid value for `cluster.sbatch_args.comment`"):
+        validate_cluster(ClusterConfig(sbatch_args={"comment": "a\nrm -rf ~"}))
+    with pytest.raises(ConfigError, match="Invalid value for `cluster.partition`"):
+        validate_cluster(ClusterConfig(partition="small g"))
+    validate_cluster(ClusterConfig(partition="small-g", sbatch_args={"constraint": "mi250|mi300", "exclusive": True}))

@@ -22,7 +22,11 @@ def test_stage_all_builds_the_demo_base_then_the_whole_recipe(tmp_path):
     assert marker(work, "eng", "pretrain")["config"]["init"] == "scratch" and (base / "config.json").is_file()
     for stage in STAGE_NAMES:
         assert marker(work, "nob", stage)
-    assert marker(work, "nob", "warmup")["config"]["model"]["base"] == str(base)
+    warmup = marker(work, "nob", "warmup")
+    # The base is recorded relative to the work folder and known by the hash of the stage that made it.
+    assert warmup["metrics"]["base"] == "${work_dir}/eng/pretrain/hf"
+    assert warmup["inputs"]["base_model"] == {"stage_output": "eng/pretrain", "within": "hf",
+                                              "config_hash": marker(work, "eng", "pretrain")["config_hash"]}
     report_dir = work / "nob" / "evaluate"
     assert f"Report: {report_dir / 'report.md'}" in result.stdout
     scores = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))["scores"]

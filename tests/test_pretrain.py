@@ -1,19 +1,31 @@
 """Stage `pretrain` through the real CLI on the packed Norwegian sample: exact resume after SIGKILL, a clean
-stop on SIGTERM, resuming with another data-parallel degree, continuing from warmup, non-finite steps."""
+stop on SIGTERM, resuming with another data-parallel degree or a larger step budget from the newest checkpoint
+that verifies, refusing other changes while checkpoints exist, non-finite steps and weights."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 
 import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
 
+from pipeline.config import CONF_DIR, register_configs
+from pipeline.model.files import CHECKPOINT_WEIGHTS, save_checkpoint
+from pipeline.model.transformer import Transformer
+from pipeline.tensor_files import new_file_mode
+from pipeline.tokenization.folder import load_tokenizer
+from pipeline.training.schedule import lr_factor
 from tests.conftest import CHAIN_OPTIONS, REPO, marker, run_cli
 
 TINY = ("model.num_layers=2", "model.max_seq_len=128", "train.log_every=1", "train.warmup_steps=2")
@@ -70,7 +82,11 @@ def uninterrupted(nob_packed):
     for key in ("lr", "grad_norm", "tokens_per_s", "tflops_per_device", "memory_gib"):
         assert all(entry[key] > 0 for entry in logged), key
     assert all(entry["mfu"] is None for entry in logged)  # no peak for a CPU
-    assert list((nob_packed / "work" / "nob" / "pretrain" / "tensorboard").glob("events.out.tfevents.*"))
+    output = nob_packed / "work" / "nob" / "pretrain"
+    assert list((output / "tensorboard").glob("events.out.tfevents.*"))
+    # safetensors would write 0600 whatever the umask: the outputs follow it (0644 under umask 022).
+    for weights in (output / "hf" / "model.safetensors", output / "checkpoint" / CHECKPOINT_WEIGHTS):
+        assert stat.S_IMODE(weights.stat().st_mode) == new_file_mode(), weights
     return result
 
 
@@ -120,14 +136,83 @@ def test_acceptance_sigterm_checkpoints_and_a_resume_with_two_replicas_continues
     assert marker(fresh / "work", "nob", "pretrain")["metrics"]["steps"] == 12
 
 
+def test_acceptance_a_larger_budget_resumes_from_the_newest_sound_checkpoint_and_other_changes_are_refused(fresh):
+    process = start(fresh, *SCRATCH, "train.checkpoint_every=2")
+    wait_for_step(fresh, 7, process)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    partial = next((fresh / "work" / "nob").glob(".pretrain.partial-*"))
+    checkpoints = partial / "checkpoints"
+    kept = sorted(path.name for path in checkpoints.iterdir())
+    assert kept[-2:] == ["step-00000004", "step-00000006"]
+
+    # Another learning rate is another run: refused while the checkpoints exist, and nothing is deleted.
+    refused = run_cli(*SCRATCH, "train.lr=5e-4", cwd=fresh, check=False)
+    assert refused.returncode == 1
+    assert "train.lr" in refused.stderr and "resume=never" in refused.stderr and "step-4, step-6" in refused.stderr
+    assert sorted(path.name for path in checkpoints.iterdir()) == kept and partial.is_dir()
+
+    # The newest checkpoint's model file cut short (a full quota): the run goes back to the one before.
+    weights = checkpoints / "step-00000006" / "model-pp0-tp0.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    logged_before = len(metrics(fresh))
+    result = run_cli(*SCRATCH, "train.steps=14", cwd=fresh)
+    assert "Continuing the interrupted run" in result.stderr and "train.steps 12 -> 14" in result.stderr
+    assert "Skipping checkpoint" in result.stderr and "model-pp0-tp0.safetensors has" in result.stderr
+    assert "Resuming from" in result.stderr and "step-00000004 (step 4 of 14)" in result.stderr
+    resumed = [entry for entry in metrics(fresh)[logged_before:] if "loss" in entry]
+    assert [entry["step"] for entry in resumed] == list(range(5, 15))  # no step before the checkpoint again
+    # The schedule is the one for the new total, from the checkpoint's step on.
+    train = marker(fresh / "work", "nob", "pretrain")["config"]["train"]
+    for entry in resumed:
+        expected = train["lr"] * lr_factor(entry["step"] - 1, train["schedule"], 14, train["warmup_steps"],
+                                           train["min_lr_ratio"])
+        assert entry["lr"] == pytest.approx(expected, rel=1e-6), entry["step"]
+    assert marker(fresh / "work", "nob", "pretrain")["metrics"]["steps"] == 14
+
+
+def _model_with_a_nan(folder, packed_dir) -> None:
+    """A pipeline checkpoint of the configured tiny model with the pack's tokenizer, one weight NaN."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        model_cfg = OmegaConf.to_object(compose("config", overrides=["stage=pretrain", "lang=nob", *TINY])).model
+    tokenizer_dir = packed_dir / "work" / "nob" / "tokenizer"
+    vocab = load_tokenizer(tokenizer_dir).get_vocab_size(with_added_tokens=True)
+    save_checkpoint(Transformer(dataclasses.replace(model_cfg, vocab_size=vocab)), folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(tokenizer_dir / name, folder / name)
+    tensors = load_file(str(folder / CHECKPOINT_WEIGHTS))
+    tensors[sorted(tensors)[-1]].view(-1)[7] = float("nan")
+    save_file(tensors, str(folder / CHECKPOINT_WEIGHTS))
+
+
+def test_acceptance_a_nan_in_the_starting_weights_stops_pretrain_and_evaluate(fresh, tmp_path):
+    poisoned = tmp_path / "poisoned"
+    _model_with_a_nan(poisoned, fresh)
+    result = run_cli(*SCRATCH, "init=hf", f"model.base={poisoned}", cwd=fresh, check=False)
+    assert result.returncode == 1 and "holds non-finite values" in result.stderr, result.stderr[-2000:]
+    output = fresh / "work" / "nob" / "pretrain"
+    assert not (output / "_SUCCESS.json").exists() and not (output / "hf").exists()
+
+    scored = run_cli("stage=evaluate", *CHAIN_OPTIONS, f"model.base={poisoned}", cwd=fresh, check=False)
+    assert scored.returncode == 1 and "non-finite values" in scored.stderr
+    assert not (fresh / "work" / "nob" / "evaluate" / "_SUCCESS.json").exists()
+
+
 def test_non_finite_steps_are_skipped_and_too_many_stop_the_run(fresh):
-    # Weights of 1e200 are infinite in float32: every loss is NaN. (Short sequences: NaN arithmetic is slow.)
-    result = run_cli(*SCRATCH, "model.init_std=1e200", "train.max_bad_steps=3", "train.seq_len=32",
+    # A learning rate of 1e31 (1e30 in the first warm-up step) sends the weights beyond float32 after the first step:
+    # every later loss is NaN. (Short sequences: NaN arithmetic is slow.)
+    result = run_cli(*SCRATCH, "train.lr=1e31", "train.warmup_steps=10", "train.max_bad_steps=3", "train.seq_len=32",
                      "train.global_batch_size=4", "train.micro_batch_size=4", "train.eval_tokens=1", cwd=fresh,
                      check=False)
     assert result.returncode == 1
     assert "3 steps in a row had a non-finite loss or gradient" in result.stderr
     assert not (fresh / "work" / "nob" / "pretrain" / "_SUCCESS.json").exists()
+    # Skipped steps move the schedule on with the step counter (DeepSpeed alone would hold it back): step s of the
+    # linear warm-up runs at s/10 of the peak whatever was skipped before it.
+    logged = [entry for entry in metrics(fresh) if "loss" in entry]
+    assert [entry["step"] for entry in logged] == [1, 2, 3]
+    assert [entry["lr"] for entry in logged] == pytest.approx([1e30, 2e30, 3e30], rel=1e-6)
 
 
 def test_inside_a_slurm_allocation_the_ranks_start_with_srun(nob_packed, slurm_cluster, tmp_path):

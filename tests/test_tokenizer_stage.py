@@ -159,7 +159,7 @@ def test_same_command_is_skipped_and_a_new_vocab_size_retrains(trained, tmp_path
 def test_keep_base_adopts_the_base_tokenizer_and_pack_and_pretrain_from_the_base_accept_it(trained, english_base,
                                                                                             tmp_path):
     cwd, _ = trained
-    shutil.copytree(cwd / "work" / "nob", tmp_path / "work" / "nob")  # its plan still reads cwd's clean output
+    shutil.copytree(cwd / "work" / "nob", tmp_path / "work" / "nob")  # its plan reads the copy's clean output
     run_cli("stage=tokenizer", "lang=nob", "tokenizer.keep_base=true", f"model.base={english_base}", cwd=tmp_path)
     folder = tmp_path / "work" / "nob" / "tokenizer"
     assert (folder / "tokenizer.json").read_bytes() == (english_base / "tokenizer.json").read_bytes()

@@ -138,6 +138,7 @@ class ToyConfig:
     work_dir: str
     lang: ToyLang = field(default_factory=ToyLang)
     size: int = 1
+    resume: str = "auto"
 
 
 def test_is_current_changes_nothing(tmp_path):

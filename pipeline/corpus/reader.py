@@ -32,10 +32,38 @@ _KEPT_FIELDS = ("source", "collection")
 _MAX_LOGGED_PER_FILE = 20
 
 
-def find_raw_files(folder: Path) -> list[str]:
-    """Relative paths of the raw files below `folder`, sorted, so every run shards them alike."""
+def _raw_file_names(folder: Path) -> list[str]:
     found = {p for pattern in RAW_PATTERNS for p in folder.rglob(pattern) if p.is_file()}
     return sorted(str(p.relative_to(folder)) for p in found)
+
+
+def _is_text(name: str) -> bool:
+    # A name that is not valid UTF-8 comes from the OS with surrogates, which no file list or log can hold.
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(name: str) -> str:
+    """A file name as text whatever its bytes: invalid UTF-8 escaped (`caf\\xe9.jsonl`)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def find_raw_files(folder: Path) -> list[str]:
+    """Relative paths of the raw files below `folder`, sorted, so every run shards them alike. Files whose names
+    are not valid UTF-8 are left out (`unreadable_names`), with a warning."""
+    names = _raw_file_names(folder)
+    for name in names:
+        if not _is_text(name):
+            logger.warning(f"Skipping {folder / shown(name)}: its name is not valid UTF-8; rename it to read it.")
+    return [name for name in names if _is_text(name)]
+
+
+def unreadable_names(folder: Path) -> list[str]:
+    """The raw files below `folder` whose names are not valid UTF-8, escaped: bad records of their own."""
+    return [shown(name) for name in _raw_file_names(folder) if not _is_text(name)]
 
 
 def fingerprint_files(folder: Path, files: list[str]) -> dict:
@@ -46,8 +74,8 @@ def fingerprint_files(folder: Path, files: list[str]) -> dict:
         stat = (folder / name).stat()
         total += stat.st_size
         fingerprint.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return {"path": str(folder.resolve()), "files": len(files), "bytes": total,
-            "fingerprint": fingerprint.hexdigest()[:16]}
+    # No path: a folder moved or copied with its files' times kept (mv, cp -p, rsync -a) is the same input.
+    return {"files": len(files), "bytes": total, "fingerprint": fingerprint.hexdigest()[:16]}
 
 
 class BadRecord(Exception):

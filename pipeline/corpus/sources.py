@@ -29,7 +29,7 @@ class SourceInput:
     # The folder the files are read from (`<path>/train` for a clean output) and the files in it.
     folder: Path
     files: tuple[str, ...]
-    # Hashed into the mix stage's config hash, so that a changed source reruns the plan.
+    # Hashed into the mix stage's config hash, so that a changed source reruns the plan; by content, not path.
     fingerprint: dict
 
 
@@ -38,7 +38,7 @@ def clean_output(name: str, path: Path, split: str = "train") -> SourceInput:
     marker = read_marker(path)
     files = tuple(find_raw_files(path / split))
     return SourceInput(name, path, CLEAN_OUTPUT, path / split, files,
-                       {"path": str(path), "kind": CLEAN_OUTPUT, "config_hash": marker["config_hash"]})
+                       {"kind": CLEAN_OUTPUT, "config_hash": marker["config_hash"]})
 
 
 def raw_folder(name: str, path: Path) -> SourceInput:

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.contract import MARKER, read_marker, stage_dir
+from pipeline.contract import MARKER, read_marker, resolve_path, stage_dir
 from pipeline.corpus.reader import RAW_PATTERNS
 from pipeline.corpus.sources import (RAW_FOLDER, FileTask, SourceInput, clean_output, over_files, raw_folder,
                                      source_reader)
@@ -36,8 +36,9 @@ def _clean_command(path: Path, work_dir: str) -> str:
 
 
 def planned_source(entry: dict, work_dir: str) -> SourceInput:
-    """A source of the mix plan (its `plan.json` entry), to read again."""
-    path = Path(entry["path"])
+    """A source of the mix plan (its `plan.json` entry), to read again, in the work folder `work_dir` wherever it
+    is now (the plan records paths inside it relative to it)."""
+    path = resolve_path(work_dir, entry["path"])
     if entry["input"] == RAW_FOLDER:
         return raw_folder(entry["name"], path)
     if read_marker(path) is None:

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
+from pipeline.contract import output_identity
 from pipeline.errors import StageError
 from pipeline.model.config import ModelConfig
 from pipeline.model.hf_import import from_hf
 from pipeline.model.transformer import Transformer
+from pipeline.tensor_files import save_tensors
 from pipeline.tokenization.folder import TOKENIZER_FILE
 
 CHECKPOINT_CONFIG = "model_config.json"
@@ -32,24 +34,43 @@ SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_s
 
 
 def folder_fingerprint(path: str) -> dict:
-    """A model folder's identity for the stage contract: its files' names and sizes and its JSON files."""
+    """A model folder's identity by its content, wherever it is: its files' names, sizes and modification times,
+    and its JSON files (without reading gigabytes of weights). A copy that does not keep the times (`cp -r`
+    without `-p`) counts as another model."""
     folder = Path(path)
     files = sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
     digest = hashlib.sha256()
     for file in files:
-        digest.update(f"{file.name}:{file.stat().st_size}".encode())
+        stat = file.stat()
+        digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
         if file.suffix == ".json":
             digest.update(file.read_bytes())
-    return {"path": str(folder.resolve()), "files": digest.hexdigest()[:16]}
+    return {"files": digest.hexdigest()[:16]}
+
+
+def base_identity(cfg, path: str) -> dict:
+    """A base model's identity for the stage contract: the hash of the stage that made it when it is a finished
+    stage output of this work folder (the demo's base), else its content (`folder_fingerprint`)."""
+    return output_identity(cfg, path) or folder_fingerprint(path)
 
 
 def save_checkpoint(model: Transformer, folder: Path) -> None:
     """A pipeline checkpoint: the model's own tensor names and config (the tokenizer goes beside it)."""
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != "head.weight"
-               or not model.cfg.tie_embeddings}, str(folder / CHECKPOINT_WEIGHTS))
+    save_tensors({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != "head.weight"
+                  or not model.cfg.tie_embeddings}, folder / CHECKPOINT_WEIGHTS)
     (folder / CHECKPOINT_CONFIG).write_text(json.dumps(dataclasses.asdict(model.cfg), indent=2) + "\n",
                                             encoding="utf-8")
+
+
+def check_finite(model: Transformer, what: str, advice: str) -> None:
+    """Refuse a model with a NaN or an infinity in its weights: it is never trained on (every step would be
+    skipped), exported or scored. `what` names it in the message ("pretrain: the starting model (...)")."""
+    bad = [name for name, tensor in model.state_dict().items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise StageError(f"{what} holds non-finite values (in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}); "
+                         f"{advice}")
 
 
 def read_model_config(path: Path) -> ModelConfig:

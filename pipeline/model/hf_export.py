@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Optional, Union
 
 import torch
-from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from pipeline.model.hf_architectures import (CheckpointError, architecture_for, config_to_hf, fuse_bloom,
                                              hf_tensor_name)
 from pipeline.model.hf_import import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, VOCAB_TENSORS
 from pipeline.model.transformer import Transformer
+from pipeline.tensor_files import save_tensors
 from pipeline.tokenization.config import SpecialTokens
 from pipeline.tokenization.folder import TOKENIZER_FILE, special_token_strings, write_tokenizer_folder
 from pipeline.tokenization.trained import TrainedTokenizer
@@ -88,12 +88,12 @@ def _write_weights(tensors: dict[str, torch.Tensor], folder: Path, max_shard_byt
         size += nbytes
     metadata = {"format": "pt"}  # transformers checks that the file says it holds PyTorch tensors
     if len(shards) == 1:
-        save_file(shards[0], str(folder / SINGLE_FILE), metadata=metadata)
+        save_tensors(shards[0], folder / SINGLE_FILE, metadata=metadata)
         return
     weight_map = {}
     for number, shard in enumerate(shards, start=1):
         file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(folder / file), metadata=metadata)
+        save_tensors(shard, folder / file, metadata=metadata)
         weight_map.update(dict.fromkeys(shard, file))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     _write_json(folder / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})

@@ -15,6 +15,7 @@ from pipeline.packing.packed import PACKED_FILE
 from pipeline.packing.repetition import REPEATS_FILE, repetitions
 from pipeline.packing.shards import token_dtype
 from pipeline.packing.tokenize import TokenizedSource
+from pipeline.tokenization.folder import tokenizer_digest
 
 # Where a source's shards and repeats.npy go, relative to the pack folder.
 SHARDS = "shards"
@@ -25,8 +26,9 @@ def source_folder(pack_dir: Path, name: str) -> Path:
 
 
 def tokenizer_entry(path: Path, vocab_size: int, eos: str, eos_id: int) -> dict:
+    """The tokenizer the data was packed with; the training stages check that theirs has the same size and hash."""
     return {"path": str(path), "vocab_size": vocab_size, "eos": eos, "eos_id": eos_id,
-            "dtype": token_dtype(vocab_size).name}
+            "dtype": token_dtype(vocab_size).name, "sha256": tokenizer_digest(path)}
 
 
 def write_source(pack_dir: Path, source: TokenizedSource, document_epochs: np.ndarray, seed: int) -> dict:

@@ -63,7 +63,11 @@ class PackedData:
         raw = path.read_bytes()
         # Restoring a sampler state checks this: the same seed over other data is another stream.
         self.fingerprint = hashlib.sha256(raw).hexdigest()[:16]
-        self.document = json.loads(raw)
+        try:
+            self.document = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise PackedDataError(f"{path} cannot be read ({error}): it is damaged or cut short. "
+                                  f"{repack_hint(self.folder)}") from None
         tokenizer = self.document["tokenizer"]
         self.vocab_size, self.eos_id = tokenizer["vocab_size"], tokenizer["eos_id"]
         self.dtype = token_dtype(self.vocab_size)

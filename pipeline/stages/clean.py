@@ -10,7 +10,13 @@ Built from datatrove blocks in four phases, each a datatrove executor (local pro
 
 Every rejected document is written under `rejected/<filter>/` with its reason in its metadata.
 A last step sums the statistics into the marker's metrics and commits the output: here, in this
-process; on Slurm, as a one-task job that depends on the others.
+process; on Slurm, as a one-task job that depends on the others. Raw files whose names are not valid UTF-8
+are bad records of their own (`file_name_not_utf8`), the files beside them are read.
+
+On Slurm, datatrove pickles each phase's executor into the work folder (`logs/<phase>/executor.pik`, which its
+jobs load) and writes the folder paths unquoted into the batch script: those paths are checked to hold no shell
+syntax (pipeline/cluster.py) before anything is submitted. The submitted job ids are kept in
+`slurm_jobs.json`, so that a second submission while they are queued or running is refused.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.contract import Stage, StageRun
+from pipeline.cluster import check_script_word
+from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.heldout import HeldoutSplit
 from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter
-from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader, find_raw_files, fingerprint_files
+from pipeline.corpus.reader import (RAW_PATTERNS, RawCorpusReader, TaskOutputReader, find_raw_files, fingerprint_files,
+                                    unreadable_names)
 from pipeline.corpus.stats import count, step_key, summed_stats
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 from pipeline.errors import StageError
@@ -34,6 +43,8 @@ log = logging.getLogger(__name__)
 FILTER_PHASE, BUCKETS_PHASE = "1_filter", "2_minhash_buckets"
 CLUSTER_PHASE, SPLIT_PHASE = "3_minhash_clusters", "4_dedup_split"
 INTERMEDIATE_DIRS = ("filtered", "minhash")
+SLURM_JOBS = "slurm_jobs.json"
+BAD_FILE_NAME = "file_name_not_utf8"
 
 
 def raw_folder(cfg) -> Path:
@@ -59,7 +70,7 @@ def describe_inputs(cfg) -> dict:
             f"No readable raw files for {cfg.lang.code} in {folder}: looked for {', '.join(RAW_PATTERNS)} "
             "(in subfolders too). Add files there or point raw_dir= elsewhere."
         )
-    return {"raw": fingerprint_files(folder, files)}
+    return {"raw": {**fingerprint_files(folder, files), "unreadable_names": len(unreadable_names(folder))}}
 
 
 # -- the datatrove phases ---------------------------------------------------------------------------
@@ -184,13 +195,15 @@ def collect_metrics(run: StageRun) -> dict:
     if run.cfg.clean.dedup.enabled:
         rejected["minhash_duplicate"] = duplicates
 
+    bad_by_reason = {k.removeprefix("bad_records."): int(v) for k, v in reader.items() if k.startswith("bad_records.")}
+    if settings["unreadable_names"]:
+        bad_by_reason[BAD_FILE_NAME] = len(settings["unreadable_names"])
     metrics = {
         "docs_in": int(reader.get("docs_in", 0)),
         "docs_out": count(split_stats, HeldoutSplit, "train"),
         "docs_heldout": count(split_stats, HeldoutSplit, "heldout"),
-        "bad_records": int(reader.get("bad_records", 0)),
-        "bad_records_by_reason": {k.removeprefix("bad_records."): int(v) for k, v in reader.items()
-                                  if k.startswith("bad_records.")},
+        "bad_records": int(reader.get("bad_records", 0)) + len(settings["unreadable_names"]),
+        "bad_records_by_reason": bad_by_reason,
         "rejected": rejected,
         "rejected_by_reason": reasons,
         "duplicates_removed": duplicates,
@@ -234,7 +247,8 @@ def _executor(cfg, pipeline: list, tasks: int, logging_dir: Path, depends, job_n
     if cfg.cluster.executor == "slurm":
         from datatrove.executor.slurm import SlurmPipelineExecutor
 
-        sbatch_args = dict(cfg.cluster.sbatch_args)
+        # datatrove writes `--option` for an empty value, `--option=True` for true.
+        sbatch_args = {key: "" if value is True else value for key, value in cfg.cluster.sbatch_args.items()}
         if cfg.cluster.account:
             sbatch_args["account"] = cfg.cluster.account
         return SlurmPipelineExecutor(
@@ -263,12 +277,68 @@ def _prepare_work_dir(run: StageRun, files: list[str], tasks: int) -> None:
     layout.write_text(json.dumps(wanted))
 
 
+def _live_jobs(partial: Path) -> list[str]:
+    """The Slurm jobs that an earlier submission of the run in `partial` left queued or running."""
+    if not (partial / SLURM_JOBS).is_file():
+        return []
+    ids = [str(job) for job in read_json(partial / SLURM_JOBS)["job_ids"]]
+    try:
+        queue = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True,
+                               timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []  # no Slurm here, so nothing of it runs here either
+    return queue.stdout.split()  # empty also when Slurm no longer knows them (finished)
+
+
+def kept_state(partial: Path) -> str:
+    """What an interrupted clean left that a run continues from: finished datatrove tasks, jobs still at work."""
+    kept = []
+    finished = len(list(partial.glob("logs/*/completions/*")))
+    if finished:
+        kept.append(f"{finished} finished datatrove tasks")
+    live = _live_jobs(partial)
+    if live:
+        kept.append(f"Slurm jobs still queued or running ({', '.join(live[:5])})")
+    return " and ".join(kept)
+
+
+def _write_bad_names(run: StageRun, names: list[str]) -> None:
+    """Raw files whose names are not UTF-8 are bad records: logged beside the reader's (bad_records/)."""
+    folder = run.work_dir / "bad_records"
+    folder.mkdir(exist_ok=True)
+    (folder / "file_names.jsonl").write_text("".join(
+        json.dumps({"file": name, "line": 0, "reason": BAD_FILE_NAME}) + "\n" for name in names), encoding="utf-8")
+
+
+def _commit_logs(run: StageRun) -> Path:
+    # The commit job logs outside the folder it moves into place.
+    return run.final_dir.parent / "logs" / f"clean-commit-{run.config_hash}"
+
+
+def _check_slurm_script(run: StageRun) -> None:
+    """Before anything is submitted: the folders and job names that datatrove writes into its batch scripts'
+    shell lines (the config's checks made every #SBATCH value one token)."""
+    for folder in (run.work_dir / "logs", _commit_logs(run)):
+        check_script_word("work_dir", folder)
+    for phase in (FILTER_PHASE, BUCKETS_PHASE, CLUSTER_PHASE, SPLIT_PHASE, "commit"):
+        check_script_word("lang", f"clean-{run.lang}-{phase}")
+
+
 def run_clean(run: StageRun):
     cfg = run.cfg
+    if cfg.cluster.executor == "slurm":
+        _check_slurm_script(run)
+    live = _live_jobs(run.work_dir)
+    if live:
+        raise StageError(f"clean {run.lang} was submitted to Slurm already and its jobs are still queued or running "
+                         f"({', '.join(live[:10])}; {run.work_dir / SLURM_JOBS}). Wait for them (the marker appears "
+                         f"in {run.final_dir}), or scancel them before submitting again.")
     folder = raw_folder(cfg)
     files = find_raw_files(folder)
     tasks = min(cfg.clean.tasks or cfg.workers, len(files))
     _prepare_work_dir(run, files, tasks)
+    bad_names = unreadable_names(folder)
+    _write_bad_names(run, bad_names)
     tokenizer, tokenizer_name = resolve_word_tokenizer(cfg.lang)
     filters = _filters(run, tokenizer)
     phases = build_phases(run, tasks, tokenizer, [step for _, step in filters])
@@ -278,29 +348,38 @@ def run_clean(run: StageRun):
         log.warning("No language-ID model given (clean.lid.model): keeping documents whose `lang` field names %s "
                     "or that have no `lang` field.", cfg.lang.code)
     settings = {"filters": [(step_key(step), name) for name, step in filters], "language_id": language_id,
-                "word_tokenizer": tokenizer_name, "input_files": len(files)}
+                "word_tokenizer": tokenizer_name, "input_files": len(files), "unreadable_names": bad_names}
     (run.work_dir / "settings.json").write_text(json.dumps(settings, ensure_ascii=False))
 
     log.info("clean %s: %d files in %s, %d tasks, %d local workers", cfg.lang.code, len(files), folder, tasks,
              min(cfg.workers, tasks))
     on_slurm = cfg.cluster.executor == "slurm"
-    previous = None
+    executors = []
     for name, pipeline, phase_tasks in phases:
         # Locally the phases run one after the other; on Slurm each job depends on the one before.
-        depends = previous if on_slurm else None
+        depends = executors[-1] if on_slurm and executors else None
         job_name = f"clean-{cfg.lang.code}-{name}"
-        previous = _executor(cfg, pipeline, phase_tasks, run.work_dir / "logs" / name, depends, job_name)
+        executors.append(_executor(cfg, pipeline, phase_tasks, run.work_dir / "logs" / name, depends, job_name))
         if not on_slurm:
             log.info("clean %s: phase %s (%d tasks)", cfg.lang.code, name, phase_tasks)
-            previous.run()
+            executors[-1].run()
     if not on_slurm:
         CommitWhenDone(run)()
         return None
-    # The commit job logs outside the folder it moves into place.
-    commit_logs = run.final_dir.parent / "logs" / f"clean-commit-{run.config_hash}"
-    _executor(cfg, [CommitWhenDone(run)], 1, commit_logs, previous, f"clean-{cfg.lang.code}-commit").run()
-    log.info("clean %s: submitted to Slurm; the marker appears in %s when the jobs finish.",
-             cfg.lang.code, run.final_dir)
+    executors.append(_executor(cfg, [CommitWhenDone(run)], 1, _commit_logs(run), executors[-1],
+                               f"clean-{cfg.lang.code}-commit"))
+    try:
+        executors[-1].run()  # submits the phases it depends on first
+    except subprocess.CalledProcessError as error:
+        raise StageError(f"clean {cfg.lang.code}: sbatch refused a job (exit code {error.returncode}; its message is "
+                         f"above). Check the cluster options (cluster.partition, cluster.account, cluster.qos, "
+                         f"cluster.sbatch_args); jobs submitted before it are listed in "
+                         f"{run.work_dir / SLURM_JOBS}.") from None
+    finally:
+        submitted = [str(e.job_id) for e in executors if e.job_id not in (None, -1)]
+        write_json_atomic(run.work_dir / SLURM_JOBS, {"job_ids": submitted})
+    log.info("clean %s: submitted to Slurm (jobs %s); the marker appears in %s when the jobs finish.",
+             cfg.lang.code, ", ".join(submitted), run.final_dir)
     return None
 
 
@@ -310,5 +389,6 @@ STAGE = Stage(
     config_sections=("clean", "lang"),
     # Parallelism and descriptive table fields do not change the output.
     unhashed_keys=("clean.tasks", "lang.name", "lang.flores", "lang.filters_source", "lang.in_hplt_v1_2"),
+    kept_state=kept_state,
     describe_inputs=describe_inputs,
 )

@@ -11,20 +11,21 @@ and pretrain against training tokens).
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from pipeline.contract import MARKER, Stage, StageRun, read_marker, stage_dir, write_json_atomic
+from pipeline.contract import MARKER, Stage, StageRun, read_marker, resolve_path, stage_dir, write_json_atomic
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import score_documents
 from pipeline.evaluation.report import markdown, write_plots
 from pipeline.evaluation.texts import describe_text, eval_texts, text_files
 from pipeline.kernels import set_backend
-from pipeline.model.files import folder_fingerprint, load_base
+from pipeline.model.files import base_identity, check_finite, load_base
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from pipeline.training.outputs import EXPORT, METRICS_FILE
 
@@ -34,11 +35,11 @@ TRAINED = ("warmup", "pretrain")
 
 
 def base_model(cfg) -> str | None:
-    """`model.base`, else the base the warmup stage recorded in its marker."""
+    """`model.base`, else the base the warmup stage recorded in its marker (in this work folder, wherever it is)."""
     if cfg.model.base is not None:
         return cfg.model.base
     marker = read_marker(stage_dir(cfg, "warmup"))
-    return marker["config"]["model"]["base"] if marker is not None else None
+    return str(resolve_path(cfg.work_dir, marker["metrics"]["base"])) if marker is not None else None
 
 
 def needs_when(cfg) -> tuple[str, ...]:
@@ -56,7 +57,7 @@ def describe_inputs(cfg) -> dict:
     inputs = {}
     base = base_model(cfg)
     if base is not None:
-        inputs["base"] = folder_fingerprint(base)
+        inputs["base"] = base_identity(cfg, base)
     if cfg.eval.path is not None:
         folder, files, _ = text_files(Path(cfg.eval.path))
         inputs["text"] = fingerprint_files(folder, files)
@@ -77,7 +78,10 @@ def models(run: StageRun) -> dict[str, str]:
 
 def score_model(run: StageRun, name: str, folder: str, device) -> dict:
     cfg = run.cfg
-    model = load_base(folder).to(device).eval()
+    model = load_base(folder)
+    check_finite(model, f"evaluate {run.lang}: the {name} model in {folder}", "it is not scored. Train it again (or "
+                 "give model.base a sound model).")
+    model = model.to(device).eval()
     if device.type == "cuda":
         model = model.to(torch.bfloat16)
     tokenizer = load_tokenizer(folder)
@@ -95,6 +99,10 @@ def score_model(run: StageRun, name: str, folder: str, device) -> dict:
     if score.documents == 0:
         raise StageError(f"evaluate {run.lang}: {describe_text(cfg.eval.path, clean)} holds no "
                          f"text. Give eval.path=<file or folder>, or raise clean.heldout_fraction and run clean again.")
+    if not math.isfinite(score.bits_per_byte):
+        raise StageError(f"evaluate {run.lang}: the {name} model in {folder} scores {score.bits_per_byte} bits per "
+                         f"byte on {describe_text(cfg.eval.path, clean)}: its outputs overflow. No report is "
+                         f"written; check the model (and eval.seq_len against the length it was trained on).")
     result = {**score.as_dict(), "seq_len": seq_len, "stride": stride}
     log.info("evaluate %s: %s %.4f bits per byte (token perplexity %.2f, %d tokens over %d bytes)", run.lang, name,
              score.bits_per_byte, score.token_perplexity, score.tokens, score.bytes)
@@ -127,6 +135,7 @@ STAGE = Stage(
     reads_if_done=TRAINED,
     hint="Or give eval.path=<file or folder of held-out text> instead of the clean stage's held-out split.",
     config_sections=("eval",),
-    unhashed_keys=("eval.batch_size",),
+    # eval.path's files enter the hash by their content (describe_inputs), not by where they are.
+    unhashed_keys=("eval.batch_size", "eval.path"),
     describe_inputs=describe_inputs,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.contract import Stage, StageRun, write_json_atomic
+from pipeline.contract import Stage, StageRun, portable_path, write_json_atomic
 from pipeline.corpus.sources import clean_output
 from pipeline.errors import StageError
 from pipeline.mixing.planner import Allocation, PlanError, Source, default_budget, plan_mixture
@@ -22,10 +22,11 @@ log = logging.getLogger(__name__)
 
 
 def describe_inputs(cfg) -> dict:
-    """The sources besides the target (whose clean hash the contract adds): a changed source reruns the plan."""
+    """The sources besides the target (whose clean hash the contract adds), by content: a changed source reruns
+    the plan, a moved one does not (their paths are not hashed)."""
     found, skipped = locate_sources(cfg)
     described = {s.name: s.fingerprint for s in found}
-    described.update({s.name: {"path": str(s.path), "skipped": s.reason} for s in skipped})
+    described.update({s.name: {"skipped": True} for s in skipped})
     return {"mix_sources": described}
 
 
@@ -68,13 +69,13 @@ def run_mix(run: StageRun) -> dict:
         rehydration = _rehydration(mix, lang, measured[lang], plan.allocations[0],
                                    bytes_per_token(mix, scripts[lang]))
 
-    facts = {s.name: {"input": s.kind, "path": str(s.path), "script": scripts[s.name],
+    facts = {s.name: {"input": s.kind, "path": portable_path(cfg, s.path), "script": scripts[s.name],
                       "documents": measured[s.name].docs, "bad_records": measured[s.name].bad_records,
                       "unique_bytes": measured[s.name].bytes,
                       "bytes_per_token": bytes_per_token(mix, scripts[s.name])}
              for s in (target_input, *found)}
-    document = plan_document(lang, plan, facts, budget_from,
-                             [{"name": s.name, "path": str(s.path), "reason": s.reason} for s in skipped], rehydration)
+    skipped_facts = [{"name": s.name, "path": portable_path(cfg, s.path), "reason": s.reason} for s in skipped]
+    document = plan_document(lang, plan, facts, budget_from, skipped_facts, rehydration)
     write_json_atomic(run.work_dir / "plan.json", document)
     (run.work_dir / "plan.md").write_text(markdown(document), encoding="utf-8")
     log.info("mix plan for %s: %s\n%s", lang, document["verdict"], summary_table(document))
@@ -114,5 +115,8 @@ STAGE = Stage(
     needs=("clean",),
     # The target's script (for the token estimate) is hashed by clean, whose hash this one covers.
     config_sections=("mix",),
+    # Where a source is does not make the plan: its content does (describe_inputs), and plan.json records paths
+    # inside the work folder relative to it, so that a moved work folder keeps its plan.
+    unhashed_keys=("mix.sources.*.path",),
     describe_inputs=describe_inputs,
 )

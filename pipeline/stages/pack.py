@@ -13,15 +13,13 @@ is what `pipeline.packing.PackedSampler` reads.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
 
-from pipeline.contract import Stage, StageRun
+from pipeline.contract import Stage, StageRun, read_json
 from pipeline.errors import StageError
 from pipeline.mixing.planner import TARGET, Allocation, Plan, PlanError
 from pipeline.mixing.rehydration import Rehydration
@@ -32,7 +30,7 @@ from pipeline.packing.repetition import rehydrated_epochs
 from pipeline.packing.shards import token_dtype
 from pipeline.packing.tokenize import TokenizedSource, tokenize_source
 from pipeline.short_numbers import bytes_text, tokens_text
-from pipeline.tokenization.folder import TOKENIZER_FILE
+from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +38,10 @@ log = logging.getLogger(__name__)
 READING = "reading"
 
 
-def _input_file(run: StageRun, stage: str, name: str) -> Path:
-    path = run.input(stage) / name
-    if not path.is_file():
-        raise StageError(f"pack {run.lang}: {path} is missing although the {stage} stage finished. Run it again: "
-                         f"python -m pipeline stage={stage} lang={run.lang} work_dir={run.cfg.work_dir}")
-    return path
-
-
 def _tokenizer(run: StageRun) -> dict:
-    special = json.loads(_input_file(run, "tokenizer", "special_tokens_map.json").read_text(encoding="utf-8"))
-    path = _input_file(run, "tokenizer", TOKENIZER_FILE)
-    tokenizer = Tokenizer.from_file(str(path))
-    eos = special["eos_token"]
+    eos = run.read_input("tokenizer", "special_tokens_map.json", read_json)["eos_token"]
+    tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
+    path = run.input_file("tokenizer", TOKENIZER_FILE)
     return tokenizer_entry(path, tokenizer.get_vocab_size(), eos, tokenizer.token_to_id(eos))
 
 
@@ -128,7 +117,7 @@ def _summary_table(document: dict) -> str:
 
 def run_pack(run: StageRun) -> dict:
     cfg, lang = run.cfg, run.lang
-    plan_document = json.loads(_input_file(run, "mix", "plan.json").read_text(encoding="utf-8"))
+    plan_document = run.read_input("mix", "plan.json", read_json)
     tokenizer = _tokenizer(run)
     plan, tokenized = _tokenize_planned(run, plan_document, tokenizer)
     estimates = {s["name"]: s for s in plan_document["sources"]}

@@ -4,10 +4,12 @@ The launching process builds the starting model (`init`: the warmup stage's chec
 folder `model.base` that uses the pack's tokenizer, or random weights) and the held-out rows; then
 `parallel.tp x parallel.pp x parallel.dp` ranks train it with ZeRO-1 from the pack sampler
 (pipeline/training/), checkpointing every `train.checkpoint_every` steps and on SIGUSR1/SIGTERM.
-`resume=auto` continues from the newest complete checkpoint of an interrupted run with the same configuration
-(also with another data-parallel degree); `resume=never` starts again. Outputs: `checkpoint/` (pipeline
-checkpoint), `hf/` (transformers folder with the tokenizer), `metrics.jsonl`, `tensorboard/`, `report.json`
-and the marker.
+`resume=auto` continues an interrupted run from its newest checkpoint that verifies, with the same configuration
+(also with another data-parallel degree, micro-batch size or how often it logs, scores and checkpoints) or with
+another step budget `train.steps` (the schedule is computed for the new total from the checkpoint's step on); any
+other change is refused while those checkpoints exist. `resume=never` moves them aside and starts again.
+Outputs: `checkpoint/` (pipeline checkpoint), `hf/` (transformers folder with the tokenizer), `metrics.jsonl`,
+`tensorboard/`, `report.json` and the marker.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from pathlib import Path
 
 import torch
 
-from pipeline.contract import Stage, StageRun, write_json_atomic
+from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
-from pipeline.model.files import check_fit, folder_fingerprint, load_base, load_checkpoint, save_checkpoint
+from pipeline.model.files import (base_identity, check_finite, check_fit, load_base, load_checkpoint,
+                                  save_checkpoint)
 from pipeline.model.transformer import Transformer
+from pipeline.packing.packed import PACKED_FILE
 from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
+from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import CHECKPOINTS, INIT, METRICS_FILE, TRAINED
-from pipeline.training.run import export_trained, launch, write_heldout
+from pipeline.training.run import check_pack_tokenizer, export_trained, launch, write_heldout
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +47,21 @@ def describe_inputs(cfg) -> dict:
         if cfg.model.base is None:
             raise StageError("pretrain init=hf needs model.base=<local Hugging Face folder> whose tokenizer is the "
                              "pack's (e.g. work/<lang>/warmup/hf).")
-        return {"base_model": folder_fingerprint(cfg.model.base)}
+        return {"base_model": base_identity(cfg, cfg.model.base)}
     return {}
+
+
+def check_resume(partial: Path, cfg) -> list[str]:
+    """An interrupted run continues with another train.steps only if the budget lies at or past its newest
+    checkpoint (fewer steps would end before where it already is)."""
+    newest = max((checkpoint_step(path) for path in checkpoints(partial / CHECKPOINTS)), default=0)
+    if cfg.train.steps < newest:
+        return [f"its newest checkpoint is at step {newest}, past train.steps={cfg.train.steps}"]
+    return []
+
+
+def kept_state(partial: Path) -> str:
+    return describe(partial / CHECKPOINTS)
 
 
 def initial_model(run: StageRun, tokenizer) -> Transformer:
@@ -51,10 +69,11 @@ def initial_model(run: StageRun, tokenizer) -> Transformer:
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     if cfg.init == "scratch":
         torch.manual_seed(cfg.train.seed)
-        return Transformer(dataclasses.replace(cfg.model, vocab_size=vocab))
-    if cfg.init == "warmup":
+        model = Transformer(dataclasses.replace(cfg.model, vocab_size=vocab))
+        source = f"a random initialisation with model.init_std={cfg.model.init_std}"
+    elif cfg.init == "warmup":
         source = run.input("warmup") / TRAINED
-        model = load_checkpoint(source)
+        model = run.read_input("warmup", TRAINED, load_checkpoint)
     else:
         source = Path(cfg.model.base)
         model = load_base(cfg.model.base)
@@ -65,6 +84,8 @@ def initial_model(run: StageRun, tokenizer) -> Transformer:
                              f"this base model first: python -m pipeline stage=warmup lang={run.lang} "
                              f"model.base={source}")
     check_fit(cfg.model, model.cfg, str(source), tokenizer)
+    check_finite(model, f"pretrain: the starting model ({source})", "every training step would be skipped. Start "
+                 "from a sound model: run the stage that made it again, or check model.init_std.")
     if model.cfg.vocab_size != vocab:
         raise StageError(f"pretrain: the model of {source} has {model.cfg.vocab_size} vocabulary rows, the pack's "
                          f"tokenizer {vocab}; they must be the same (run warmup for this tokenizer).")
@@ -79,19 +100,17 @@ def training_job(run: StageRun) -> TrainingJob:
 
 
 def run_pretrain(run: StageRun) -> dict:
-    from pipeline.training import checkpoint  # imports DeepSpeed: only when the stage runs
-
     cfg = run.cfg
     tokenizer_dir = run.input("tokenizer")
-    tokenizer = load_tokenizer(tokenizer_dir)
-    checkpoints = run.work_dir / CHECKPOINTS
-    if cfg.resume == "never":
-        shutil.rmtree(checkpoints, ignore_errors=True)
-    if checkpoint.latest(checkpoints) is None:
+    tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
+    saved = run.work_dir / CHECKPOINTS
+    if not checkpoints(saved):  # a fresh start: no metrics of an attempt that left no checkpoint
         (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
         shutil.rmtree(run.work_dir / "tensorboard", ignore_errors=True)
     save_checkpoint(initial_model(run, tokenizer), run.work_dir / INIT)
     job = training_job(run)
+    check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json),
+                         run.input_file("tokenizer", TOKENIZER_FILE), tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
     write_heldout(job, texts, tokenizer, tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
@@ -99,7 +118,7 @@ def run_pretrain(run: StageRun) -> dict:
     result = launch(job, cfg.cluster)
     export_trained(run.work_dir, tokenizer_dir)
     # The run is complete: the final model is in checkpoint/ and hf/; the resumable states are not needed.
-    shutil.rmtree(checkpoints, ignore_errors=True)
+    shutil.rmtree(saved, ignore_errors=True)
     shutil.rmtree(run.work_dir / INIT)
     report = {"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel), **result}
     write_json_atomic(run.work_dir / "report.json", report)
@@ -116,10 +135,16 @@ STAGE = Stage(
     hint="With init=warmup it starts from the warmup stage's model; init=hf (model.base) and init=scratch need "
          "no warmup.",
     config_sections=("model", "train", "init"),
-    # How often to log, score and checkpoint, and how much to recompute, do not change the model: a run
-    # interrupted with one setting resumes with another.
+    # How often to log, score and checkpoint, how much to recompute and how the global batch is cut into micro
+    # batches do not change the model: a run interrupted with one setting resumes with another. model.base is
+    # described by its content (describe_inputs) when init=hf reads it, and not read otherwise.
     unhashed_keys=("train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
-                   "train.max_bad_steps", "train.activation_checkpoint_interval"),
+                   "train.max_bad_steps", "train.max_skipped_fraction", "train.skipped_window",
+                   "train.activation_checkpoint_interval", "train.micro_batch_size", "model.base"),
+    # A larger step budget continues an interrupted run from its checkpoints (checkpoint.py: the schedule).
+    resumable_keys=("train.steps",),
+    check_resume=check_resume,
+    kept_state=kept_state,
     describe_inputs=describe_inputs,
     gpu=True,
 )

@@ -14,7 +14,6 @@ pretraining with the old vocabulary.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Iterator, Optional
 from datatrove.utils.word_tokenizers import load_word_tokenizer
 from tokenizers import Tokenizer
 
-from pipeline.contract import Stage, StageRun, write_json_atomic
+from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 from pipeline.errors import StageError
@@ -57,16 +56,11 @@ def describe_inputs(cfg) -> dict:
         raise StageError(f"tokenizer.keep_base=true adopts the tokenizer of model.base={source}, but it holds no "
                          f"{TOKENIZER_FILE}. Save the model's tokenizer there, or give tokenizer.base=<its "
                          f"{TOKENIZER_FILE} or folder>.")
-    return {"base_tokenizer": {"path": str(path.resolve()),
-                               "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}}
+    return {"base_tokenizer": {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}}
 
 
 def read_plan(run: StageRun) -> dict:
-    path = run.input("mix") / "plan.json"
-    if not path.is_file():
-        raise StageError(f"tokenizer {run.lang}: the mix plan {path} is missing although the mix stage finished. "
-                         f"Run it again: python -m pipeline stage=mix lang={run.lang} work_dir={run.cfg.work_dir}")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return run.read_input("mix", "plan.json", read_json)
 
 
 def _empty_sample_message(run: StageRun, sampled: list[SampledSource]) -> str:
@@ -234,5 +228,7 @@ STAGE = Stage(
     run=run_tokenizer,
     needs=("clean", "mix"),
     config_sections=("tokenizer",),
+    # The base tokenizer enters the hash by its content (describe_inputs), not by where it is.
+    unhashed_keys=("tokenizer.base",),
     describe_inputs=describe_inputs,
 )

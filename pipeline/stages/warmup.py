@@ -18,15 +18,16 @@ from pathlib import Path
 
 import torch
 
-from pipeline.contract import Stage, StageRun, write_json_atomic
+from pipeline.contract import Stage, StageRun, portable_path, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
-from pipeline.model.files import check_fit, folder_fingerprint, load_base, save_checkpoint
-from pipeline.tokenization.folder import load_tokenizer
+from pipeline.model.files import base_identity, check_finite, check_fit, load_base, save_checkpoint
+from pipeline.packing.packed import PACKED_FILE
+from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 from pipeline.training.config import use_bf16
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import INIT, METRICS_FILE
-from pipeline.training.run import export_trained, launch, write_heldout
+from pipeline.training.run import check_pack_tokenizer, export_trained, launch, write_heldout
 from pipeline.warmstart.freezing import warmup_trainable
 from pipeline.warmstart.initialise import warm_started
 from pipeline.warmstart.transfer import needs_text
@@ -36,8 +37,8 @@ log = logging.getLogger(__name__)
 
 
 def describe_inputs(cfg) -> dict:
-    """The base model's files: a different base reruns the warm start."""
-    return {} if cfg.model.base is None else {"base_model": folder_fingerprint(cfg.model.base)}
+    """The base model, by content: a different base reruns the warm start, a moved one does not."""
+    return {} if cfg.model.base is None else {"base_model": base_identity(cfg, cfg.model.base)}
 
 
 def trainable(cfg, num_layers: int) -> list[str]:
@@ -62,8 +63,10 @@ def run_warmup(run: StageRun) -> dict:
     base = load_base(cfg.model.base)
     base_tokenizer = load_tokenizer(cfg.model.base)
     check_fit(cfg.model, base.cfg, cfg.model.base, base_tokenizer)
+    check_finite(base, f"warmup: the base model {cfg.model.base}", "a warm start from it cannot train. Give a sound "
+                 "model.base.")
     tokenizer_dir = run.input("tokenizer")
-    new_tokenizer = load_tokenizer(tokenizer_dir)
+    new_tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
     texts = (read_transfer_text(run.input("clean"), run.lang, cfg.warmup.transfer_bytes, run.work_dir / "scratch")
              if needs_text(cfg.warmup.init) else None)
     model, transfer = warm_started(base, Path(cfg.model.base), base_tokenizer, tokenizer_dir, new_tokenizer,
@@ -72,6 +75,8 @@ def run_warmup(run: StageRun) -> dict:
              model.cfg.vocab_size, transfer["cost"]["seconds"], transfer["embedding"])
     save_checkpoint(model, run.work_dir / INIT)
     job = training_job(run, model.cfg.num_layers)
+    check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json),
+                         run.input_file("tokenizer", TOKENIZER_FILE), new_tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
     write_heldout(job, texts, new_tokenizer, new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
@@ -83,7 +88,8 @@ def run_warmup(run: StageRun) -> dict:
     trained_tensors = _check_body_unchanged(model, trained, job.trains, held)
     shutil.rmtree(run.work_dir / INIT)
     trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
-    report = {"base": str(Path(cfg.model.base).resolve()), "init": cfg.warmup.init, "rows": transfer,
+    # Where the base is, relative to the work folder when inside it: stage=evaluate scores it too.
+    report = {"base": portable_path(cfg, cfg.model.base), "init": cfg.warmup.init, "rows": transfer,
               "trained_tensors": trained_tensors, "trained_parameters": trained_parameters, **result}
     write_json_atomic(run.work_dir / "report.json", report)
     log.info("warmup %s: held-out bits per byte %.4f after %s initialisation, %.4f after %d steps",
@@ -112,6 +118,8 @@ STAGE = Stage(
     run=run_warmup,
     needs=("clean", "tokenizer", "pack"),
     config_sections=("model", "warmup"),
+    # The base model enters the hash by its content (describe_inputs), not by where it is.
+    unhashed_keys=("model.base",),
     describe_inputs=describe_inputs,
     gpu=True,
 )

@@ -8,6 +8,7 @@ folder; `tokenizer.model` is the SentencePiece model it was converted from, when
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -93,7 +94,16 @@ def load_tokenizer(path) -> Tokenizer:
     if file is None:
         raise StageError(f"{path} has no {TOKENIZER_FILE}. Save the model's own tokenizer there (e.g. "
                          f"AutoTokenizer.from_pretrained(...).save_pretrained(folder)) and run again.")
-    return Tokenizer.from_file(str(file))
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise StageError(f"{file} is not a readable tokenizer file ({error}): it is damaged or cut short.") from None
+
+
+def tokenizer_digest(file: Path) -> str:
+    """The SHA-256 of a tokenizer.json: the pack stage records it, and the training stages check that they load
+    the tokenizer the data was packed with."""
+    return hashlib.sha256(Path(file).read_bytes()).hexdigest()
 
 
 def special_ids(tokenizer: Tokenizer) -> set[int]:

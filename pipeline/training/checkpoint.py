@@ -8,10 +8,17 @@ A checkpoint is a folder `checkpoints/step-00001000/`:
   and of Adam's moments for that rank, without DeepSpeed's alignment padding (its elastic layout), so that
   ZeRO can cut them again for another data-parallel degree;
 - `rng-rank{r}.safetensors`: the random-number generator states;
-- `state.json`, written last: the step, the layout, the learning-rate schedule, the sampler's state and the
-  run's counters. Nothing is unpickled: tensors are safetensors, the rest JSON.
-All ranks write into `.step-00001000.tmp/`; rank 0 renames it into place once every rank has finished,
-so `latest()` never sees a partial checkpoint. Only the newest `keep` checkpoints are kept.
+- `state.json`, written last: the step, the layout, the learning-rate schedule, the sampler's state, the
+  run's counters, and the size and SHA-256 of every other file (pipeline/training/checkpoint_files.py).
+  Nothing is unpickled: tensors are safetensors, the rest JSON.
+All ranks write into `.step-00001000.tmp/`; rank 0 renames it into place once every rank has finished, so a
+checkpoint cut short while being written is never seen. A resume takes the newest checkpoint that verifies
+(`choose`): one damaged later (a full quota, a file-system incident) is skipped, saying why, for the one
+before. Only the newest `keep` checkpoints are kept.
+
+The learning-rate schedule is a function of the step and of `train.steps`: a resumed run restores the step and
+takes the rate of the schedule it is configured with now, so a run continued with a larger `train.steps`
+stretches its decay over the new total from the checkpoint's step on.
 """
 
 from __future__ import annotations
@@ -27,26 +34,46 @@ import torch.distributed as dist
 from deepspeed.checkpoint.constants import (BASE_OPTIMIZER_STATE, BASE_OPTIMIZER_STATE_STEP, CLIP_GRAD, DS_VERSION,
                                             GROUP_PADDINGS, PARAM_ALIGNMENT_PADDINGS, PARTITION_COUNT,
                                             SINGLE_PARTITION_OF_FP32_GROUPS)
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from pipeline.contract import write_json_atomic
 from pipeline.errors import StageError
+from pipeline.tensor_files import save_tensors
+from pipeline.training.checkpoint_files import (FILES_KEY, STATE_FILE, checkpoint_dir, checkpoints, checksum_problem,
+                                                file_entry, read_state, size_problem)
 from pipeline.training.engine import Engine
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "state.json"
-_PREFIX = "step-"
+# Each rank's list of the files it wrote, joined into state.json by rank 0.
+_RANK_FILES = "files-rank{rank}.json"
 
 
-def checkpoint_dir(root: Path, step: int) -> Path:
-    return root / f"{_PREFIX}{step:08d}"
-
-
-def latest(root: Path) -> Optional[Path]:
-    """The newest complete checkpoint under `root` (one with its state.json), or None."""
-    complete = [path for path in root.glob(f"{_PREFIX}*") if (path / STATE_FILE).is_file()]
-    return max(complete, key=lambda path: int(path.name[len(_PREFIX):]), default=None)
+def choose(root: Path, device) -> Optional[Path]:
+    """The newest checkpoint under `root` that verifies, or None if there is none (a collective: every rank checks
+    the sizes, and the checksums of its share of the files). Raises StageError when there are checkpoints but
+    none verifies: starting again would throw them away, which only `resume=never` does."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    found = checkpoints(root)
+    for folder in found:
+        problem = size_problem(folder)
+        if problem is None:
+            names = sorted(read_state(folder)[FILES_KEY])
+            problem = checksum_problem(folder, names[rank::world])
+        failed = torch.zeros(world, device=device)
+        failed[rank] = problem is not None
+        dist.all_reduce(failed)
+        if not failed.any():
+            return folder
+        if problem is not None:
+            log.warning("Skipping checkpoint %s: %s.", folder, problem)
+        elif rank == 0:
+            log.warning("Skipping checkpoint %s: a file failed its checksum on rank(s) %s (see their logs).", folder,
+                        failed.nonzero().flatten().tolist())
+    if found:
+        raise StageError(f"None of the checkpoints in {root} verifies (see the messages above), so the run cannot "
+                         f"continue. Start again with resume=never, which moves this interrupted run aside.")
+    return None
 
 
 def _coordinates(engine: Engine) -> tuple[int, int, int]:
@@ -118,32 +145,44 @@ def save(engine: Engine, root: Path, step: int, state: dict, keep: int) -> Path:
         tmp.mkdir(parents=True)
     dist.barrier()
     pp, tp, dp = _coordinates(engine)
+    written = []
     if dp == 0:
         local = {prefix + name: tensor.detach().cpu().contiguous()
                  for prefix, layer in engine.layers for name, tensor in layer.state_dict().items()}
-        save_file(local, str(tmp / f"model-pp{pp}-tp{tp}.safetensors"))
+        written.append(f"model-pp{pp}-tp{tp}.safetensors")
+        save_tensors(local, tmp / written[-1])
     tensors, about = _optimizer_files(engine.engine.optimizer)
-    save_file(tensors, str(tmp / f"optim-pp{pp}-tp{tp}-dp{dp}.safetensors"))
-    (tmp / f"optim-pp{pp}-tp{tp}-dp{dp}.json").write_text(json.dumps(about), encoding="utf-8")
-    save_file(_rng_tensors(), str(tmp / f"rng-rank{rank}.safetensors"))
+    written += [f"optim-pp{pp}-tp{tp}-dp{dp}.safetensors", f"optim-pp{pp}-tp{tp}-dp{dp}.json",
+                f"rng-rank{rank}.safetensors"]
+    save_tensors(tensors, tmp / written[-3])
+    (tmp / written[-2]).write_text(json.dumps(about), encoding="utf-8")
+    save_tensors(_rng_tensors(), tmp / written[-1])
+    # Each rank checksums its own files (read back from the page cache), in parallel.
+    write_json_atomic(tmp / _RANK_FILES.format(rank=rank), {name: file_entry(tmp / name) for name in written})
     dist.barrier()
     if rank == 0:
         layout = {"tp": engine.engine.grid.get_slice_parallel_world_size(),
                   "pp": engine.engine.grid.get_pipe_parallel_world_size(), "dp": engine.dp_world,
                   "world": dist.get_world_size()}
-        write_json_atomic(tmp / STATE_FILE, {"step": step, "layout": layout,
+        files = {}
+        for r in range(dist.get_world_size()):
+            listed = tmp / _RANK_FILES.format(rank=r)
+            files.update(json.loads(listed.read_text(encoding="utf-8")))
+            listed.unlink()
+        write_json_atomic(tmp / STATE_FILE, {"step": step, "layout": layout, FILES_KEY: files,
                                              "scheduler": engine.engine.lr_scheduler.state_dict(), **state})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        for old in sorted(root.glob(f"{_PREFIX}*"), key=lambda path: path.name)[:-keep]:
+        for old in checkpoints(root)[keep:]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
 
 
 def load(engine: Engine, folder: Path) -> dict:
-    """Restore the model, optimizer, schedule and RNG states of checkpoint `folder`; returns its state.json."""
-    state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+    """Restore the model, optimizer, schedule and RNG states of checkpoint `folder` (chosen by `choose`); returns
+    its state.json."""
+    state = read_state(folder)
     layout = state["layout"]
     grid = engine.engine.grid
     tp, pp = grid.get_slice_parallel_world_size(), grid.get_pipe_parallel_world_size()
@@ -168,9 +207,11 @@ def load(engine: Engine, folder: Path) -> dict:
     engine.engine.optimizer.load_state_dict(partitions, load_optimizer_states=True, load_from_fp32_weights=True)
     scheduler = engine.engine.lr_scheduler
     scheduler.load_state_dict(state["scheduler"])
-    # The schedule's state holds the rate; the optimizer's groups would only get it at the next step.
-    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
-        group["lr"] = lr
+    # The saved state holds the step and the rate of the schedule it was written under; the rate is taken again
+    # from this run's schedule (another train.steps changes it), and the optimizer's groups would only get it at
+    # the next step.
+    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
     engine.engine.global_steps = state["step"]
     if layout["world"] == dist.get_world_size():
         rng = load_file(str(folder / f"rng-rank{dist.get_rank()}.safetensors"))

@@ -49,6 +49,9 @@ class TrainConfig:
     keep_checkpoints: int = 2
     # Steps in a row with a non-finite loss or gradient (each skipped) before the run stops.
     max_bad_steps: int = 10
+    # The run also stops when more than this fraction of the last `skipped_window` steps were skipped.
+    max_skipped_fraction: float = 0.1
+    skipped_window: int = 100
 
 
 def use_bf16(train: TrainConfig) -> bool:
@@ -60,7 +63,7 @@ def use_bf16(train: TrainConfig) -> bool:
 
 def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str = "train") -> None:
     for key in ("steps", "global_batch_size", "micro_batch_size", "log_every", "eval_tokens", "keep_checkpoints",
-                "max_bad_steps"):
+                "max_bad_steps", "skipped_window"):
         if getattr(train, key) < 1:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 1"])
     per_step = train.micro_batch_size * parallel.dp
@@ -75,6 +78,9 @@ def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str 
         raise ConfigError(f"{prefix}.precision", train.precision, PRECISIONS)
     if not train.lr > 0:
         raise ConfigError(f"{prefix}.lr", train.lr, ["a positive number, e.g. 1e-4"])
+    if not 0 <= train.max_skipped_fraction <= 1:
+        raise ConfigError(f"{prefix}.max_skipped_fraction", train.max_skipped_fraction, [
+            "a number in [0, 1], e.g. 0.1 (0: the first skipped step stops the run)"])
     if not 0 <= train.min_lr_ratio <= 1:
         raise ConfigError(f"{prefix}.min_lr_ratio", train.min_lr_ratio, ["a number in [0, 1]"])
     if not (0 <= train.beta1 < 1 and 0 <= train.beta2 < 1):

@@ -1,9 +1,12 @@
 """The training loop: take a batch from the sampler, step the engine, log, score held-out text, checkpoint.
 
 Shared by `warmup` and `pretrain`. A step whose loss or gradient is not finite is skipped by DeepSpeed
-(the model and optimizer stay as they were) and counted; after `train.max_bad_steps` of them in a row the
-run stops with the last good checkpoint in place. On SIGUSR1/SIGTERM every rank finishes its step, a
-checkpoint is written and `StageInterrupted` is raised (exit code 75: run the same command again).
+(the model and optimizer stay as they were) and counted; too many of them, in a row or among the recent
+steps (pipeline/training/run_state.py), stop the run with the last good checkpoint in place. A skipped step
+still moves the learning-rate schedule on, as it moves the step counter and the data: the rate stays a
+function of the step, whatever was skipped before and across a resume. On SIGUSR1/SIGTERM every rank
+finishes its step, a checkpoint is written and `StageInterrupted` is raised (exit code 75: run the same
+command again).
 """
 
 from __future__ import annotations
@@ -24,24 +27,11 @@ from pipeline.evaluation.bits_per_byte import ScoringRows
 from pipeline.training.config import TrainConfig
 from pipeline.training.engine import Engine
 from pipeline.training.heldout import heldout_bpb, micro_batches
+from pipeline.training.run_state import RunState
 from pipeline.training.signals import StopRequest
 from pipeline.training.throughput import device_peak_tflops, memory_gib, tflops_per_device
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunState:
-    """What the loop carries across steps and checkpoints."""
-
-    step: int = 0
-    tokens: int = 0
-    bad_in_a_row: int = 0
-    skipped_steps: int = 0
-    heldout_bpb_before: Optional[float] = None
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -93,19 +83,20 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
             run.tokens += step_tokens
             window_tokens += step_tokens
             progress.update(1)
-            if not (math.isfinite(loss) and ds.was_step_applied()):
-                run.bad_in_a_row += 1
-                run.skipped_steps += 1
-                log.warning("step %d: loss %s or its gradient is not finite; the step was skipped (%d in a row)",
-                            run.step, loss, run.bad_in_a_row)
-                if run.bad_in_a_row >= train.max_bad_steps:
-                    raise StageError(
-                        f"{run.bad_in_a_row} steps in a row had a non-finite loss or gradient (last: step "
-                        f"{run.step}); training stopped. The last good checkpoint is {last_checkpoint or 'none'}. "
-                        f"Lower train.lr, raise train.warmup_steps or check the data, then run again (it resumes "
-                        f"from that checkpoint).")
-            else:
-                run.bad_in_a_row = 0
+            if not ds.was_step_applied():
+                # DeepSpeed (0.19) moves its step counter on past an overflow but not the schedule.
+                ds.lr_scheduler.step()
+            skipped = not (math.isfinite(loss) and ds.was_step_applied())
+            if skipped:
+                log.warning("step %d: loss %s or its gradient is not finite; the step was skipped (%d in a row, "
+                            "%d of the last %d steps)", run.step, loss, run.bad_in_a_row + 1,
+                            len(run.recent_skips) + 1, train.skipped_window)
+            too_many = run.count_step(skipped, train)
+            if too_many is not None:
+                raise StageError(
+                    f"{too_many} (last: step {run.step}); training stopped. The last good checkpoint is "
+                    f"{last_checkpoint or 'none'}. Lower train.lr, raise train.warmup_steps or check the data, then "
+                    f"run again (it resumes from that checkpoint).")
             if run.step % train.log_every == 0 or run.step == train.steps:
                 now = time.perf_counter()
                 speed = window_tokens / (now - window_start)

@@ -21,8 +21,9 @@ from pipeline.training import checkpoint
 from pipeline.training.engine import build_engine, init_distributed
 from pipeline.training.heldout import load_rows
 from pipeline.training.job import TrainingJob
-from pipeline.training.loop import Checkpointing, RunState, train_loop
+from pipeline.training.loop import Checkpointing, train_loop
 from pipeline.training.outputs import CHECKPOINTS, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED
+from pipeline.training.run_state import RunState
 from pipeline.training.weights import join_parts, save_part
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def train_rank(job: TrainingJob) -> None:
     state, checkpointing = RunState(), None
     if job.resume is not None:
         root = folder / CHECKPOINTS
-        found = checkpoint.latest(root)
+        found = checkpoint.choose(root, engine.engine.device)
         if found is not None:
             saved = checkpoint.load(engine, found)
             sampler.load_state_dict(saved["sampler"])

@@ -4,19 +4,23 @@ folder. The rank side is pipeline/training/rank.py; the files they share are nam
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
 from typing import Iterable
 
+from pipeline.contract import MARKER
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import scoring_rows
-from pipeline.model.files import load_checkpoint
+from pipeline.model.files import check_finite, load_checkpoint
 from pipeline.model.hf_export import TOKENIZER_FILES, to_hf
+from pipeline.packing.packed import PACKED_FILE
 from pipeline.parallel.ranks import distributed_environment, free_port, run_ranks
+from pipeline.tokenization.folder import tokenizer_digest
 from pipeline.training.heldout import save_rows
 from pipeline.training.job import TrainingJob, write_job
-from pipeline.training.outputs import EXPORT, HELDOUT_FILE, RESULT_FILE, TRAINED
+from pipeline.training.outputs import EXPORT, HELDOUT_FILE, METRICS_FILE, RESULT_FILE, TRAINED
 
 
 def write_heldout(job: TrainingJob, texts: Iterable[str], tokenizer, start_id: int) -> dict:
@@ -29,6 +33,21 @@ def write_heldout(job: TrainingJob, texts: Iterable[str], tokenizer, start_id: i
                          f"the clean stage again with a larger held-out split (clean.heldout_fraction).")
     save_rows(rows.padded_to(job.train.micro_batch_size * job.parallel.dp), Path(job.folder) / HELDOUT_FILE)
     return {"documents": rows.documents, "tokens": rows.tokens, "bytes": rows.bytes}
+
+
+def check_pack_tokenizer(job: TrainingJob, packed: dict, tokenizer_file: Path, vocab_size: int) -> None:
+    """The token ids in the pack are those of the tokenizer the pack stage used: the one this stage loads must be
+    it (same vocabulary size and file hash), checked before any rank starts."""
+    recorded = packed["tokenizer"]
+    found = {"vocab_size": vocab_size, "sha256": tokenizer_digest(tokenizer_file)}
+    differs = [key for key in found if key in recorded and recorded[key] != found[key]]
+    if differs:
+        raise StageError(f"{job.stage}: the tokenizer {tokenizer_file} ({found['vocab_size']:,} tokens, sha256 "
+                         f"{found['sha256'][:12]}) is not the one the data in {job.pack} was packed with "
+                         f"({recorded['vocab_size']:,} tokens, sha256 {recorded.get('sha256', '?')[:12]}, recorded "
+                         f"in its {PACKED_FILE}): the token ids would not match. The tokenizer was changed after the "
+                         f"pack stage ran; run both again (delete {tokenizer_file.parent / MARKER}, then "
+                         f"stage=tokenizer and stage=pack).")
 
 
 def launch(job: TrainingJob, cluster) -> dict:
@@ -44,7 +63,17 @@ def launch(job: TrainingJob, cluster) -> dict:
         train_rank(job)
     else:
         run_ranks(["-m", "pipeline.training.worker", str(write_job(job))], world_size, cluster, folder / "rank_logs")
-    return json.loads((folder / RESULT_FILE).read_text(encoding="utf-8"))
+    result = json.loads((folder / RESULT_FILE).read_text(encoding="utf-8"))
+    # last_loss is None when a resumed run had no step left to take.
+    bad = {key: result[key] for key in ("last_loss", "heldout_bpb_after")
+           if result[key] is not None and not math.isfinite(result[key])}
+    if bad:
+        raise StageError(f"{job.stage}: training ended with {', '.join(f'{key} {value}' for key, value in bad.items())}"
+                         f" ({result['skipped_steps']} of {result['steps']} steps skipped); the model is neither "
+                         f"exported nor marked done. Its metrics are in {folder / METRICS_FILE}. Lower the "
+                         f"learning rate, raise its warm-up steps or check the data and the starting model, then "
+                         f"run again.")
+    return result
 
 
 def export_trained(folder: Path, tokenizer_dir: Path):
@@ -54,6 +83,8 @@ def export_trained(folder: Path, tokenizer_dir: Path):
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, trained_dir / name)
     trained = load_checkpoint(trained_dir)
+    check_finite(trained, f"The trained model in {trained_dir}", "it is neither exported nor marked done. Lower the "
+                 "learning rate or check the data and the starting model, then run again.")
     shutil.rmtree(folder / EXPORT, ignore_errors=True)
     to_hf(trained, folder / EXPORT, tokenizer=tokenizer_dir)
     return trained

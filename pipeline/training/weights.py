@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from pipeline.model.hf_architectures import CheckpointError
 from pipeline.parallel.tensor_parallel import full_state_dict, parameter_shards, tensor_parallel_rank
+from pipeline.tensor_files import save_tensors
 
 
 def load_layers(layers: list[tuple[str, nn.Module]], path: Path) -> None:
@@ -49,7 +49,7 @@ def save_part(layers: list[tuple[str, nn.Module]], path: Path) -> None:
     """Write the stage's part; under tensor parallelism every rank of the group calls it, rank 0 writes."""
     state = layers_state(layers)
     if tensor_parallel_rank([layer for _, layer in layers]) in (None, 0):
-        save_file(state, str(path))
+        save_tensors(state, path)
 
 
 def join_parts(parts: list[Path], path: Path) -> None:
@@ -60,5 +60,5 @@ def join_parts(parts: list[Path], path: Path) -> None:
             for key in handle.keys():
                 tensors.setdefault(key, handle.get_tensor(key))
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp))
+    save_tensors(tensors, tmp)
     tmp.replace(path)
