@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from pipeline.model.hf_architectures import (CheckpointError, architecture_for, config_to_hf, fuse_bloom,
-                                             hf_tensor_name)
-from pipeline.model.hf_import import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, VOCAB_TENSORS
+from pipeline.model.hf_architectures import fuse_bloom, hf_tensor_name
+from pipeline.model.hf_config import CONFIG_FILE, CheckpointError, architecture_for, config_to_hf
+from pipeline.model.hf_import import INDEX_FILE, SINGLE_FILE, VOCAB_TENSORS
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.config import SpecialTokens
 from pipeline.tokenization.folder import TOKENIZER_FILE, special_token_strings, write_tokenizer_folder
@@ -49,7 +49,7 @@ def to_hf(model: Transformer, path, tokenizer: Union[None, Tokenizer, str, Path]
     tensors = hf_tensors(model)
     _write_weights(tensors, folder, max_shard_bytes)
     dtype = model.embedding.tokens.weight.dtype
-    _write_json(folder / CONFIG_FILE, config_to_hf(cfg, architecture, dtype, special_ids))
+    _write_json(folder / CONFIG_FILE, config_to_hf(cfg, architecture, str(dtype).removeprefix("torch."), special_ids))
     generation = {f"{role}_token_id": special_ids[role] for role in ("bos", "eos", "pad")
                   if special_ids.get(role) is not None}
     _write_json(folder / "generation_config.json", generation)

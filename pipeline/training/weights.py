@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from pipeline.model.hf_architectures import CheckpointError
+from pipeline.model.hf_config import CheckpointError
 from pipeline.parallel.tensor_parallel import full_state_dict, parameter_shards, tensor_parallel_rank
 
 
