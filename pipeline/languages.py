@@ -127,6 +127,15 @@ class FilterThresholds:
 
 
 @dataclass
+class Lid176Labels:
+    """How fastText's lid.176 model (the clean stage's default language ID) names the language: its labels, whose
+    scores a document's score sums (Bokmål is `no` or `nn`), and the score a document needs."""
+
+    labels: List[str] = MISSING
+    threshold: float = MISSING
+
+
+@dataclass
 class LanguageConfig:
     code: str = MISSING
     name: str = MISSING
@@ -135,6 +144,8 @@ class LanguageConfig:
     iso639_1: Optional[str] = None
     aliases: List[str] = field(default_factory=list)
     glotlid: List[str] = field(default_factory=list)
+    # None: lid.176 lacks the language (Faroese).
+    lid176: Optional[Lid176Labels] = None
     flores: Optional[str] = None
     word_tokenizer: str = MISSING
     # False for the few entries beyond the 75 HPLT v1.2 languages (e.g. Faroese).
@@ -150,5 +161,6 @@ def language_config(code: str, entry: dict) -> LanguageConfig:
         if key in table_filters:
             table_filters[key] = [{"n": n, "max_fraction": f} for n, f in table_filters[key]]
     filters = OmegaConf.merge(OmegaConf.structured(FilterThresholds), table_filters)
-    fields = {k: v for k, v in entry.items() if k != "filters"}
-    return LanguageConfig(code=code, filters=OmegaConf.to_object(filters), **fields)
+    fields = {k: v for k, v in entry.items() if k not in ("filters", "lid176")}
+    lid176 = Lid176Labels(**entry["lid176"]) if entry.get("lid176") else None
+    return LanguageConfig(code=code, filters=OmegaConf.to_object(filters), lid176=lid176, **fields)
