@@ -92,8 +92,8 @@ def score_model(run: StageRun, name: str, folder: str, device) -> dict:
         score = score_documents(model, tokenizer, texts, start_id, seq_len, stride, cfg.eval.batch_size, device,
                                 progress)
     if score.documents == 0:
-        raise StageError(f"evaluate {run.lang}: {describe_text(cfg.eval.path, clean)} holds no "
-                         f"text. Give eval.path=<file or folder>, or raise clean.heldout_fraction and run clean again.")
+        raise StageError(f"evaluate {run.lang}: {describe_text(cfg.eval.path, clean)} holds no text. Give "
+                         f"eval.path=<file or folder>, or raise clean.heldout_min_documents and run clean again.")
     result = {**score.as_dict(), "seq_len": seq_len, "stride": stride}
     log.info("evaluate %s: %s %.4f bits per byte (token perplexity %.2f, %d tokens over %d bytes)", run.lang, name,
              score.bits_per_byte, score.token_perplexity, score.tokens, score.bytes)
