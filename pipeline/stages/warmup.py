@@ -51,8 +51,7 @@ def run_warmup(run: StageRun) -> dict:
     cfg = run.cfg
     if cfg.model.base is None:
         raise StageError("warmup needs a base model: set model.base=<local Hugging Face folder or pipeline "
-                         "checkpoint> (with its tokenizer.json), and the matching preset, e.g. "
-                         "model=bloom-560m model.base=/models/bloom-560m")
+                         "checkpoint> (with its tokenizer.json), e.g. model.base=/models/bloom-560m")
     base = load_base(cfg.model.base)
     base_tokenizer = load_tokenizer(cfg.model.base)
     check_fit(cfg.model, base.cfg, cfg.model.base, base_tokenizer)
