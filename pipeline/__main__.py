@@ -57,7 +57,7 @@ def main() -> None:
         print(usage())
         return
     sys.argv[1:] = command.argv
-    register_configs(command.languages)
+    register_configs(command.languages, command.base_shape)
     hydra_main()
 
 

@@ -39,6 +39,10 @@ CONF_DIR = REPO_ROOT / "conf"
 EMBEDDED_DATA_DIR = REPO_ROOT / "data"
 KERNEL_BACKENDS = ("auto", "reference", "triton")  # pipeline/kernels/backend.py (which imports torch)
 
+# Appended to the command line when it gives model.base: after the preset, before the command line's own values.
+BASE_SHAPE_GROUP, BASE_SHAPE_NAME = "base_shape", "model_base"
+BASE_SHAPE_OVERRIDE = f"+{BASE_SHAPE_GROUP}={BASE_SHAPE_NAME}"
+
 PRETRAIN_INITS = ("warmup", "hf", "scratch")
 RESUME = ("auto", "never")
 
@@ -85,8 +89,11 @@ class PipelineConfig:
     demo_base: DemoBaseConfig = field(default_factory=DemoBaseConfig)
 
 
-def register_configs(languages: Optional[Iterable[str]] = None) -> None:
-    """Register the schema and a `lang` option for each of `languages` (None: every language of the table).
+def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Optional[dict] = None) -> None:
+    """Register the schema, a `lang` option for each of `languages` (None: every language of the table) and the
+    shape of `model.base` (pipeline/model/base_shape.py), which BASE_SHAPE_OVERRIDE merges over the `model=`
+    preset's (as a config, not as `model.<key>=` overrides: OmegaConf cannot merge a rope_scaling dict over a
+    preset's null).
 
     Only the languages a run names are registered (the command line knows them, pipeline/overrides.py): Hydra
     copies the whole ConfigStore each time it looks up a config group, so all 76 entries made `--cfg job` take
@@ -97,6 +104,8 @@ def register_configs(languages: Optional[Iterable[str]] = None) -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     for code in LANGUAGES if languages is None else languages:
         cs.store(group="lang", name=code, node=language_config(code, LANGUAGES[code]))
+    if base_shape is not None:
+        cs.store(group=BASE_SHAPE_GROUP, name=BASE_SHAPE_NAME, node={"model": base_shape}, package="_global_")
 
 
 def validate(cfg: PipelineConfig) -> None:

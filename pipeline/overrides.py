@@ -17,9 +17,9 @@ from omegaconf.errors import ValidationError
 from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
 from pipeline.choices import closest_first
-from pipeline.config import PipelineConfig
+from pipeline.config import BASE_SHAPE_GROUP, BASE_SHAPE_OVERRIDE, PipelineConfig
 from pipeline.languages import resolve_language, resolve_languages
-from pipeline.model.base_shape import base_shape_overrides
+from pipeline.model.base_shape import base_shape
 from pipeline.model.hf_config import CheckpointError
 from pipeline.targets import TARGETS, WORKFLOW_TARGETS
 
@@ -46,6 +46,8 @@ class CommandLine:
     languages: Optional[tuple[str, ...]] = ()
     # `--help`: the usage text, without composing any config.
     help: bool = False
+    # model.base's shape, to merge over the preset's (pipeline/config.py, BASE_SHAPE_OVERRIDE).
+    base_shape: Optional[dict] = None
 
 
 def _dataclass_of(tp) -> Optional[type]:
@@ -186,15 +188,16 @@ def preflight(argv: list[str]) -> CommandLine:
             if leaf is not None:
                 check_value(key, value, leaf)
         out.append(f"{key}={value}")
-    base = seen.get("model.base")
+    base, shape = seen.get("model.base"), None
     # An interpolation is resolved later and a sweep gives several bases: the config check compares those.
     path = None if base in (None, "null") or "${" in base else _parsed_path(f"model.base={base}")
     if path is not None:
-        explicit = {key.removeprefix("model.") for key in seen if key.startswith("model.")}
         try:
-            out += base_shape_overrides(path, explicit)
+            shape = base_shape(path)
         except CheckpointError as error:
             raise OverrideError(f"model.base={base}: {error}") from None
+        if BASE_SHAPE_GROUP not in seen:  # a workflow job gets it with the user's overrides
+            out.append(BASE_SHAPE_OVERRIDE)
     if hydra_help and "lang" not in seen:
         out.append("lang=nob")  # Hydra composes the config even for --hydra-help; any language will do
         languages = ["nob"]
@@ -212,4 +215,5 @@ def preflight(argv: list[str]) -> CommandLine:
                                 "language (lang=nob), or sweep with -m lang=nob,nno.")
         if {"lang", "langs"} <= seen.keys():
             raise OverrideError("Give either lang=<code> (one language) or langs=[...] (several), not both.")
-    return CommandLine(argv=out, languages=None if languages is None else tuple(dict.fromkeys(languages)))
+    return CommandLine(argv=out, languages=None if languages is None else tuple(dict.fromkeys(languages)),
+                       base_shape=shape)

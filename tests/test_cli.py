@@ -101,6 +101,21 @@ def test_cfg_job_shows_the_base_models_shape_over_the_preset(tmp_path):
     assert yaml.safe_load(out)["tokenizer"]["vocab_size"] == 8192  # the preset's other defaults stay
 
 
+def test_a_llama_3_1_base_brings_its_rope_scaling_over_a_preset_without_one(tmp_path):
+    base = tmp_path / "llama"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 160, "max_position_embeddings": 4096,
+        "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 512}}))
+    model = yaml.safe_load(run_cli("--cfg", "job", "stage=warmup", "lang=nob", f"model.base={base}",
+                                   cwd=tmp_path).stdout)["model"]
+    assert model["rope_scaling"] == {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_seq_len": 512}
+    assert (model["num_kv_heads"], model["rope_theta"], model["max_seq_len"]) == (1, 500000.0, 4096)
+
+
 def test_a_shape_that_contradicts_the_base_names_both_values(tmp_path):
     base = _bloom_config(tmp_path / "bloom")
     result = run_cli("stage=clean", "lang=nob", f"model.base={base}", "model.num_layers=3", cwd=tmp_path, check=False)

@@ -17,7 +17,7 @@ from hydra.core.override_parser.types import Quote, QuotedString
 
 from pipeline.contract import MARKER, Stage, execute, is_current
 from pipeline.languages import LANGUAGES, UnknownLanguageError
-from pipeline.model.base_shape import base_shape_overrides
+from pipeline.config import BASE_SHAPE_OVERRIDE
 from pipeline.overrides import OverrideError, preflight
 from pipeline.stages import STAGES
 from pipeline.targets import STAGE_NAMES
@@ -108,10 +108,9 @@ def test_paths_with_spaces_and_quotes_reach_the_job_unchanged(tmp_path):
     printed = subprocess.run(["bash", "-c", f'lang=fao\n{command}\nprintf "%s\\0" "${{command[@]}}"'],
                              capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
     work_override = next(arg for arg in printed if arg.startswith("work_dir="))
-    # The base's shape as the command line read it goes with the user's overrides: every job builds the same model.
+    # The job merges the base's shape over the preset, as this command did.
     assert printed == [sys.executable, "-m", "pipeline", "stage=clean", "lang=fao", base_override,
-                       "mix.max_epochs=2", *base_shape_overrides(str(base), set()), work_override,
-                       "cluster.executor=local", "workers=1"]
+                       "mix.max_epochs=2", BASE_SHAPE_OVERRIDE, work_override, "cluster.executor=local", "workers=1"]
     parser = OverridesParser.create()
     assert parser.parse_override(work_override).value() == str(work)  # what the job's Hydra reads
     assert parser.parse_override(base_override).value() == str(base)

@@ -2,10 +2,9 @@
 
 A base model is a Hugging Face folder (`config.json`) or a pipeline checkpoint (`model_config.json`); either
 says everything about the body the training stages load (architecture, sizes, positions, norm, activation,
-tied head, vocabulary). The command line turns it into `model.<key>=<value>` overrides for every key it decides
-that the user does not set (so that `--cfg job` shows the shape that will be used, and the `model=` preset
-only shapes models trained from scratch), and the config check refuses a value given on the command line
-that contradicts it.
+tied head, vocabulary). The command line merges that shape over the `model=` preset's (pipeline/config.py), so
+that `--cfg job` shows the shape that will be used and the preset only shapes models trained from scratch;
+values given on the command line come after it, and the config check refuses one that contradicts the base.
 """
 
 from __future__ import annotations
@@ -51,24 +50,11 @@ def base_config(path: str) -> ModelConfig:
     return read_config(folder)[1]
 
 
-def _override_value(value) -> str:
-    """`value` in Hydra's override syntax."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if dataclasses.is_dataclass(value):
-        return "{" + ",".join(f"{key}:{_override_value(item)}" for key, item in dataclasses.asdict(value).items()) + "}"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def base_shape_overrides(path: str, explicit: set[str]) -> list[str]:
-    """`model.<key>=<the base's value>` for each key the base decides (or defaults) that `explicit` does not name."""
+def base_shape(path: str) -> dict:
+    """The keys the base decides (or defaults), with its values, as the `model` section's plain data."""
     base = base_config(path)
-    return [f"model.{key}={_override_value(getattr(base, key))}" for key in (*BASE_DECIDES, *BASE_DEFAULTS)
-            if key not in explicit]
+    return {key: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            for key, value in ((key, getattr(base, key)) for key in (*BASE_DECIDES, *BASE_DEFAULTS))}
 
 
 def check_base_shape(model: ModelConfig) -> None:
