@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -25,6 +25,7 @@ from pipeline.errors import ConfigError
 from pipeline.evaluation.config import EvalConfig, validate_eval
 from pipeline.languages import LANGUAGES, LanguageConfig, language_config
 from pipeline.mixing.config import MixConfig, validate_mix
+from pipeline.model.base_shape import check_base_shape
 from pipeline.model.config import ModelConfig, validate_model
 from pipeline.packing.config import PackConfig, validate_pack
 from pipeline.parallel.config import ParallelConfig, validate_parallel
@@ -37,6 +38,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
 EMBEDDED_DATA_DIR = REPO_ROOT / "data"
 KERNEL_BACKENDS = ("auto", "reference", "triton")  # pipeline/kernels/backend.py (which imports torch)
+
+# Appended to the command line when it gives model.base: after the preset, before the command line's own values.
+BASE_SHAPE_GROUP, BASE_SHAPE_NAME = "base_shape", "model_base"
+BASE_SHAPE_OVERRIDE = f"+{BASE_SHAPE_GROUP}={BASE_SHAPE_NAME}"
 
 PRETRAIN_INITS = ("warmup", "hf", "scratch")
 RESUME = ("auto", "never")
@@ -84,14 +89,23 @@ class PipelineConfig:
     demo_base: DemoBaseConfig = field(default_factory=DemoBaseConfig)
 
 
-def register_configs() -> None:
-    """Register the schema and one `lang` option per language table entry."""
+def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Optional[dict] = None) -> None:
+    """Register the schema, a `lang` option for each of `languages` (None: every language of the table) and the
+    shape of `model.base` (pipeline/model/base_shape.py), which BASE_SHAPE_OVERRIDE merges over the `model=`
+    preset's (as a config, not as `model.<key>=` overrides: OmegaConf cannot merge a rope_scaling dict over a
+    preset's null).
+
+    Only the languages a run names are registered (the command line knows them, pipeline/overrides.py): Hydra
+    copies the whole ConfigStore each time it looks up a config group, so all 76 entries made `--cfg job` take
+    seconds."""
     cs = ConfigStore.instance()
     cs.store(name="pipeline_schema", node=PipelineConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
-    for code, entry in LANGUAGES.items():
-        cs.store(group="lang", name=code, node=language_config(code, entry))
+    for code in LANGUAGES if languages is None else languages:
+        cs.store(group="lang", name=code, node=language_config(code, LANGUAGES[code]))
+    if base_shape is not None:
+        cs.store(group=BASE_SHAPE_GROUP, name=BASE_SHAPE_NAME, node={"model": base_shape}, package="_global_")
 
 
 def validate(cfg: PipelineConfig) -> None:
@@ -109,6 +123,8 @@ def validate(cfg: PipelineConfig) -> None:
             "true with tokenizer.base=<tokenizer.json or folder> or model.base=<Hugging Face folder> to adopt"])
     validate_pack(cfg.pack)
     validate_model(cfg.model)
+    if cfg.model.base is not None:
+        check_base_shape(cfg.model)
     validate_parallel(cfg.parallel)
     check_tensor_parallel(cfg.model, cfg.parallel.tp)
     validate_warmup(cfg.warmup)

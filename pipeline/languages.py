@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -19,8 +21,10 @@ TABLE_PATH = Path(__file__).resolve().parent.parent / "conf" / "languages.yaml"
 
 
 def _load_table(path: Path = TABLE_PATH) -> dict[str, dict]:
+    # libyaml's loader reads the table in a tenth of the pure-Python one's second: every command line pays it.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=loader)
 
 
 LANGUAGES: dict[str, dict] = _load_table()
@@ -44,12 +48,27 @@ class UnknownLanguageError(ValueError):
     pass
 
 
+def _named(typed: str) -> list[str]:
+    """The codes of the languages whose name contains `typed` or a word spelled like it: `norwegian` is both nob
+    (Norwegian Bokmål) and nno (Norwegian Nynorsk), `croatian` is hbs."""
+    typed = typed.strip().lower()
+    if len(typed) < 3:
+        return []
+    found = []
+    for code, entry in LANGUAGES.items():
+        name = str(entry["name"]).lower()
+        if typed in name or difflib.get_close_matches(typed, re.findall(r"\w+", name), n=1, cutoff=0.8):
+            found.append(code)
+    return found
+
+
 def resolve_language(typed: str) -> str:
-    """The table's ISO 639-3 code for `typed`, or an error naming the closest known codes."""
+    """The table's ISO 639-3 code for `typed`, or an error naming the closest known codes, languages whose name
+    it spells first."""
     code = _ALIASES.get(str(typed).strip().lower())
     if code is not None:
         return code
-    suggestions = closest_first(typed, LANGUAGES)[:8]
+    suggestions = list(dict.fromkeys([*_named(str(typed)), *closest_first(typed, LANGUAGES)]))[:8]
     described = ", ".join(f"{c} ({LANGUAGES[c]['name']})" for c in suggestions)
     raise UnknownLanguageError(
         f"Unknown language `lang={typed}`. Closest known codes: {described}. "
@@ -108,6 +127,15 @@ class FilterThresholds:
 
 
 @dataclass
+class Lid176Labels:
+    """How fastText's lid.176 model (the clean stage's default language ID) names the language: its labels, whose
+    scores a document's score sums (Bokmål is `no` or `nn`), and the score a document needs."""
+
+    labels: List[str] = MISSING
+    threshold: float = MISSING
+
+
+@dataclass
 class LanguageConfig:
     code: str = MISSING
     name: str = MISSING
@@ -116,6 +144,8 @@ class LanguageConfig:
     iso639_1: Optional[str] = None
     aliases: List[str] = field(default_factory=list)
     glotlid: List[str] = field(default_factory=list)
+    # None: lid.176 lacks the language (Faroese).
+    lid176: Optional[Lid176Labels] = None
     flores: Optional[str] = None
     word_tokenizer: str = MISSING
     # False for the few entries beyond the 75 HPLT v1.2 languages (e.g. Faroese).
@@ -131,5 +161,6 @@ def language_config(code: str, entry: dict) -> LanguageConfig:
         if key in table_filters:
             table_filters[key] = [{"n": n, "max_fraction": f} for n, f in table_filters[key]]
     filters = OmegaConf.merge(OmegaConf.structured(FilterThresholds), table_filters)
-    fields = {k: v for k, v in entry.items() if k != "filters"}
-    return LanguageConfig(code=code, filters=OmegaConf.to_object(filters), **fields)
+    fields = {k: v for k, v in entry.items() if k not in ("filters", "lid176")}
+    lid176 = Lid176Labels(**entry["lid176"]) if entry.get("lid176") else None
+    return LanguageConfig(code=code, filters=OmegaConf.to_object(filters), lid176=lid176, **fields)

@@ -1,29 +1,53 @@
-"""Checks the command line before Hydra composes it, so that mistakes fail with a useful message.
+"""Checks the command line before Hydra composes it, so that mistakes fail with a useful message at once.
 
-Hydra already rejects unknown keys; this adds what it cannot know: the closest valid keys, stage and
-language names (closest first), and the language aliases (`lang=nb` becomes `lang=nob`).
+Hydra already rejects unknown keys and mistyped values, but only after composing the config and in its own words;
+this adds what it cannot know: the closest valid keys, stage and language names (closest first), the language
+aliases (`lang=nb` becomes `lang=nob`), each value checked against its key's type, and which languages the run
+needs (so that only those are registered as `lang` options, pipeline/config.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from omegaconf.errors import ValidationError
+from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
 from pipeline.choices import closest_first
-from pipeline.config import PipelineConfig
+from pipeline.config import BASE_SHAPE_GROUP, BASE_SHAPE_OVERRIDE, PipelineConfig
 from pipeline.languages import resolve_language, resolve_languages
+from pipeline.model.base_shape import base_shape
+from pipeline.model.hf_config import CheckpointError
 from pipeline.targets import TARGETS, WORKFLOW_TARGETS
 
 # Hydra flags that take the next argument as their value.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                      "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
-_HELP_FLAGS = {"--help", "-h", "--hydra-help"}
+_HELP_FLAGS = {"--help", "-h"}
 _CONFIG_GROUPS = {"lang", "cluster", "mix", "model"}
+# A leaf's type -> the OmegaConf node that converts a command-line value to it, and how to name the type.
+_TYPED_NODES = {int: (IntegerNode, "an integer"), float: (FloatNode, "a number"),
+                bool: (BooleanNode, "true or false")}
 
 
 class OverrideError(ValueError):
     pass
+
+
+@dataclass
+class CommandLine:
+    """The checked command line: what to hand to Hydra, and what the run needs before it."""
+
+    argv: list[str]
+    # The languages whose `lang` options must exist; None: all (a sweep function may pick any).
+    languages: Optional[tuple[str, ...]] = ()
+    # `--help`: the usage text, without composing any config.
+    help: bool = False
+    # model.base's shape, to merge over the preset's (pipeline/config.py, BASE_SHAPE_OVERRIDE).
+    base_shape: Optional[dict] = None
 
 
 def _dataclass_of(tp) -> Optional[type]:
@@ -36,16 +60,25 @@ def _dataclass_of(tp) -> Optional[type]:
     return None
 
 
-def check_key(dotted: str) -> None:
-    """Raise OverrideError if `dotted` is not a key of the pipeline config."""
-    cls, walked, entry_next = PipelineConfig, [], False
+@dataclass(frozen=True)
+class Leaf:
+    """A config key's field: its type and default (for the example in a message)."""
+
+    type: Any
+    default: Any = dataclasses.MISSING
+
+
+def check_key(dotted: str) -> Optional[Leaf]:
+    """Raise OverrideError if `dotted` is not a key of the pipeline config; returns the key's field, or None below
+    a list or a free-form dict (cluster.sbatch_args), which Hydra checks."""
+    cls, walked, entry_next, leaf = PipelineConfig, [], False, None
     for part in dotted.split("."):
         if entry_next:  # an index or key into a list or dict of dataclasses (mix.sources.0.path)
             entry_next = False
             walked.append(part)
             continue
         if cls is None:
-            return  # below a leaf or inside a free-form dict (cluster.sbatch_args): Hydra checks the rest
+            return None  # below a leaf or inside a free-form dict (cluster.sbatch_args): Hydra checks the rest
         types = typing.get_type_hints(cls)
         if part not in types:
             prefix = ".".join(walked)
@@ -57,8 +90,32 @@ def check_key(dotted: str) -> None:
                 "`python -m pipeline --cfg job stage=clean lang=nob` prints every key."
             )
         walked.append(part)
+        default = next((f.default for f in dataclasses.fields(cls) if f.name == part), dataclasses.MISSING)
+        leaf = Leaf(types[part], default)
         cls = _dataclass_of(types[part])
         entry_next = cls is not None and typing.get_origin(types[part]) in (list, dict)
+    return None if entry_next else leaf
+
+
+def check_value(key: str, value: str, leaf: Leaf) -> None:
+    """Raise OverrideError if `value` cannot become the integer, number or boolean that `key` holds; other types,
+    interpolations, quoted values and sweeps are Hydra's to check."""
+    args = typing.get_args(leaf.type)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), None) if optional else leaf.type
+    if base not in _TYPED_NODES or value.startswith(("'", '"')) or "${" in value or "," in value \
+            or _is_sweep_function(value):
+        return
+    node, expected = _TYPED_NODES[base]
+    if optional and value == "null":
+        return
+    try:
+        node(value=value)
+    except ValidationError:
+        default = str(leaf.default).lower() if base is bool else leaf.default
+        example = "" if leaf.default in (None, dataclasses.MISSING) else f", e.g. {key}={default}"
+        raise OverrideError(f"Invalid value for `{key}`: {value!r} is not {expected}. `{key}` takes "
+                            f"{expected}{' or null' if optional else ''}{example}.") from None
 
 
 def _split_override(arg: str) -> Optional[tuple[str, str, str]]:
@@ -76,10 +133,21 @@ def _is_sweep_function(value: str) -> bool:
     return any(value.startswith(f"{fn}(") for fn in ("choice", "range", "glob", "interval", "sort", "shuffle"))
 
 
-def preflight(argv: list[str]) -> list[str]:
-    """Validate and normalise the override arguments; returns the argv to hand to Hydra."""
-    wants_help = any(arg in _HELP_FLAGS for arg in argv)
-    out, skip_next, seen, stages = [], False, set(), set()
+def _parsed_path(override: str) -> Optional[str]:
+    """The value of `key=value` as Hydra reads it (quotes and escapes resolved, e.g. a path with spaces); None for a
+    sweep over several values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # its grammar: only when a path is given
+
+    parsed = OverridesParser.create().parse_override(override)
+    return None if parsed.is_sweep_override() else str(parsed.value())
+
+
+def preflight(argv: list[str]) -> CommandLine:
+    """Validate and normalise the override arguments; returns the argv to hand to Hydra and what the run needs."""
+    if any(arg in _HELP_FLAGS for arg in argv):
+        return CommandLine(argv=argv, help=True)
+    hydra_help = "--hydra-help" in argv
+    out, skip_next, seen, stages, languages = [], False, {}, set(), []
     for arg in argv:
         if skip_next:
             out.append(arg)
@@ -94,14 +162,20 @@ def preflight(argv: list[str]) -> list[str]:
             out.append(arg)
             continue
         prefix, key, value = parsed
-        seen.add(key)
+        seen[key] = value
         if key.startswith("hydra.") or prefix:
             out.append(arg)
             continue
         if key == "lang" and not _is_sweep_function(value):
             value = ",".join(resolve_language(v) for v in value.split(","))
+            languages += value.split(",")
+        elif key == "lang":
+            languages = None  # a sweep function may pick any language
         elif key == "langs":
-            value = f"[{','.join(resolve_languages(value))}]"
+            codes = resolve_languages(value)
+            value = f"[{','.join(codes)}]"
+            if languages is not None:
+                languages += codes
         elif key == "stage" and not _is_sweep_function(value):
             stages.update(value.split(","))
             for v in value.split(","):
@@ -110,11 +184,24 @@ def preflight(argv: list[str]) -> list[str]:
                         f"Unknown stage `stage={v}`. Valid stages, closest first: {', '.join(closest_first(v, TARGETS))}."
                     )
         elif key not in _CONFIG_GROUPS:
-            check_key(key)
+            leaf = check_key(key)
+            if leaf is not None:
+                check_value(key, value, leaf)
         out.append(f"{key}={value}")
-    if wants_help and "lang" not in seen:
-        out.append("lang=nob")  # Hydra composes the config even for --help; any language will do
-    if not wants_help:
+    base, shape = seen.get("model.base"), None
+    # An interpolation is resolved later and a sweep gives several bases: the config check compares those.
+    path = None if base in (None, "null") or "${" in base else _parsed_path(f"model.base={base}")
+    if path is not None:
+        try:
+            shape = base_shape(path)
+        except CheckpointError as error:
+            raise OverrideError(f"model.base={base}: {error}") from None
+        if BASE_SHAPE_GROUP not in seen:  # a workflow job gets it with the user's overrides
+            out.append(BASE_SHAPE_OVERRIDE)
+    if hydra_help and "lang" not in seen:
+        out.append("lang=nob")  # Hydra composes the config even for --hydra-help; any language will do
+        languages = ["nob"]
+    if not hydra_help:
         for required, choices in (("stage", ", ".join(TARGETS)), ("lang", "an ISO 639-3 code such as nob")):
             if required not in seen and not (required == "lang" and "langs" in seen):
                 several = (" (stage=workflow and stage=status also take langs=[nob,nno] or langs=all)"
@@ -126,6 +213,7 @@ def preflight(argv: list[str]) -> list[str]:
         if "langs" in seen and not stages <= set(WORKFLOW_TARGETS):
             raise OverrideError("`langs=` is for stage=workflow and stage=status; the other stages take one "
                                 "language (lang=nob), or sweep with -m lang=nob,nno.")
-        if {"lang", "langs"} <= seen:
+        if {"lang", "langs"} <= seen.keys():
             raise OverrideError("Give either lang=<code> (one language) or langs=[...] (several), not both.")
-    return out
+    return CommandLine(argv=out, languages=None if languages is None else tuple(dict.fromkeys(languages)),
+                       base_shape=shape)

@@ -23,6 +23,7 @@ def test_clean_runs_for_each_script(lang, tmp_path, embedded_records):
     metrics = marker(tmp_path / "work", lang, "clean")["metrics"]
     assert metrics["docs_in"] == len(embedded_records[lang])
     assert metrics["docs_out"] > 0
+    assert metrics["docs_heldout"] >= 10  # clean.heldout_min_documents, although 2% of these corpora is 0-3 documents
     assert metrics["docs_out"] + metrics["docs_heldout"] + sum(metrics["rejected"].values()) == metrics["docs_in"]
     kept = read_jsonl_gz(tmp_path / "work" / lang / "clean" / "train")
     assert all(_main_script(r["text"]) == SCRIPTS[lang] for r in kept)
@@ -70,7 +71,7 @@ def test_language_id_with_a_local_model_rejects_other_languages(tmp_path, embedd
             "clean.fineweb_quality=false", "clean.dedup.enabled=false", cwd=tmp_path)
     out = tmp_path / "work" / "nob" / "clean"
     metrics = marker(tmp_path / "work", "nob", "clean")["metrics"]
-    assert metrics["language_id"].startswith("model ")
+    assert metrics["language_id"]["model"] == str(model) and metrics["language_id"]["labels"] == ["nob_Latn"]
     rejected = {r["id"] for r in read_jsonl_gz(out / "rejected" / "language_id")}
     kept = {r["id"] for part in ("train", "heldout") for r in read_jsonl_gz(out / part)}
     assert {r["id"] for r in eng} <= rejected
@@ -78,11 +79,40 @@ def test_language_id_with_a_local_model_rejects_other_languages(tmp_path, embedd
     assert all(r["metadata"]["language"] for r in read_jsonl_gz(out / "train"))
 
 
-def test_hydra_multirun_sweeps_languages(tmp_path):
+def test_acceptance_lid176_by_default_rejects_what_claims_to_be_norwegian_but_is_not(tmp_path, embedded_records):
+    nob = [r for r in embedded_records["nob"] if r["id"].startswith("npk_cc0")][:60]
+    eng = [r for r in embedded_records["eng"] if "gutenberg" in r["id"]][:10] + \
+        [r for r in embedded_records["eng"] if "UD_" in r["id"]][:10]
+    fin = embedded_records["fin"][:20]
+    write_jsonl_gz(tmp_path / "raw" / "nob" / "mixed.jsonl.gz", [{**r, "lang": "nob"} for r in nob + eng + fin])
+
+    run_cli("stage=clean", "lang=nob", f"raw_dir={tmp_path / 'raw'}", "clean.gopher_quality=false",
+            "clean.gopher_repetition=false", "clean.fineweb_quality=false", "clean.dedup.enabled=false", cwd=tmp_path)
+    out = tmp_path / "work" / "nob" / "clean"
+    metrics = marker(tmp_path / "work", "nob", "clean")["metrics"]
+    language_id = metrics["language_id"]
+    assert language_id["model"].endswith("lid.176.ftz") and "lid.176" in language_id["description"]
+    assert language_id["labels"] == ["no", "nn"]
+    rejected = read_jsonl_gz(out / "rejected" / "language_id")
+    assert {r["id"] for r in rejected} == {r["id"] for r in eng + fin}
+    assert metrics["rejected"] == {"language_id": 40}
+    assert metrics["rejected_by_reason"] == {"language_id.predicted_en": 20, "language_id.predicted_fi": 20}
+    assert all(r["metadata"]["language"] in ("en", "fi") and r["metadata"]["language_score"] > 0.5 for r in rejected)
+    kept = {r["id"] for part in ("train", "heldout") for r in read_jsonl_gz(out / part)}
+    assert kept == {r["id"] for r in nob}
+
+
+def test_hydra_multirun_sweeps_languages_and_faroese_falls_back_to_the_lang_field(tmp_path):
     result = run_cli("-m", "stage=clean", "lang=fo,mt", "clean.gopher_min_doc_words=5", cwd=tmp_path)
     assert "Launching 2 jobs locally" in result.stderr + result.stdout
     for lang in ("fao", "mlt"):
         assert marker(tmp_path / "work", lang, "clean")["metrics"]["docs_out"] > 0
+    # lid.176 has no Faroese: the records' `lang` field decides, and the log and the marker say so.
+    faroese = marker(tmp_path / "work", "fao", "clean")["metrics"]
+    assert faroese["language_id"]["model"] is None and "declared_language" in faroese["rejected"]
+    assert "does not know Faroese" in faroese["language_id"]["description"]
+    assert "clean fao: " in result.stderr and "does not know Faroese" in result.stderr
+    assert marker(tmp_path / "work", "mlt", "clean")["metrics"]["language_id"]["labels"] == ["mt"]
 
 
 def test_c4_filters_run_when_switched_on(tmp_path):

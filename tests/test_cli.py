@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+import yaml
+
+from pipeline.config import CONF_DIR
 from pipeline.targets import TARGETS
 from tests.conftest import run_cli
 
@@ -14,6 +18,10 @@ def test_help_lists_every_stage_and_the_main_options(tmp_path):
         assert f"\n  {stage} " in out
     for option in ("work_dir=", "raw_dir=", "workers=", "cluster=", "clean.lid.model=", "mix.tokens=", "--cfg job"):
         assert option in out
+    # --help prints the template without Hydra (which would list every config group first): it must not need any
+    # of Hydra's $ variables, or Hydra would print something else.
+    template = yaml.safe_load((CONF_DIR / "config.yaml").read_text(encoding="utf-8"))["hydra"]["help"]["template"]
+    assert "$" not in template and out == template + "\n"
 
 
 def test_cfg_job_prints_the_resolved_config_with_the_language_entry(tmp_path):
@@ -21,6 +29,12 @@ def test_cfg_job_prints_the_resolved_config_with_the_language_entry(tmp_path):
     assert "stage: clean" in out
     assert "code: nob" in out and "language_score: 0.813" in out and "line_punct_thr: 0.2" in out
     assert not (tmp_path / "work").exists()  # printing the config does no work
+
+
+def test_a_language_name_suggests_each_of_its_variants(tmp_path):
+    result = run_cli("stage=clean", "lang=norwegian", cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert "Closest known codes: nob (Norwegian Bokmål), nno (Norwegian Nynorsk), " in result.stderr
 
 
 @pytest.mark.parametrize("typed, first", [("xyz", None), ("nbo", "nob"), ("fra_Latn", "fra")])
@@ -40,11 +54,18 @@ def test_unknown_or_aliased_language(tmp_path, typed, first):
     (["stage=claen", "lang=nob"], 2, "Unknown stage `stage=claen`. Valid stages, closest first: clean,"),
     (["stage=clean", "lang=nob", "clean.heldout_fracton=0.1"], 2,
      "Unknown config key `clean.heldout_fracton`. Did you mean: `clean.heldout_fraction`"),
-    (["stage=clean", "lang=nob", "clean.heldout_fraction=abc"], 1, "clean.heldout_fraction"),
+    (["stage=clean", "lang=nob", "clean.heldout_fraction=abc"], 2,
+     "Invalid value for `clean.heldout_fraction`: 'abc' is not a number. `clean.heldout_fraction` takes a number, "
+     "e.g. clean.heldout_fraction=0.02."),
+    (["stage=clean", "lang=nob", "tokenizer.vocab_size=abc"], 2,
+     "Invalid value for `tokenizer.vocab_size`: 'abc' is not an integer. `tokenizer.vocab_size` takes an integer"),
+    (["stage=clean", "lang=nob", "clean.dedup.enabled=maybe"], 2,
+     "Invalid value for `clean.dedup.enabled`: 'maybe' is not true or false."),
+    (["stage=clean", "lang=nob", "clean.tasks=two"], 2, "`clean.tasks` takes an integer or null"),
     (["stage=clean", "lang=nob", "clean.heldout_fraction=1.5"], 1,
      "Invalid value for `clean.heldout_fraction`: 1.5. Allowed: a number in [0, 1)"),
     (["stage=clean"], 2, "Missing `lang=`"),
-], ids=["stage", "key", "type", "range", "missing-lang"])
+], ids=["stage", "key", "type-float", "type-int", "type-bool", "type-optional", "range", "missing-lang"])
 def test_mistakes_fail_at_once_naming_the_key_and_the_fix(tmp_path, args, code, message):
     result = run_cli(*args, cwd=tmp_path, check=False)
     assert result.returncode == code
@@ -56,3 +77,50 @@ def test_missing_lid_model_file_names_the_key(tmp_path):
     result = run_cli("stage=clean", "lang=nob", "clean.lid.model=/nonexistent/lid.bin", cwd=tmp_path, check=False)
     assert result.returncode == 1
     assert "clean.lid.model" in result.stderr and "/nonexistent/lid.bin" in result.stderr
+
+
+def _bloom_config(folder, **sizes):
+    """A BLOOM base as the command line sees it: its config.json (the weights are the stages' business)."""
+    folder.mkdir()
+    config = {"architectures": ["BloomForCausalLM"], "model_type": "bloom", "vocab_size": 512, "hidden_size": 64,
+              "n_layer": 2, "n_head": 4, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, **sizes}
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+def test_cfg_job_shows_the_base_models_shape_over_the_preset(tmp_path):
+    base = _bloom_config(tmp_path / "bloom")
+    out = run_cli("--cfg", "job", "stage=warmup", "lang=nob", f"model.base={base}", "model.max_seq_len=128",
+                  cwd=tmp_path).stdout
+    model = yaml.safe_load(out)["model"]
+    assert {key: model[key] for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size",
+                                        "vocab_size", "position", "norm", "activation", "embedding_norm", "bias")} == {
+        "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4, "ffn_size": 256, "vocab_size": 512,
+        "position": "alibi", "norm": "layernorm", "activation": "gelu", "embedding_norm": True, "bias": True}
+    assert model["max_seq_len"] == 128  # a shorter context than the base's is the user's choice
+    assert yaml.safe_load(out)["tokenizer"]["vocab_size"] == 8192  # the preset's other defaults stay
+
+
+def test_a_llama_3_1_base_brings_its_rope_scaling_over_a_preset_without_one(tmp_path):
+    base = tmp_path / "llama"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 160, "max_position_embeddings": 4096,
+        "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 512}}))
+    model = yaml.safe_load(run_cli("--cfg", "job", "stage=warmup", "lang=nob", f"model.base={base}",
+                                   cwd=tmp_path).stdout)["model"]
+    assert model["rope_scaling"] == {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_seq_len": 512}
+    assert (model["num_kv_heads"], model["rope_theta"], model["max_seq_len"]) == (1, 500000.0, 4096)
+
+
+def test_a_shape_that_contradicts_the_base_names_both_values(tmp_path):
+    base = _bloom_config(tmp_path / "bloom")
+    result = run_cli("stage=clean", "lang=nob", f"model.base={base}", "model.num_layers=3", cwd=tmp_path, check=False)
+    assert result.returncode == 1
+    assert "Invalid value for `model.num_layers`: 3" in result.stderr and "num_layers=2" in result.stderr
+    assert "model.base decides the model's shape" in result.stderr
+    result = run_cli("stage=clean", "lang=nob", f"model.base={tmp_path / 'missing'}", cwd=tmp_path, check=False)
+    assert result.returncode == 2 and f"{tmp_path / 'missing'} is not a folder" in result.stderr

@@ -6,10 +6,11 @@ import json
 
 from datatrove.data import Document
 
-from pipeline.corpus.heldout import is_heldout
-from pipeline.corpus.language_id import DeclaredLanguageFilter
+from pipeline.corpus.heldout import id_hash, is_heldout, top_up_heldout
+from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter, bundled_lid176
 from pipeline.corpus.reader import RawCorpusReader
 from pipeline.languages import LANGUAGES, language_config
+from tests.conftest import read_jsonl_gz, write_jsonl_gz
 
 
 def _read(tmp_path, lines: list[str]) -> tuple[list[Document], RawCorpusReader]:
@@ -52,3 +53,32 @@ def test_heldout_split_is_deterministic_and_close_to_the_fraction():
     assert held == [i for i in ids if is_heldout(i, 0.02)]
     assert 0.017 < len(held) / len(ids) < 0.023
     assert set(held) <= {i for i in ids if is_heldout(i, 0.05)}  # a larger fraction only adds documents
+
+
+def test_lid176_keeps_bokmal_under_either_norwegian_label_and_says_what_it_rejected():
+    nob = language_config("nob", LANGUAGES["nob"]).lid176
+    keep = LocalLanguageFilter(str(bundled_lid176()), nob.labels, nob.threshold)
+    norwegian = Document(text="Det var en gang en konge som hadde tre døtre, og de bodde i et stort slott ved havet.",
+                         id="nb")
+    english = Document(text="Once upon a time there was a king who had three daughters and lived by the sea.", id="en")
+    finnish = Document(text="Olipa kerran kuningas, jolla oli kolme tytärtä, ja he asuivat suuressa linnassa.",
+                       id="fi")
+    assert keep.filter(norwegian) is True
+    assert norwegian.metadata["language"] in ("no", "nn", "da") and norwegian.metadata["language_id_score"] > 0.5
+    assert keep.filter(english) == (False, "predicted_en") and keep.filter(finnish) == (False, "predicted_fi")
+    # a rejected document keeps what the model said
+    assert english.metadata["language"] == "en" and english.metadata["language_score"] > 0.5
+    assert english.metadata["language_id_score"] < nob.threshold
+
+
+def test_the_heldout_top_up_moves_the_documents_with_the_smallest_id_hashes(tmp_path):
+    records = [{"id": f"doc-{i}", "text": "x" * i, "metadata": {}} for i in range(40)]
+    write_jsonl_gz(tmp_path / "train" / "000_00000.jsonl.gz", records[:25])
+    write_jsonl_gz(tmp_path / "train" / "001_00000.jsonl.gz", records[25:])
+    assert top_up_heldout(tmp_path / "train", tmp_path / "heldout", 0) == (0, 0)
+    moved = top_up_heldout(tmp_path / "train", tmp_path / "heldout", 6)
+    smallest = sorted(records, key=lambda r: id_hash(r["id"]))[:6]
+    assert moved == (6, sum(len(r["text"]) for r in smallest))
+    assert sorted(r["id"] for r in read_jsonl_gz(tmp_path / "heldout")) == sorted(r["id"] for r in smallest)
+    train = read_jsonl_gz(tmp_path / "train")
+    assert len(train) == 34 and not {r["id"] for r in train} & {r["id"] for r in smallest}

@@ -32,6 +32,29 @@ def test_unknown_code_lists_the_closest_first():
         resolve_language("nbo")
 
 
+@pytest.mark.parametrize("typed, first", [("norwegian", ["nob", "nno"]), ("Norwegain", ["nob", "nno"]),
+                                          ("croatian", ["hbs"]), ("faroese", ["fao"])])
+def test_a_language_name_suggests_the_languages_it_names_first(typed, first):
+    with pytest.raises(UnknownLanguageError) as error:
+        resolve_language(typed)
+    suggested = [part.split(" ")[0] for part in str(error.value).split("Closest known codes: ")[1].split("), ")]
+    assert suggested[:len(first)] == first
+
+
+def test_the_lid176_column_names_labels_of_the_bundled_model():
+    from fasttext.FastText import _FastText
+
+    from pipeline.corpus.language_id import bundled_lid176
+
+    known = {label.removeprefix("__label__") for label in _FastText(str(bundled_lid176())).get_labels()}
+    covered = {code: language_config(code, entry).lid176 for code, entry in LANGUAGES.items()}
+    assert [code for code, lid in covered.items() if lid is None] == ["fao"]  # lid.176 has no Faroese
+    for code, lid in covered.items():
+        if lid is not None:
+            assert lid.labels and set(lid.labels) <= known and 0 < lid.threshold < 1, code
+    assert covered["nob"].labels == ["no", "nn"] and covered["nno"].labels == ["nn", "no"]
+
+
 def test_nob_has_fineweb2_thresholds():
     nob = language_config("nob", LANGUAGES["nob"]).filters
     assert (nob.language_score, nob.dup_line_frac, nob.line_punct_thr) == (0.813, 0.312, 0.2)

@@ -113,8 +113,8 @@ def test_a_base_model_that_does_not_fit_fails_clearly(nob_packed, english_base, 
     config = json.loads((other / "config.json").read_text())
     config.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")
     (other / "config.json").write_text(json.dumps(config))
-    result = warmup(nob_packed, other, check=False)
-    assert result.returncode == 1 and "LlamaForCausalLM" in result.stderr and "GPT2LMHeadModel" in result.stderr
+    result = warmup(nob_packed, other, check=False)  # the command line reads the base's config.json: a usage error
+    assert result.returncode == 2 and "LlamaForCausalLM" in result.stderr and "GPT2LMHeadModel" in result.stderr
 
     result = run_cli("stage=warmup", *CHAIN_OPTIONS, cwd=nob_packed, check=False)
     assert result.returncode == 1 and "model.base=" in result.stderr

@@ -17,6 +17,7 @@ from hydra.core.override_parser.types import Quote, QuotedString
 
 from pipeline.contract import MARKER, Stage, execute, is_current
 from pipeline.languages import LANGUAGES, UnknownLanguageError
+from pipeline.config import BASE_SHAPE_OVERRIDE
 from pipeline.overrides import OverrideError, preflight
 from pipeline.stages import STAGES
 from pipeline.targets import STAGE_NAMES
@@ -27,6 +28,15 @@ from tests.conftest import run_cli
 
 GRAPH_LINE = re.compile(r"^(\S+): stage=(\S+) array=(\S+) tasks=(\d+) after=(\S+)$", re.MULTILINE)
 SCRIPT = re.compile(r"^#### (.+?) \(not written: workflow.dry_run=true\)\n(.*?)(?=^#### )", re.MULTILINE | re.DOTALL)
+
+
+def base_folder(path: Path) -> Path:
+    """A base model as the command line reads it: a Llama config.json (no weights: nothing runs)."""
+    path.mkdir()
+    (path / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, '
+        '"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}', encoding="utf-8")
+    return path
 
 
 def expand(spec: str) -> list[int]:
@@ -43,8 +53,7 @@ def scripts_by_stage(out: str) -> dict[str, str]:
 
 
 def test_all_languages_dry_run_is_one_array_per_stage_waiting_task_by_task(tmp_path):
-    base = tmp_path / "base"
-    base.mkdir()
+    base = base_folder(tmp_path / "base")
     # On LUMI's settings, with a layout of 16 ranks: two nodes of eight GCDs for the training stages.
     out = run_cli("stage=workflow", "langs=all", "workflow.dry_run=true", f"model.base={base}", "cluster=lumi",
                   "cluster.account=project_465000000", "parallel.tp=2", "parallel.pp=4", "parallel.dp=2",
@@ -83,8 +92,7 @@ def test_all_languages_dry_run_is_one_array_per_stage_waiting_task_by_task(tmp_p
 
 def test_paths_with_spaces_and_quotes_reach_the_job_unchanged(tmp_path):
     work = tmp_path / "work dir 'single' \"double\" $HOME `x`"
-    base = tmp_path / "base model 'x'"
-    base.mkdir()
+    base = base_folder(tmp_path / "base model 'x'")
     # As a user gives such paths to Hydra: quoted (in the shell, e.g. 'model.base="/models/base model"').
     base_override = f"model.base={QuotedString(text=str(base), quote=Quote.double).with_quotes()}"
     out = run_cli("stage=workflow", "langs=[fao,isl]", "workflow.dry_run=true", base_override, "mix.max_epochs=2",
@@ -100,8 +108,9 @@ def test_paths_with_spaces_and_quotes_reach_the_job_unchanged(tmp_path):
     printed = subprocess.run(["bash", "-c", f'lang=fao\n{command}\nprintf "%s\\0" "${{command[@]}}"'],
                              capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
     work_override = next(arg for arg in printed if arg.startswith("work_dir="))
+    # The job merges the base's shape over the preset, as this command did.
     assert printed == [sys.executable, "-m", "pipeline", "stage=clean", "lang=fao", base_override,
-                       "mix.max_epochs=2", work_override, "cluster.executor=local", "workers=1"]
+                       "mix.max_epochs=2", BASE_SHAPE_OVERRIDE, work_override, "cluster.executor=local", "workers=1"]
     parser = OverridesParser.create()
     assert parser.parse_override(work_override).value() == str(work)  # what the job's Hydra reads
     assert parser.parse_override(base_override).value() == str(base)
@@ -116,7 +125,7 @@ def test_codes_with_shell_metacharacters_and_unknown_codes_are_rejected(tmp_path
     for typed in ("langs=$(touch pwned)", "langs=[fao,xx y]", "lang=`id`"):
         with pytest.raises(UnknownLanguageError, match="Closest known codes"):
             preflight(["stage=workflow", typed])
-    assert preflight(["stage=status", "langs=[nb, fao,nob]"])[1] == "langs=[nob,fao]"  # aliases, table order
+    assert preflight(["stage=status", "langs=[nb, fao,nob]"]).argv[1] == "langs=[nob,fao]"  # aliases, table order
     with pytest.raises(OverrideError, match="`langs=` is for stage=workflow and stage=status"):
         preflight(["stage=clean", "langs=[fao]"])
     with pytest.raises(OverrideError, match="either lang=<code>"):

@@ -36,6 +36,9 @@ class CleanConfig:
     gopher_min_doc_words: int = 50
     dedup: DedupConfig = field(default_factory=DedupConfig)
     heldout_fraction: float = 0.02
+    # Held-out documents at least (the kept ones with the smallest id hashes), however small the fraction's share:
+    # a small language still gets text to evaluate on. Never more than a quarter of the kept documents.
+    heldout_min_documents: int = 10
     # Output shards are cut at this many bytes (compressed); -1 means one shard per task.
     shard_bytes: int = 256 * 2**20
     # datatrove tasks (units of work, each a share of the input files); None: as many as workers.
@@ -45,6 +48,8 @@ class CleanConfig:
 def validate_clean(clean: CleanConfig) -> None:
     if not 0.0 <= clean.heldout_fraction < 1.0:
         raise ConfigError("clean.heldout_fraction", clean.heldout_fraction, ["a number in [0, 1)"])
+    if clean.heldout_min_documents < 0:
+        raise ConfigError("clean.heldout_min_documents", clean.heldout_min_documents, ["an integer >= 0"])
     if clean.tasks is not None and clean.tasks < 1:
         raise ConfigError("clean.tasks", clean.tasks, ["null", "an integer >= 1"])
     if clean.lid.model is not None and not os.path.isfile(clean.lid.model):

@@ -1,8 +1,18 @@
-"""Deterministic held-out split by document id, for tokenizer and model evaluation."""
+"""Deterministic held-out split by document id, for tokenizer and model evaluation.
+
+The held-out documents are those with the smallest id hashes: every document whose hash falls below
+`clean.heldout_fraction` (decided while streaming, in any task), topped up after the stage to at least
+`clean.heldout_min_documents` (so that a small language still has text to evaluate on).
+"""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import heapq
+import json
+import os
+from pathlib import Path
 
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
@@ -10,11 +20,17 @@ from datatrove.pipeline.writers.disk_base import DiskWriter
 
 # A fixed salt keeps the split independent of any other hash of the ids (e.g. sharding).
 _SALT = b"heldout-v1:"
+# The shard that the top-up adds to `heldout/`.
+TOP_UP_SHARD = "min_documents.jsonl.gz"
+
+
+def id_hash(doc_id: str) -> int:
+    """The document's place in the held-out order, uniform in [0, 2**64)."""
+    return int.from_bytes(hashlib.blake2b(_SALT + doc_id.encode("utf-8"), digest_size=8).digest(), "big")
 
 
 def is_heldout(doc_id: str, fraction: float) -> bool:
-    digest = hashlib.blake2b(_SALT + doc_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") < fraction * 2**64
+    return id_hash(doc_id) < fraction * 2**64
 
 
 class HeldoutSplit(PipelineStep):
@@ -39,3 +55,39 @@ class HeldoutSplit(PipelineStep):
                     self.stat_update("train")
                     self.stat_update("train_chars", value=len(doc.text))
                     yield doc
+
+
+def _lines(path: Path) -> list[bytes]:
+    with gzip.open(path, "rb") as handle:
+        return [line for line in handle if line.strip()]
+
+
+def top_up_heldout(train: Path, heldout: Path, missing: int) -> tuple[int, int]:
+    """Move the `missing` training documents with the smallest id hashes from the `train` shards to `heldout`;
+    returns the documents and characters moved. Reads every training document once: it runs when the split holds
+    too few documents, i.e. on a small corpus."""
+    if missing <= 0:
+        return 0, 0
+    shards = sorted(train.glob("*.jsonl.gz"))
+    order = ((id_hash(json.loads(line)["id"]), shard, index)
+             for shard in shards for index, line in enumerate(_lines(shard)))
+    chosen = {(shard, index) for _, shard, index in heapq.nsmallest(missing, order)}
+    moved: list[bytes] = []
+    for shard in shards:
+        lines = _lines(shard)
+        kept = [line for index, line in enumerate(lines) if (shard, index) not in chosen]
+        moved += [line for index, line in enumerate(lines) if (shard, index) in chosen]
+        if not kept:
+            shard.unlink()
+        elif len(kept) < len(lines):
+            _write_atomic(shard, kept)
+    heldout.mkdir(parents=True, exist_ok=True)
+    _write_atomic(heldout / TOP_UP_SHARD, moved)
+    return len(moved), sum(len(json.loads(line)["text"]) for line in moved)
+
+
+def _write_atomic(path: Path, lines: list[bytes]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with gzip.open(tmp, "wb") as handle:
+        handle.writelines(lines)
+    os.replace(tmp, path)

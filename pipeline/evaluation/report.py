@@ -7,6 +7,14 @@ from pathlib import Path
 
 BPB_PLOT = "bpb.png"
 CURVES_PLOT = "training_curves.png"
+TRAINING_STAGES = {"warmup", "pretrain"}
+# Where the training stages' own held-out numbers come from, so that nobody takes the difference for a bug.
+TRAINING_SCORES_NOTE = (
+    "The warmup and pretrain stages log held-out bits per byte too (their metrics.jsonl, markers and logs), by the "
+    "same definition (pipeline/evaluation/bits_per_byte.py), but on the first `warmup.train.eval_tokens` / "
+    "`train.eval_tokens` tokens of the held-out text in windows of their training length; this table scores up to "
+    "`eval.max_bytes` of it in windows of `eval.seq_len`. Different amounts of text give somewhat different "
+    "numbers; with eval_tokens covering the whole split and the default windows they agree.")
 
 
 def read_curves(metrics_file: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
@@ -72,5 +80,7 @@ def markdown(lang: str, text_source: str, scores: dict[str, dict], models: dict[
         lines.append(f"| {name} | {score['bits_per_byte']:.4f} | {score['token_perplexity']:.2f} | "
                      f"{score['tokens_per_byte']:.3f} | {score['tokens']:,} | {score['bytes']:,} | {models[name]} |")
     lines.append("")
+    if TRAINING_STAGES & scores.keys():
+        lines += [TRAINING_SCORES_NOTE, ""]
     lines.extend(f"![{plot}]({plot})" for plot in plots)
     return "\n".join(lines) + "\n"

@@ -65,7 +65,7 @@ class ModelConfig:
     # Standard deviation of the random initialisation (a model trained from scratch).
     init_std: float = 0.02
     # The pretrained model to start from: a local Hugging Face folder or a pipeline checkpoint, with its
-    # tokenizer.json. Its shape must match the fields above (choose its preset).
+    # tokenizer.json. Its config decides the fields above (pipeline/model/base_shape.py).
     base: Optional[str] = None
 
     @property

@@ -14,19 +14,18 @@ import json
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from pipeline.contract import output_identity
 from pipeline.errors import StageError
+from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config
 from pipeline.model.config import ModelConfig
 from pipeline.model.hf_import import from_hf
 from pipeline.model.transformer import Transformer
 from pipeline.tensor_files import save_tensors
 from pipeline.tokenization.folder import TOKENIZER_FILE
 
-CHECKPOINT_CONFIG = "model_config.json"
 CHECKPOINT_WEIGHTS = "model.safetensors"
 # Fields that define the body: they must agree between the configured model and the base.
 SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "position", "norm",
@@ -73,11 +72,6 @@ def check_finite(model: Transformer, what: str, advice: str) -> None:
                          f"{advice}")
 
 
-def read_model_config(path: Path) -> ModelConfig:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
-                                               json.loads(path.read_text(encoding="utf-8"))))
-
-
 def load_checkpoint(folder: Path) -> Transformer:
     cfg = read_model_config(folder / CHECKPOINT_CONFIG)
     model = Transformer(cfg)
@@ -108,8 +102,8 @@ def check_fit(configured: ModelConfig, base: ModelConfig, base_path: str, base_t
         wanted, found = getattr(configured, key), getattr(base, key)
         if wanted != found:
             raise StageError(f"The base model {base_path} has {key}={found}, but the configured model has "
-                             f"model.{key}={wanted}. Choose the preset of the base model (e.g. model=bloom-560m) "
-                             f"or set model.{key}={found}.")
+                             f"model.{key}={wanted}. The base model decides the shape: give it as model.base on "
+                             f"the command line and leave model.{key} out.")
     if base_tokenizer.get_vocab_size() > base.vocab_size:
         raise StageError(f"The base tokenizer ({base_path}/{TOKENIZER_FILE}) has {base_tokenizer.get_vocab_size()} "
                          f"tokens but the base model only {base.vocab_size} embedding rows: they do not belong "

@@ -1,4 +1,5 @@
-"""Hugging Face's BLOOM, Llama and Mistral in the project's terms: config.json keys and tensor names.
+"""Hugging Face's BLOOM, Llama and Mistral tensor names in the project's terms (their config.json keys are in
+hf_config.py).
 
 Both directions live here, next to each other, so that import and export cannot drift apart. Tensors
 map 1:1 except BLOOM's fused `query_key_value`, whose rows are interleaved per head
@@ -13,15 +14,7 @@ from typing import Optional
 
 import torch
 
-from pipeline.model.config import ModelConfig, RopeScaling
-
-BLOOM, LLAMA, MISTRAL = "BloomForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"
-SUPPORTED_ARCHITECTURES = (BLOOM, LLAMA, MISTRAL)
-_MODEL_TYPES = {"bloom": BLOOM, "llama": LLAMA, "mistral": MISTRAL}
-
-
-class CheckpointError(ValueError):
-    """A Hugging Face folder that cannot be read or written; the message says which file and what to do."""
+from pipeline.model.hf_config import BLOOM
 
 
 @dataclass(frozen=True)
@@ -85,124 +78,3 @@ def split_bloom_fused(fused: torch.Tensor, num_heads: int) -> list[torch.Tensor]
 
 def fuse_bloom(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> torch.Tensor:
     return torch.stack([t.reshape(num_heads, -1, *t.shape[1:]) for t in (q, k, v)], dim=1).reshape(-1, *q.shape[1:])
-
-
-def architecture_of(hf: dict, source: str) -> str:
-    """The architecture named by a config.json, or an error naming the supported ones."""
-    declared = hf.get("architectures") or []
-    architecture = next((a for a in declared if a in SUPPORTED_ARCHITECTURES), None)
-    if architecture is None and not declared:
-        architecture = _MODEL_TYPES.get(hf.get("model_type"))
-    if architecture is None:
-        found = declared or [f"model_type={hf.get('model_type')!r}"]
-        raise CheckpointError(f"{source}: unsupported architecture {', '.join(map(str, found))}. Supported: "
-                              f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
-    return architecture
-
-
-def config_from_hf(hf: dict, architecture: str, source: str) -> ModelConfig:
-    """The ModelConfig of a Hugging Face config.json (already known to be of `architecture`)."""
-    def need(*keys: str):
-        for key in keys:
-            if hf.get(key) is not None:
-                return hf[key]
-        raise CheckpointError(f"{source}: `{keys[0]}` is missing; a {architecture} config.json needs it.")
-
-    def refuse(key: str, value, supported: str):
-        raise CheckpointError(f"{source}: `{key}`={value!r} is not supported ({supported}).")
-
-    if architecture == BLOOM:
-        if hf.get("apply_residual_connection_post_layernorm"):
-            refuse("apply_residual_connection_post_layernorm", True, "released BLOOM models use false")
-        hidden = need("hidden_size", "n_embed")
-        heads = need("n_head", "num_attention_heads")
-        return ModelConfig(
-            hidden_size=hidden, num_layers=need("n_layer", "num_hidden_layers"), num_heads=heads,
-            num_kv_heads=heads, ffn_size=4 * hidden, vocab_size=need("vocab_size"), position="alibi",
-            norm="layernorm", norm_eps=hf.get("layer_norm_epsilon", 1e-5), activation="gelu", embedding_norm=True,
-            bias=True, tie_embeddings=hf.get("tie_word_embeddings", True), max_seq_len=hf.get("seq_length") or 2048,
-            init_std=hf.get("initializer_range", 0.02))
-
-    hidden, heads = need("hidden_size"), need("num_attention_heads")
-    if hf.get("hidden_act", "silu") != "silu":
-        refuse("hidden_act", hf["hidden_act"], "SwiGLU needs silu")
-    if hf.get("head_dim") not in (None, hidden // heads):
-        refuse("head_dim", hf["head_dim"], f"the model needs hidden_size / num_attention_heads = {hidden // heads}")
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
-        refuse("partial_rotary_factor", hf["partial_rotary_factor"], "RoPE rotates the whole head")
-    bias = bool(hf.get("attention_bias", False))
-    if bool(hf.get("mlp_bias", False)) != bias:
-        refuse("mlp_bias", hf.get("mlp_bias"),
-               "the model has biases everywhere or nowhere: it must equal attention_bias")
-    # transformers 4.x writes rope_theta and rope_scaling; 5.x nests both in rope_parameters.
-    rope = dict(hf.get("rope_parameters") or {})
-    scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-    # transformers' MistralConfig attends within 4096 tokens when config.json does not say.
-    window = hf.get("sliding_window", 4096) if architecture == MISTRAL else None
-    return ModelConfig(
-        hidden_size=hidden, num_layers=need("num_hidden_layers"), num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads, ffn_size=need("intermediate_size"),
-        vocab_size=need("vocab_size"), position="rope",
-        rope_theta=hf.get("rope_theta") or rope.get("rope_theta", 10000.0),
-        rope_scaling=_rope_scaling_from_hf(scaling, source), norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6),
-        activation="swiglu", embedding_norm=False, bias=bias, tie_embeddings=hf.get("tie_word_embeddings", False),
-        max_seq_len=hf.get("max_position_embeddings", 2048), sliding_window=window,
-        init_std=hf.get("initializer_range", 0.02))
-
-
-def _rope_scaling_from_hf(scaling: Optional[dict], source: str) -> Optional[RopeScaling]:
-    if not scaling:
-        return None
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "default":
-        return None
-    if kind != "llama3":
-        raise CheckpointError(f"{source}: RoPE scaling of type {kind!r} is not supported (supported: llama3, or none).")
-    return RopeScaling(type="llama3", factor=scaling["factor"], low_freq_factor=scaling["low_freq_factor"],
-                       high_freq_factor=scaling["high_freq_factor"],
-                       original_max_seq_len=scaling["original_max_position_embeddings"])
-
-
-def architecture_for(cfg: ModelConfig) -> str:
-    """The Hugging Face architecture that expresses `cfg`, or an error naming what does not fit."""
-    if cfg.position == "alibi":
-        wanted = {"norm": "layernorm", "activation": "gelu", "embedding_norm": True, "bias": True,
-                  "ffn_size": 4 * cfg.hidden_size, "num_kv_heads": cfg.num_heads, "sliding_window": None}
-        architecture = BLOOM
-    else:
-        wanted = {"norm": "rmsnorm", "activation": "swiglu", "embedding_norm": False}
-        # Mistral is Llama with a sliding window (and no biases).
-        architecture = MISTRAL if cfg.sliding_window is not None else LLAMA
-        if architecture == MISTRAL:
-            wanted["bias"] = False
-    wrong = [f"model.{key}={getattr(cfg, key)!r} (needs {value!r})" for key, value in wanted.items()
-             if getattr(cfg, key) != value]
-    if wrong:
-        raise CheckpointError(f"This model cannot be written as {architecture} (position={cfg.position}): "
-                              f"{'; '.join(wrong)}. Supported: {', '.join(SUPPORTED_ARCHITECTURES)}.")
-    return architecture
-
-
-def config_to_hf(cfg: ModelConfig, architecture: str, dtype: torch.dtype, special_ids: dict) -> dict:
-    """config.json for `architecture`, in the keys that transformers 4.x and 5.x both read."""
-    common = {"architectures": [architecture], "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-              "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": cfg.init_std,
-              "torch_dtype": str(dtype).removeprefix("torch."),
-              **{f"{role}_token_id": special_ids.get(role) for role in ("bos", "eos", "pad")}}
-    if architecture == BLOOM:
-        return {**common, "model_type": "bloom", "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
-                "layer_norm_epsilon": cfg.norm_eps, "apply_residual_connection_post_layernorm": False,
-                "seq_length": cfg.max_seq_len}
-    scaling = cfg.rope_scaling
-    config = {**common, "model_type": "llama" if architecture == LLAMA else "mistral",
-              "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-              "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "intermediate_size": cfg.ffn_size,
-              "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps, "max_position_embeddings": cfg.max_seq_len,
-              "rope_theta": cfg.rope_theta,
-              "rope_scaling": None if scaling is None else {
-                  "rope_type": scaling.type, "factor": scaling.factor, "low_freq_factor": scaling.low_freq_factor,
-                  "high_freq_factor": scaling.high_freq_factor,
-                  "original_max_position_embeddings": scaling.original_max_seq_len}}
-    if architecture == LLAMA:
-        return {**config, "attention_bias": cfg.bias, "mlp_bias": cfg.bias}
-    return {**config, "sliding_window": cfg.sliding_window}

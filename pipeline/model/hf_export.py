@@ -16,9 +16,9 @@ from typing import Optional, Union
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.model.hf_architectures import (CheckpointError, architecture_for, config_to_hf, fuse_bloom,
-                                             hf_tensor_name)
-from pipeline.model.hf_import import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, VOCAB_TENSORS
+from pipeline.model.hf_architectures import fuse_bloom, hf_tensor_name
+from pipeline.model.hf_config import CONFIG_FILE, CheckpointError, architecture_for, config_to_hf
+from pipeline.model.hf_import import INDEX_FILE, SINGLE_FILE, VOCAB_TENSORS
 from pipeline.model.transformer import Transformer
 from pipeline.tensor_files import save_tensors
 from pipeline.tokenization.config import SpecialTokens
@@ -49,7 +49,7 @@ def to_hf(model: Transformer, path, tokenizer: Union[None, Tokenizer, str, Path]
     tensors = hf_tensors(model)
     _write_weights(tensors, folder, max_shard_bytes)
     dtype = model.embedding.tokens.weight.dtype
-    _write_json(folder / CONFIG_FILE, config_to_hf(cfg, architecture, dtype, special_ids))
+    _write_json(folder / CONFIG_FILE, config_to_hf(cfg, architecture, str(dtype).removeprefix("torch."), special_ids))
     generation = {f"{role}_token_id": special_ids[role] for role in ("bos", "eos", "pad")
                   if special_ids.get(role) is not None}
     _write_json(folder / "generation_config.json", generation)

@@ -9,34 +9,23 @@ place as they are (same dtype unless `dtype` is given), so loading a 7B model ne
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Optional
 
 import torch
 from safetensors import safe_open
 
-from pipeline.model.config import ModelConfig, validate_model
-from pipeline.model.hf_architectures import (CheckpointError, architecture_of, config_from_hf, hf_tensor_name,
-                                             split_bloom_fused, tensor_names)
+from pipeline.model.config import ModelConfig
+from pipeline.model.hf_architectures import hf_tensor_name, split_bloom_fused, tensor_names
+from pipeline.model.hf_config import CheckpointError, read_config, read_json
 from pipeline.model.transformer import Transformer
 
-CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Tensors that some checkpoints carry but that are computed, not learned.
 _COMPUTED = (".rotary_emb.inv_freq",)
 # The project's tensors with one row per vocabulary entry, padded to `pad_vocab_multiple` rows.
 VOCAB_TENSORS = ("embedding.tokens.weight", "head.weight")
-
-
-def read_json(path: Path, missing_hint: str = "") -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing. {missing_hint}".strip())
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path} is not valid JSON ({error}); restore it from the original checkpoint.") from None
 
 
 def weight_files(folder: Path) -> dict[str, Path]:
@@ -69,19 +58,6 @@ def _open(path: Path):
                               f"the checkpoint.") from None
     with handle:
         yield handle
-
-
-def read_config(path) -> tuple[str, ModelConfig]:
-    """The architecture and ModelConfig of a Hugging Face model folder."""
-    source = Path(path) / CONFIG_FILE
-    hf = read_json(source, "from_hf wants a local Hugging Face model folder with config.json and *.safetensors.")
-    architecture = architecture_of(hf, str(source))
-    cfg = config_from_hf(hf, architecture, str(source))
-    try:
-        validate_model(cfg)
-    except ValueError as error:
-        raise CheckpointError(f"{source} describes a model the project cannot build: {error}") from None
-    return architecture, cfg
 
 
 def from_hf(path, dtype: Optional[torch.dtype] = None) -> tuple[Transformer, ModelConfig]:

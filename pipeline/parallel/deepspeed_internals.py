@@ -5,7 +5,8 @@ holds, replacing one of them with its tensor-parallel form after DeepSpeed built
 exists only then), the tied embedding's module, and the topology's groups. The training engine also overrides
 `PipelineModule._is_checkpointable` (pipeline_model.TransformerPipeline) and reads `ds_pipe_replicated`, the mark
 DeepSpeed puts on a tied layer's copy so that the global gradient norm counts it once; checkpoint.py writes ZeRO-1's
-optimizer state in its elastic layout (`deepspeed.checkpoint.constants`).
+optimizer state in its elastic layout (`deepspeed.checkpoint.constants`). On a CPU, the training engine keeps DeepSpeed
+from compiling its shared-memory collective (`skip_cpu_shared_memory_collective`).
 
 Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later DeepSpeed may
 rename any of these; the CPU tests (tests/test_tensor_parallel.py, tests/test_pretrain.py) fail if one moved.
@@ -13,6 +14,8 @@ rename any of these; the CPU tests (tests/test_tensor_parallel.py, tests/test_pr
 
 from __future__ import annotations
 
+import deepspeed.ops
+from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 from torch import nn
 
 
@@ -54,3 +57,11 @@ def replicated_marks(layer: nn.Module) -> dict[str, bool]:
 def restore_replicated_marks(layer: nn.Module, marks: dict[str, bool]) -> None:
     for name, parameter in layer.named_parameters():
         parameter.ds_pipe_replicated = marks[name]
+
+
+def skip_cpu_shared_memory_collective() -> None:
+    """Keep DeepSpeed's CPU backend on plain gloo. On first use it compiles a C++ shared-memory all-reduce
+    (`deepspeed_shm_comm`) into ~/.cache/torch_extensions: minutes in silence, and a compiler the project does not
+    otherwise need. Only DeepSpeed's inference all-reduce uses it; training's collectives go through gloo anyway.
+    An op marked incompatible is DeepSpeed's own switch for "not built here, fall back"."""
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False

@@ -42,8 +42,8 @@ def run_all(cfg) -> None:
     if cfg.model.base is None:
         base_cfg = demo_base_config(cfg)
         log.info("model.base is not set: using the demo's base model, pretrained from scratch on the embedded %s "
-                 "text in %s (made once, then reused). Give model.base=<Hugging Face folder> (and the matching "
-                 "model= preset) to start from a real one.", base_cfg.lang.name, demo_base_folder(cfg))
+                 "text in %s (made once, then reused). Give model.base=<Hugging Face folder> to start from a real "
+                 "one.", base_cfg.lang.name, demo_base_folder(cfg))
         if not run_chain(base_cfg, BASE_STAGES) or cfg.lang.code == base_cfg.lang.code:
             return
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=str(demo_base_folder(cfg))))

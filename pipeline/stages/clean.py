@@ -30,8 +30,8 @@ from pathlib import Path
 
 from pipeline.cluster import check_script_word
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
-from pipeline.corpus.heldout import HeldoutSplit
-from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter
+from pipeline.corpus.heldout import HeldoutSplit, top_up_heldout
+from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
 from pipeline.corpus.reader import (RAW_PATTERNS, RawCorpusReader, TaskOutputReader, find_raw_files, fingerprint_files,
                                     unreadable_names)
 from pipeline.corpus.stats import count, step_key, summed_stats
@@ -70,7 +70,9 @@ def describe_inputs(cfg) -> dict:
             f"No readable raw files for {cfg.lang.code} in {folder}: looked for {', '.join(RAW_PATTERNS)} "
             "(in subfolders too). Add files there or point raw_dir= elsewhere."
         )
-    return {"raw": {**fingerprint_files(folder, files), "unreadable_names": len(unreadable_names(folder))}}
+    inputs = {"raw": {**fingerprint_files(folder, files), "unreadable_names": len(unreadable_names(folder))}}
+    lid_model = choose_language_id(cfg.lang, cfg.clean.lid).fingerprint()
+    return inputs if lid_model is None else {**inputs, "language_id_model": lid_model}
 
 
 # -- the datatrove phases ---------------------------------------------------------------------------
@@ -91,11 +93,11 @@ def _filters(run: StageRun, tokenizer) -> list[tuple[str, object]]:
     cfg, clean, work = run.cfg, run.cfg.clean, run.work_dir
     lang, limits = cfg.lang, cfg.lang.filters
     chosen = []
-    if clean.lid.model:
-        threshold = clean.lid.threshold if clean.lid.threshold is not None else limits.language_score
-        labels = list(lang.glotlid) or [lang.code]
-        chosen.append(("language_id", LocalLanguageFilter, dict(model_path=clean.lid.model, labels=labels,
-                                                                 threshold=threshold)))
+    language_id = choose_language_id(lang, clean.lid)
+    if language_id.model is not None:
+        chosen.append(("language_id", LocalLanguageFilter, dict(model_path=str(language_id.model),
+                                                                 labels=list(language_id.labels),
+                                                                 threshold=language_id.threshold)))
     else:
         chosen.append(("declared_language", DeclaredLanguageFilter, dict(lang=lang)))
     if clean.gopher_repetition:
@@ -221,6 +223,25 @@ def collect_metrics(run: StageRun) -> dict:
     return metrics
 
 
+def guarantee_heldout(run: StageRun, metrics: dict) -> dict:
+    """Top the held-out split up to `clean.heldout_min_documents` (at most a quarter of the kept documents), warning
+    when the corpus is too small for it; the metrics with the documents moved."""
+    minimum, kept, heldout = run.cfg.clean.heldout_min_documents, metrics["docs_out"], metrics["docs_heldout"]
+    wanted = min(minimum, (kept + heldout) // 4)
+    docs, chars = top_up_heldout(run.work_dir / "train", run.work_dir / "heldout", wanted - heldout)
+    if docs:
+        log.warning("clean %s: clean.heldout_fraction=%g of %d kept documents held out %d; %d more are held out "
+                    "(those with the smallest id hashes) to reach %d.", run.lang, run.cfg.clean.heldout_fraction,
+                    kept + heldout, heldout, docs, wanted)
+    if heldout + docs < minimum:
+        log.warning("clean %s: only %d documents kept, too few for clean.heldout_min_documents=%d: %d held out (a "
+                    "quarter), so held-out scores will be noisy. Add text to %s if you can.", run.lang, kept + heldout,
+                    minimum, heldout + docs, raw_folder(run.cfg))
+    return {**metrics, "docs_out": kept - docs, "docs_heldout": heldout + docs,
+            "chars_out": metrics["chars_out"] - chars, "chars_heldout": metrics["chars_heldout"] + chars,
+            "heldout_added_for_minimum": docs}
+
+
 @dataclass
 class CommitWhenDone:
     """The last step: turns the statistics into the marker. A datatrove pipeline step, for Slurm."""
@@ -228,7 +249,7 @@ class CommitWhenDone:
     run: StageRun
 
     def __call__(self, data=None, rank: int = 0, world_size: int = 1):
-        metrics = collect_metrics(self.run)
+        metrics = guarantee_heldout(self.run, collect_metrics(self.run))
         for name in INTERMEDIATE_DIRS:
             shutil.rmtree(self.run.work_dir / name, ignore_errors=True)
         self.run.commit(metrics)
@@ -342,12 +363,11 @@ def run_clean(run: StageRun):
     tokenizer, tokenizer_name = resolve_word_tokenizer(cfg.lang)
     filters = _filters(run, tokenizer)
     phases = build_phases(run, tasks, tokenizer, [step for _, step in filters])
-    language_id = (f"model {cfg.clean.lid.model}" if cfg.clean.lid.model
-                   else "declared `lang` field of the records (no clean.lid.model given)")
-    if not cfg.clean.lid.model:
-        log.warning("No language-ID model given (clean.lid.model): keeping documents whose `lang` field names %s "
-                    "or that have no `lang` field.", cfg.lang.code)
-    settings = {"filters": [(step_key(step), name) for name, step in filters], "language_id": language_id,
+    language_id = choose_language_id(cfg.lang, cfg.clean.lid)
+    # Falling back to the records' own label is worth a warning: web crawls get it wrong for small languages.
+    log.log(logging.WARNING if language_id.model is None else logging.INFO, "clean %s: language ID by %s",
+            cfg.lang.code, language_id.description)
+    settings = {"filters": [(step_key(step), name) for name, step in filters], "language_id": language_id.marker(),
                 "word_tokenizer": tokenizer_name, "input_files": len(files), "unreadable_names": bad_names}
     (run.work_dir / "settings.json").write_text(json.dumps(settings, ensure_ascii=False))
 

@@ -97,8 +97,8 @@ def score_model(run: StageRun, name: str, folder: str, device) -> dict:
         score = score_documents(model, tokenizer, texts, start_id, seq_len, stride, cfg.eval.batch_size, device,
                                 progress)
     if score.documents == 0:
-        raise StageError(f"evaluate {run.lang}: {describe_text(cfg.eval.path, clean)} holds no "
-                         f"text. Give eval.path=<file or folder>, or raise clean.heldout_fraction and run clean again.")
+        raise StageError(f"evaluate {run.lang}: {describe_text(cfg.eval.path, clean)} holds no text. Give "
+                         f"eval.path=<file or folder>, or raise clean.heldout_min_documents and run clean again.")
     if not math.isfinite(score.bits_per_byte):
         raise StageError(f"evaluate {run.lang}: the {name} model in {folder} scores {score.bits_per_byte} bits per "
                          f"byte on {describe_text(cfg.eval.path, clean)}: its outputs overflow. No report is "

@@ -113,17 +113,19 @@ def run_pretrain(run: StageRun) -> dict:
                          run.input_file("tokenizer", TOKENIZER_FILE), tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
-    write_heldout(job, texts, tokenizer, tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
+    scored = write_heldout(job, texts, tokenizer, tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
     result = launch(job, cfg.cluster)
     export_trained(run.work_dir, tokenizer_dir)
     # The run is complete: the final model is in checkpoint/ and hf/; the resumable states are not needed.
     shutil.rmtree(saved, ignore_errors=True)
     shutil.rmtree(run.work_dir / INIT)
-    report = {"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel), **result}
+    report = {"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel), "heldout_scored": scored, **result}
     write_json_atomic(run.work_dir / "report.json", report)
-    log.info("pretrain %s: held-out bits per byte %.4f -> %.4f after %d steps (%s tokens)", run.lang,
-             result["heldout_bpb_before"], result["heldout_bpb_after"], result["steps"], f"{result['tokens']:,}")
+    log.info("pretrain %s: held-out bits per byte %.4f -> %.4f after %d steps (%s tokens; scored on %s held-out "
+             "tokens, train.eval_tokens; stage=evaluate scores up to eval.max_bytes of the same text)", run.lang,
+             result["heldout_bpb_before"], result["heldout_bpb_after"], result["steps"], f"{result['tokens']:,}",
+             f"{scored['tokens']:,}")
     return report
 
 

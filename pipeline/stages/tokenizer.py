@@ -4,7 +4,7 @@ Samples the training text from the mix plan's sources in the plan's proportions,
 `tokenizer.sample_bytes` (pipeline/tokenization/sample.py); trains byte-level BPE with Hugging Face
 `tokenizers` or SentencePiece (Unigram or BPE, converted to `tokenizers`); writes `tokenizer.json`
 (and SentencePiece's `tokenizer.model`) with the files `transformers` needs; and scores it, next to
-the base model's tokenizer when `tokenizer.base` names one, on the held-out text of `clean`:
+the base model's tokenizer (`tokenizer.base`, else `model.base`'s), on the held-out text of `clean`:
 `report.json`, `report.md`, the table in the log and the scores in the marker. With
 `tokenizer.keep_base=true` it trains nothing: it adopts the base's tokenizer (`tokenizer.base`, else
 `model.base`), writes the same files and scores it, so that the data can be packed for continued
@@ -40,23 +40,38 @@ log = logging.getLogger(__name__)
 
 
 def base_source(cfg) -> Optional[str]:
-    """The base tokenizer: `tokenizer.base`, else, when the stage keeps the base's tokenizer, `model.base`."""
-    if cfg.tokenizer.base is not None or not cfg.tokenizer.keep_base:
-        return cfg.tokenizer.base
-    return cfg.model.base
+    """The base tokenizer, to compare with (or, kept, to adopt): `tokenizer.base`, else `model.base`'s. The demo
+    (`stage=all` without model.base) gives its own English base model as model.base."""
+    return cfg.tokenizer.base if cfg.tokenizer.base is not None else cfg.model.base
+
+
+def base_file(cfg) -> Optional[Path]:
+    """The base tokenizer's tokenizer.json; None when there is no base, or model.base holds none (nothing to
+    compare with: a stage that needs the base's tokenizer says so itself)."""
+    source = base_source(cfg)
+    return None if source is None else base_tokenizer_file(source)
 
 
 def describe_inputs(cfg) -> dict:
     """The base tokenizer's content: a changed base file reruns the report (or, kept, the stage)."""
-    source = base_source(cfg)
-    if source is None:
-        return {}
-    path = base_tokenizer_file(source)
-    if path is None:  # tokenizer.base is checked with the config; model.base only names a model folder
+    path = base_file(cfg)
+    if path is None and cfg.tokenizer.keep_base:  # tokenizer.base is checked with the config
+        source = base_source(cfg)
         raise StageError(f"tokenizer.keep_base=true adopts the tokenizer of model.base={source}, but it holds no "
                          f"{TOKENIZER_FILE}. Save the model's tokenizer there, or give tokenizer.base=<its "
                          f"{TOKENIZER_FILE} or folder>.")
+    if path is None:
+        return {}
     return {"base_tokenizer": {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}}
+
+
+def no_heldout_advice(clean) -> str:
+    """What to do when the clean stage held out nothing, given its settings (`clean`): never a setting in force."""
+    if clean.heldout_fraction == 0 and clean.heldout_min_documents == 0:
+        return "run clean with clean.heldout_fraction > 0 or clean.heldout_min_documents > 0."
+    return (f"with clean.heldout_fraction={clean.heldout_fraction:g} and clean.heldout_min_documents="
+            f"{clean.heldout_min_documents}, the clean stage kept too few documents to hold any out: add text to the "
+            "language's raw folder, or give eval text to stage=evaluate with eval.path=.")
 
 
 def read_plan(run: StageRun) -> dict:
@@ -137,18 +152,19 @@ def _score(run: StageRun, new: Tokenizer, scratch: Path) -> tuple[dict[str, Scor
     word tokenizer's name."""
     options = run.cfg.tokenizer
     tokenizers = {"new": new}
-    if options.base is not None and not options.keep_base:
+    base = base_file(run.cfg)
+    if base is not None and not options.keep_base:
         try:
-            tokenizers["base"] = load_tokenizer(options.base)
+            tokenizers["base"] = load_tokenizer(base)
         except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
-            raise StageError(f"tokenizer.base={options.base}: {base_tokenizer_file(options.base)} is not a "
-                             f"tokenizer.json that `tokenizers` can load ({error}).") from None
+            raise StageError(f"{base} (the base tokenizer) is not a tokenizer.json that `tokenizers` can load "
+                             f"({error}).") from None
     word_tokenizer, word_tokenizer_name = resolve_word_tokenizer(run.cfg.lang)
     heldout = HeldoutText(run.input("clean"), run.lang, scratch / "heldout", options.eval_bytes)
     scores = evaluate(tokenizers, heldout, load_word_tokenizer(word_tokenizer))
     if not scores["new"].documents:
-        log.warning("tokenizer %s: %s holds no held-out documents, so the report has no scores; run clean with "
-                    "clean.heldout_fraction > 0.", run.lang, heldout.source.folder)
+        log.warning("tokenizer %s: %s holds no held-out documents, so the report has no scores; %s", run.lang,
+                    heldout.source.folder, no_heldout_advice(run.cfg.clean))
     return scores, heldout, word_tokenizer_name
 
 
@@ -195,12 +211,12 @@ def run_tokenizer(run: StageRun) -> dict:
         "sample": sample,
         "heldout": {"folder": str(heldout.source.folder), "documents": new.documents, "bytes": new.bytes,
                     "words": new.words, "word_tokenizer": word_tokenizer_name, "eval_bytes": options.eval_bytes,
-                    "truncated": heldout.truncated},
+                    "truncated": heldout.truncated, "advice": no_heldout_advice(run.cfg.clean)},
         "new": {"name": "base, kept" if options.keep_base else f"{lang} {options.backend}",
                 "path": str(run.final_dir / TOKENIZER_FILE),
                 "scores": new.summary()},
-        "base": None if base is None else {"name": options.base,
-                                           "path": str(base_tokenizer_file(options.base).resolve()),
+        "base": None if base is None else {"name": base_source(run.cfg),
+                                           "path": str(base_file(run.cfg).resolve()),
                                            "scores": base.summary()},
         "new_vs_base": comparison(new, base),
         "notes": notes,

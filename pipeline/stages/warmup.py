@@ -58,8 +58,7 @@ def run_warmup(run: StageRun) -> dict:
     cfg = run.cfg
     if cfg.model.base is None:
         raise StageError("warmup needs a base model: set model.base=<local Hugging Face folder or pipeline "
-                         "checkpoint> (with its tokenizer.json), and the matching preset, e.g. "
-                         "model=bloom-560m model.base=/models/bloom-560m")
+                         "checkpoint> (with its tokenizer.json), e.g. model.base=/models/bloom-560m")
     base = load_base(cfg.model.base)
     base_tokenizer = load_tokenizer(cfg.model.base)
     check_fit(cfg.model, base.cfg, cfg.model.base, base_tokenizer)
@@ -79,7 +78,7 @@ def run_warmup(run: StageRun) -> dict:
                          run.input_file("tokenizer", TOKENIZER_FILE), new_tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
-    write_heldout(job, texts, new_tokenizer, new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
+    scored = write_heldout(job, texts, new_tokenizer, new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
     (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
     result = launch(job, cfg.cluster)
@@ -90,10 +89,13 @@ def run_warmup(run: StageRun) -> dict:
     trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
     # Where the base is, relative to the work folder when inside it: stage=evaluate scores it too.
     report = {"base": portable_path(cfg, cfg.model.base), "init": cfg.warmup.init, "rows": transfer,
-              "trained_tensors": trained_tensors, "trained_parameters": trained_parameters, **result}
+              "trained_tensors": trained_tensors, "trained_parameters": trained_parameters, "heldout_scored": scored,
+              **result}
     write_json_atomic(run.work_dir / "report.json", report)
-    log.info("warmup %s: held-out bits per byte %.4f after %s initialisation, %.4f after %d steps",
-             run.lang, result["heldout_bpb_before"], cfg.warmup.init, result["heldout_bpb_after"], result["steps"])
+    log.info("warmup %s: held-out bits per byte %.4f after %s initialisation, %.4f after %d steps (on %s held-out "
+             "tokens, warmup.train.eval_tokens; stage=evaluate scores up to eval.max_bytes of the same text)",
+             run.lang, result["heldout_bpb_before"], cfg.warmup.init, result["heldout_bpb_after"], result["steps"],
+             f"{scored['tokens']:,}")
     return {key: value for key, value in report.items() if key != "sampler"}
 
 

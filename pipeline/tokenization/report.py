@@ -122,8 +122,7 @@ def markdown(document: dict) -> str:
                   + (" (up to tokenizer.eval_bytes)." if heldout["truncated"] else "."), "",
                   metrics_table(document), "", DEFINITIONS]
     else:
-        lines.append(f"No held-out text in {heldout['folder']}: nothing to evaluate (run clean with "
-                     "clean.heldout_fraction > 0).")
+        lines.append(f"No held-out text in {heldout['folder']}: nothing to evaluate; {heldout['advice']}")
     if sample is not None:
         lines += ["", "## Training sample", "",
                   "| source | input | planned bytes | keep probability | documents | bytes |",

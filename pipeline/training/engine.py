@@ -21,7 +21,7 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
 from pipeline.parallel.config import ParallelConfig
-from pipeline.parallel.deepspeed_internals import holds_first_layer
+from pipeline.parallel.deepspeed_internals import holds_first_layer, skip_cpu_shared_memory_collective
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
 from pipeline.training.config import TrainConfig, use_bf16
 from pipeline.training.schedule import lr_factor
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 def init_distributed() -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        skip_cpu_shared_memory_collective()
     # gloo on a CPU; NCCL (RCCL on ROCm) on GPUs.
     deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo")
 

@@ -4,6 +4,7 @@ folder. The rank side is pipeline/training/rank.py; the files they share are nam
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -22,6 +23,8 @@ from pipeline.training.heldout import save_rows
 from pipeline.training.job import TrainingJob, write_job
 from pipeline.training.outputs import EXPORT, HELDOUT_FILE, METRICS_FILE, RESULT_FILE, TRAINED
 
+log = logging.getLogger(__name__)
+
 
 def write_heldout(job: TrainingJob, texts: Iterable[str], tokenizer, start_id: int) -> dict:
     """The held-out rows every rank scores: documents in windows of the training length moving on by half of it,
@@ -30,7 +33,8 @@ def write_heldout(job: TrainingJob, texts: Iterable[str], tokenizer, start_id: i
                         max_tokens=job.train.eval_tokens)
     if rows.documents == 0:
         raise StageError(f"{job.stage}: the held-out text is empty, so held-out bits per byte cannot be scored. Run "
-                         f"the clean stage again with a larger held-out split (clean.heldout_fraction).")
+                         f"the clean stage again with a larger held-out split (clean.heldout_min_documents, "
+                         f"clean.heldout_fraction), or give it more text.")
     save_rows(rows.padded_to(job.train.micro_batch_size * job.parallel.dp), Path(job.folder) / HELDOUT_FILE)
     return {"documents": rows.documents, "tokens": rows.tokens, "bytes": rows.bytes}
 
@@ -56,6 +60,10 @@ def launch(job: TrainingJob, cluster) -> dict:
     folder = Path(job.folder)
     (folder / RESULT_FILE).unlink(missing_ok=True)
     world_size = job.parallel.world_size
+    # DeepSpeed takes a while to import and start: say what comes before it does.
+    log.info("%s: starting DeepSpeed on %d rank(s) (tp %d x pp %d x dp %d) for %d steps of %d sequences x %d tokens; "
+             "progress below, metrics in %s", job.stage, world_size, job.parallel.tp, job.parallel.pp, job.parallel.dp,
+             job.train.steps, job.train.global_batch_size, job.seq_len, folder / METRICS_FILE)
     if world_size == 1 and cluster.executor != "slurm":
         from pipeline.training.rank import train_rank  # DeepSpeed: only when a training stage runs
 

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from pipeline.model.hf_architectures import CheckpointError
+from pipeline.model.hf_config import CheckpointError
 from pipeline.parallel.tensor_parallel import full_state_dict, parameter_shards, tensor_parallel_rank
 from pipeline.tensor_files import save_tensors
 

@@ -93,8 +93,7 @@ def _check_base_model(cfg: PipelineConfig) -> None:
 
     demo = demo_base_folder(cfg)
     raise ConfigError("model.base", cfg.model.base, [
-        "the local Hugging Face folder that warmup starts from (with its tokenizer.json, and the matching model= "
-        "preset)",
+        "the local Hugging Face folder that warmup starts from (with its tokenizer.json)",
         f"the demo's small English base model: build it once with `python -m pipeline stage=all lang=nob "
         f"work_dir={cfg.work_dir}`, which caches it in {demo}, then give model.base={demo}",
         "or leave warmup out: workflow.stages=[clean,mix,tokenizer,pack]"])
