@@ -21,6 +21,7 @@ from pipeline.choices import closest_first
 from pipeline.languages import LANGUAGES
 from pipeline.model.config import ModelConfig, validate_model
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
+from pipeline.planning.config import PlanConfig, validate_plan
 from pipeline.training.config import ParallelConfig, TrainConfig, validate_training
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -370,6 +371,8 @@ class PipelineConfig:
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     demo_base: DemoBaseConfig = field(default_factory=DemoBaseConfig)
+    # stage=plan and pretrain's layout check: the device a layout is planned against.
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
 
 def register_configs() -> None:
@@ -395,7 +398,7 @@ def language_config(code: str, entry: dict) -> LanguageConfig:
 
 def validate(cfg: PipelineConfig) -> None:
     """Checks that types alone cannot express; each error names the key and what is allowed."""
-    from pipeline.stages import TARGETS, WORKFLOW_TARGETS
+    from pipeline.stages import PLAN_TARGET, TARGETS, WORKFLOW_TARGETS
 
     if cfg.stage not in TARGETS:
         raise ConfigError("stage", cfg.stage, closest_first(cfg.stage, TARGETS))
@@ -403,7 +406,7 @@ def validate(cfg: PipelineConfig) -> None:
         from pipeline.workflow.selection import validate_workflow
 
         validate_workflow(cfg)
-    elif cfg.lang is None or cfg.langs is not None:
+    elif cfg.stage != PLAN_TARGET and (cfg.lang is None or cfg.langs is not None):
         raise ConfigError("lang", cfg.langs, ["one ISO 639-3 code such as lang=nob (langs= is for stage=workflow "
                                               "and stage=status; sweep a stage with -m lang=nob,nno)"])
     if not 0.0 <= cfg.clean.heldout_fraction < 1.0:
@@ -434,6 +437,7 @@ def validate(cfg: PipelineConfig) -> None:
     if cfg.resume not in RESUME:
         raise ConfigError("resume", cfg.resume, RESUME)
     validate_eval(cfg.eval)
+    validate_plan(cfg.plan)
     validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
     if cfg.demo_base.lang not in LANGUAGES:
         raise ConfigError("demo_base.lang", cfg.demo_base.lang, closest_first(cfg.demo_base.lang, list(LANGUAGES)))

@@ -77,7 +77,7 @@ def _is_sweep_function(value: str) -> bool:
 
 def preflight(argv: list[str]) -> list[str]:
     """Validate and normalise the override arguments; returns the argv to hand to Hydra."""
-    from pipeline.stages import TARGETS, WORKFLOW_TARGETS
+    from pipeline.stages import PLAN_TARGET, TARGETS, WORKFLOW_TARGETS
 
     wants_help = any(arg in _HELP_FLAGS for arg in argv)
     out, skip_next, seen, stages = [], False, set(), set()
@@ -117,7 +117,7 @@ def preflight(argv: list[str]) -> list[str]:
         out.append("lang=nob")  # Hydra composes the config even for --help; any language will do
     if not wants_help:
         for required, choices in (("stage", ", ".join(TARGETS)), ("lang", "an ISO 639-3 code such as nob")):
-            if required not in seen and not (required == "lang" and "langs" in seen):
+            if required not in seen and not (required == "lang" and ("langs" in seen or stages == {PLAN_TARGET})):
                 several = (" (stage=workflow and stage=status also take langs=[nob,nno] or langs=all)"
                            if stages and stages <= set(WORKFLOW_TARGETS) else "")
                 raise OverrideError(

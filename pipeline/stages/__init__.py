@@ -7,6 +7,7 @@ import logging
 
 from pipeline.contract import Stage, execute, stage_dir
 from pipeline.demo_base import BASE_STAGES, demo_base_config, demo_base_folder
+from pipeline.planning import print_plan
 from pipeline.stages import clean, evaluate, mix, pack, pretrain, tokenizer, warmup
 
 log = logging.getLogger(__name__)
@@ -16,8 +17,10 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (clean.STAGE, mix.STA
 STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
 # stage=workflow submits the chain to Slurm for one or many languages; stage=status shows how far it got.
 WORKFLOW_TARGETS: tuple[str, ...] = ("workflow", "status")
-# What `stage=` accepts: one stage, `all` for the whole chain in order, or a workflow target.
-TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", *WORKFLOW_TARGETS)
+# stage=plan prints whether the training layout fits the device (pipeline/planning/); it needs no language.
+PLAN_TARGET = "plan"
+# What `stage=` accepts: one stage, `all` for the whole chain in order, a workflow target, or the plan.
+TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", *WORKFLOW_TARGETS, PLAN_TARGET)
 
 
 def run_target(cfg) -> None:
@@ -25,6 +28,8 @@ def run_target(cfg) -> None:
         from pipeline.workflow import run_workflow_target  # not contract stages: no marker of their own
 
         run_workflow_target(cfg)
+    elif cfg.stage == PLAN_TARGET:
+        print_plan(cfg)
     elif cfg.stage == "all":
         run_all(cfg)
     else:

@@ -21,6 +21,7 @@ import torch
 
 from pipeline.contract import Stage, StageError, StageRun, stage_dir, upstream_input, write_json_atomic
 from pipeline.model.transformer import Transformer
+from pipeline.planning import check_layout
 from pipeline.tokenization.folder import TOKENIZER_FILE
 from pipeline.training.run import CHECKPOINTS, METRICS_FILE, export_trained, launch, rank_training, write_heldout
 from pipeline.warmstart.base import (check_fit, folder_fingerprint, load_base, load_base_tokenizer, load_checkpoint,
@@ -78,6 +79,7 @@ def run(run: StageRun) -> dict:
     from pipeline.training import checkpoint  # imports DeepSpeed: only when the stage runs
 
     cfg = run.cfg
+    check_layout(cfg)  # a layout that cannot fit the device is refused before any work, with one that fits
     tokenizer_dir = run.input_dirs["tokenizer"]
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / TOKENIZER_FILE))
     checkpoints = run.work_dir / CHECKPOINTS

@@ -1,0 +1,34 @@
+"""The smallest layout that fits, for a plan that does not."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pipeline.model.config import ModelConfig
+from pipeline.planning.devices import Device
+from pipeline.planning.plan import Plan, with_layout
+
+
+def tensor_parallel_choices(model: ModelConfig, device: Device) -> list[int]:
+    """tp values that cut the heads, key/value heads and FFN evenly and stay within a node."""
+    most = min(device.per_node, model.num_kv_heads)
+    return [tp for tp in range(1, most + 1)
+            if not (model.num_heads % tp or model.num_kv_heads % tp or model.ffn_size % tp)]
+
+
+def smallest_fitting(plan: Plan) -> Optional[Plan]:
+    """The layout with the fewest model-parallel ranks (tp x pp) that fits, with the same dp, micro-batch and
+    global batch, preferring one that keeps the rules of thumb (at any size), then the shorter pipeline (smaller
+    bubble). Activation checkpointing of every block is tried only where nothing fits without it."""
+    layout = plan.layout
+    intervals = [layout.checkpoint_interval] + ([1] if layout.checkpoint_interval == 0 else [])
+    ruled = {tp: with_layout(plan, tp=tp, pp=1).keeps_rules() for tp in tensor_parallel_choices(plan.model, plan.device)}
+    for keeping_rules in (True, False):
+        shapes = sorted(((tp, pp) for tp, kept in ruled.items() if kept or not keeping_rules
+                         for pp in range(1, plan.model.num_layers + 1)), key=lambda shape: (shape[0] * shape[1], shape[1]))
+        for interval in intervals:
+            for tp, pp in shapes:
+                candidate = with_layout(plan, tp=tp, pp=pp, checkpoint_interval=interval)
+                if candidate.fits:
+                    return candidate
+    return None
