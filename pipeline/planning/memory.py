@@ -72,6 +72,9 @@ class StageMemory:
     peak: int
     # When the peak happens: backward, gradient reduction or optimizer step.
     phase: str
+    # What stays allocated between optimizer steps: weights, optimizer state, the logits and the send/receive
+    # tensors in the pipeline's buffers.
+    between_steps: int
 
 
 def vocab_shard(model: ModelConfig, tp: int) -> int:
@@ -137,10 +140,13 @@ def block_activations(model: ModelConfig, micro_batch: int, seq_len: int, tp: in
     norms = 2 * (_norm_activations(model, rows, nx) + e * rows * h)  # each norm's output feeds a linear layer
     reshaped = e * rows * heads * d  # the attention output made contiguous for the output projection
     if nx.flash:
-        attention = e * rows * d * (2 * heads + 2 * kv_heads) + 4 * rows * heads + reshaped  # q, k, v, out, lse
+        # q, k, v, the output, the float32 log-sum-exp and an int32 copy of the segment ids.
+        attention = e * rows * d * (2 * heads + 2 * kv_heads) + 4 * rows * heads + 4 * rows + reshaped
     else:
         # float32 q and k, v repeated to every query head, the softmax, and the causal/document mask.
         attention = 4 * b * heads * s * (3 * d + s) + b * s * s + reshaped
+    if model.position == "rope":
+        attention += 2 * e * s * d  # the rotation's cos and sin
     mlp = e * rows * ffn * (4 if model.activation == "swiglu" else 2)
     return norms + attention + mlp
 
@@ -221,4 +227,4 @@ def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
     phase = max(phases, key=phases.get)
     return StageMemory(stage=stage, blocks=blocks, parameters=held, weights=weights, gradients=gradients,
                        optimizer=optimizer, activations=activations, logits=logits, buffers=p2p + bucket,
-                       peak=phases[phase], phase=phase)
+                       peak=phases[phase], phase=phase, between_steps=static)
