@@ -1,24 +1,26 @@
 """Benchmark: the planner's memory estimate (`pipeline.planning`) against real training steps of the engine.
 
-Each case runs in a fresh process on one rank (tp = pp = dp = 1): `pipeline.training.engine.build_engine`, the
-stages' own engine (DeepSpeed's PipelineEngine, ZeRO-1), trains `--warmup` steps on random token ids with segment
-ids like the packed data (the first step creates Adam's state), then one measured step. Measured:
+Each case starts its ranks (tp x pp processes, dp = 1) as fresh processes. Every rank builds
+`pipeline.training.engine.build_engine`, the stages' own engine (DeepSpeed's PipelineEngine, ZeRO-1), trains two
+steps on random token ids with segment ids like the packed data (the first step creates Adam's state), then one
+measured step. Measured per rank:
 
-- on a CPU (fp32, the PyTorch reference kernels): the process's resident set. glibc's mmap threshold is fixed
-  at 64 KiB (`MALLOC_MMAP_THRESHOLD_`), so that every tensor is its own mapping, returned to the system when freed,
-  and the resident set follows the live tensors; the peak is VmHWM after resetting it through
-  /proc/self/clear_refs just before the measured step. "base" is the resident set before the engine is built
-  (Python, torch, DeepSpeed, the process group);
-- on a GPU (bf16, the Triton kernels): `torch.cuda.max_memory_allocated`, reset just before the measured step,
+- on a CPU (fp32, the PyTorch reference kernels, gloo): the process's resident set. glibc's mmap threshold is
+  fixed at 64 KiB (`MALLOC_MMAP_THRESHOLD_`), so that every tensor is its own mapping, returned to the system when
+  freed, and the resident set follows the live tensors; the peak is VmHWM after resetting it through
+  /proc/self/clear_refs just before the measured step. "base" is the resident set before the engine is built, after
+  a throwaway engine of a minute model has loaded the ~600 modules (torch._inductor, networkx ...) that the engine
+  imports on first use: ~150 MiB of code, no tensor;
+- on a GPU (bf16, the Triton kernels, NCCL): `torch.cuda.max_memory_allocated`, reset just before the measured step,
   and `torch.cuda.memory_allocated` before it; base 0 (the allocator counts only tensors).
 
-Columns: the planner's peak per rank against the measured peak above base; and the part of the step the planner
-calls activations (its peak less what stays allocated between steps: weights, optimizer state, the logits the
-pipeline keeps, its send/receive buffers) against the measured rise during the step. Ratios are planner /
-measured (1.00: exact; above 1: the planner overestimates).
+Columns, per rank (one row per pipeline stage; tensor-parallel ranks of a stage agree to within a few MiB, the first
+is shown): the planner's peak against the measured peak above base; and what a step adds (the planner's peak less
+what stays allocated between steps: weights, optimizer state, the logits and send/receive tensors in the pipeline's
+buffers) against the measured rise during the step. Ratios are planner / measured (above 1: an overestimate).
 
-    python bench/plan_memory.py                          # the CPU cases (tiny, ~100M Llama- and BLOOM-style)
-    python bench/plan_memory.py --cases bloom-1.3b-micro4,bloom-1.3b-micro8   # one GPU: bench/train.py's model
+    python bench/plan_memory.py                        # the CPU cases: tiny (1 and 2 ranks), ~100M Llama and BLOOM
+    python bench/plan_memory.py --cases bloom-1.3b-micro4,bloom-1.3b-micro8,bloom-1.3b-micro8-ckpt   # one GPU
 """
 
 from __future__ import annotations
@@ -62,12 +64,20 @@ class Case:
     accumulation: int
     seq_len: int
     checkpoint_interval: int = 0
+    tp: int = 1
+    pp: int = 1
     gpu: bool = False
+
+    def layout(self) -> Layout:
+        return Layout(tp=self.tp, pp=self.pp, dp=1, micro_batch=self.micro_batch, accumulation=self.accumulation,
+                      seq_len=self.seq_len, checkpoint_interval=self.checkpoint_interval)
 
 
 CASES = {
     "tiny": Case(TINY, micro_batch=8, accumulation=2, seq_len=256),
     "tiny-ckpt": Case(TINY, micro_batch=8, accumulation=2, seq_len=256, checkpoint_interval=1),
+    "tiny-pp2": Case(TINY, micro_batch=8, accumulation=4, seq_len=256, pp=2),
+    "tiny-tp2": Case(TINY, micro_batch=8, accumulation=2, seq_len=256, tp=2),
     "llama-100m": Case(LLAMA_100M, micro_batch=2, accumulation=2, seq_len=512),
     "llama-100m-ckpt": Case(LLAMA_100M, micro_batch=2, accumulation=2, seq_len=512, checkpoint_interval=1),
     "bloom-100m": Case(BLOOM_100M, micro_batch=2, accumulation=2, seq_len=512),
@@ -79,12 +89,10 @@ CASES = {
 CPU_CASES = [name for name, case in CASES.items() if not case.gpu]
 
 
-def planned(case: Case) -> dict:
-    """The planner's numbers for the case's single rank."""
-    layout = Layout(tp=1, pp=1, dp=1, micro_batch=case.micro_batch, accumulation=case.accumulation,
-                    seq_len=case.seq_len, checkpoint_interval=case.checkpoint_interval)
+def planned(case: Case, stage: int) -> dict:
+    """The planner's numbers for a rank of pipeline stage `stage`."""
     numerics = Numerics(value_bytes=2, flash=True, host=False) if case.gpu else Numerics(4, flash=False, host=True)
-    memory = stage_memory(case.model, layout, numerics, stage=0)
+    memory = stage_memory(case.model, case.layout(), numerics, stage)
     return {"parameters": memory.parameters, "peak": memory.peak, "phase": memory.phase,
             "step": memory.peak - memory.between_steps}
 
@@ -94,7 +102,7 @@ def _status_kib(field: str) -> int:
 
 
 def measure(name: str) -> dict:
-    """One case in this process (started by `main` with the environment it needs)."""
+    """This rank's part of one case (in a process that `run_case` started with the environment it needs)."""
     import numpy as np
     import torch
 
@@ -104,23 +112,27 @@ def measure(name: str) -> dict:
     from pipeline.training.heldout import micro_batches
 
     case = CASES[name]
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
     init_distributed()
     gpu = torch.cuda.is_available()
     if case.gpu != gpu:
         raise SystemExit(f"case {name} is for a {'GPU' if case.gpu else 'CPU'}; this process sees "
                          f"{'a GPU' if gpu else 'none'}")
+    parallel = ParallelConfig(tp=case.tp, pp=case.pp)
 
     def train_steps(model: ModelConfig, steps: int, folder: Path):
-        """Build the engine for `model` with the case's batch, and a function that trains one step."""
+        """The engine for `model` with the case's layout and batch after `steps` steps, and its step function."""
         train = TrainConfig(steps=10**6, global_batch_size=case.micro_batch * case.accumulation,
                             micro_batch_size=case.micro_batch, seq_len=case.seq_len, schedule="constant",
                             warmup_steps=0, precision="bf16" if gpu else "fp32",
                             activation_checkpoint_interval=case.checkpoint_interval)
-        init = write_init(model, folder, seed=1)
-        built = build_engine(model, train, ParallelConfig(), init, lambda _: True)
-        init.unlink()
-        generator = np.random.default_rng(1)
+        init = folder / f"{model.hidden_size}" / "init.safetensors"
+        if int(os.environ["RANK"]) == 0:
+            init.parent.mkdir(exist_ok=True)
+            write_init(model, init.parent, seed=1)
+        if torch.distributed.get_world_size() > 1:
+            torch.distributed.barrier()
+        built = build_engine(model, train, parallel, init, lambda _: True)
+        generator = np.random.default_rng(1)  # the same batches on every rank
         rows = case.micro_batch * case.accumulation
 
         def step() -> float:
@@ -131,16 +143,14 @@ def measure(name: str) -> dict:
                                                                      built.engine.device))))
         return built.engine, [step() for _ in range(steps)], step
 
-    with tempfile.TemporaryDirectory() as folder:
-        if not gpu:
-            # The engine imports ~600 modules (torch._inductor, networkx ...) on first use: ~150 MiB of resident
-            # code that is no tensor. Load them with a throwaway engine of a minute model before taking the base.
-            minute = replace(case.model, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2, ffn_size=128,
-                             vocab_size=128)
-            train_steps(minute, 1, Path(folder))
-            gc.collect()
-        base = 0 if gpu else _status_kib("VmRSS") * 1024
-        engine, losses, step = train_steps(case.model, 2, Path(folder))
+    folder = Path(os.environ["PLAN_MEMORY_DIR"])
+    if not gpu:
+        minute = replace(case.model, hidden_size=64, num_layers=case.pp, num_heads=2, num_kv_heads=2, ffn_size=128,
+                         vocab_size=128)
+        train_steps(minute, 1, folder)
+        gc.collect()
+    base = 0 if gpu else _status_kib("VmRSS") * 1024
+    engine, losses, step = train_steps(case.model, 2, folder)
     if gpu:
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -156,36 +166,44 @@ def measure(name: str) -> dict:
     else:
         peak = _status_kib("VmHWM") * 1024
         device = "CPU"
-    parameters = sum(p.numel() for p in engine.module.parameters())
-    return {"case": name, "base": base, "before": before, "peak": peak, "losses": losses, "device": device,
-            "parameters": parameters, "torch": torch.__version__}
+    return {"case": name, "rank": int(os.environ["RANK"]), "stage": engine.stage_id, "base": base, "before": before,
+            "peak": peak, "losses": losses, "device": device,
+            "parameters": sum(p.numel() for p in engine.module.parameters()), "torch": torch.__version__}
 
 
-def run_case(name: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "RANK": "0",
-           "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+def run_case(name: str) -> list[dict]:
+    """Every rank's measurement of one case, the ranks started as fresh processes."""
+    case = CASES[name]
+    world = case.tp * case.pp
     with tempfile.TemporaryDirectory() as folder:
-        result = Path(folder) / "result.json"
-        done = subprocess.run([sys.executable, __file__, f"--measure={name}", f"--result={result}"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if done.returncode != 0 or not result.exists():
-            raise SystemExit(f"case {name} failed ({done.returncode}):\n{done.stdout[-4000:]}")
-        return json.loads(result.read_text(encoding="utf-8"))
+        env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517",
+               "WORLD_SIZE": str(world), "MALLOC_MMAP_THRESHOLD_": "65536", "PLAN_MEMORY_DIR": folder,
+               "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+        results = [Path(folder) / f"rank{rank}.json" for rank in range(world)]
+        ranks = [subprocess.Popen([sys.executable, __file__, f"--measure={name}", f"--result={result}"],
+                                  env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+                 for rank, result in enumerate(results)]
+        logs = [process.communicate()[0] for process in ranks]
+        for process, result, log in zip(ranks, results, logs):
+            if process.returncode != 0 or not result.exists():
+                raise SystemExit(f"case {name} failed ({process.returncode}):\n{log[-4000:]}")
+        return [json.loads(result.read_text(encoding="utf-8")) for result in results]
 
 
 def table(rows: list[tuple[dict, dict]]) -> str:
-    lines = ["| case | parameters | micro x seq, accum | ckpt | planned peak (MiB) | at | measured peak above base "
-             "(MiB) | ratio | planned step (MiB) | measured step rise (MiB) | ratio |",
-             "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| case | layout | stage | parameters | micro x seq, accumulation | ckpt | planned peak (MiB) | at | "
+             "measured peak above base (MiB) | ratio | planned step (MiB) | measured step rise (MiB) | ratio |",
+             "|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for measured, plan in rows:
         case = CASES[measured["case"]]
         total = measured["peak"] - measured["base"]
         rise = measured["peak"] - measured["before"]
         lines.append(
-            f"| {measured['case']} | {measured['parameters']:,} | {case.micro_batch} x {case.seq_len}, "
-            f"{case.accumulation} | {case.checkpoint_interval} | {plan['peak'] / MIB:,.0f} | {plan['phase']} | "
-            f"{total / MIB:,.0f} | {plan['peak'] / total:.2f} | {plan['step'] / MIB:,.0f} | {rise / MIB:,.0f} | "
-            f"{plan['step'] / rise:.2f} |")
+            f"| {measured['case']} | {case.layout().describe()} | {measured['stage']} | {measured['parameters']:,} | "
+            f"{case.micro_batch} x {case.seq_len}, {case.accumulation} | {case.checkpoint_interval} | "
+            f"{plan['peak'] / MIB:,.0f} | {plan['phase']} | {total / MIB:,.0f} | {plan['peak'] / total:.2f} | "
+            f"{plan['step'] / MIB:,.0f} | {rise / MIB:,.0f} | {plan['step'] / rise:.2f} |")
     return "\n".join(lines)
 
 
@@ -199,21 +217,24 @@ def main() -> None:
     if args.measure:
         Path(args.result).write_text(json.dumps(measure(args.measure)), encoding="utf-8")
         return
-    rows = []
+    rows, results = [], []
     for name in args.cases.split(","):
-        measured = run_case(name)
-        plan = planned(CASES[name])
-        if plan["parameters"] != measured["parameters"]:
-            print(f"{name}: the planner counts {plan['parameters']:,} parameters, the engine holds "
-                  f"{measured['parameters']:,}", flush=True)
-        rows.append((measured, plan))
-        print(f"{name}: planned {plan['peak'] / MIB:,.0f} MiB ({plan['phase']}), measured "
-              f"{(measured['peak'] - measured['base']) / MIB:,.0f} MiB above base; losses {measured['losses']}",
-              flush=True)
+        ranks = run_case(name)
+        results += ranks
+        for stage in sorted({rank["stage"] for rank in ranks}):
+            measured = min((rank for rank in ranks if rank["stage"] == stage), key=lambda rank: rank["rank"])
+            plan = planned(CASES[name], stage)
+            if plan["parameters"] != measured["parameters"]:
+                print(f"{name} stage {stage}: the planner counts {plan['parameters']:,} parameters, the engine "
+                      f"holds {measured['parameters']:,}", flush=True)
+            rows.append((measured, plan))
+            print(f"{name} stage {stage}: planned {plan['peak'] / MIB:,.0f} MiB ({plan['phase']}), measured "
+                  f"{(measured['peak'] - measured['base']) / MIB:,.0f} MiB above base; losses {measured['losses']}",
+                  flush=True)
     text = table(rows)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n\n" + json.dumps([m for m, _ in rows], indent=1), encoding="utf-8")
+        Path(args.out).write_text(text + "\n\n" + json.dumps(results, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ t = tp, e bytes per value (2 in bf16, 4 in fp32), P the rank's parameters (P_T t
   recomputes one chunk at a time;
 - the last stage keeps the logits e·b·s·V/t of up to two micro-batches (DeepSpeed's pipeline buffers) and
   the loss works on about 12 bytes per logit in float32 (log-probabilities and two gradients);
-- buffers: ZeRO's gradient-reduction bucket (5e8 values, allocated at the end of each step's backward) and the
-  pipeline's send/receive tensors of e·b·s·h (cut by t when tp > 1).
+- buffers: ZeRO's gradient-reduction bucket of 5e8 values (allocated at the first gradient of every backward and
+  for the reduction at the end of the step) and the pipeline's send/receive tensors of e·b·s·h (cut by t when
+  tp > 1).
 
 A rank's peak is the largest of three moments: the backward (activations, full gradients), the gradient
 reduction (gradients and the bucket) and the optimizer step (a flat e and an fp32 copy of the rank's gradient
@@ -152,14 +153,17 @@ def block_activations(model: ModelConfig, micro_batch: int, seq_len: int, tp: in
 
 
 def _backward_working_set(model: ModelConfig, micro_batch: int, seq_len: int, tp: int, nx: Numerics) -> int:
-    """Gradients alive at once while one block runs backward: the MLP's intermediate gradients, those of the
-    residual stream, and the reference attention's s x s gradients."""
+    """What one block's backward holds beyond its saved activations at its fullest: in the MLP two gradients of
+    e·b·s·f/t (SwiGLU's product; one for GELU) and two of the residual stream; in the reference attention the
+    softmax's two s x s gradients, less the MLP's activations that its backward has already freed."""
     rows, e = micro_batch * seq_len, nx.value_bytes
     ffn, heads = model.ffn_size // tp, model.num_heads // tp
-    working = e * rows * (ffn * (3 if model.activation == "swiglu" else 2) + 2 * model.hidden_size)
-    if not nx.flash:
-        working += 2 * 4 * micro_batch * heads * seq_len * seq_len
-    return working
+    swiglu = model.activation == "swiglu"
+    mlp = e * rows * (ffn * (2 if swiglu else 1) + 2 * model.hidden_size)
+    if nx.flash:
+        return mlp
+    freed = e * rows * ffn * (4 if swiglu else 2)
+    return max(mlp, 2 * 4 * micro_batch * heads * seq_len * seq_len - freed)
 
 
 def _chunks(stage_layers: list[bool], interval: int) -> list[list[bool]]:
@@ -183,7 +187,7 @@ def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
     rows_h = b * s * model.hidden_size
 
     # Per micro-batch in flight: the blocks (whole, or a recomputed chunk's input), then the layers around them.
-    layers = [False] * first + [True] * blocks + [False] * (2 if last else 0)
+    layers = [False] * (1 if first else 0) + [True] * blocks + [False] * (2 if last else 0)
     one_block = block_activations(model, b, s, tp, nx)
     saved, recompute = 0, 0
     for chunk in _chunks(layers, interval):
@@ -211,16 +215,20 @@ def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
 
     p2p = 0
     if pp > 1:
-        part = rows_h * e // tp
-        buffers_per_stage = max(2, layout.in_flight(stage))
-        p2p += (0 if first else part + (buffers_per_stage * e * rows_h if tp == 1 else 0)) + (0 if last else part)
+        message = e * rows_h // tp  # what travels between stages: 1/tp of it under tensor parallelism
+        if not first:  # the receive buffer; at tp=1 the pipeline also keeps each received input (>= 2 buffers)
+            p2p += message + (max(2, layout.in_flight(stage)) * e * rows_h if tp == 1 else 0)
+        if not last:  # the receive buffer of the output's gradient
+            p2p += message
     partition = trained // dp
+    # ZeRO-1 allocates its bucket at the first gradient of every backward and again for the reduction. A CPU
+    # process's resident set grows only by what is written into it: a copy of the rank's gradient partition.
     bucket = e * partition if nx.host else e * REDUCE_BUCKET
     adam_temporaries = 8 * partition if nx.host else 0  # torch's unfused AdamW on a CPU; fused on a GPU
 
     static = weights + optimizer + p2p + logits_kept
     phases = {
-        "backward": weights + optimizer + p2p + gradients + activations + logits,
+        "backward": weights + optimizer + p2p + gradients + activations + logits + (0 if nx.host else bucket),
         "gradient reduction": static + gradients + bucket,
         "optimizer step": static + max((2 * e + 4) * partition, 4 * partition + adam_temporaries),
     }
