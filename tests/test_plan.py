@@ -248,9 +248,14 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
     assert not started
 
 
-def test_a_sequence_longer_than_the_attention_window_is_refused():
-    with pytest.raises(LayoutError, match="train.seq_len=4096 or less"):
-        plan_for_config(pipeline_config("mistral-7b", "plan.device=h100"))
+@pytest.mark.parametrize("preset, overrides, message", [
+    ("mistral-7b", [], "train.seq_len=null takes model.max_seq_len=32768, longer than the model's attention window"),
+    ("llama-2-13b", ["parallel.tp=3"], "parallel.tp=3 does not divide the model's num_heads, num_kv_heads (40, 40)"),
+    ("tiny", ["parallel.pp=5"], "parallel.pp=5 is more pipeline stages than the model has blocks (4)"),
+], ids=["window", "tp", "pp"])
+def test_a_layout_the_model_cannot_run_is_refused_before_planning(preset, overrides, message):
+    with pytest.raises(LayoutError, match=re.escape(message)):
+        plan_for_config(pipeline_config(preset, "plan.device=h100", *overrides))
 
 
 @pytest.mark.parametrize("hf", [

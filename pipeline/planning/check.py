@@ -19,7 +19,24 @@ log = logging.getLogger(__name__)
 
 
 class LayoutError(StageError):
-    """A layout that cannot run: it does not fit the device, or the model refuses its sequence length."""
+    """A layout that cannot run: it does not fit the device, or does not fit the model's shape. The message says
+    what to change."""
+
+
+def _refuse_what_cannot_run(model: ModelConfig, tp: int, pp: int, seq_len: int, seq_len_given: bool) -> None:
+    if model.sliding_window is not None and seq_len > model.sliding_window:
+        source = f"train.seq_len={seq_len}" if seq_len_given else f"train.seq_len=null takes model.max_seq_len={seq_len}"
+        raise LayoutError(f"{source}, longer than the model's attention window (model.sliding_window="
+                          f"{model.sliding_window}), which the attention kernels do not implement: set "
+                          f"train.seq_len={model.sliding_window} or less.")
+    uneven = [key for key in ("num_heads", "num_kv_heads", "ffn_size") if getattr(model, key) % tp]
+    if uneven:
+        raise LayoutError(f"parallel.tp={tp} does not divide the model's {', '.join(uneven)} "
+                          f"({', '.join(str(getattr(model, key)) for key in uneven)}): tensor parallelism gives each "
+                          f"rank an equal share; choose a tp that divides them.")
+    if pp > model.num_layers:
+        raise LayoutError(f"parallel.pp={pp} is more pipeline stages than the model has blocks ({model.num_layers}): "
+                          f"choose parallel.pp <= {model.num_layers}.")
 
 
 def plan_for_config(cfg, model: ModelConfig | None = None) -> Plan:
@@ -27,14 +44,7 @@ def plan_for_config(cfg, model: ModelConfig | None = None) -> Plan:
     model = model or cfg.model
     train, parallel = cfg.train, cfg.parallel
     seq_len = train.seq_len or model.max_seq_len
-    if model.sliding_window is not None and seq_len > model.sliding_window:
-        source = f"train.seq_len={seq_len}" if train.seq_len else f"train.seq_len=null takes model.max_seq_len={seq_len}"
-        raise LayoutError(f"{source}, longer than the model's attention window (model.sliding_window="
-                          f"{model.sliding_window}), which the attention kernels do not implement: set "
-                          f"train.seq_len={model.sliding_window} or less.")
-    if parallel.pp > model.num_layers:
-        raise LayoutError(f"parallel.pp={parallel.pp} is more pipeline stages than the model has blocks "
-                          f"({model.num_layers}): choose parallel.pp <= {model.num_layers}.")
+    _refuse_what_cannot_run(model, parallel.tp, parallel.pp, seq_len, train.seq_len is not None)
     layout = Layout(tp=parallel.tp, pp=parallel.pp, dp=parallel.dp, micro_batch=train.micro_batch_size,
                     accumulation=train.global_batch_size // (train.micro_batch_size * parallel.dp), seq_len=seq_len,
                     checkpoint_interval=train.activation_checkpoint_interval)

@@ -70,7 +70,7 @@ def render(plan: Plan, parameters: int) -> str:
                      size(stage.logits) if stage.logits else "-", size(stage.buffers), size(stage.peak), stage.phase,
                      share])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines.append(f"{unit} per rank".ljust(0))
+    lines.append(f"{unit} per rank")
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(width) if i in (0, 10) else cell.rjust(width)
                                for i, (cell, width) in enumerate(zip(row, widths))).rstrip())
