@@ -192,8 +192,8 @@ def run_case(name: str) -> list[dict]:
 
 
 def table(rows: list[tuple[dict, dict]]) -> str:
-    lines = ["| case | layout | stage | parameters | micro x seq, accumulation | ckpt | planned peak (MiB) | at | "
-             "measured peak above base (MiB) | ratio | planned step (MiB) | measured step rise (MiB) | ratio |",
+    lines = [("| case | layout | stage | parameters | micro x seq, accumulation | ckpt | planned peak (MiB) | at | "
+              "measured peak above base (MiB) | ratio | planned step (MiB) | measured step rise (MiB) | ratio |"),
              "|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for measured, plan in rows:
         case = CASES[measured["case"]]

@@ -16,12 +16,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from pipeline import planning
 from pipeline.config import CONF_DIR, ConfigError, PipelineConfig, validate
 from pipeline.model.config import ModelConfig
 from pipeline.model.flops import parameter_count
-from pipeline import planning
-from pipeline.planning import LayoutError, plan_for_config, print_plan
-from pipeline.planning import devices
+from pipeline.planning import LayoutError, devices, plan_for_config, print_plan
 from pipeline.planning.hf_shape import read_hf_shape
 from pipeline.planning.layout import Layout, blocks_per_stage
 from pipeline.planning.memory import Numerics, block_activations, stage_parameters
@@ -40,7 +39,8 @@ SMALL_ALIBI = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_head
 def pipeline_config(preset: str, *overrides: str) -> PipelineConfig:
     """The typed config of `stage=plan model=<preset> <overrides>`, as Hydra composes it (without a language)."""
     model = OmegaConf.load(CONF_DIR / "model" / f"{preset}.yaml")
-    merged = OmegaConf.merge(OmegaConf.structured(PipelineConfig), {"stage": "plan", "model": model.get("model", model)},
+    merged = OmegaConf.merge(OmegaConf.structured(PipelineConfig),
+                             {"stage": "plan", "model": model.get("model", model)},
                              OmegaConf.from_dotlist(list(overrides)))
     return OmegaConf.to_object(merged)
 
@@ -107,8 +107,8 @@ def test_lumi_rules_of_thumb(caplog):
     wide = plan_for_config(lumi("mistral-7b", "train.seq_len=4096", "parallel.tp=4", "parallel.pp=2",
                                 "train.micro_batch_size=1", "train.global_batch_size=16"))
     broken = [rule.text for rule in wide.rules() if not rule.kept]
-    assert broken == ["hidden / tp = 4096 / 4 = 1024 < 1280 on MI250X GCD: its matrix products are too small to "
-                      "keep the device busy; lower tp"]
+    assert broken == [("hidden / tp = 4096 / 4 = 1024 < 1280 on MI250X GCD: its matrix products are too small to "
+                       "keep the device busy; lower tp")]
     with caplog.at_level(logging.WARNING):
         planning.check_layout(lumi("mistral-7b", "train.seq_len=4096", "parallel.tp=4", "parallel.pp=2",
                           "train.micro_batch_size=1", "train.global_batch_size=16"))
@@ -210,7 +210,7 @@ def test_block_activations_of_the_triton_kernels_under_the_interpreter():
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_functions=check_*", __file__],
         cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
-        text=True, timeout=600)
+        text=True, timeout=600, check=False)
     assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-6000:] + result.stderr[-2000:]
 
 

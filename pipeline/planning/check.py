@@ -7,7 +7,6 @@ import logging
 
 from pipeline.contract import StageError
 from pipeline.model.config import ModelConfig
-from pipeline.model.flops import parameter_count
 from pipeline.planning.devices import GIB, resolve_device
 from pipeline.planning.hf_shape import ShapeError, read_hf_shape
 from pipeline.planning.layout import Layout
@@ -25,7 +24,8 @@ class LayoutError(StageError):
 
 def _refuse_what_cannot_run(model: ModelConfig, tp: int, pp: int, seq_len: int, seq_len_given: bool) -> None:
     if model.sliding_window is not None and seq_len > model.sliding_window:
-        source = f"train.seq_len={seq_len}" if seq_len_given else f"train.seq_len=null takes model.max_seq_len={seq_len}"
+        source = (f"train.seq_len={seq_len}" if seq_len_given
+                  else f"train.seq_len=null takes model.max_seq_len={seq_len}")
         raise LayoutError(f"{source}, longer than the model's attention window (model.sliding_window="
                           f"{model.sliding_window}), which the attention kernels do not implement: set "
                           f"train.seq_len={model.sliding_window} or less.")
@@ -102,7 +102,7 @@ def print_plan(cfg) -> None:
         except ShapeError as error:
             raise LayoutError(str(error)) from None
     plan = plan_for_config(cfg, model)
-    print(render(plan, parameter_count(model)))
+    print(render(plan))
     if plan.capacity is None:
         raise LayoutError(f"The memory of {plan.device.label} is unknown: give plan.device (mi250x, h100, h200, cpu) "
                           f"or plan.memory_gib=<GiB per device>.")

@@ -4,6 +4,7 @@ verdict and the rules of thumb."""
 from __future__ import annotations
 
 from pipeline.model.config import ModelConfig
+from pipeline.model.flops import parameter_count
 from pipeline.planning.devices import GIB
 from pipeline.planning.plan import Plan
 
@@ -19,11 +20,13 @@ def _checkpointing(interval: int) -> str:
     return "no activation checkpointing" if interval == 0 else f"activation checkpointing every {interval} block(s)"
 
 
-def describe_model(model: ModelConfig, parameters: int) -> str:
+def describe_model(model: ModelConfig) -> str:
     heads = f"{model.num_heads} heads" + (f" / {model.num_kv_heads} key-value" if model.num_kv_heads != model.num_heads
                                           else "")
-    return (f"{parameters / 1e9:.2f}B parameters (hidden {model.hidden_size}, {model.num_layers} layers, {heads}, "
-            f"FFN {model.ffn_size} {model.activation}, vocabulary {model.vocab_size}, {model.position})")
+    count = parameter_count(model)
+    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
+    return (f"{size} parameters (hidden {model.hidden_size}, {model.num_layers} layers, {heads}, FFN {model.ffn_size} "
+            f"{model.activation}, vocabulary {model.vocab_size}, {model.position})")
 
 
 def describe_layout(plan: Plan) -> str:
@@ -32,7 +35,7 @@ def describe_layout(plan: Plan) -> str:
     return f"{layout.describe()} = {layout.ranks} rank(s) on {where}"
 
 
-def render(plan: Plan, parameters: int) -> str:
+def render(plan: Plan) -> str:
     layout, device, nx = plan.layout, plan.device, plan.numerics
     unit, scale = _unit(max(stage.peak for stage in plan.stages))
 
@@ -42,7 +45,7 @@ def render(plan: Plan, parameters: int) -> str:
     capacity = plan.capacity
     memory = device.memory_per_rank(layout.ranks)
     lines = [f"Plan: {describe_layout(plan)}",
-             f"Model: {describe_model(plan.model, parameters)}"]
+             f"Model: {describe_model(plan.model)}"]
     if memory is None:
         lines.append(f"Device: {device.label}, memory unknown: give plan.device (mi250x, h100, h200, cpu) or "
                      f"plan.memory_gib")
@@ -50,17 +53,18 @@ def render(plan: Plan, parameters: int) -> str:
         lines.append(f"Device: {device.label}, {memory / GIB:.1f} GiB per rank; the plan may fill "
                      f"{plan.usable_fraction:.0%} = {capacity / GIB:.1f} GiB (plan.usable_fraction)")
     precision = "bf16" if nx.value_bytes == 2 else "fp32"
+    attention = "FlashAttention (Triton)" if nx.flash else "reference attention (s x s softmax)"
     lines += [
-        f"Step: micro-batch {layout.micro_batch} x seq {layout.seq_len}; dp {layout.dp} x micro {layout.micro_batch} x "
-        f"accumulation {layout.accumulation} = global batch {layout.global_batch} = {layout.tokens_per_step:,} tokens",
-        f"Pipeline bubble: (pp - 1) / (m + pp - 1) = {layout.pp - 1} / {layout.accumulation + layout.pp - 1} = "
-        f"{layout.bubble:.1%}",
-        f"Numerics: {precision} weights and gradients, fp32 master weights and Adam moments in ZeRO-1 partitions "
-        f"over dp={layout.dp}, {'FlashAttention (Triton)' if nx.flash else 'reference attention (s x s softmax)'}, "
-        f"{_checkpointing(layout.checkpoint_interval)}",
+        (f"Step: micro-batch {layout.micro_batch} x seq {layout.seq_len}; dp {layout.dp} x micro {layout.micro_batch} "
+         f"x accumulation {layout.accumulation} = global batch {layout.global_batch} = {layout.tokens_per_step:,} "
+         f"tokens"),
+        (f"Pipeline bubble: (pp - 1) / (m + pp - 1) = {layout.pp - 1} / {layout.accumulation + layout.pp - 1} = "
+         f"{layout.bubble:.1%}"),
+        (f"Numerics: {precision} weights and gradients, fp32 master weights and Adam moments in ZeRO-1 partitions "
+         f"over dp={layout.dp}, {attention}, {_checkpointing(layout.checkpoint_interval)}"),
         "",
     ]
-    other = "no ckpt" if layout.checkpoint_interval else "ckpt=1"
+    other = f"ckpt={plan.alternative_interval}" if plan.alternative_interval else "no ckpt"
     header = [column.format(other=f"act. {other}") for column in _COLUMNS]
     rows = []
     for stage, alternative in zip(plan.stages, plan.alternative):

@@ -22,10 +22,12 @@ def smallest_fitting(plan: Plan) -> Optional[Plan]:
     bubble). Activation checkpointing of every block is tried only where nothing fits without it."""
     layout = plan.layout
     intervals = [layout.checkpoint_interval] + ([1] if layout.checkpoint_interval == 0 else [])
-    ruled = {tp: with_layout(plan, tp=tp, pp=1).keeps_rules() for tp in tensor_parallel_choices(plan.model, plan.device)}
+    choices = tensor_parallel_choices(plan.model, plan.device)
+    kept = {tp: with_layout(plan, tp=tp, pp=1).keeps_rules() for tp in choices}  # the rules depend on tp alone
     for keeping_rules in (True, False):
-        shapes = sorted(((tp, pp) for tp, kept in ruled.items() if kept or not keeping_rules
-                         for pp in range(1, plan.model.num_layers + 1)), key=lambda shape: (shape[0] * shape[1], shape[1]))
+        shapes = sorted(((tp, pp) for tp in choices if kept[tp] or not keeping_rules
+                         for pp in range(1, plan.model.num_layers + 1)),
+                        key=lambda shape: (shape[0] * shape[1], shape[1]))
         for interval in intervals:
             for tp, pp in shapes:
                 candidate = with_layout(plan, tp=tp, pp=pp, checkpoint_interval=interval)
