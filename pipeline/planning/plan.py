@@ -57,10 +57,10 @@ class Plan:
         rules = []
         if device.accelerator:
             per_node = f"{device.per_node} {device.label}s per node"
-            rules.append(Rule(layout.tp <= device.per_node,
-                              f"tp={layout.tp} within a node ({per_node})" if layout.tp <= device.per_node else
+            within = device.per_node % layout.tp == 0
+            rules.append(Rule(within, f"tp={layout.tp} within a node ({per_node})" if within else
                               f"tp={layout.tp} spans nodes ({per_node}): its all-reduces in every layer would cross "
-                              f"the network; keep tp <= {device.per_node} and add pp"))
+                              f"the network; choose a tp that divides {device.per_node} and add pp"))
         if device.min_hidden_per_tp:
             share, least = hidden // layout.tp, device.min_hidden_per_tp
             kept = share >= least
