@@ -16,8 +16,9 @@ measured step. Measured per rank:
 
 Columns, per rank (one row per pipeline stage; tensor-parallel ranks of a stage agree to within a few MiB, the first
 is shown): the planner's peak against the measured peak above base; and what a step adds (the planner's peak less
-what stays allocated between steps: weights, optimizer state, the logits and send/receive tensors in the pipeline's
-buffers) against the measured rise during the step. Ratios are planner / measured (above 1: an overestimate).
+what stays allocated between steps: weights, optimizer state, and what the pipeline's buffers keep, the last layer's
+output and the send/receive tensors) against the measured rise during the step. Ratios are planner / measured
+(above 1: an overestimate).
 
     python bench/plan_memory.py                        # the CPU cases: tiny (1 and 2 ranks), ~100M Llama and BLOOM
     python bench/plan_memory.py --cases bloom-1.3b-micro4,bloom-1.3b-micro8,bloom-1.3b-micro8-ckpt   # one GPU

@@ -20,7 +20,7 @@ from pipeline import planning
 from pipeline.config import CONF_DIR, ConfigError, PipelineConfig, validate
 from pipeline.model.config import ModelConfig
 from pipeline.model.flops import parameter_count
-from pipeline.planning import LayoutError, devices, plan_for_config, print_plan
+from pipeline.planning import LayoutError, devices, memory, plan_for_config, print_plan
 from pipeline.planning.hf_shape import read_hf_shape
 from pipeline.planning.layout import Layout, blocks_per_stage
 from pipeline.planning.memory import Numerics, block_activations, stage_parameters
@@ -56,7 +56,7 @@ def test_mistral_7b_on_lumi_prints_a_table_per_gcd(tmp_path):
     # Stage 0's weights in bf16 at tp=2: half of the embedding and of 8 blocks (Mistral-7B's shape, counted here).
     block = 4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336 + 2 * 4096
     assert float(rows[0][2]) == pytest.approx(2 * (32000 * 4096 + 8 * block) / 2 / GIB, abs=0.005)
-    assert rows[3][7] != "-" and all(row[7] == "-" for stage, row in rows.items() if stage < 3)  # logits: last only
+    assert rows[3][7] != "-" and all(row[7] == "-" for stage, row in rows.items() if stage < 3)  # head and loss: last stage only
     assert "MI250X GCD, 64.0 GiB per rank" in out
     assert "dp 4 x micro 1 x accumulation 16 = global batch 64 = 262,144 tokens" in out
     assert "(pp - 1) / (m + pp - 1) = 3 / 19 = 15.8%" in out
@@ -278,6 +278,14 @@ def test_a_model_folder_is_planned_from_its_config_json(tmp_path, capsys, hf):
         assert getattr(shape, key) == getattr(loaded, key), key
     print_plan(pipeline_config("tiny", f"model.base={tmp_path}", "plan.device=h100", "train.seq_len=1024"))
     assert f"hidden {hf['hidden_size']}, 3 layers" in capsys.readouterr().out
+
+
+def test_the_planner_knows_whether_the_engine_fuses_the_head_with_the_loss():
+    from pipeline.parallel.pipeline_model import HeadLayer
+
+    output = HeadLayer(SMALL_ROPE)(torch.zeros(1, 2, SMALL_ROPE.hidden_size))
+    # A fused loss gets the hidden states and the head's weight; otherwise the head's output is the logits.
+    assert memory.HEAD_FUSED_WITH_LOSS == isinstance(output, tuple)
 
 
 def test_the_planner_imports_no_torch():

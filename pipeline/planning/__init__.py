@@ -2,7 +2,7 @@
 
 `python -m pipeline stage=plan model=<preset> parallel.tp=.. parallel.pp=.. parallel.dp=.. cluster=lumi` prints,
 per pipeline stage, the weights, gradients, ZeRO-1 optimizer partition, activations (with and without activation
-checkpointing), logits and communication buffers against the device's memory, the pipeline bubble, the tokens
+checkpointing), the LM head and loss, and communication buffers against the device's memory, the pipeline bubble, the tokens
 per step and LUMI's rules of thumb; a layout that does not fit is refused with the smallest one that does.
 `check_layout(cfg)` is the same check for `stage=pretrain`. The pieces:
 

@@ -17,7 +17,10 @@ t = tp, e bytes per value (2 in bf16, 4 in fp32), P the rank's parameters (P_T t
   with activation checkpointing every k blocks a recomputed chunk keeps only its input e·b·s·h, and the backward
   recomputes one chunk at a time;
 - the last stage keeps the logits e·b·s·V/t of up to two micro-batches (DeepSpeed's pipeline buffers) and
-  the loss works on about 12 bytes per logit in float32 (log-probabilities and two gradients);
+  the loss works on about 12 bytes per logit in float32 (log-probabilities and two gradients). Where the engine
+  fuses the head with the loss (HEAD_FUSED_WITH_LOSS), the buffers keep the head's input e·b·s·h instead, and
+  the loss saves the gradients of that input and of the head's weight e·V·h/t, which its backward scales into
+  new tensors; only a chunk of the logits exists at a time;
 - buffers: ZeRO's gradient-reduction bucket of 5e8 values (allocated at the first gradient of every backward and
   for the reduction at the end of the step) and the pipeline's send/receive tensors of e·b·s·h (cut by t when
   tp > 1).
@@ -40,6 +43,12 @@ REDUCE_BUCKET = 500_000_000
 # float32 bytes per logit of the loss's working set: log-probabilities (or the logits a vocab-parallel loss saves)
 # and two gradients of that size alive at once in its backward.
 LOSS_BYTES_PER_LOGIT = 12
+# Whether the engine's last pipeline layer hands the hidden states and the head's weight to a loss that applies the
+# head itself, a chunk of rows at a time (pipeline.kernels.linear_cross_entropy); tests/test_plan.py checks that
+# this says what pipeline/parallel/pipeline_model.py does.
+HEAD_FUSED_WITH_LOSS = False
+# Logits per chunk of that fused loss (pipeline/kernels/fused_head.py: CHUNK_LOGIT_ELEMENTS).
+FUSED_LOSS_CHUNK_LOGITS = 1024 * 131072
 
 
 @dataclass(frozen=True)
@@ -66,15 +75,16 @@ class StageMemory:
     optimizer: int
     # At the backward's peak: the micro-batches in flight and the working set of the backward.
     activations: int
-    # Last stage: the logits the pipeline keeps and the loss's working set.
-    logits: int
+    # Last stage: what the LM head and the loss hold: the logits (or the head's input) the pipeline keeps, and the
+    # loss's working set.
+    loss: int
     # The gradient-reduction bucket and the pipeline's send/receive tensors.
     buffers: int
     peak: int
     # When the peak happens: backward, gradient reduction or optimizer step.
     phase: str
-    # What stays allocated between optimizer steps: weights, optimizer state, the logits and the send/receive
-    # tensors in the pipeline's buffers.
+    # What stays allocated between optimizer steps: weights, optimizer state, and what the pipeline's buffers
+    # keep (the last layer's output, the send/receive tensors).
     between_steps: int
 
 
@@ -174,6 +184,20 @@ def _chunks(stage_layers: list[bool], interval: int) -> list[list[bool]]:
     return [stage_layers[i:i + interval] for i in range(0, len(stage_layers), interval)]
 
 
+def _head_and_loss(model: ModelConfig, layout: Layout, nx: Numerics) -> tuple[int, int]:
+    """(kept, working): what DeepSpeed's pipeline buffers keep of the last layer's output (up to two micro-batches,
+    one when a step has one), and what the head and the loss hold at once besides."""
+    e, rows = nx.value_bytes, layout.micro_batch * layout.seq_len
+    shard = vocab_shard(model, layout.tp)
+    buffers = 1 if layout.accumulation == 1 else 2
+    if not HEAD_FUSED_WITH_LOSS:
+        return (buffers * e * rows * shard,
+                LOSS_BYTES_PER_LOGIT * rows * (model.vocab_size if layout.tp == 1 else shard))
+    head_gradients = e * rows * model.hidden_size + e * shard * model.hidden_size
+    chunk = e * min(rows, max(1, FUSED_LOSS_CHUNK_LOGITS // shard)) * shard
+    return buffers * e * rows * model.hidden_size, max(head_gradients + chunk, 2 * head_gradients)
+
+
 def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
                  checkpoint_interval: int | None = None) -> StageMemory:
     """The memory of a rank of `stage`; `checkpoint_interval` replaces the layout's (to show the alternative)."""
@@ -198,20 +222,16 @@ def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
             saved += chunk.count(True) * one_block
     if first and model.embedding_norm:
         saved += _norm_activations(model, b * s, nx)
-    if last:  # the final norm's input and output (the head's input)
-        saved += _norm_activations(model, b * s, nx) + e * rows_h
+    if last:  # the final norm's input, and its output where the head (a linear layer) saves it
+        saved += _norm_activations(model, b * s, nx) + (0 if HEAD_FUSED_WITH_LOSS else e * rows_h)
     else:  # the stage's output, kept until its gradient comes back (a tensor-parallel rank keeps its 1/tp share)
         saved += e * rows_h // tp
     working = recompute + _backward_working_set(model, b, s, tp, nx)
 
-    logits_kept = logits_working = 0
-    if last:
-        shard = vocab_shard(model, tp)
-        logits_kept = (1 if layout.accumulation == 1 else 2) * e * b * s * shard
-        logits_working = LOSS_BYTES_PER_LOGIT * b * s * (model.vocab_size if tp == 1 else shard)
+    kept, loss_working = _head_and_loss(model, layout, nx) if last else (0, 0)
     # The loss runs backward before any block does: the larger of the two working sets counts.
     activations = layout.in_flight(stage) * saved + working
-    logits = logits_kept + max(logits_working - working, 0)
+    loss = kept + max(loss_working - working, 0)
 
     p2p = 0
     if pp > 1:
@@ -226,13 +246,13 @@ def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
     bucket = e * partition if nx.host else e * REDUCE_BUCKET
     adam_temporaries = 8 * partition if nx.host else 0  # torch's unfused AdamW on a CPU; fused on a GPU
 
-    static = weights + optimizer + p2p + logits_kept
+    static = weights + optimizer + p2p + kept
     phases = {
-        "backward": weights + optimizer + p2p + gradients + activations + logits + (0 if nx.host else bucket),
+        "backward": weights + optimizer + p2p + gradients + activations + loss + (0 if nx.host else bucket),
         "gradient reduction": static + gradients + bucket,
         "optimizer step": static + max((2 * e + 4) * partition, 4 * partition + adam_temporaries),
     }
     phase = max(phases, key=phases.get)
     return StageMemory(stage=stage, blocks=blocks, parameters=held, weights=weights, gradients=gradients,
-                       optimizer=optimizer, activations=activations, logits=logits, buffers=p2p + bucket,
+                       optimizer=optimizer, activations=activations, loss=loss, buffers=p2p + bucket,
                        peak=phases[phase], phase=phase, between_steps=static)

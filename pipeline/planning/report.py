@@ -8,7 +8,7 @@ from pipeline.model.flops import parameter_count
 from pipeline.planning.devices import GIB
 from pipeline.planning.plan import Plan
 
-_COLUMNS = ("stage", "blocks", "weights", "grads", "optimizer", "activations", "{other}", "logits", "buffers", "peak",
+_COLUMNS = ("stage", "blocks", "weights", "grads", "optimizer", "activations", "{other}", "head+loss", "buffers", "peak",
             "at", "of usable")
 
 
@@ -71,7 +71,7 @@ def render(plan: Plan) -> str:
         share = f"{stage.peak / capacity:.0%}" if capacity else "?"
         rows.append([str(stage.stage), str(stage.blocks), size(stage.weights), size(stage.gradients),
                      size(stage.optimizer), size(stage.activations), size(alternative.activations),
-                     size(stage.logits) if stage.logits else "-", size(stage.buffers), size(stage.peak), stage.phase,
+                     size(stage.loss) if stage.loss else "-", size(stage.buffers), size(stage.peak), stage.phase,
                      share])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines.append(f"{unit} per rank")
