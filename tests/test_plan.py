@@ -56,7 +56,8 @@ def test_mistral_7b_on_lumi_prints_a_table_per_gcd(tmp_path):
     # Stage 0's weights in bf16 at tp=2: half of the embedding and of 8 blocks (Mistral-7B's shape, counted here).
     block = 4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336 + 2 * 4096
     assert float(rows[0][2]) == pytest.approx(2 * (32000 * 4096 + 8 * block) / 2 / GIB, abs=0.005)
-    assert rows[3][7] != "-" and all(row[7] == "-" for stage, row in rows.items() if stage < 3)  # head and loss: last stage only
+    # The head and the loss: on the last stage only.
+    assert rows[3][7] != "-" and all(row[7] == "-" for stage, row in rows.items() if stage < 3)
     assert "MI250X GCD, 64.0 GiB per rank" in out
     assert "dp 4 x micro 1 x accumulation 16 = global batch 64 = 262,144 tokens" in out
     assert "(pp - 1) / (m + pp - 1) = 3 / 19 = 15.8%" in out

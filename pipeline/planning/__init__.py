@@ -2,8 +2,9 @@
 
 `python -m pipeline stage=plan model=<preset> parallel.tp=.. parallel.pp=.. parallel.dp=.. cluster=lumi` prints,
 per pipeline stage, the weights, gradients, ZeRO-1 optimizer partition, activations (with and without activation
-checkpointing), the LM head and loss, and communication buffers against the device's memory, the pipeline bubble, the tokens
-per step and LUMI's rules of thumb; a layout that does not fit is refused with the smallest one that does.
+checkpointing), the LM head and loss, and communication buffers against the device's memory, the pipeline bubble,
+the tokens per step and LUMI's rules of thumb; a layout that does not fit is refused with the smallest one that
+does.
 `check_layout(cfg)` is the same check for `stage=pretrain`. The pieces:
 
 - devices.py: the devices and their memory (MI250X GCD, H100, H200, the host's memory for CPU ranks);

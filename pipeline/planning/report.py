@@ -8,8 +8,8 @@ from pipeline.model.flops import parameter_count
 from pipeline.planning.devices import GIB
 from pipeline.planning.plan import Plan
 
-_COLUMNS = ("stage", "blocks", "weights", "grads", "optimizer", "activations", "{other}", "head+loss", "buffers", "peak",
-            "at", "of usable")
+_COLUMNS = ("stage", "blocks", "weights", "grads", "optimizer", "activations", "{other}", "head+loss", "buffers",
+            "peak", "at", "of usable")
 
 
 def _unit(largest: float) -> tuple[str, float]:
