@@ -241,7 +241,7 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
     monkeypatch.setattr(pretrain, "save_checkpoint", lambda *args: started.append(args))
     cfg = pipeline_config("llama-3.1-70b", "plan.device=mi250x", "train.seq_len=4096")
     with pytest.raises(LayoutError) as refused:
-        pretrain.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
+        pretrain.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
     message = str(refused.value)
     assert "tp=1 x pp=1 x dp=1" in message and "does not fit" in message
     tp, pp = map(int, re.search(r"parallel\.tp=(\d+) parallel\.pp=(\d+)", message).groups())
