@@ -107,7 +107,9 @@ def measure(name: str) -> dict:
     import numpy as np
     import torch
 
-    from bench.train import write_init
+    from safetensors.torch import save_file
+
+    from pipeline.model.transformer import Transformer
     from pipeline.training.config import ParallelConfig, TrainConfig
     from pipeline.training.engine import build_engine, init_distributed
     from pipeline.training.heldout import micro_batches
@@ -126,10 +128,12 @@ def measure(name: str) -> dict:
                             micro_batch_size=case.micro_batch, seq_len=case.seq_len, schedule="constant",
                             warmup_steps=0, precision="bf16" if gpu else "fp32",
                             activation_checkpoint_interval=case.checkpoint_interval)
-        init = folder / f"{model.hidden_size}" / "init.safetensors"
-        if int(os.environ["RANK"]) == 0:
-            init.parent.mkdir(exist_ok=True)
-            write_init(model, init.parent, seed=1)
+        init = folder / f"init-{model.hidden_size}.safetensors"
+        if int(os.environ["RANK"]) == 0:  # the initial weights with single-model names, a tied head once
+            torch.manual_seed(1)
+            state = Transformer(model).state_dict()
+            save_file({name: tensor.contiguous() for name, tensor in state.items() if name != "head.weight"},
+                      str(init))
         if torch.distributed.get_world_size() > 1:
             torch.distributed.barrier()
         built = build_engine(model, train, parallel, init, lambda _: True)
