@@ -26,9 +26,9 @@ t = tp, e bytes per value (2 in bf16, 4 in fp32), P the rank's parameters (P_T t
   tp > 1).
 
 A rank's peak is the largest of three moments: the backward (activations, full gradients), the gradient
-reduction (gradients and the bucket) and the optimizer step (a flat e and an fp32 copy of the rank's gradient
-partition, and on a CPU Adam's temporaries). CPU ranks count only written memory, as the process's resident set
-does: the bucket costs what is written into it.
+reduction (gradients and the bucket) and the optimizer step (the reduction's copy of the rank's gradient partition,
+a flat e and an fp32 copy of it, and on a CPU the unfused AdamW's two fp32 temporaries). CPU ranks count only
+written memory, as the process's resident set does: the bucket costs what is written into it.
 """
 
 from __future__ import annotations
@@ -244,13 +244,18 @@ def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
     # ZeRO-1 allocates its bucket at the first gradient of every backward and again for the reduction. A CPU
     # process's resident set grows only by what is written into it: a copy of the rank's gradient partition.
     bucket = e * partition if nx.host else e * REDUCE_BUCKET
-    adam_temporaries = 8 * partition if nx.host else 0  # torch's unfused AdamW on a CPU; fused on a GPU
+    # The optimizer step, one parameter group after another, first flattens the group's gradients (e) and casts them
+    # to fp32 (a new tensor unless they are fp32 already), then updates it, torch's unfused AdamW on a CPU with two
+    # temporaries of its size (fused on a GPU: none). All the while the gradient partition that the reduction
+    # copied them into stays whole: the groups share it.
+    flatten = e * partition + (4 * partition if e != 4 else 0)
+    update = 4 * partition + (8 * partition if nx.host else 0)
 
     static = weights + optimizer + p2p + kept
     phases = {
         "backward": weights + optimizer + p2p + gradients + activations + loss + (0 if nx.host else bucket),
         "gradient reduction": static + gradients + bucket,
-        "optimizer step": static + max((2 * e + 4) * partition, 4 * partition + adam_temporaries),
+        "optimizer step": static + e * partition + max(flatten, update),
     }
     phase = max(phases, key=phases.get)
     return StageMemory(stage=stage, blocks=blocks, parameters=held, weights=weights, gradients=gradients,
