@@ -13,7 +13,8 @@ from pipeline.config import CONF_DIR, register_configs, validate
 from pipeline.errors import ConfigError, StageError, StageInterrupted
 from pipeline.languages import UnknownLanguageError
 from pipeline.overrides import OverrideError, preflight
-from pipeline.targets import WORKFLOW_TARGETS, check_target
+from pipeline.planning import print_plan
+from pipeline.targets import PLAN_TARGET, WORKFLOW_TARGETS, check_target
 
 log = logging.getLogger("pipeline")
 
@@ -28,6 +29,8 @@ def hydra_main(cfg: DictConfig) -> None:
             from pipeline.workflow import run_workflow_target  # imports every stage, hence torch: not for --help
 
             run_workflow_target(config)
+        elif config.stage == PLAN_TARGET:
+            print_plan(config)
         else:
             from pipeline.stages import run_target  # the stages import torch and datatrove: not for --help
 

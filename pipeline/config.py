@@ -30,6 +30,7 @@ from pipeline.model.config import ModelConfig, validate_model
 from pipeline.packing.config import PackConfig, validate_pack
 from pipeline.parallel.config import ParallelConfig, validate_parallel
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
+from pipeline.planning.config import PlanConfig, validate_plan
 from pipeline.tokenization.config import TokenizerConfig, validate_tokenizer
 from pipeline.training.config import TrainConfig, validate_training
 from pipeline.warmstart.config import WarmupConfig, validate_warmup
@@ -87,6 +88,8 @@ class PipelineConfig:
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     demo_base: DemoBaseConfig = field(default_factory=DemoBaseConfig)
+    # stage=plan and pretrain's layout check: the device a layout is planned against.
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
 
 def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Optional[dict] = None) -> None:
@@ -139,6 +142,7 @@ def validate(cfg: PipelineConfig) -> None:
     if cfg.resume not in RESUME:
         raise ConfigError("resume", cfg.resume, RESUME)
     validate_eval(cfg.eval)
+    validate_plan(cfg.plan)
     validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
     if cfg.demo_base.lang not in LANGUAGES:
         raise ConfigError("demo_base.lang", cfg.demo_base.lang, closest_first(cfg.demo_base.lang, list(LANGUAGES)))

@@ -21,7 +21,7 @@ from pipeline.config import BASE_SHAPE_GROUP, BASE_SHAPE_OVERRIDE, PipelineConfi
 from pipeline.languages import resolve_language, resolve_languages
 from pipeline.model.base_shape import base_shape
 from pipeline.model.hf_config import CheckpointError
-from pipeline.targets import TARGETS, WORKFLOW_TARGETS
+from pipeline.targets import PLAN_TARGET, TARGETS, WORKFLOW_TARGETS
 
 # Hydra flags that take the next argument as their value.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
@@ -203,7 +203,7 @@ def preflight(argv: list[str]) -> CommandLine:
         languages = ["nob"]
     if not hydra_help:
         for required, choices in (("stage", ", ".join(TARGETS)), ("lang", "an ISO 639-3 code such as nob")):
-            if required not in seen and not (required == "lang" and "langs" in seen):
+            if required not in seen and not (required == "lang" and ("langs" in seen or stages == {PLAN_TARGET})):
                 several = (" (stage=workflow and stage=status also take langs=[nob,nno] or langs=all)"
                            if stages and stages <= set(WORKFLOW_TARGETS) else "")
                 raise OverrideError(

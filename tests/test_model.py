@@ -14,12 +14,16 @@ from pipeline.errors import ConfigError
 from pipeline.model import (ModelConfig, RopeScaling, Transformer, alibi_slopes, flops_per_token, parameter_count,
                             validate_model)
 
-PRESETS = ("tiny", "bloom-560m", "bloom-1b7", "bloom-7b1", "mistral-7b", "llama-3.2-1b", "llama-3.1-8b")
+PRESETS = ("tiny", "bloom-560m", "bloom-1b7", "bloom-7b1", "mistral-7b", "llama-3.2-1b", "llama-3.1-8b", "llama-2-13b",
+           "poro-34b", "llama-3.1-70b", "megatron-146b", "bloom-176b")
 # Parameter counts of the published checkpoints (sum of numel over transformers' model.parameters()).
 PUBLISHED_PARAMETERS = {
     "bloom-560m": 559_214_592, "bloom-1b7": 1_722_408_960, "bloom-7b1": 7_069_016_064,
     "mistral-7b": 7_241_732_096, "llama-3.2-1b": 1_235_814_400, "llama-3.1-8b": 8_030_261_248,
+    "llama-2-13b": 13_015_864_320, "llama-3.1-70b": 70_553_706_496, "bloom-176b": 176_247_271_424,
 }
+# Shapes whose source gives only a rounded count, in billions: Poro-34B's model card, Megatron-LM's Table 1.
+ROUNDED_PARAMETERS = {"poro-34b": 34.2, "megatron-146b": 145.6}
 SMALL_ALIBI = ModelConfig(hidden_size=48, num_layers=2, num_heads=12, num_kv_heads=12, ffn_size=192, vocab_size=300,
                           position="alibi", norm="layernorm", activation="gelu", embedding_norm=True, bias=True)
 SMALL_ROPE = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=96, vocab_size=300)
@@ -40,6 +44,8 @@ def test_presets_load_validate_and_have_the_published_size(name):
         model = Transformer(cfg)
         assert sum(p.numel() for p in model.parameters()) == parameter_count(cfg)
         assert model.head.weight is model.embedding.tokens.weight
+    elif name in ROUNDED_PARAMETERS:
+        assert round(parameter_count(cfg) / 1e9, 1) == ROUNDED_PARAMETERS[name]
     else:
         assert parameter_count(cfg) == PUBLISHED_PARAMETERS[name]
 

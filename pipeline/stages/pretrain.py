@@ -28,6 +28,7 @@ from pipeline.model.files import (base_identity, check_finite, check_fit, load_b
                                   save_checkpoint)
 from pipeline.model.transformer import Transformer
 from pipeline.packing.packed import PACKED_FILE
+from pipeline.planning import check_layout
 from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
 from pipeline.training.job import TrainingJob
@@ -101,6 +102,7 @@ def training_job(run: StageRun) -> TrainingJob:
 
 def run_pretrain(run: StageRun) -> dict:
     cfg = run.cfg
+    check_layout(cfg)  # a layout that cannot fit the device is refused before any work, with one that fits
     tokenizer_dir = run.input("tokenizer")
     tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
     saved = run.work_dir / CHECKPOINTS
