@@ -1,10 +1,61 @@
-"""The README's test command is what CI runs."""
+"""The README stays honest: its test command is what CI runs, it stays short, it leads to every docs/ page, and no
+link in the documentation points at a file or heading that does not exist."""
+
+import re
 
 from tests.conftest import REPO
 
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+# Markdown links `[text](target)`; images too. Targets with a scheme (https:, mailto:) are not checked.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.MULTILINE)
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def documentation() -> list:
+    return [README, REPO / "BENCHMARKS.md", REPO / "data" / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def prose(path) -> str:
+    """The file without its fenced code blocks, whose `#` lines are comments, not headings."""
+    return FENCE.sub("", path.read_text(encoding="utf-8"))
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
 
 def test_ci_runs_the_readme_test_command():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    readme = README.read_text(encoding="utf-8")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     command = next(line for line in ci.splitlines() if "pytest" in line)
     assert command in readme
+
+
+def test_readme_is_at_most_300_lines():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 300
+
+
+def test_readme_links_every_docs_page():
+    linked = {(README.parent / target.split("#")[0]).resolve() for target in LINK.findall(prose(README))}
+    pages = set(DOCS.rglob("*.md"))
+    assert pages, "docs/ has no pages"
+    assert {page.relative_to(REPO) for page in pages if page.resolve() not in linked} == set()
+
+
+def test_relative_links_point_at_existing_files_and_headings():
+    broken = []
+    for page in documentation():
+        for target in LINK.findall(prose(page)):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif fragment and file.suffix == ".md" and fragment not in {anchor(h) for h in HEADING.findall(prose(file))}:
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert broken == []
