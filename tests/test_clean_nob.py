@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -25,7 +26,11 @@ def test_writes_shards_and_marker_with_metrics(cleaned, embedded_records):
     m = marker(cwd / "work", "nob", "clean")
     assert m["stage"] == "clean" and m["lang"] == "nob" and len(m["config_hash"]) == 16
     assert METRIC_KEYS <= set(m["metrics"])
-    assert m["inputs"]["raw"]["path"] == str((DATA / "nob").resolve())
+    # the raw input is recorded by its files (count, size, hash of names, sizes and times), not its path
+    raw_files = sorted(p for p in (DATA / "nob").rglob("*") if p.is_file())
+    assert m["inputs"]["raw"]["files"] == len(raw_files)
+    assert m["inputs"]["raw"]["bytes"] == sum(p.stat().st_size for p in raw_files)
+    assert str(DATA) not in json.dumps(m["inputs"])
 
     metrics = m["metrics"]
     assert metrics["docs_in"] == len(embedded_records["nob"])

@@ -170,7 +170,8 @@ def test_clean_then_rehydration_on_known_cluster_sizes(tmp_path, embedded_record
     records = [{"id": f"{base['id']}/copy{k}", "text": base["text"], "lang": "fao"}
                for base, n in zip(bases, copies) for k in range(n)]
     write_jsonl_gz(tmp_path / "raw" / "fao" / "copies.jsonl.gz", records)
-    clean_options = [f"raw_dir={tmp_path / 'raw'}", "clean.heldout_fraction=0", "clean.gopher_repetition=false",
+    clean_options = [f"raw_dir={tmp_path / 'raw'}", "clean.heldout_fraction=0", "clean.heldout_min_documents=0",
+                     "clean.gopher_repetition=false",
                      "clean.gopher_quality=false", "clean.fineweb_quality=false"]
 
     run_cli("stage=clean", "lang=fao", *clean_options, cwd=tmp_path)

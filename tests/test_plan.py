@@ -284,6 +284,9 @@ def test_the_planner_knows_whether_the_engine_fuses_the_head_with_the_loss():
     output = HeadLayer(SMALL_ROPE)(torch.zeros(1, 2, SMALL_ROPE.hidden_size))
     # A fused loss gets the hidden states and the head's weight; otherwise the head's output is the logits.
     assert memory.HEAD_FUSED_WITH_LOSS == isinstance(output, tuple)
+    from pipeline.kernels.fused_head import CHUNK_LOGIT_ELEMENTS
+
+    assert memory.FUSED_LOSS_CHUNK_LOGITS == CHUNK_LOGIT_ELEMENTS
 
 
 def test_the_planner_imports_no_torch():
