@@ -108,7 +108,13 @@ def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Opti
     for code in LANGUAGES if languages is None else languages:
         cs.store(group="lang", name=code, node=language_config(code, LANGUAGES[code]))
     if base_shape is not None:
-        cs.store(group=BASE_SHAPE_GROUP, name=BASE_SHAPE_NAME, node={"model": base_shape}, package="_global_")
+        register_base_shape(base_shape)
+
+
+def register_base_shape(shape: dict) -> None:
+    """The option BASE_SHAPE_OVERRIDE selects: `model.base`'s shape over the `model=` preset's."""
+    ConfigStore.instance().store(group=BASE_SHAPE_GROUP, name=BASE_SHAPE_NAME, node={"model": shape},
+                                 package="_global_")
 
 
 def validate(cfg: PipelineConfig) -> None:

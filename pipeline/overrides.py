@@ -142,6 +142,18 @@ def _parsed_path(override: str) -> Optional[str]:
     return None if parsed.is_sweep_override() else str(parsed.value())
 
 
+def shape_of_base(base: Optional[str]) -> Optional[dict]:
+    """The model shape that `model.base=<base>` (the value as typed) gives, for BASE_SHAPE_OVERRIDE; None without a
+    base, or for an interpolation (resolved later) or a sweep (several bases): the config check compares those."""
+    path = None if base in (None, "null") or "${" in base else _parsed_path(f"model.base={base}")
+    if path is None:
+        return None
+    try:
+        return base_shape(path)
+    except CheckpointError as error:
+        raise OverrideError(f"model.base={base}: {error}") from None
+
+
 def preflight(argv: list[str]) -> CommandLine:
     """Validate and normalise the override arguments; returns the argv to hand to Hydra and what the run needs."""
     if any(arg in _HELP_FLAGS for arg in argv):
@@ -188,16 +200,9 @@ def preflight(argv: list[str]) -> CommandLine:
             if leaf is not None:
                 check_value(key, value, leaf)
         out.append(f"{key}={value}")
-    base, shape = seen.get("model.base"), None
-    # An interpolation is resolved later and a sweep gives several bases: the config check compares those.
-    path = None if base in (None, "null") or "${" in base else _parsed_path(f"model.base={base}")
-    if path is not None:
-        try:
-            shape = base_shape(path)
-        except CheckpointError as error:
-            raise OverrideError(f"model.base={base}: {error}") from None
-        if BASE_SHAPE_GROUP not in seen:  # a workflow job gets it with the user's overrides
-            out.append(BASE_SHAPE_OVERRIDE)
+    shape = shape_of_base(seen.get("model.base"))
+    if shape is not None and BASE_SHAPE_GROUP not in seen:  # a workflow job gets it with the user's overrides
+        out.append(BASE_SHAPE_OVERRIDE)
     if hydra_help and "lang" not in seen:
         out.append("lang=nob")  # Hydra composes the config even for --hydra-help; any language will do
         languages = ["nob"]
