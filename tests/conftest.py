@@ -5,8 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -47,8 +49,8 @@ def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.Comple
     return result
 
 
-# The Norwegian chain up to `pack` for the training stages' tests: a small vocabulary, no deduplication.
-CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "clean.dedup.enabled=false", "workers=2")
+# The Norwegian chain up to `pack` for the training stages' tests: a small vocabulary (clean as nob_eng_cleaned).
+CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "workers=2")
 
 
 @pytest.fixture(scope="session")
@@ -60,9 +62,28 @@ def english_base(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def nob_packed(tmp_path_factory):
+def nob_eng_cleaned(tmp_path_factory) -> Path:
+    """A folder whose `work/` holds the embedded Norwegian and English samples cleaned with the defaults (the
+    slowest stage on a CPU, deduplication included); modules take copies of it (`copy_of`)."""
+    cwd = tmp_path_factory.mktemp("nob-eng-cleaned")
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda lang: run_cli("stage=clean", f"lang={lang}", cwd=cwd), ("nob", "eng")))
+    return cwd
+
+
+def copy_of(cleaned: Path, tmp_path_factory, name: str, langs: tuple[str, ...] = ("nob", "eng")) -> Path:
+    """A folder of one's own holding a copy of `langs`' folders of `cleaned`'s work folder (markers record
+    work-relative paths, so the copy is current)."""
+    cwd = tmp_path_factory.mktemp(name)
+    for lang in langs:
+        shutil.copytree(cleaned / "work" / lang, cwd / "work" / lang)
+    return cwd
+
+
+@pytest.fixture(scope="session")
+def nob_packed(tmp_path_factory, nob_eng_cleaned):
     """A work folder with the embedded Norwegian sample cleaned, mixed, tokenized and packed."""
-    cwd = tmp_path_factory.mktemp("nob-packed")
+    cwd = copy_of(nob_eng_cleaned, tmp_path_factory, "nob-packed", langs=("nob",))  # no English filler
     for stage in ("clean", "mix", "tokenizer", "pack"):
         run_cli(f"stage={stage}", *CHAIN_OPTIONS, cwd=cwd)
     assert marker(cwd / "work", "nob", "pack")

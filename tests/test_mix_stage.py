@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from pipeline.mixing.scaling import effective_tokens
-from tests.conftest import DATA, marker, read_jsonl_gz, run_cli, write_jsonl_gz
+from tests.conftest import DATA, copy_of, marker, read_jsonl_gz, run_cli, write_jsonl_gz
 
 
 def plan(cwd, lang: str = "nob") -> dict:
@@ -34,11 +33,9 @@ def write_code_corpus(folder) -> None:
 
 
 @pytest.fixture(scope="module")
-def cleaned(tmp_path_factory):
+def cleaned(tmp_path_factory, nob_eng_cleaned):
     """nob (the target) and eng (the default filler) cleaned side by side, then the default plan."""
-    cwd = tmp_path_factory.mktemp("mix")
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda lang: run_cli("stage=clean", f"lang={lang}", cwd=cwd), ("nob", "eng")))
+    cwd = copy_of(nob_eng_cleaned, tmp_path_factory, "mix")
     result = run_cli("stage=mix", "lang=nob", cwd=cwd)
     return cwd, result
 

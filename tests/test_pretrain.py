@@ -133,7 +133,13 @@ def test_acceptance_sigterm_checkpoints_and_a_resume_with_two_replicas_continues
     resumed = losses_by_step(fresh)
     for step in range(stopped + 1, 13):
         assert resumed[step] == pytest.approx(uninterrupted[step], rel=1e-5), f"step {step}"
-    assert marker(fresh / "work", "nob", "pretrain")["metrics"]["steps"] == 12
+    metrics = marker(fresh / "work", "nob", "pretrain")["metrics"]
+    assert metrics["steps"] == 12
+    # Each rank's peak memory, with its place in the layout (on a CPU: host memory only).
+    peaks = metrics["peak_memory_per_rank"]
+    assert [(p["rank"], p["pp"], p["tp"], p["dp"]) for p in peaks] == [(0, 0, 0, 0), (1, 0, 0, 1)]
+    assert all(0.1 < p["host_rss_gib"] < 16 and p["device_gib"] is None for p in peaks)
+    assert metrics["peak_memory_stage_process"]["host_rss_gib"] > 0.1
 
 
 def test_acceptance_a_larger_budget_resumes_from_the_newest_sound_checkpoint_and_other_changes_are_refused(fresh):

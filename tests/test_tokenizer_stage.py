@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 from tokenizers import Tokenizer
 
-from tests.conftest import TRICKY_TEXTS, marker, read_jsonl_gz, run_cli
+from tests.conftest import TRICKY_TEXTS, copy_of, marker, read_jsonl_gz, run_cli
 
 VOCAB = "tokenizer.vocab_size=2048"
 # Held-out text in four more scripts than nob and eng: Cyrillic, Devanagari, Arabic; Finnish for Latin.
@@ -23,15 +23,12 @@ def report(cwd, lang: str = "nob") -> dict:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, nob_eng_cleaned):
     """nob and eng cleaned and mixed; an English tokenizer; nob's, SentencePiece (kept aside) then byte-level BPE."""
-    cwd = tmp_path_factory.mktemp("tokenizer")
+    cwd = copy_of(nob_eng_cleaned, tmp_path_factory, "tokenizer")
     # UD documents are short (hence min_doc_words), and small languages need a larger held-out share.
-    others = ("-m", "stage=clean", f"lang={','.join(OTHER_LANGS)}", "clean.gopher_min_doc_words=5",
-              "clean.heldout_fraction=0.2")
-    with ThreadPoolExecutor(3) as pool:
-        list(pool.map(lambda args: run_cli(*args, cwd=cwd), [("stage=clean", "lang=nob"), ("stage=clean", "lang=eng"),
-                                                              others]))
+    run_cli("-m", "stage=clean", f"lang={','.join(OTHER_LANGS)}", "clean.gopher_min_doc_words=5",
+            "clean.heldout_fraction=0.2", cwd=cwd)
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda lang: run_cli("stage=mix", f"lang={lang}", cwd=cwd), ("nob", "eng")))
         english = pool.submit(run_cli, "stage=tokenizer", "lang=eng", VOCAB, cwd=cwd)

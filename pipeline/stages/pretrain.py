@@ -24,8 +24,7 @@ import torch
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
-from pipeline.model.files import (base_identity, check_finite, check_fit, load_base, load_checkpoint,
-                                  save_checkpoint)
+from pipeline.model.files import base_identity, check_finite, check_fit, load_base, load_checkpoint, save_checkpoint
 from pipeline.model.transformer import Transformer
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.planning import check_layout
@@ -33,6 +32,7 @@ from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import CHECKPOINTS, INIT, METRICS_FILE, TRAINED
+from pipeline.training.peak_memory import peak_memory
 from pipeline.training.run import check_pack_tokenizer, export_trained, launch, write_heldout
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,9 @@ def run_pretrain(run: StageRun) -> dict:
     # The run is complete: the final model is in checkpoint/ and hf/; the resumable states are not needed.
     shutil.rmtree(saved, ignore_errors=True)
     shutil.rmtree(run.work_dir / INIT)
-    report = {"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel), "heldout_scored": scored, **result}
+    report = {"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel), "heldout_scored": scored, **result,
+              # this process: the starting model, the export (and the training, with one rank started here)
+              "peak_memory_stage_process": peak_memory()}
     write_json_atomic(run.work_dir / "report.json", report)
     log.info("pretrain %s: held-out bits per byte %.4f -> %.4f after %d steps (%s tokens; scored on %s held-out "
              "tokens, train.eval_tokens; stage=evaluate scores up to eval.max_bytes of the same text)", run.lang,

@@ -27,6 +27,7 @@ from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 from pipeline.training.config import use_bf16
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import INIT, METRICS_FILE
+from pipeline.training.peak_memory import peak_memory
 from pipeline.training.run import check_pack_tokenizer, export_trained, launch, write_heldout
 from pipeline.warmstart.freezing import warmup_trainable
 from pipeline.warmstart.initialise import warm_started
@@ -90,7 +91,9 @@ def run_warmup(run: StageRun) -> dict:
     # Where the base is, relative to the work folder when inside it: stage=evaluate scores it too.
     report = {"base": portable_path(cfg, cfg.model.base), "init": cfg.warmup.init, "rows": transfer,
               "trained_tensors": trained_tensors, "trained_parameters": trained_parameters, "heldout_scored": scored,
-              **result}
+              **result,
+              # this process: the starting model, the export (and the training, with one rank started here)
+              "peak_memory_stage_process": peak_memory()}
     write_json_atomic(run.work_dir / "report.json", report)
     log.info("warmup %s: held-out bits per byte %.4f after %s initialisation, %.4f after %d steps (on %s held-out "
              "tokens, warmup.train.eval_tokens; stage=evaluate scores up to eval.max_bytes of the same text)",

@@ -27,9 +27,10 @@ from pipeline.evaluation.bits_per_byte import ScoringRows
 from pipeline.training.config import TrainConfig
 from pipeline.training.engine import Engine
 from pipeline.training.heldout import heldout_bpb, micro_batches
+from pipeline.training.peak_memory import peak_memory
 from pipeline.training.run_state import RunState
 from pipeline.training.signals import StopRequest
-from pipeline.training.throughput import device_peak_tflops, memory_gib, tflops_per_device
+from pipeline.training.throughput import device_peak_tflops, tflops_per_device
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
                 entry = {"step": run.step, "loss": loss, "lr": lr,
                          "grad_norm": None if grad_norm is None else float(grad_norm), "tokens": run.tokens,
                          "tokens_per_s": speed, "tflops_per_device": tflops,
-                         "mfu": None if peak is None else tflops / peak, "memory_gib": memory_gib()}
+                         "mfu": None if peak is None else tflops / peak, **peak_memory()}
                 record(entry)
                 progress.set_postfix(loss=f"{loss:.3f}", lr=f"{entry['lr']:.2e}", tok_s=f"{speed:,.0f}")
             if train.eval_every and run.step % train.eval_every == 0 and run.step != train.steps:

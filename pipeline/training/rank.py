@@ -23,6 +23,7 @@ from pipeline.training.heldout import load_rows
 from pipeline.training.job import TrainingJob
 from pipeline.training.loop import Checkpointing, train_loop
 from pipeline.training.outputs import CHECKPOINTS, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED
+from pipeline.training.peak_memory import peaks_of_all_ranks
 from pipeline.training.run_state import RunState
 from pipeline.training.weights import join_parts, save_part
 
@@ -60,8 +61,10 @@ def train_rank(job: TrainingJob) -> None:
                         flops_per_token=flops_per_token(model_cfg, job.seq_len), run=state,
                         checkpointing=checkpointing)
     _save_trained(engine, folder)
+    # After the save, so that the peaks include it; the launching process adds its own (the export).
+    peaks = peaks_of_all_ranks(engine.engine.grid)
     if rank == 0:
-        write_json_atomic(folder / RESULT_FILE, result)
+        write_json_atomic(folder / RESULT_FILE, {**result, "peak_memory_per_rank": peaks})
     dist.barrier()
     dist.destroy_process_group()
 

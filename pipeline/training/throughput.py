@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import resource
 from typing import Optional
 
 import torch
@@ -20,13 +19,6 @@ def device_peak_tflops() -> Optional[float]:
     if "gfx90a" in gcn:
         return PEAK_TFLOPS["MI250X"]
     return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
-
-
-def memory_gib() -> float:
-    """Peak accelerator memory of this process (GiB), or its peak resident memory on a CPU."""
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def tflops_per_device(flops_per_token: int, tokens_per_s: float, devices: int) -> float:

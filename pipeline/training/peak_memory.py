@@ -1,0 +1,27 @@
+"""The peak memory of a training rank: host resident set and accelerator memory, as the run reports them."""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+import torch.distributed as dist
+
+GIB = 2**30
+
+
+def peak_memory() -> dict:
+    """This process's peak resident set (VmHWM, GiB) and its peak device memory allocated by torch (GiB; None on a
+    CPU)."""
+    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # ru_maxrss is in KiB on Linux
+    device = torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else None
+    return {"host_rss_gib": round(host, 3), "device_gib": None if device is None else round(device, 3)}
+
+
+def peaks_of_all_ranks(grid) -> list[dict]:
+    """Every rank's peak memory with its place in the layout (a collective: every rank calls it), in rank order."""
+    mine = {"rank": dist.get_rank(), "pp": grid.get_pipe_parallel_rank(), "tp": grid.get_slice_parallel_rank(),
+            "dp": grid.get_data_parallel_rank(), **peak_memory()}
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return gathered
