@@ -26,3 +26,10 @@ def demo_base_config(cfg: PipelineConfig) -> PipelineConfig:
 def demo_base_folder(cfg: PipelineConfig) -> Path:
     """The Hugging Face folder of the demo base (with its tokenizer), for `model.base`."""
     return stage_dir(demo_base_config(cfg), "pretrain") / "hf"
+
+
+def with_demo_base(cfg: PipelineConfig) -> PipelineConfig:
+    """`cfg` as `stage=all` runs it: without `model.base`, the demo base is the base."""
+    if cfg.model.base is not None:
+        return cfg
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=str(demo_base_folder(cfg))))

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 
 from pipeline.contract import Stage, execute, stage_dir
-from pipeline.demo_base import BASE_STAGES, demo_base_config, demo_base_folder
+from pipeline.demo_base import BASE_STAGES, demo_base_config, demo_base_folder, with_demo_base
 from pipeline.stages import clean, evaluate, mix, pack, pretrain, tokenizer, warmup
 from pipeline.targets import STAGE_NAMES
 
@@ -46,7 +46,7 @@ def run_all(cfg) -> None:
                  "one.", base_cfg.lang.name, demo_base_folder(cfg))
         if not run_chain(base_cfg, BASE_STAGES) or cfg.lang.code == base_cfg.lang.code:
             return
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=str(demo_base_folder(cfg))))
+        cfg = with_demo_base(cfg)
     if run_chain(cfg, STAGE_NAMES):
         report = stage_dir(cfg, "evaluate") / "report.md"
         log.info("The whole recipe for %s is done.", cfg.lang.code)

@@ -3,6 +3,7 @@
 The markers are checked against the options of this command line, or, when it gives none besides the
 languages, against those of the last stage=workflow command in this work folder (recorded in
 .workflow/state.json), so that `stage=status langs=...` alone answers for the workflow that was submitted.
+Where no workflow was submitted, the markers are `stage=all`'s: without `model.base`, the demo base is the base.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from pipeline.demo_base import with_demo_base
 from pipeline.languages import LANGUAGES
 from pipeline.workflow import selection, slurm
 from pipeline.workflow.command import passed_on, work_dir_override
@@ -33,6 +35,8 @@ def print_status(cfg) -> None:
         overrides = state.overrides
         log.info("Checking the markers with the options of the last stage=workflow here: %s", " ".join(overrides))
     configs = selection.language_configs(cfg, [*overrides, work_dir_override(work)], codes)
+    if not state.overrides:  # no stage=workflow here: the markers are stage=all's, whose base is the demo's without one
+        configs = {code: with_demo_base(config) for code, config in configs.items()}
     states = slurm.task_states(state.job_ids()) if slurm.available() else {}
     cells = observe(configs, chain, state.latest_tasks(), states)
     print(table(codes, chain, cells, work))
