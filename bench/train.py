@@ -52,7 +52,8 @@ from bench.anchor_model import AnchorModel, anchor_state_dict  # noqa: E402
 from pipeline.model.config import ModelConfig  # noqa: E402
 from pipeline.model.flops import flops_per_token  # noqa: E402
 from pipeline.training.config import TrainConfig  # noqa: E402
-from pipeline.training.throughput import device_peak_tflops, memory_gib  # noqa: E402
+from pipeline.training.peak_memory import peak_memory  # noqa: E402
+from pipeline.training.throughput import device_peak_tflops  # noqa: E402
 
 LR = 1e-4
 MODELS = {"alibi": "ALiBi model", "rope": "RoPE model"}
@@ -271,13 +272,19 @@ def single_device(device: torch.device) -> str:
     return "1 GPU" if device.type == "cuda" else "1 CPU process"
 
 
+def _peak_gib() -> float:
+    """The peak device memory on a GPU, the peak resident set on a CPU (the table's one memory column)."""
+    peaks = peak_memory()
+    return peaks["host_rss_gib"] if peaks["device_gib"] is None else peaks["device_gib"]
+
+
 def throughput(name: str, layout: str, gpus: int, args, global_batch: int, seconds: float, cfg: ModelConfig) -> dict:
     tokens_per_s = args.steps * global_batch * args.seq_len / seconds
     tflops = flops_per_token(cfg, args.seq_len) * tokens_per_s / gpus / 1e12
     peak = device_peak_tflops()
     return {"name": name, "model": args.model, "layout": layout, "gpus": gpus, "global_batch": global_batch,
             "step_s": seconds / args.steps, "tokens_per_s": tokens_per_s, "tflops_per_gpu": tflops,
-            "mfu": None if peak is None else tflops / peak, "memory_gib": memory_gib(),
+            "mfu": None if peak is None else tflops / peak, "memory_gib": _peak_gib(),
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU", "torch": torch.__version__}
 
 

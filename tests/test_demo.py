@@ -43,3 +43,9 @@ def test_stage_all_builds_the_demo_base_then_the_whole_recipe(tmp_path):
     again = run_cli("stage=all", *SMALL, cwd=tmp_path)
     assert "Skipping pretrain for eng" in again.stderr and "Skipping evaluate for nob" in again.stderr
     assert "Running" not in again.stderr
+
+    # stage=status after the demo, with the work folder given relative or absolute: every stage is done.
+    for work_dir in ("work", str(work)):
+        status = run_cli("stage=status", *SMALL, f"work_dir={work_dir}", cwd=tmp_path).stdout
+        (row,) = [line.split() for line in status.splitlines() if line.startswith("nob ")]
+        assert row[-len(STAGE_NAMES):] == ["done"] * len(STAGE_NAMES), status

@@ -79,9 +79,9 @@ def uninterrupted(nob_packed):
     result = losses_by_step(nob_packed)
     assert sorted(result) == list(range(1, 13)) and result[12] < result[1]
     logged = [entry for entry in metrics(nob_packed) if "loss" in entry]
-    for key in ("lr", "grad_norm", "tokens_per_s", "tflops_per_device", "memory_gib"):
+    for key in ("lr", "grad_norm", "tokens_per_s", "tflops_per_device", "host_rss_gib"):
         assert all(entry[key] > 0 for entry in logged), key
-    assert all(entry["mfu"] is None for entry in logged)  # no peak for a CPU
+    assert all(entry["mfu"] is None and entry["device_gib"] is None for entry in logged)  # a CPU: no peak, no device
     output = nob_packed / "work" / "nob" / "pretrain"
     assert list((output / "tensorboard").glob("events.out.tfevents.*"))
     # safetensors would write 0600 whatever the umask: the outputs follow it (0644 under umask 022).

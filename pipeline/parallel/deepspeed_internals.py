@@ -3,10 +3,12 @@
 DeepSpeed's PipelineModule keeps no public API for what pipeline_model.py needs: which layers this pipeline stage
 holds, replacing one of them with its tensor-parallel form after DeepSpeed built it (the tensor-parallel group
 exists only then), the tied embedding's module, and the topology's groups. The training engine also overrides
-`PipelineModule._is_checkpointable` (pipeline_model.TransformerPipeline) and reads `ds_pipe_replicated`, the mark
-DeepSpeed puts on a tied layer's copy so that the global gradient norm counts it once; checkpoint.py writes ZeRO-1's
-optimizer state in its elastic layout (`deepspeed.checkpoint.constants`). On a CPU, the training engine keeps DeepSpeed
-from compiling its shared-memory collective (`skip_cpu_shared_memory_collective`).
+`PipelineModule._is_checkpointable` and, for layers built on the meta device, `PipelineModule.to` and
+`_synchronize_tied_weights` during construction (pipeline_model.TransformerPipeline), and reads
+`ds_pipe_replicated`, the mark DeepSpeed puts on a tied layer's copy so that the global gradient norm counts it
+once; checkpoint.py writes ZeRO-1's optimizer state in its elastic layout (`deepspeed.checkpoint.constants`). On a
+CPU, the training engine keeps DeepSpeed from compiling its shared-memory collective
+(`skip_cpu_shared_memory_collective`).
 
 Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later DeepSpeed may
 rename any of these; the CPU tests (tests/test_tensor_parallel.py, tests/test_pretrain.py) fail if one moved.

@@ -115,16 +115,67 @@ def token_loss(vocab_size: int, group=None) -> Callable:
     return loss
 
 
+class _BuiltOnMeta:
+    """A layer spec whose layer is built on the meta device: shapes without memory, until the engine materialises
+    this rank's share (after the tensor-parallel cut) and loads it from the starting model's file."""
+
+    def build(self, log: bool = False):
+        with torch.device("meta"):
+            return super().build(log=log)
+
+
+class MetaLayerSpec(_BuiltOnMeta, LayerSpec):
+    pass
+
+
+class MetaTiedLayerSpec(_BuiltOnMeta, TiedLayerSpec):
+    pass
+
+
 class TransformerPipeline(PipelineModule):
-    """DeepSpeed's PipelineModule whose activation checkpointing recomputes transformer blocks only (it overrides
-    the private `_is_checkpointable`: pipeline/parallel/deepspeed_internals.py lists what else is private).
+    """DeepSpeed's PipelineModule over layers built on the meta device, whose activation checkpointing recomputes
+    transformer blocks only. It overrides the private `_is_checkpointable` and `_synchronize_tied_weights`
+    (pipeline/parallel/deepspeed_internals.py lists what else is private).
 
     DeepSpeed would also wrap the embedding, whose input (token ids) needs no gradient: a reentrant
     checkpoint around it then drops its parameters' gradients, and training silently goes wrong.
+
+    DeepSpeed's constructor moves the module to the device and broadcasts the tied embedding from the first stage to
+    the last; on meta tensors both wait for `materialise`, after which every stage has loaded the same tied matrix
+    from the same file, so there is nothing to broadcast.
     """
 
     def _is_checkpointable(self, funcs) -> bool:
         return all(isinstance(func, BlockLayer) for func in funcs)
+
+    def _on_meta(self) -> bool:
+        return any(parameter.is_meta for parameter in self.parameters())
+
+    def to(self, *args, **kwargs):
+        return self if self._on_meta() else super().to(*args, **kwargs)
+
+    def _synchronize_tied_weights(self) -> None:
+        if not self._on_meta():
+            super()._synchronize_tied_weights()
+
+    def materialise(self, device: torch.device) -> None:
+        """Allocate this rank's parameters on `device`, uninitialised: the caller loads every one of them. New
+        Parameter objects keep the old ones' attributes (`tp_shard`, DeepSpeed's marks), which `to_empty` drops."""
+        made: dict[int, nn.Parameter] = {}
+        for module in self.modules():
+            for name, parameter in list(module.named_parameters(recurse=False)):
+                if not parameter.is_meta:
+                    continue
+                if id(parameter) not in made:  # a shared parameter stays shared
+                    new = nn.Parameter(torch.empty_like(parameter, device=device),
+                                       requires_grad=parameter.requires_grad)
+                    new.__dict__.update(parameter.__dict__)
+                    made[id(parameter)] = new
+                setattr(module, name, made[id(parameter)])
+        left = [name for name, tensor in self.state_dict().items() if tensor.is_meta]
+        if left:
+            raise RuntimeError(f"pipeline stage {self.stage_id}: {', '.join(left)} still on the meta device after "
+                               f"materialise (a buffer? build it in forward, or load it)")
 
 
 def layer_prefixes(cfg: ModelConfig) -> list[str]:
@@ -136,14 +187,16 @@ def layer_prefixes(cfg: ModelConfig) -> list[str]:
 def pipeline_module(cfg: ModelConfig, num_stages: int, topology=None, partition_method: str = "type:BlockLayer",
                     checkpoint_interval: int = 0) -> PipelineModule:
     """The model split into `num_stages` stages (blocks spread evenly: `type:BlockLayer`), each stage's layers
-    tensor-parallel when the topology's `model` axis is > 1."""
+    tensor-parallel when the topology's `model` axis is > 1. Its parameters are on the meta device: `materialise`,
+    then load them (pipeline/training/weights.py), so that a rank never holds more than its share."""
     if cfg.tie_embeddings:
-        first = TiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, tied_weight_attr="tokens.weight")
-        last = TiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, forward_fn=_tied_head, tied_weight_attr="tokens.weight")
+        first = MetaTiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, tied_weight_attr="tokens.weight")
+        last = MetaTiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, forward_fn=_tied_head, tied_weight_attr="tokens.weight")
     else:
-        first, last = LayerSpec(EmbeddingLayer, cfg), LayerSpec(HeadLayer, cfg)
+        first, last = MetaLayerSpec(EmbeddingLayer, cfg), MetaLayerSpec(HeadLayer, cfg)
     final_norm = FinalRMSNormLayer if cfg.norm == "rmsnorm" else FinalLayerNormLayer
-    layers = [first, *(LayerSpec(BlockLayer, cfg) for _ in range(cfg.num_layers)), LayerSpec(final_norm, cfg), last]
+    layers = [first, *(MetaLayerSpec(BlockLayer, cfg) for _ in range(cfg.num_layers)), MetaLayerSpec(final_norm, cfg),
+              last]
     kwargs = {"topology": topology} if topology is not None else {"num_stages": num_stages}
     module = TransformerPipeline(layers=layers, loss_fn=token_loss(cfg.vocab_size), partition_method=partition_method,
                             activation_checkpoint_interval=checkpoint_interval, **kwargs)

@@ -22,9 +22,10 @@ parameter carries its `Shard` as `tp_shard` (how it is cut: to load a shard from
 back for saving) and `tensor_model_parallel = True`, which DeepSpeed reads to count it on every rank when it
 sums the global gradient norm (replicated parameters are counted on tensor-parallel rank 0 only).
 
-Random numbers: the model has no dropout, so the ranks of a group need no separate random streams: the
-full layers are initialised identically on every rank before they are cut. (Dropout inside a
-tensor-parallel region would need a generator seeded per tensor-parallel rank.)
+In training the layers are cut on the meta device (pipeline/parallel/pipeline_model.py), so the full layer
+costs no memory, and each rank then reads its shards from the starting model's file. Random numbers: the model
+has no dropout, so the ranks of a group need no separate random streams. (Dropout inside a tensor-parallel region
+would need a generator seeded per tensor-parallel rank.)
 """
 
 from __future__ import annotations

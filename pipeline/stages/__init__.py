@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from pipeline.contract import Stage, execute, stage_dir

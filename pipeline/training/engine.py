@@ -17,6 +17,7 @@ from typing import Callable
 
 import deepspeed
 import torch
+from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
@@ -56,6 +57,9 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     module = pipeline_module(model_cfg, parallel.pp, topology=topology,
                              checkpoint_interval=train.activation_checkpoint_interval)
     layers = local_layers(module, model_cfg)
+    # Built on the meta device: only this rank's share (its stage, its tensor-parallel slices) is ever allocated,
+    # then read from the file slice by slice.
+    module.materialise(torch.device(get_accelerator().device_name(module.local_rank)))
     load_layers(layers, init_file)
     first = holds_first_layer(module)
     for prefix, layer in layers:
