@@ -17,15 +17,23 @@ def _main_script(text: str) -> str:
     return max(set(letters), key=letters.count)
 
 
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """One Hydra multirun over the six scripts' languages and Faroese, given by other codes (aliases)."""
+    cwd = tmp_path_factory.mktemp("scripts")
+    result = run_cli("-m", "stage=clean", "lang=fi,mt,ru,el,ar,hi,fo", "clean.gopher_min_doc_words=5", cwd=cwd)
+    return cwd, result
+
+
 @pytest.mark.parametrize("lang", sorted(SCRIPTS))
-def test_clean_runs_for_each_script(lang, tmp_path, embedded_records):
-    run_cli("stage=clean", f"lang={lang}", "clean.gopher_min_doc_words=5", cwd=tmp_path)
-    metrics = marker(tmp_path / "work", lang, "clean")["metrics"]
+def test_clean_runs_for_each_script(lang, swept, embedded_records):
+    cwd, _ = swept
+    metrics = marker(cwd / "work", lang, "clean")["metrics"]
     assert metrics["docs_in"] == len(embedded_records[lang])
     assert metrics["docs_out"] > 0
     assert metrics["docs_heldout"] >= 10  # clean.heldout_min_documents, although 2% of these corpora is 0-3 documents
     assert metrics["docs_out"] + metrics["docs_heldout"] + sum(metrics["rejected"].values()) == metrics["docs_in"]
-    kept = read_jsonl_gz(tmp_path / "work" / lang / "clean" / "train")
+    kept = read_jsonl_gz(cwd / "work" / lang / "clean" / "train")
     assert all(_main_script(r["text"]) == SCRIPTS[lang] for r in kept)
 
 
@@ -102,17 +110,16 @@ def test_acceptance_lid176_by_default_rejects_what_claims_to_be_norwegian_but_is
     assert kept == {r["id"] for r in nob}
 
 
-def test_hydra_multirun_sweeps_languages_and_faroese_falls_back_to_the_lang_field(tmp_path):
-    result = run_cli("-m", "stage=clean", "lang=fo,mt", "clean.gopher_min_doc_words=5", cwd=tmp_path)
-    assert "Launching 2 jobs locally" in result.stderr + result.stdout
-    for lang in ("fao", "mlt"):
-        assert marker(tmp_path / "work", lang, "clean")["metrics"]["docs_out"] > 0
+def test_hydra_multirun_sweeps_languages_and_faroese_falls_back_to_the_lang_field(swept):
+    cwd, result = swept
+    assert "Launching 7 jobs locally" in result.stderr + result.stdout
+    assert marker(cwd / "work", "fao", "clean")["metrics"]["docs_out"] > 0
     # lid.176 has no Faroese: the records' `lang` field decides, and the log and the marker say so.
-    faroese = marker(tmp_path / "work", "fao", "clean")["metrics"]
+    faroese = marker(cwd / "work", "fao", "clean")["metrics"]
     assert faroese["language_id"]["model"] is None and "declared_language" in faroese["rejected"]
     assert "does not know Faroese" in faroese["language_id"]["description"]
     assert "clean fao: " in result.stderr and "does not know Faroese" in result.stderr
-    assert marker(tmp_path / "work", "mlt", "clean")["metrics"]["language_id"]["labels"] == ["mt"]
+    assert marker(cwd / "work", "mlt", "clean")["metrics"]["language_id"]["labels"] == ["mt"]
 
 
 def test_c4_filters_run_when_switched_on(tmp_path):

@@ -6,17 +6,20 @@ from __future__ import annotations
 import json
 
 from pipeline.targets import STAGE_NAMES
-from tests.conftest import marker, run_cli
+from tests.conftest import copy_of, marker, run_cli
 
 # The demo's budgets cut down to seconds; the order of the results must already show.
-SMALL = ("lang=nob", "workers=2", "clean.dedup.enabled=false", "tokenizer.vocab_size=1024", "model.max_seq_len=128",
+SMALL = ("lang=nob", "workers=2", "tokenizer.vocab_size=1024", "model.max_seq_len=128",
          "demo_base.train.steps=40", "demo_base.train.eval_every=0", "demo_base.train.checkpoint_every=0",
          "warmup.train.steps=12", "warmup.train.eval_every=6", "train.steps=24", "train.eval_every=12",
          "train.warmup_steps=4", "train.checkpoint_every=0", "eval.max_bytes=20000")
 
 
-def test_stage_all_builds_the_demo_base_then_the_whole_recipe(tmp_path):
+def test_stage_all_builds_the_demo_base_then_the_whole_recipe(tmp_path_factory, nob_eng_cleaned):
+    # English and Norwegian cleaned as stage=all would (the session's copy): the command goes on from there.
+    tmp_path = copy_of(nob_eng_cleaned, tmp_path_factory, "demo")
     result = run_cli("stage=all", *SMALL, cwd=tmp_path)
+    assert "Skipping clean for eng" in result.stderr and "Skipping clean for nob" in result.stderr
     work = tmp_path / "work"
     base = work / "eng" / "pretrain" / "hf"
     assert marker(work, "eng", "pretrain")["config"]["init"] == "scratch" and (base / "config.json").is_file()
