@@ -154,6 +154,13 @@ def shape_of_base(base: Optional[str]) -> Optional[dict]:
         raise OverrideError(f"model.base={base}: {error}") from None
 
 
+def shape_of_overrides(overrides: list[str]) -> Optional[dict]:
+    """`shape_of_base` for the last `model.base=` of a list of overrides (a workflow's recorded ones)."""
+    parsed = [split for split in map(_split_override, overrides) if split is not None]
+    bases = [value for _, key, value in parsed if key == "model.base"]
+    return shape_of_base(bases[-1]) if bases else None
+
+
 def preflight(argv: list[str]) -> CommandLine:
     """Validate and normalise the override arguments; returns the argv to hand to Hydra and what the run needs."""
     if any(arg in _HELP_FLAGS for arg in argv):

@@ -17,7 +17,7 @@ from pipeline.config import PipelineConfig, register_base_shape
 from pipeline.demo_base import demo_base_folder
 from pipeline.errors import ConfigError
 from pipeline.languages import LANGUAGES, language_config, resolve_languages
-from pipeline.overrides import shape_of_base
+from pipeline.overrides import shape_of_overrides
 from pipeline.stages import STAGES
 from pipeline.targets import STAGE_NAMES
 from pipeline.workflow.command import work_dir_override
@@ -59,8 +59,7 @@ def language_configs(cfg: PipelineConfig, job_overrides: list[str], codes: list[
 
     # A job reads model.base's shape when it starts (pipeline/overrides.py); this process may not have a model.base
     # of its own (stage=status with the recorded overrides), so it reads the shape the jobs get.
-    bases = [o.split("=", 1)[1] for o in job_overrides if o.lstrip("+~").startswith("model.base=")]
-    shape = shape_of_base(bases[-1]) if bases else None
+    shape = shape_of_overrides(job_overrides)
     if shape is not None:
         register_base_shape(shape)
     first = codes[0]
