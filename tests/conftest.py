@@ -10,8 +10,10 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
@@ -53,22 +55,53 @@ def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.Comple
 CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "workers=2")
 
 
+# The suite runs in two processes (pytest-xdist, `addopts` in pyproject.toml); a module's tests stay together in
+# one process, so module fixtures are built once, and every module that uses the local Slurm runs in the same one.
+SLURM_MODULES = {"test_clean_slurm", "test_pretrain", "test_workflow_slurm"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        item.add_marker(pytest.mark.xdist_group("slurm" if module in SLURM_MODULES else module))
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """A folder filled by `build` once per test session: with several pytest-xdist processes the first builds it
+    under a lock and the others wait for it. Users must copy it before writing into it."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    shared = tmp_path_factory.getbasetemp().parent  # one folder per session, above each process's own
+    folder, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def english_base(tmp_path_factory):
-    """A small English base model as a Hugging Face folder (tests/english_base_model.py)."""
+    """A small English base model as a Hugging Face folder (tests/english_base_model.py); read-only."""
     from tests.english_base_model import build_english_base
 
-    return build_english_base(tmp_path_factory.mktemp("base") / "english")
+    return built_once(tmp_path_factory, "base", lambda folder: build_english_base(folder / "english")) / "english"
+
+
+def _clean_nob_and_eng(cwd: Path) -> None:
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda lang: run_cli("stage=clean", f"lang={lang}", cwd=cwd), ("nob", "eng")))
 
 
 @pytest.fixture(scope="session")
 def nob_eng_cleaned(tmp_path_factory) -> Path:
     """A folder whose `work/` holds the embedded Norwegian and English samples cleaned with the defaults (the
-    slowest stage on a CPU, deduplication included); modules take copies of it (`copy_of`)."""
-    cwd = tmp_path_factory.mktemp("nob-eng-cleaned")
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda lang: run_cli("stage=clean", f"lang={lang}", cwd=cwd), ("nob", "eng")))
-    return cwd
+    slowest stage on a CPU, deduplication included); read-only: modules take copies of it (`copy_of`)."""
+    return built_once(tmp_path_factory, "nob-eng-cleaned", _clean_nob_and_eng)
 
 
 def copy_of(cleaned: Path, tmp_path_factory, name: str, langs: tuple[str, ...] = ("nob", "eng")) -> Path:
@@ -80,14 +113,19 @@ def copy_of(cleaned: Path, tmp_path_factory, name: str, langs: tuple[str, ...] =
     return cwd
 
 
-@pytest.fixture(scope="session")
-def nob_packed(tmp_path_factory, nob_eng_cleaned):
-    """A work folder with the embedded Norwegian sample cleaned, mixed, tokenized and packed."""
-    cwd = copy_of(nob_eng_cleaned, tmp_path_factory, "nob-packed", langs=("nob",))  # no English filler
+def _pack_nob(cleaned: Path, cwd: Path) -> None:
+    shutil.copytree(cleaned / "work" / "nob", cwd / "work" / "nob")  # no English filler
     for stage in ("clean", "mix", "tokenizer", "pack"):
         run_cli(f"stage={stage}", *CHAIN_OPTIONS, cwd=cwd)
     assert marker(cwd / "work", "nob", "pack")
-    return cwd
+
+
+@pytest.fixture(scope="session")
+def nob_packed(tmp_path_factory, nob_eng_cleaned):
+    """A work folder with the embedded Norwegian sample cleaned, mixed, tokenized and packed: this process's own
+    copy, which the training stages' tests write their runs into."""
+    packed = built_once(tmp_path_factory, "nob-packed", lambda cwd: _pack_nob(nob_eng_cleaned, cwd))
+    return copy_of(packed, tmp_path_factory, "nob-packed-own", langs=("nob",))
 
 
 def read_jsonl_gz(folder: Path) -> list[dict]:
@@ -119,8 +157,6 @@ def embedded_records() -> dict[str, list[dict]]:
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A real one-node Slurm on localhost, started (and installed if needed) by the repo's script."""
-    import shutil
-
     if os.geteuid() != 0 and shutil.which("sbatch") is None:
         pytest.skip("starting a local Slurm needs root (CI runs as root); run tests/slurm/start_local_slurm.sh")
     subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start_local_slurm.sh")], check=True, timeout=600)
