@@ -27,6 +27,7 @@ from pipeline.languages import LANGUAGES, LanguageConfig, language_config
 from pipeline.mixing.config import MixConfig, validate_mix
 from pipeline.model.base_shape import check_base_shape
 from pipeline.model.config import ModelConfig, validate_model
+from pipeline.model.export_config import ExportConfig, validate_export
 from pipeline.packing.config import PackConfig, validate_pack
 from pipeline.parallel.config import ParallelConfig, validate_parallel
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
@@ -90,6 +91,8 @@ class PipelineConfig:
     demo_base: DemoBaseConfig = field(default_factory=DemoBaseConfig)
     # stage=plan and pretrain's layout check: the device a layout is planned against.
     plan: PlanConfig = field(default_factory=PlanConfig)
+    # warmup and pretrain: the transformers folder they write (hf/).
+    export: ExportConfig = field(default_factory=ExportConfig)
 
 
 def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Optional[dict] = None) -> None:
@@ -149,6 +152,7 @@ def validate(cfg: PipelineConfig) -> None:
         raise ConfigError("resume", cfg.resume, RESUME)
     validate_eval(cfg.eval)
     validate_plan(cfg.plan)
+    validate_export(cfg.export)
     validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
     if cfg.demo_base.lang not in LANGUAGES:
         raise ConfigError("demo_base.lang", cfg.demo_base.lang, closest_first(cfg.demo_base.lang, list(LANGUAGES)))

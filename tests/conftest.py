@@ -57,13 +57,21 @@ CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "workers=2")
 
 # The suite runs in two processes (pytest-xdist, `addopts` in pyproject.toml); a module's tests stay together in
 # one process, so module fixtures are built once, and every module that uses the local Slurm runs in the same one.
-SLURM_MODULES = {"test_clean_slurm", "test_pretrain", "test_workflow_slurm"}
+SLURM_MODULES = ("test_clean_slurm", "test_pretrain_slurm", "test_workflow_slurm")
+# The longest groups go first (on 2 cores, minutes each), so that the last minutes are not one process running a
+# long module alone.
+LONGEST_FIRST = ("slurm", "test_demo", "test_pretrain", "test_tensor_parallel", "test_warmup", "test_rank_memory",
+                 "test_base_models", "test_evaluate")
 
 
 def pytest_collection_modifyitems(items):
+    groups = {}
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1]
-        item.add_marker(pytest.mark.xdist_group("slurm" if module in SLURM_MODULES else module))
+        groups[item] = "slurm" if module in SLURM_MODULES else module
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    rank = {group: place for place, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: each module keeps its order
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:

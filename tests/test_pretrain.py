@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shlex
 import shutil
 import signal
 import stat
@@ -21,7 +20,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from pipeline.config import CONF_DIR, register_configs
-from pipeline.model.files import CHECKPOINT_WEIGHTS, save_checkpoint
+from pipeline.model.files import save_checkpoint
+from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.model.transformer import Transformer
 from pipeline.tensor_files import new_file_mode
 from pipeline.tokenization.folder import load_tokenizer
@@ -219,26 +219,6 @@ def test_non_finite_steps_are_skipped_and_too_many_stop_the_run(fresh):
     logged = [entry for entry in metrics(fresh) if "loss" in entry]
     assert [entry["step"] for entry in logged] == [1, 2, 3]
     assert [entry["lr"] for entry in logged] == pytest.approx([1e30, 2e30, 3e30], rel=1e-6)
-
-
-def test_inside_a_slurm_allocation_the_ranks_start_with_srun(nob_packed, slurm_cluster, tmp_path):
-    work = tmp_path / "work"
-    shutil.copytree(nob_packed / "work", work, ignore=shutil.ignore_patterns("*pretrain*", "*warmup*"))
-    command = shlex.join([sys.executable, "-m", "pipeline", *SCRATCH, "train.steps=3", f"work_dir={work}",
-                          "cluster.executor=slurm", "parallel.dp=2"])
-    log = tmp_path / "job.log"
-    submitted = subprocess.run(
-        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--ntasks=2", "--cpus-per-task=1",
-         f"--chdir={tmp_path}", f"--output={log}", f"--export=ALL,PYTHONPATH={REPO}", f"--wrap={command}"],
-        capture_output=True, text=True, check=True)
-    job = submitted.stdout.strip()
-    deadline = time.time() + 300
-    while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
-        assert time.time() < deadline, f"job {job} still queued or running: {log.read_text()[-3000:]}"
-        time.sleep(1)
-    text = log.read_text()
-    assert "Starting 2 ranks: srun --ntasks=2" in text, text[-3000:]
-    assert marker(work, "nob", "pretrain")["metrics"]["steps"] == 3
 
 
 def test_outside_slurm_the_slurm_executor_says_how_to_submit(fresh):

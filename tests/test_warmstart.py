@@ -13,6 +13,7 @@ from pipeline.config import REPO_ROOT, PipelineConfig, validate
 from pipeline.errors import ConfigError, StageError
 from pipeline.languages import LANGUAGES, language_config
 from pipeline.model import ModelConfig, Transformer
+from pipeline.model.model_tensors import ModuleTensors, build_model
 from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import write_tokenizer_folder
 from pipeline.tokenization.surfaces import spelling, token_bytes
@@ -158,8 +159,9 @@ def test_tied_and_untied_heads_get_the_planned_rows_and_the_body_is_kept(transfe
     old, new = transfer["old"], transfer["new"]
     base = Transformer(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, ffn_size=64,
                                    vocab_size=old.get_vocab_size(), tie_embeddings=tied, init_std=0.5))
-    model, summary = warm_started(base, transfer["old_dir"], old, transfer["new_dir"], new, method, 0,
-                                  texts=transfer["texts"])
+    started, summary = warm_started(ModuleTensors(base), transfer["old_dir"], old, transfer["new_dir"], new, method,
+                                    0, texts=transfer["texts"])
+    model = build_model(started)
     assert summary["method"] == method and summary["cost"]["seconds"] > 0
     assert summary["cost"]["peak_rss_mib"] > 0 and summary["cost"]["peak_added_mib"] >= 0
     new_id = next(i for i in plan_of(transfer, "mean")[0].ids_of("copied") if len(new.decode([i])) > 2)

@@ -8,25 +8,21 @@ configured one.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from pipeline.contract import output_identity
 from pipeline.errors import StageError
-from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config
+from pipeline.model.base_shape import CHECKPOINT_CONFIG
 from pipeline.model.config import ModelConfig
-from pipeline.model.hf_import import from_hf
+from pipeline.model.hf_import import HFTensors
+from pipeline.model.model_tensors import CheckpointTensors, ModelTensors, ModuleTensors, build_model, write_checkpoint
 from pipeline.model.transformer import Transformer
-from pipeline.tensor_files import save_tensors
 from pipeline.tokenization.folder import TOKENIZER_FILE
 
-CHECKPOINT_WEIGHTS = "model.safetensors"
 # Fields that define the body: they must agree between the configured model and the base.
 SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "position", "norm",
                 "activation", "embedding_norm", "bias", "tie_embeddings")
@@ -54,46 +50,42 @@ def base_identity(cfg, path: str) -> dict:
 
 
 def save_checkpoint(model: Transformer, folder: Path) -> None:
-    """A pipeline checkpoint: the model's own tensor names and config (the tokenizer goes beside it)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    save_tensors({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != "head.weight"
-                  or not model.cfg.tie_embeddings}, folder / CHECKPOINT_WEIGHTS)
-    (folder / CHECKPOINT_CONFIG).write_text(json.dumps(dataclasses.asdict(model.cfg), indent=2) + "\n",
-                                            encoding="utf-8")
+    """A pipeline checkpoint: the model's own tensor names and config in float32 (the tokenizer goes beside it)."""
+    write_checkpoint(ModuleTensors(model), folder)
+
+
+def refuse_non_finite(names: list[str], what: str, advice: str) -> None:
+    """Refuse a model with a NaN or an infinity in the tensors `names`: it is never trained on (every step would be
+    skipped), exported or scored. `what` names it in the message ("pretrain: the starting model (...)")."""
+    if names:
+        raise StageError(f"{what} holds non-finite values (in {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+                         f"); {advice}")
 
 
 def check_finite(model: Transformer, what: str, advice: str) -> None:
-    """Refuse a model with a NaN or an infinity in its weights: it is never trained on (every step would be
-    skipped), exported or scored. `what` names it in the message ("pretrain: the starting model (...)")."""
-    bad = [name for name, tensor in model.state_dict().items()
-           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
-    if bad:
-        raise StageError(f"{what} holds non-finite values (in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}); "
-                         f"{advice}")
+    refuse_non_finite([name for name, tensor in model.state_dict().items()
+                       if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())], what, advice)
 
 
 def load_checkpoint(folder: Path) -> Transformer:
-    cfg = read_model_config(folder / CHECKPOINT_CONFIG)
-    model = Transformer(cfg)
-    tensors = load_file(str(folder / CHECKPOINT_WEIGHTS))
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    if unexpected or [name for name in missing if name != "head.weight"]:
-        raise StageError(f"{folder / CHECKPOINT_WEIGHTS} does not match {folder / CHECKPOINT_CONFIG}: missing "
-                         f"{missing[:5]}, unexpected {unexpected[:5]}. Write the checkpoint again.")
-    model.tie_weights()
-    return model
+    return build_model(CheckpointTensors(folder))
 
 
-def load_base(path: str) -> Transformer:
-    """The base model, in float32 (the warm start's arithmetic and the CPU path want it)."""
+def base_tensors(path: str) -> ModelTensors:
+    """The base model's tensors in float32 (the warm start's arithmetic and the CPU path want it), read one at a
+    time: a pipeline checkpoint or a Hugging Face folder."""
     folder = Path(path)
     if not folder.is_dir():
         raise StageError(f"model.base={path} is not a folder. Give a local Hugging Face model folder (config.json, "
                          f"*.safetensors, tokenizer.json) or a pipeline checkpoint (e.g. work/<lang>/warmup/checkpoint).")
     if (folder / CHECKPOINT_CONFIG).is_file():
-        return load_checkpoint(folder).float()
-    model, _ = from_hf(folder, dtype=torch.float32)
-    return model
+        return CheckpointTensors(folder, torch.float32)
+    return HFTensors(folder, torch.float32)
+
+
+def load_base(path: str) -> Transformer:
+    """The base model in memory, in float32."""
+    return build_model(base_tensors(path))
 
 
 def check_fit(configured: ModelConfig, base: ModelConfig, base_path: str, base_tokenizer: Tokenizer) -> None:

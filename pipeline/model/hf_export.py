@@ -1,7 +1,7 @@
 """`to_hf`: the project's Transformer -> a folder that `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
-Writes the weights as safetensors (one `model.safetensors`, or shards with `model.safetensors.index.json`
-above `max_shard_bytes`), `config.json` in the keys that transformers 4.x and 5.x both read,
+Writes the weights as safetensors a tensor at a time (one `model.safetensors`, or shards of at most
+`max_shard_bytes` with `model.safetensors.index.json`: `export.max_shard_size`), `config.json` in the keys that transformers 4.x and 5.x both read,
 `generation_config.json`, and the tokenizer files when a tokenizer is given. The vocabulary padding is
 cut off: the folder declares the tokenizer's vocabulary, as the original checkpoint did.
 """
@@ -9,6 +9,7 @@ cut off: the folder declares the tokenizer's vocabulary, as the original checkpo
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Optional, Union
@@ -16,11 +17,13 @@ from typing import Optional, Union
 import torch
 from tokenizers import Tokenizer
 
+from pipeline.model.config import ModelConfig
 from pipeline.model.hf_architectures import fuse_bloom, hf_tensor_name
 from pipeline.model.hf_config import CONFIG_FILE, CheckpointError, architecture_for, config_to_hf
-from pipeline.model.hf_import import INDEX_FILE, SINGLE_FILE, VOCAB_TENSORS
-from pipeline.model.transformer import Transformer
-from pipeline.tensor_files import save_tensors
+from pipeline.model.hf_import import INDEX_FILE, SINGLE_FILE
+from pipeline.model.model_tensors import ModelTensors, ModuleTensors, model_shapes
+from pipeline.model.transformer import VOCAB_TENSORS, Transformer
+from pipeline.tensor_files import TensorFileWriter, dtype_name
 from pipeline.tokenization.config import SpecialTokens
 from pipeline.tokenization.folder import TOKENIZER_FILE, special_token_strings, write_tokenizer_folder
 from pipeline.tokenization.trained import TrainedTokenizer
@@ -29,9 +32,11 @@ from pipeline.tokenization.trained import TrainedTokenizer
 TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
 
-def to_hf(model: Transformer, path, tokenizer: Union[None, Tokenizer, str, Path] = None,
+def to_hf(model: Union[Transformer, ModelTensors], path, tokenizer: Union[None, Tokenizer, str, Path] = None,
           max_shard_bytes: int = 5 * 2**30) -> Path:
-    """Write `model` to the new folder `path` as BloomForCausalLM, LlamaForCausalLM or MistralForCausalLM.
+    """Write `model` (in memory, or its tensors one at a time: model_tensors.py) to the new folder `path` as
+    BloomForCausalLM, LlamaForCausalLM or MistralForCausalLM, holding one tensor (BLOOM: one block's q, k and v)
+    at a time; weights with a NaN or an infinity raise NonFiniteWeights, and no weights stay behind.
 
     `tokenizer` is a folder holding tokenizer.json (the tokenizer stage's output, or the base model's
     folder: its files are copied), a tokenizer.json file, or a `tokenizers.Tokenizer`. The
@@ -39,16 +44,17 @@ def to_hf(model: Transformer, path, tokenizer: Union[None, Tokenizer, str, Path]
     the folder's tokenizer_config.json / special_tokens_map.json, and for a bare tokenizer.json or
     Tokenizer from the project's special tokens (<s>, </s>, <pad>, <unk>) when it holds them.
     """
-    cfg = model.cfg
+    tensors = ModuleTensors(model) if isinstance(model, Transformer) else model
+    cfg = tensors.cfg
     architecture = architecture_for(cfg)
     folder = Path(path)
     if (folder / CONFIG_FILE).exists() or any(folder.glob("*.safetensors")):
         raise CheckpointError(f"{folder} already holds a model; to_hf writes into a new or empty folder.")
     folder.mkdir(parents=True, exist_ok=True)
     special_ids = _write_tokenizer(tokenizer, folder, cfg.vocab_size) if tokenizer is not None else {}
-    tensors = hf_tensors(model)
-    _write_weights(tensors, folder, max_shard_bytes)
-    dtype = model.embedding.tokens.weight.dtype
+    with tensors:
+        dtype = tensors.read("final_norm.weight").dtype  # a model's tensors share one dtype
+        _write_weights(tensors, folder, max_shard_bytes, dtype)
     _write_json(folder / CONFIG_FILE, config_to_hf(cfg, architecture, str(dtype).removeprefix("torch."), special_ids))
     generation = {f"{role}_token_id": special_ids[role] for role in ("bos", "eos", "pad")
                   if special_ids.get(role) is not None}
@@ -56,47 +62,74 @@ def to_hf(model: Transformer, path, tokenizer: Union[None, Tokenizer, str, Path]
     return folder
 
 
-def hf_tensors(model: Transformer) -> dict[str, torch.Tensor]:
-    """The model's tensors under Hugging Face's names, vocabulary unpadded, BLOOM's q/k/v fused."""
-    cfg = model.cfg
+class NonFiniteWeights(CheckpointError):
+    """to_hf was given weights with a NaN or an infinity; `names` are the project's tensors that hold them."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(f"non-finite values in {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+        self.names = names
+
+
+def hf_layout(cfg: ModelConfig) -> dict[str, tuple[list[str], tuple[int, ...]]]:
+    """Hugging Face's tensor names, sorted, each with the project's tensors it is made of (BLOOM's query_key_value:
+    q, k, v) and its shape (vocabulary unpadded)."""
     architecture = architecture_for(cfg)
-    tensors, parts = {}, {}
-    for name, tensor in model.state_dict().items():
-        if cfg.tie_embeddings and name == "head.weight":
-            continue  # transformers ties it to the embedding on load
-        if name in VOCAB_TENSORS:
-            tensor = tensor[:cfg.vocab_size]
+    layout: dict[str, tuple[list[str], tuple[int, ...]]] = {}
+    for name, shape in model_shapes(cfg).items():
         hf_name, part = hf_tensor_name(architecture, name)
-        tensor = tensor.detach().cpu()
+        if name in VOCAB_TENSORS:
+            shape = (cfg.vocab_size, *shape[1:])
         if part is None:
-            tensors[hf_name] = tensor.contiguous()
+            layout[hf_name] = ([name], shape)
         else:
-            parts.setdefault(hf_name, {})[part] = tensor
-    for hf_name, qkv in parts.items():  # BLOOM's query_key_value
-        tensors[hf_name] = fuse_bloom(qkv[0], qkv[1], qkv[2], cfg.num_heads)
-    return dict(sorted(tensors.items()))
+            parts, fused = layout.get(hf_name, ([], (0, *shape[1:])))
+            layout[hf_name] = (parts + [name], (fused[0] + shape[0], *shape[1:]))
+    return dict(sorted(layout.items()))
 
 
-def _write_weights(tensors: dict[str, torch.Tensor], folder: Path, max_shard_bytes: int) -> None:
+def hf_tensor(tensors: ModelTensors, parts: list[str]) -> torch.Tensor:
+    """One of Hugging Face's tensors (hf_layout) from the project's."""
+    cfg = tensors.cfg
+    if len(parts) == 3:  # BLOOM's query_key_value
+        return fuse_bloom(*(tensors.read(name) for name in parts), cfg.num_heads)
+    tensor = tensors.read(parts[0])
+    return tensor[:cfg.vocab_size] if parts[0] in VOCAB_TENSORS else tensor
+
+
+def _write_weights(tensors: ModelTensors, folder: Path, max_shard_bytes: int, dtype: torch.dtype) -> None:
+    layout = hf_layout(tensors.cfg)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
     shards, size = [{}], 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
+    for hf_name, (_, shape) in layout.items():
+        nbytes = math.prod(shape) * itemsize
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append({})
             size = 0
-        shards[-1][name] = tensor
+        shards[-1][hf_name] = (dtype_name(dtype), shape)
         size += nbytes
-    metadata = {"format": "pt"}  # transformers checks that the file says it holds PyTorch tensors
-    if len(shards) == 1:
-        save_tensors(shards[0], folder / SINGLE_FILE, metadata=metadata)
-        return
-    weight_map = {}
-    for number, shard in enumerate(shards, start=1):
-        file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        save_tensors(shard, folder / file, metadata=metadata)
-        weight_map.update(dict.fromkeys(shard, file))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    _write_json(folder / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    files = ([SINGLE_FILE] if len(shards) == 1 else
+             [f"model-{number:05d}-of-{len(shards):05d}.safetensors" for number in range(1, len(shards) + 1)])
+    non_finite = []
+    try:
+        for file, shard in zip(files, shards):
+            # transformers checks that the file says it holds PyTorch tensors
+            with TensorFileWriter(folder / file, shard, metadata={"format": "pt"}) as out:
+                for hf_name in shard:
+                    parts = layout[hf_name][0]
+                    tensor = hf_tensor(tensors, parts).to(dtype)
+                    if not bool(torch.isfinite(tensor).all()):
+                        non_finite += parts
+                    out.write(hf_name, tensor)
+        if non_finite:
+            raise NonFiniteWeights(non_finite)
+    except BaseException:
+        for file in files:
+            (folder / file).unlink(missing_ok=True)
+        raise
+    if len(shards) > 1:
+        weight_map = {hf_name: file for file, shard in zip(files, shards) for hf_name in shard}
+        total = sum(math.prod(shape) * itemsize for _, shape in layout.values())
+        _write_json(folder / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
 
 
 def _write_tokenizer(tokenizer, folder: Path, vocab_size: int) -> dict[str, Optional[int]]:

@@ -4,6 +4,7 @@ Reads `config.json` and the weights from `model.safetensors` or the shards named
 `model.safetensors.index.json`, with safetensors only: nothing is unpickled, nothing is downloaded,
 no remote code runs. The model is built on the meta device and the checkpoint's tensors are put in
 place as they are (same dtype unless `dtype` is given), so loading a 7B model needs its size in memory once.
+`HFTensors` reads the same tensors one at a time (model_tensors.py).
 """
 
 from __future__ import annotations
@@ -13,19 +14,18 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from safetensors import safe_open
 
 from pipeline.model.config import ModelConfig
 from pipeline.model.hf_architectures import hf_tensor_name, split_bloom_fused, tensor_names
 from pipeline.model.hf_config import CheckpointError, read_config, read_json
-from pipeline.model.transformer import Transformer
+from pipeline.model.model_tensors import ModelTensors, build_model, model_shapes
+from pipeline.model.transformer import VOCAB_TENSORS, Transformer
+from pipeline.tensor_files import TensorFileReader
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Tensors that some checkpoints carry but that are computed, not learned.
 _COMPUTED = (".rotary_emb.inv_freq",)
-# The project's tensors with one row per vocabulary entry, padded to `pad_vocab_multiple` rows.
-VOCAB_TENSORS = ("embedding.tokens.weight", "head.weight")
 
 
 def weight_files(folder: Path) -> dict[str, Path]:
@@ -41,89 +41,95 @@ def weight_files(folder: Path) -> dict[str, Path]:
             raise CheckpointError(f"{folder / INDEX_FILE} names shards that are missing: {', '.join(missing)}.")
         return files
     if (folder / SINGLE_FILE).is_file():
-        with _open(folder / SINGLE_FILE) as handle:
-            return {name: folder / SINGLE_FILE for name in handle.keys()}
+        return {name: folder / SINGLE_FILE for name in _open(folder / SINGLE_FILE).keys()}
     pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
     hint = (f" It holds {', '.join(pickled)}: only safetensors are read (pickled weights can run code). Convert "
             f"them where you trust them, e.g. save_pretrained(..., safe_serialization=True).") if pickled else ""
     raise CheckpointError(f"{folder} has no {SINGLE_FILE} or {INDEX_FILE}.{hint}")
 
 
-@contextlib.contextmanager
-def _open(path: Path):
+def _open(path: Path) -> TensorFileReader:
     try:
-        handle = safe_open(str(path), framework="pt")
-    except Exception as error:  # safetensors raises its own SafetensorError, or OSError
-        raise CheckpointError(f"{path} is not a readable safetensors file ({error}); re-download or re-export "
-                              f"the checkpoint.") from None
-    with handle:
-        yield handle
+        return TensorFileReader(path)
+    except OSError as error:
+        raise CheckpointError(f"{error}; re-download or re-export the checkpoint.") from None
+
+
+class HFTensors(ModelTensors):
+    """The tensors of a local BloomForCausalLM, LlamaForCausalLM or MistralForCausalLM folder under the project's
+    names, a tensor at a time (BLOOM's fused query_key_value read once for its q, k and v), vocabulary rows padded,
+    in `dtype` (default: as stored)."""
+
+    def __init__(self, path, dtype: Optional[torch.dtype] = None) -> None:
+        folder = Path(path)
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder} is not a folder; from_hf wants a local Hugging Face model folder.")
+        self.folder, self.dtype = folder, dtype
+        self.architecture, self.cfg = read_config(folder)
+        self._files = weight_files(folder)
+        self._shapes = model_shapes(self.cfg)
+        prefix = tensor_names(self.architecture).prefix
+        # The original BLOOM checkpoints store the body without its "transformer." prefix.
+        self._strip_prefix = not any(name.startswith(prefix) for name in self._files)
+        used = {self._stored_name(hf_tensor_name(self.architecture, name)[0]) for name in self._shapes}
+        unexpected = sorted(name for name in set(self._files) - used if not name.endswith(_COMPUTED)
+                            and not (self.cfg.tie_embeddings and name == "lm_head.weight"))
+        if unexpected:
+            raise CheckpointError(f"{folder}: the checkpoint holds tensors that a {self.architecture} with this "
+                                  f"config.json does not have: {', '.join(unexpected[:5])}"
+                                  f"{' ...' if len(unexpected) > 5 else ''}.")
+        self._stack: Optional[contextlib.ExitStack] = None
+        self._handles: dict = {}
+        self._fused: dict = {}  # BLOOM's query_key_value of the last block read, split
+
+    def _stored_name(self, hf_name: str) -> str:
+        prefix = tensor_names(self.architecture).prefix
+        return hf_name.removeprefix(prefix) if self._strip_prefix else hf_name
+
+    def __enter__(self) -> "HFTensors":
+        self._stack = contextlib.ExitStack()
+        return self
+
+    def __exit__(self, *error) -> None:
+        self._stack.close()
+        self._handles, self._fused = {}, {}
+
+    def _read_stored(self, hf_name: str) -> torch.Tensor:
+        name = self._stored_name(hf_name)
+        if name not in self._files:
+            raise CheckpointError(f"{self.folder}: tensor `{name}` is missing from the checkpoint; a "
+                                  f"{self.architecture} with this config.json needs it.")
+        file = self._files[name]
+        if file not in self._handles:
+            self._handles[file] = self._stack.enter_context(_open(file))
+        try:
+            return self._handles[file].read(name)
+        except OSError as error:
+            raise CheckpointError(f"{file}: tensor `{name}` cannot be read ({error}); re-download or re-export the "
+                                  f"checkpoint.") from None
+
+    def read(self, name: str) -> torch.Tensor:
+        hf_name, part = hf_tensor_name(self.architecture, name)
+        if part is None:
+            tensor = self._read_stored(hf_name)
+        else:
+            if hf_name not in self._fused:
+                self._fused = {hf_name: split_bloom_fused(self._read_stored(hf_name), self.cfg.num_heads)}
+            tensor = self._fused[hf_name][part]
+        shape = self._shapes[name]
+        stored_shape = (self.cfg.vocab_size, *shape[1:]) if name in VOCAB_TENSORS else shape
+        if tuple(tensor.shape) != stored_shape:
+            raise CheckpointError(f"{self.folder}: tensor `{self._stored_name(hf_name)}` has shape "
+                                  f"{tuple(tensor.shape)}, but config.json implies {tuple(stored_shape)}.")
+        if name in VOCAB_TENSORS:
+            tensor = _pad_rows(tensor, shape[0])
+        return tensor if self.dtype is None else tensor.to(self.dtype)
 
 
 def from_hf(path, dtype: Optional[torch.dtype] = None) -> tuple[Transformer, ModelConfig]:
     """Load a local BloomForCausalLM, LlamaForCausalLM or MistralForCausalLM folder; returns (model, config)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder} is not a folder; from_hf wants a local Hugging Face model folder.")
-    architecture, cfg = read_config(folder)
-    files = weight_files(folder)
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    expected = {name: p.shape for name, p in model.state_dict().items()
-                if not (cfg.tie_embeddings and name == "head.weight")}
-    prefix = tensor_names(architecture).prefix
-    # The original BLOOM checkpoints store the body without its "transformer." prefix.
-    strip_prefix = not any(name.startswith(prefix) for name in files)
-
-    def stored_name(hf_name: str) -> str:
-        return hf_name.removeprefix(prefix) if strip_prefix else hf_name
-
-    state, used = {}, set()
-    with contextlib.ExitStack() as stack:
-        handles = {}
-
-        def read(hf_name: str) -> torch.Tensor:
-            name = stored_name(hf_name)
-            if name not in files:
-                raise CheckpointError(f"{folder}: tensor `{name}` is missing from the checkpoint; a {architecture} "
-                                      f"with this config.json needs it.")
-            file = files[name]
-            if file not in handles:
-                handles[file] = stack.enter_context(_open(file))
-            used.add(name)
-            try:
-                return handles[file].get_tensor(name)
-            except Exception as error:
-                raise CheckpointError(f"{file}: tensor `{name}` cannot be read ({error}); re-download or "
-                                      f"re-export the checkpoint.") from None
-
-        fused = {}  # BLOOM's query_key_value of the current block, split once for its q, k and v
-        for name, shape in expected.items():
-            hf_name, part = hf_tensor_name(architecture, name)
-            if part is None:
-                tensor = read(hf_name)
-            else:
-                if hf_name not in fused:
-                    fused = {hf_name: split_bloom_fused(read(hf_name), cfg.num_heads)}
-                tensor = fused[hf_name][part]
-            stored_shape = (cfg.vocab_size, *shape[1:]) if name in VOCAB_TENSORS else shape
-            if tensor.shape != stored_shape:
-                raise CheckpointError(f"{folder}: tensor `{stored_name(hf_name)}` has shape {tuple(tensor.shape)}, "
-                                      f"but config.json implies {tuple(stored_shape)}.")
-            if name in VOCAB_TENSORS:
-                tensor = _pad_rows(tensor, shape[0])
-            state[name] = tensor if dtype is None else tensor.to(dtype)
-
-    unexpected = sorted(name for name in set(files) - used if not name.endswith(_COMPUTED)
-                        and not (cfg.tie_embeddings and name == "lm_head.weight"))
-    if unexpected:
-        raise CheckpointError(f"{folder}: the checkpoint holds tensors that a {architecture} with this config.json "
-                              f"does not have: {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}.")
-    if cfg.tie_embeddings:
-        state["head.weight"] = state["embedding.tokens.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    return model, cfg
+    tensors = HFTensors(path, dtype)
+    return build_model(tensors), tensors.cfg
 
 
 def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:

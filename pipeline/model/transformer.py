@@ -145,26 +145,10 @@ class Transformer(nn.Module):
         if self.cfg.tie_embeddings:
             self.head.weight = self.embedding.tokens.weight
 
-    @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) weights, zero biases, unit norms; zero padding rows.
-
-        The projections that write into the residual stream (attention out, MLP down) get
-        init_std / sqrt(2 * num_layers), as in GPT-2 and Megatron, so the stream's variance does not
-        grow with depth.
-        """
-        std = self.cfg.init_std
+        """Every tensor as `initialise` draws it (from the global generator, in the model's order)."""
         for name, parameter in self.named_parameters():
-            if name.endswith("bias"):
-                parameter.zero_()
-            elif parameter.dim() == 1:
-                parameter.fill_(1.0)
-            elif name.endswith(("attn.out.weight", "mlp.down.weight")):
-                parameter.normal_(0.0, std / math.sqrt(2 * self.cfg.num_layers))
-            else:
-                parameter.normal_(0.0, std)
-        self.embedding.tokens.weight[self.cfg.vocab_size:].zero_()
-        self.head.weight[self.cfg.vocab_size:].zero_()
+            initialise(self.cfg, name, parameter)
         self.tie_weights()
 
     def forward(self, input_ids: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -179,3 +163,27 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x, segment_ids)
         return self.head(self.final_norm(x))
+
+
+# The tensors with one row per vocabulary entry, padded to `pad_vocab_multiple` rows.
+VOCAB_TENSORS = ("embedding.tokens.weight", "head.weight")
+
+
+@torch.no_grad()
+def initialise(cfg: ModelConfig, name: str, tensor: torch.Tensor, generator: Optional[torch.Generator] = None) -> None:
+    """A new model's tensor `name`: Normal(0, init_std) weights, zero biases, unit norms; zero padding rows.
+
+    The projections that write into the residual stream (attention out, MLP down) get init_std / sqrt(2 *
+    num_layers), as in GPT-2 and Megatron, so the stream's variance does not grow with depth.
+    """
+    std = cfg.init_std
+    if name.endswith("bias"):
+        tensor.zero_()
+    elif tensor.dim() == 1:
+        tensor.fill_(1.0)
+    elif name.endswith(("attn.out.weight", "mlp.down.weight")):
+        tensor.normal_(0.0, std / math.sqrt(2 * cfg.num_layers), generator=generator)
+    else:
+        tensor.normal_(0.0, std, generator=generator)
+    if name in VOCAB_TENSORS:
+        tensor[cfg.vocab_size:].zero_()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import ConfigError
 
+
 @dataclass
 class PackConfig:
     # Picks which documents are read once more for a fractional epoch (2.5 epochs: a seeded half of the

@@ -1,7 +1,8 @@
 """Stage `pretrain`: continued pretraining of the whole model, tensor x pipeline x data parallel on DeepSpeed.
 
-The launching process builds the starting model (`init`: the warmup stage's checkpoint, a Hugging Face
-folder `model.base` that uses the pack's tokenizer, or random weights) and the held-out rows; then
+The launching process writes the starting model a tensor at a time (`init`: the warmup stage's checkpoint, a
+Hugging Face folder `model.base` that uses the pack's tokenizer, or random weights, each tensor drawn from its own
+seed so that every layout starts from the same model) and the held-out rows; then
 `parallel.tp x parallel.pp x parallel.dp` ranks train it with ZeRO-1 from the pack sampler
 (pipeline/training/), checkpointing every `train.checkpoint_every` steps and on SIGUSR1/SIGTERM.
 `resume=auto` continues an interrupted run from its newest checkpoint that verifies, with the same configuration
@@ -19,20 +20,19 @@ import logging
 import shutil
 from pathlib import Path
 
-import torch
-
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
-from pipeline.model.files import base_identity, check_finite, check_fit, load_base, load_checkpoint, save_checkpoint
-from pipeline.model.transformer import Transformer
+from pipeline.model.export_config import shard_bytes
+from pipeline.model.files import base_identity, base_tensors, check_fit, refuse_non_finite
+from pipeline.model.model_tensors import ScratchTensors, opened_checkpoint, write_checkpoint
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.planning import check_layout
 from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import CHECKPOINTS, INIT, METRICS_FILE, TRAINED
-from pipeline.training.peak_memory import peak_memory
+from pipeline.training.peak_memory import peak_memory, return_large_blocks_to_the_system
 from pipeline.training.run import check_pack_tokenizer, export_trained, launch, write_heldout
 
 log = logging.getLogger(__name__)
@@ -65,32 +65,33 @@ def kept_state(partial: Path) -> str:
     return describe(partial / CHECKPOINTS)
 
 
-def initial_model(run: StageRun, tokenizer) -> Transformer:
+def write_initial_model(run: StageRun, tokenizer) -> None:
+    """The starting model as the checkpoint `init/` that the ranks read their shares from, written a tensor at a
+    time (this process never holds the model): the warmup stage's, `model.base`'s, or a random one."""
     cfg = run.cfg
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     if cfg.init == "scratch":
-        torch.manual_seed(cfg.train.seed)
-        model = Transformer(dataclasses.replace(cfg.model, vocab_size=vocab))
+        tensors = ScratchTensors(dataclasses.replace(cfg.model, vocab_size=vocab), cfg.train.seed)
         source = f"a random initialisation with model.init_std={cfg.model.init_std}"
     elif cfg.init == "warmup":
         source = run.input("warmup") / TRAINED
-        model = run.read_input("warmup", TRAINED, load_checkpoint)
+        tensors = run.read_input("warmup", TRAINED, opened_checkpoint)
     else:
         source = Path(cfg.model.base)
-        model = load_base(cfg.model.base)
+        tensors = base_tensors(cfg.model.base)
         if load_tokenizer(cfg.model.base).get_vocab() != tokenizer.get_vocab():
             raise StageError(f"pretrain init=hf: the tokenizer of {source} is not the one the data was packed with "
                              f"({run.input('tokenizer') / TOKENIZER_FILE}). Continue from a model that uses "
                              f"it (the warmup stage's output: init=warmup, or its hf/ folder), or warm-start "
                              f"this base model first: python -m pipeline stage=warmup lang={run.lang} "
                              f"model.base={source}")
-    check_fit(cfg.model, model.cfg, str(source), tokenizer)
-    check_finite(model, f"pretrain: the starting model ({source})", "every training step would be skipped. Start "
-                 "from a sound model: run the stage that made it again, or check model.init_std.")
-    if model.cfg.vocab_size != vocab:
-        raise StageError(f"pretrain: the model of {source} has {model.cfg.vocab_size} vocabulary rows, the pack's "
+    check_fit(cfg.model, tensors.cfg, str(source), tokenizer)
+    if tensors.cfg.vocab_size != vocab:
+        raise StageError(f"pretrain: the model of {source} has {tensors.cfg.vocab_size} vocabulary rows, the pack's "
                          f"tokenizer {vocab}; they must be the same (run warmup for this tokenizer).")
-    return model
+    non_finite = write_checkpoint(tensors, run.work_dir / INIT)
+    refuse_non_finite(non_finite, f"pretrain: the starting model ({source})", "every training step would be "
+                      "skipped. Start from a sound model: run the stage that made it again, or check model.init_std.")
 
 
 def training_job(run: StageRun) -> TrainingJob:
@@ -102,6 +103,7 @@ def training_job(run: StageRun) -> TrainingJob:
 
 def run_pretrain(run: StageRun) -> dict:
     cfg = run.cfg
+    return_large_blocks_to_the_system()  # the model passes through a tensor at a time
     check_layout(cfg)  # a layout that cannot fit the device is refused before any work, with one that fits
     tokenizer_dir = run.input("tokenizer")
     tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
@@ -109,7 +111,7 @@ def run_pretrain(run: StageRun) -> dict:
     if not checkpoints(saved):  # a fresh start: no metrics of an attempt that left no checkpoint
         (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
         shutil.rmtree(run.work_dir / "tensorboard", ignore_errors=True)
-    save_checkpoint(initial_model(run, tokenizer), run.work_dir / INIT)
+    write_initial_model(run, tokenizer)
     job = training_job(run)
     check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json),
                          run.input_file("tokenizer", TOKENIZER_FILE), tokenizer.get_vocab_size())
@@ -118,7 +120,7 @@ def run_pretrain(run: StageRun) -> dict:
     scored = write_heldout(job, texts, tokenizer, tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
     result = launch(job, cfg.cluster)
-    export_trained(run.work_dir, tokenizer_dir)
+    export_trained(run.work_dir, tokenizer_dir, shard_bytes(cfg.export))
     # The run is complete: the final model is in checkpoint/ and hf/; the resumable states are not needed.
     shutil.rmtree(saved, ignore_errors=True)
     shutil.rmtree(run.work_dir / INIT)

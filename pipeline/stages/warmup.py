@@ -1,8 +1,9 @@
 """Stage `warmup`: the base model with the new tokenizer, only the embeddings (and LM head) trained.
 
-The launching process loads the base model (`model.base`), checks that it fits the configured model,
+The launching process reads the base model (`model.base`), checks that it fits the configured model,
 builds the new embedding rows (`warmup.init`, pipeline/warmstart/transfer.py; `focus` and `align` learn
-from the clean stage's training text) and writes the initial model; `parallel.pp x parallel.dp` ranks
+from the clean stage's training text) and writes the initial model a tensor at a time (it never holds the base's
+body); `parallel.tp x parallel.pp x parallel.dp` ranks
 then train it on DeepSpeed's pipeline engine with ZeRO-1, the transformer body frozen
 (pipeline/warmstart/freezing.py), reading the pack stage's sampler; held-out bits per byte are scored
 before and after. Outputs: `checkpoint/` (the pipeline checkpoint that
@@ -21,13 +22,15 @@ import torch
 from pipeline.contract import Stage, StageRun, portable_path, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
-from pipeline.model.files import base_identity, check_finite, check_fit, load_base, save_checkpoint
+from pipeline.model.export_config import shard_bytes
+from pipeline.model.files import base_identity, base_tensors, check_fit, refuse_non_finite
+from pipeline.model.model_tensors import CheckpointTensors, model_shapes, write_checkpoint
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 from pipeline.training.config import use_bf16
 from pipeline.training.job import TrainingJob
-from pipeline.training.outputs import INIT, METRICS_FILE
-from pipeline.training.peak_memory import peak_memory
+from pipeline.training.outputs import INIT, METRICS_FILE, TRAINED
+from pipeline.training.peak_memory import peak_memory, return_large_blocks_to_the_system
 from pipeline.training.run import check_pack_tokenizer, export_trained, launch, write_heldout
 from pipeline.warmstart.freezing import warmup_trainable
 from pipeline.warmstart.initialise import warm_started
@@ -57,24 +60,25 @@ def training_job(run: StageRun, num_layers: int) -> TrainingJob:
 
 def run_warmup(run: StageRun) -> dict:
     cfg = run.cfg
+    return_large_blocks_to_the_system()  # the model passes through a tensor at a time
     if cfg.model.base is None:
         raise StageError("warmup needs a base model: set model.base=<local Hugging Face folder or pipeline "
                          "checkpoint> (with its tokenizer.json), e.g. model.base=/models/bloom-560m")
-    base = load_base(cfg.model.base)
+    base = base_tensors(cfg.model.base)
     base_tokenizer = load_tokenizer(cfg.model.base)
     check_fit(cfg.model, base.cfg, cfg.model.base, base_tokenizer)
-    check_finite(base, f"warmup: the base model {cfg.model.base}", "a warm start from it cannot train. Give a sound "
-                 "model.base.")
     tokenizer_dir = run.input("tokenizer")
     new_tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
     texts = (read_transfer_text(run.input("clean"), run.lang, cfg.warmup.transfer_bytes, run.work_dir / "scratch")
              if needs_text(cfg.warmup.init) else None)
-    model, transfer = warm_started(base, Path(cfg.model.base), base_tokenizer, tokenizer_dir, new_tokenizer,
-                                   cfg.warmup.init, cfg.warmup.train.seed, texts=texts)
+    initial, transfer = warm_started(base, Path(cfg.model.base), base_tokenizer, tokenizer_dir, new_tokenizer,
+                                     cfg.warmup.init, cfg.warmup.train.seed, texts=texts)
     log.info("warmup %s: %s initialisation of %d rows in %.1f s: %s", run.lang, cfg.warmup.init,
-             model.cfg.vocab_size, transfer["cost"]["seconds"], transfer["embedding"])
-    save_checkpoint(model, run.work_dir / INIT)
-    job = training_job(run, model.cfg.num_layers)
+             initial.cfg.vocab_size, transfer["cost"]["seconds"], transfer["embedding"])
+    # Written a tensor at a time: this process never holds the model.
+    refuse_non_finite(write_checkpoint(initial, run.work_dir / INIT), f"warmup: the base model {cfg.model.base}",
+                      "a warm start from it cannot train. Give a sound model.base.")
+    job = training_job(run, initial.cfg.num_layers)
     check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json),
                          run.input_file("tokenizer", TOKENIZER_FILE), new_tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
@@ -83,11 +87,11 @@ def run_warmup(run: StageRun) -> dict:
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
     (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
     result = launch(job, cfg.cluster)
-    trained = export_trained(run.work_dir, tokenizer_dir)
+    export_trained(run.work_dir, tokenizer_dir, shard_bytes(cfg.export))
     held = torch.bfloat16 if use_bf16(job.train) else torch.float32
-    trained_tensors = _check_body_unchanged(model, trained, job.trains, held)
+    trained_tensors, trained_parameters = _check_body_unchanged(run.work_dir / INIT, run.work_dir / TRAINED,
+                                                                job.trains, held)
     shutil.rmtree(run.work_dir / INIT)
-    trained_parameters = sum(t.numel() for name, t in trained.named_parameters() if name in trained_tensors)
     # Where the base is, relative to the work folder when inside it: stage=evaluate scores it too.
     report = {"base": portable_path(cfg, cfg.model.base), "init": cfg.warmup.init, "rows": transfer,
               "trained_tensors": trained_tensors, "trained_parameters": trained_parameters, "heldout_scored": scored,
@@ -102,20 +106,23 @@ def run_warmup(run: StageRun) -> dict:
     return {key: value for key, value in report.items() if key != "sampler"}
 
 
-def _check_body_unchanged(initial, trained, is_trainable, held: torch.dtype) -> list[str]:
-    """Fail if training moved any frozen tensor away from the warm-started model (whose body is the base's, and
-    whose frozen head, with warmup.train_head=false, is the transferred one), as the engine held it (`held`: bf16
-    on a GPU, where a frozen float32 tensor is rounded once and never updated); returns the trained ones' names."""
-    initial_state = initial.state_dict()
-    moved = []
-    for name, tensor in trained.state_dict().items():
-        if is_trainable(name):
-            continue
-        if name not in initial_state or not torch.equal(tensor, initial_state[name].to(held).to(tensor.dtype)):
-            moved.append(name)
+def _check_body_unchanged(initial: Path, trained: Path, is_trainable, held: torch.dtype) -> tuple[list[str], int]:
+    """Fail if training moved any frozen tensor of the checkpoint `trained` away from the warm-started one
+    `initial` (whose body is the base's, and whose frozen head, with warmup.train_head=false, is the transferred
+    one), as the engine held it (`held`: bf16 on a GPU, where a frozen float32 tensor is rounded once and never
+    updated); compared a tensor at a time. Returns the trained tensors' names and their number of values."""
+    moved, trained_names, trained_values = [], [], 0
+    with CheckpointTensors(initial) as before, CheckpointTensors(trained) as after:
+        for name in model_shapes(after.cfg):
+            tensor = after.read(name)
+            if is_trainable(name):
+                trained_names.append(name)
+                trained_values += tensor.numel()
+            elif not torch.equal(tensor, before.read(name).to(held).to(tensor.dtype)):
+                moved.append(name)
     if moved:
         raise StageError(f"warmup: frozen tensors changed during training: {moved[:5]}. This is a bug; please report it.")
-    return sorted(name for name in trained.state_dict() if is_trainable(name))
+    return sorted(trained_names), trained_values
 
 
 STAGE = Stage(

@@ -14,8 +14,9 @@ import torch.distributed as dist
 
 from pipeline.contract import write_json_atomic
 from pipeline.kernels import set_backend
-from pipeline.model.files import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS, read_model_config
+from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config
 from pipeline.model.flops import flops_per_token
+from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.packing.sampler import PackedSampler
 from pipeline.training import checkpoint
 from pipeline.training.engine import build_engine, init_distributed
@@ -23,7 +24,7 @@ from pipeline.training.heldout import load_rows
 from pipeline.training.job import TrainingJob
 from pipeline.training.loop import Checkpointing, train_loop
 from pipeline.training.outputs import CHECKPOINTS, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED
-from pipeline.training.peak_memory import peaks_of_all_ranks
+from pipeline.training.peak_memory import peaks_of_all_ranks, return_large_blocks_to_the_system
 from pipeline.training.run_state import RunState
 from pipeline.training.weights import join_parts, save_part
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 def train_rank(job: TrainingJob) -> None:
     """Train the model of `init/`; `job.resume` (auto|never) enables checkpoints."""
     set_backend(job.kernels)
+    return_large_blocks_to_the_system()
     init_distributed()
     rank = dist.get_rank()
     folder = Path(job.folder)

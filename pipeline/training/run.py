@@ -14,8 +14,9 @@ from typing import Iterable
 from pipeline.contract import MARKER
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import scoring_rows
-from pipeline.model.files import check_finite, load_checkpoint
-from pipeline.model.hf_export import TOKENIZER_FILES, to_hf
+from pipeline.model.files import refuse_non_finite
+from pipeline.model.hf_export import TOKENIZER_FILES, NonFiniteWeights, to_hf
+from pipeline.model.model_tensors import CheckpointTensors
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.parallel.ranks import distributed_environment, free_port, run_ranks
 from pipeline.tokenization.folder import tokenizer_digest
@@ -84,15 +85,17 @@ def launch(job: TrainingJob, cluster) -> dict:
     return result
 
 
-def export_trained(folder: Path, tokenizer_dir: Path):
-    """The trained model of `checkpoint/` with its tokenizer beside it, and as a transformers folder `hf/`."""
+def export_trained(folder: Path, tokenizer_dir: Path, max_shard_bytes: int) -> None:
+    """The trained model of `checkpoint/` with its tokenizer beside it, and as a transformers folder `hf/` in shards
+    of at most `max_shard_bytes`, written a tensor at a time (this process never holds the model)."""
     trained_dir = folder / TRAINED
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, trained_dir / name)
-    trained = load_checkpoint(trained_dir)
-    check_finite(trained, f"The trained model in {trained_dir}", "it is neither exported nor marked done. Lower the "
-                 "learning rate or check the data and the starting model, then run again.")
     shutil.rmtree(folder / EXPORT, ignore_errors=True)
-    to_hf(trained, folder / EXPORT, tokenizer=tokenizer_dir)
-    return trained
+    try:
+        to_hf(CheckpointTensors(trained_dir), folder / EXPORT, tokenizer=tokenizer_dir, max_shard_bytes=max_shard_bytes)
+    except NonFiniteWeights as error:
+        shutil.rmtree(folder / EXPORT, ignore_errors=True)
+        refuse_non_finite(error.names, f"The trained model in {trained_dir}", "it is neither exported nor marked "
+                          "done. Lower the learning rate or check the data and the starting model, then run again.")

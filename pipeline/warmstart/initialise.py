@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.model.transformer import Transformer
+from pipeline.model.model_tensors import ModelTensors, ReplacedTensors, model_shapes
 from pipeline.tokenization.folder import ROLES, special_ids, special_token_strings, token_roles
 from pipeline.warmstart.align import align_rows
 from pipeline.warmstart.cost import measured
@@ -45,34 +45,35 @@ def transfer_plan(base_folder: Path, base_tokenizer: Tokenizer, new_folder: Path
     return plan, {}
 
 
-def warm_started(base: Transformer, base_folder: Path, base_tokenizer: Tokenizer, new_folder: Path,
+def warm_started(base: ModelTensors, base_folder: Path, base_tokenizer: Tokenizer, new_folder: Path,
                  new_tokenizer: Tokenizer, method: str, seed: int,
-                 texts: Optional[list[str]] = None) -> tuple[Transformer, dict]:
+                 texts: Optional[list[str]] = None) -> tuple[ReplacedTensors, dict]:
     """A model for `new_tokenizer`: every body tensor the base's own, new embedding (and untied head) rows by
-    `method` (transfer.py), which for `focus` and `align` learns from `texts` of the language.
+    `method` (transfer.py), which for `focus` and `align` learns from `texts` of the language. Only the base's
+    vocabulary matrices are read here; the body is read when the result is (a tensor at a time).
 
-    Returns the model and the transfer summary: how many rows of each kind each matrix got, what the method
-    learnt from (`learnt_from`), and what it cost (`cost`: seconds and peak memory, text tokenization included).
+    Returns the model's tensors and the transfer summary: how many rows of each kind each matrix got, what the
+    method learnt from (`learnt_from`), and what it cost (`cost`: seconds and peak memory, text tokenization
+    included).
     """
     with measured() as cost:
         plan, learnt = transfer_plan(base_folder, base_tokenizer, new_folder, new_tokenizer, method, seed, texts)
         vocab = new_tokenizer.get_vocab_size(with_added_tokens=True)
         cfg = dataclasses.replace(base.cfg, vocab_size=vocab)
-        model = Transformer(cfg)
-        body = {k: v for k, v in base.state_dict().items() if not k.startswith(("embedding.tokens.", "head."))}
-        model.load_state_dict(body, strict=False)
+        shapes = model_shapes(cfg)
         generator = torch.Generator().manual_seed(seed)
         summary = {"method": method}
-        matrices = [("embedding", base.embedding.tokens.weight[:base.cfg.vocab_size], model.embedding.tokens.weight)]
+        matrices = [("embedding", "embedding.tokens.weight")]
         if not cfg.tie_embeddings:
-            matrices.append(("head", base.head.weight[:base.cfg.vocab_size], model.head.weight))
-        with torch.no_grad():
-            for name, old, new in matrices:
-                rows, counts = build_matrix(old, vocab, plan, method, generator)
-                new.zero_()  # the padding rows stay zero
-                new[:vocab] = rows
-                summary[name] = counts
-        model.tie_weights()
+            matrices.append(("head", "head.weight"))
+        replaced = {}
+        with base, torch.no_grad():
+            for kind, name in matrices:
+                rows, counts = build_matrix(base.read(name)[:base.cfg.vocab_size], vocab, plan, method, generator)
+                matrix = torch.zeros(shapes[name], dtype=rows.dtype)  # the padding rows stay zero
+                matrix[:vocab] = rows
+                replaced[name] = matrix
+                summary[kind] = counts
     summary["learnt_from"] = learnt
     summary["cost"] = cost
-    return model, summary
+    return ReplacedTensors(base, cfg, replaced), summary
