@@ -55,23 +55,18 @@ def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.Comple
 CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "workers=2")
 
 
-# The suite runs in two processes (pytest-xdist, `addopts` in pyproject.toml); a module's tests stay together in
-# one process, so module fixtures are built once, and every module that uses the local Slurm runs in the same one.
-SLURM_MODULES = ("test_clean_slurm", "test_pretrain_slurm", "test_workflow_slurm")
-# The longest groups go first (on 2 cores, minutes each), so that the last minutes are not one process running a
-# long module alone.
-LONGEST_FIRST = ("slurm", "test_demo", "test_pretrain", "test_tensor_parallel", "test_warmup", "test_rank_memory",
-                 "test_base_models", "test_evaluate")
+# The suite runs in two processes (pytest-xdist, `addopts` in pyproject.toml), a whole module in one, so that
+# module fixtures are built once. The longest modules go first (on 2 cores, minutes each), so that the last minutes
+# are not one process running a long module alone; the Slurm modules are spread out (they take turns: slurm_cluster).
+LONGEST_FIRST = ("test_rank_memory", "test_pretrain", "test_workflow_slurm", "test_demo", "test_warmup",
+                 "test_tensor_parallel", "test_base_models", "test_pretrain_slurm", "test_tokenizer_stage",
+                 "test_pack_stage", "test_clean_languages", "test_evaluate", "test_clean_slurm")
 
 
 def pytest_collection_modifyitems(items):
-    groups = {}
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        groups[item] = "slurm" if module in SLURM_MODULES else module
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
-    rank = {group: place for place, group in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: each module keeps its order
+    rank = {module: place for place, module in enumerate(LONGEST_FIRST)}
+    # stable: each module keeps its order
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
@@ -162,10 +157,14 @@ def embedded_records() -> dict[str, list[dict]]:
     return {folder.name: read_jsonl_gz(folder) for folder in sorted(DATA.iterdir()) if folder.is_dir()}
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """A real one-node Slurm on localhost, started (and installed if needed) by the repo's script."""
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    """A real one-node Slurm on localhost, started (and installed if needed) by the repo's script; one module at a
+    time uses it (the other test process waits), so that no test's jobs queue behind another's."""
     if os.geteuid() != 0 and shutil.which("sbatch") is None:
         pytest.skip("starting a local Slurm needs root (CI runs as root); run tests/slurm/start_local_slurm.sh")
-    subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start_local_slurm.sh")], check=True, timeout=600)
-    return "debug"
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else \
+        tmp_path_factory.getbasetemp()
+    with FileLock(str(shared / "slurm.lock")):
+        subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start_local_slurm.sh")], check=True, timeout=600)
+        yield "debug"

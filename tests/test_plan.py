@@ -241,7 +241,7 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
 
     started = []
     monkeypatch.setattr(pretrain, "launch", lambda *args: started.append(args))
-    monkeypatch.setattr(pretrain, "save_checkpoint", lambda *args: started.append(args))
+    monkeypatch.setattr(pretrain, "write_initial_model", lambda *args: started.append(args))
     cfg = pipeline_config("llama-3.1-70b", "plan.device=mi250x", "train.seq_len=4096")
     with pytest.raises(LayoutError) as refused:
         pretrain.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
