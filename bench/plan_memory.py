@@ -182,7 +182,8 @@ def run_case(name: str) -> list[dict]:
     case = CASES[name]
     world = case.tp * case.pp
     with tempfile.TemporaryDirectory() as folder:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517",
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # keep installed extras
+        env = {**os.environ, "PYTHONPATH": path, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517",
                "WORLD_SIZE": str(world), "MALLOC_MMAP_THRESHOLD_": "65536", "PLAN_MEMORY_DIR": folder,
                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
         results = [Path(folder) / f"rank{rank}.json" for rank in range(world)]

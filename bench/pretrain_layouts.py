@@ -52,7 +52,7 @@ def run_layout(args, layout, source: Path, scratch: Path) -> dict:
     work = scratch / "x".join(map(str, layout))
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(source, work, ignore=shutil.ignore_patterns("*pretrain*", "*warmup*", "*evaluate*"))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     started = time.perf_counter()
     result = {"layout": "x".join(map(str, layout))}
     if args.interrupt:

@@ -46,8 +46,9 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: Optiona
     os.chmod(path, new_file_mode())
 
 
-# Bytes copied at a time by join_tensor_files.
+# Bytes copied at a time by join_tensor_files, and read at a time for a slice across rows.
 _COPY_CHUNK = 64 * 2**20
+_SLICE_CHUNK = 8 * 2**20
 
 
 def _header(path: Path) -> tuple[dict, int]:
@@ -118,7 +119,7 @@ class TensorFileReader:
 
     def read_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
         """tensor.narrow(dim, start, stop - start) without reading the whole tensor at once: the rows before `dim`
-        are read in chunks of at most 64 MiB."""
+        are read in chunks of at most 8 MiB."""
         entry = self._entries[name]
         shape, dtype, offset = tuple(entry["shape"]), _DTYPES[entry["dtype"]], entry["data_offsets"][0]
         sliced = (*shape[:dim], stop - start, *shape[dim + 1:])
@@ -128,7 +129,7 @@ class TensorFileReader:
             return self._read(offset + start * inner * itemsize, dtype, (stop - start) * inner).reshape(sliced)
         row = shape[dim] * inner  # values per outer index
         result = torch.empty(outer, stop - start, inner, dtype=dtype)
-        chunk = max(1, _COPY_CHUNK // max(1, row * itemsize))
+        chunk = max(1, _SLICE_CHUNK // max(1, row * itemsize))
         for first in range(0, outer, chunk):
             count = min(chunk, outer - first)
             rows = self._read(offset + first * row * itemsize, dtype, count * row)
@@ -187,7 +188,8 @@ class TensorFileWriter:
             raise ValueError(f"{self.path}: tensor {name} is {tensor.dtype} {tuple(tensor.shape)}, the file declares "
                              f"{entry['dtype']} {tuple(entry['shape'])}")
         self._expect(name)
-        self._out.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        # the tensor's own bytes, not a copy of them
+        self._out.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
 
     def copy(self, name: str, source: BinaryIO, start: int, origin: Path) -> None:
         """The tensor's bytes from the open file `source` at `start` (`origin` names it in errors)."""

@@ -12,11 +12,11 @@ import torch.distributed as dist
 GIB = 2**30
 # glibc's mallopt parameter, and the size from which each allocation gets its own mapping.
 _M_MMAP_THRESHOLD = -3
-_OWN_MAPPING_FROM = 4 * 2**20
+_OWN_MAPPING_FROM = 2**20
 
 
 def return_large_blocks_to_the_system() -> None:
-    """Give every host allocation of 4 MiB or more its own mapping, returned to the system when freed (glibc only).
+    """Give every host allocation of 1 MiB or more its own mapping, returned to the system when freed (glibc only).
 
     The training stages stream the model a tensor at a time (reading, gathering, writing); by default glibc serves
     blocks up to 32 MiB from its heap and keeps them when freed, so that those passing tensors pile up in the resident
