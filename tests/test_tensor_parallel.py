@@ -65,7 +65,7 @@ def _layer_errors() -> dict[str, float]:
 
     from pipeline.parallel.pipeline_model import token_loss
     from pipeline.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, apply_tensor_parallel,
-                                                   copy_to_tensor_parallel, full_state_dict, parameter_shards)
+                                                   copy_to_tensor_parallel, parameter_shards)
 
     group, rank = dist.group.WORLD, dist.get_rank()
     errors = {}
@@ -90,7 +90,8 @@ def _layer_errors() -> dict[str, float]:
             grad = full_parameters[parameter_name].grad
             errors[f"{name} {parameter_name} grad"] = _max_error(
                 parameter.grad, shards[parameter_name].take(grad) if parameter_name in shards else grad)
-        gathered = full_state_dict(parallel)
+        gathered = {key: shards[key].gather(tensor) if key in shards else tensor  # as saving gathers them
+                    for key, tensor in parallel.state_dict().items()}
         for parameter_name, tensor in full.state_dict().items():
             errors[f"{name} {parameter_name} gathered"] = _max_error(gathered[parameter_name], tensor)
 

@@ -142,13 +142,6 @@ def parameter_shards(module: nn.Module) -> dict[str, Shard]:
             if hasattr(parameter, "tp_shard")}
 
 
-def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    """`module.state_dict()` with every shard gathered into its full tensor (a collective over the group)."""
-    shards = parameter_shards(module)
-    return {name: shards[name].gather(tensor) if name in shards else tensor
-            for name, tensor in module.state_dict().items()}
-
-
 class ColumnParallelLinear(nn.Module):
     """y_r = x W_r^T + b_r: this rank's output features (rows of the full weight); the input is replicated."""
 
