@@ -71,12 +71,18 @@ def softmax_gradient(logits: torch.Tensor, out: torch.Tensor, targets: torch.Ten
                      grad_lse: torch.Tensor, grad_target: torch.Tensor, vocab_start: int = 0) -> None:
     """out = grad_lse * softmax(logits) + grad_target * one-hot(target), per row (out may be logits itself); the
     gradient of grad_lse * lse + grad_target * target_logit, as the Triton kernel computes it."""
-    grad = torch.exp(logits.float() - lse[:, None]) * grad_lse[:, None]
     local = targets - vocab_start
     holds = (local >= 0) & (local < logits.shape[-1])
+    # In place, so that no float32 copy of the chunk is held besides the logits (the layout planner counts none).
+    if out.dtype == torch.float32:
+        grad = torch.sub(logits.float(), lse[:, None], out=out)
+    else:
+        grad = logits.float() - lse[:, None]
+    grad.exp_().mul_(grad_lse[:, None])
     rows = torch.arange(len(targets), device=logits.device)[holds]
     grad[rows, local[holds]] += grad_target[holds]
-    out.copy_(grad)
+    if grad is not out:
+        out.copy_(grad)
 
 
 # The per-row primitives of the fused LM head (fused_head.py) on a CPU.

@@ -195,7 +195,9 @@ def _head_and_loss(model: ModelConfig, layout: Layout, nx: Numerics) -> tuple[in
         return (buffers * e * rows * shard,
                 LOSS_BYTES_PER_LOGIT * rows * (model.vocab_size if layout.tp == 1 else shard))
     head_gradients = e * rows * model.hidden_size + e * shard * model.hidden_size
-    chunk = e * min(rows, max(1, FUSED_LOSS_CHUNK_LOGITS // shard)) * shard
+    chunk_logits = min(rows, max(1, FUSED_LOSS_CHUNK_LOGITS // shard)) * shard
+    # A CPU takes a chunk's log-sum-exp with torch's logsumexp, which holds a float32 copy of the chunk besides.
+    chunk = e * chunk_logits + (4 * chunk_logits if nx.host else 0)
     return buffers * e * rows * model.hidden_size, max(head_gradients + chunk, 2 * head_gradients)
 
 
