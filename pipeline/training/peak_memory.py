@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import resource
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,10 +29,22 @@ def return_large_blocks_to_the_system() -> None:
         libc.mallopt(_M_MMAP_THRESHOLD, _OWN_MAPPING_FROM)
 
 
+def _peak_resident_bytes() -> int:
+    """VmHWM, the peak of this process's own memory. Not getrusage's ru_maxrss: Linux carries that across exec, so a
+    process started by a large one (a test or a notebook holding a model) would report its parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # in kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB on Linux
+
+
 def peak_memory() -> dict:
     """This process's peak resident set (VmHWM, GiB) and its peak device memory allocated by torch (GiB; None on a
     CPU)."""
-    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # ru_maxrss is in KiB on Linux
+    host = _peak_resident_bytes() / GIB
     device = torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else None
     return {"host_rss_gib": round(host, 3), "device_gib": None if device is None else round(device, 3)}
 
