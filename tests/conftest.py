@@ -40,7 +40,8 @@ TRICKY_TEXTS = [
 
 def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     """`python -m pipeline <overrides>` in `cwd`, as a user would type it."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "HYDRA_FULL_ERROR": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "pipeline", *overrides], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=900,
