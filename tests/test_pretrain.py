@@ -28,7 +28,9 @@ from pipeline.tokenization.folder import load_tokenizer
 from pipeline.training.schedule import lr_factor
 from tests.conftest import CHAIN_OPTIONS, REPO, marker, run_cli
 
-TINY = ("model.num_layers=2", "model.max_seq_len=128", "train.log_every=1", "train.warmup_steps=2")
+# A small held-out sample: scoring it before and after is a good part of a tiny run on a CPU.
+TINY = ("model.num_layers=2", "model.max_seq_len=128", "train.log_every=1", "train.warmup_steps=2",
+        "train.eval_tokens=2048")
 SCRATCH = ("stage=pretrain", *CHAIN_OPTIONS, *TINY, "init=scratch", "train.steps=12", "train.checkpoint_every=4")
 
 
