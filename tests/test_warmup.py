@@ -83,13 +83,13 @@ def test_acceptance_pipeline_and_data_parallel_layouts_train_like_one_process(no
                                                                             single_process_losses, tmp_path):
     # The schedule is constant after 2 warm-up steps, so a 3-step run's losses are the first 3 of the 8-step one.
     single = single_process_losses["losses"][:3]
-    steps = "warmup.train.steps=3"
+    steps = ("warmup.train.steps=3", "warmup.train.eval_tokens=2048")  # losses compared, not held-out scores
     runs = {}
     for pp, dp in ((2, 2), (3, 1)):
         # in a copy: the single-process warmup stays for the pretrain test
         cwd = tmp_path / f"pp{pp}-dp{dp}"
         shutil.copytree(nob_packed / "work", cwd / "work", ignore=shutil.ignore_patterns("*warmup*", "*pretrain*"))
-        warmup(cwd, english_base, steps, f"parallel.pp={pp}", f"parallel.dp={dp}")
+        warmup(cwd, english_base, *steps, f"parallel.pp={pp}", f"parallel.dp={dp}")
         runs[pp, dp] = losses(cwd)
         if (pp, dp) == (3, 1):  # blocks are spread per stage: the middle stage holds one frozen block only
             log = (cwd / "work" / "nob" / "warmup" / "rank_logs" / "rank1.log").read_text(encoding="utf-8")
