@@ -18,6 +18,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.config import CONF_DIR, register_configs
 from pipeline.model.files import save_checkpoint
@@ -85,7 +86,9 @@ def uninterrupted(nob_packed):
         assert all(entry[key] > 0 for entry in logged), key
     assert all(entry["mfu"] is None and entry["device_gib"] is None for entry in logged)  # a CPU: no peak, no device
     output = nob_packed / "work" / "nob" / "pretrain"
-    assert list((output / "tensorboard").glob("events.out.tfevents.*"))
+    board = EventAccumulator(str(output / "tensorboard"))
+    board.Reload()
+    assert [event.step for event in board.Scalars("heldout_bpb")] == [0, 12]  # the last score reached the file too
     # safetensors would write 0600 whatever the umask: the outputs follow it (0644 under umask 022).
     for weights in (output / "hf" / "model.safetensors", output / "checkpoint" / CHECKPOINT_WEIGHTS):
         assert stat.S_IMODE(weights.stat().st_mode) == new_file_mode(), weights
@@ -137,6 +140,10 @@ def test_acceptance_sigterm_checkpoints_and_a_resume_with_two_replicas_continues
         assert resumed[step] == pytest.approx(uninterrupted[step], rel=1e-5), f"step {step}"
     metrics = marker(fresh / "work", "nob", "pretrain")["metrics"]
     assert metrics["steps"] == 12
+    # The ranks leave without the interpreter's teardown: what rank 0 logged reached the files first.
+    board = EventAccumulator(str(fresh / "work" / "nob" / "pretrain" / "tensorboard"))
+    board.Reload()
+    assert max(event.step for event in board.Scalars("heldout_bpb")) == 12
     # Each rank's peak memory, with its place in the layout (on a CPU: host memory only).
     peaks = metrics["peak_memory_per_rank"]
     assert [(p["rank"], p["pp"], p["tp"], p["dp"]) for p in peaks] == [(0, 0, 0, 0), (1, 0, 0, 1)]

@@ -133,4 +133,6 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
                "skipped_steps": run.skipped_steps, "heldout_bpb_before": run.heldout_bpb_before,
                "heldout_bpb_after": evaluate(), "seconds": round(seconds, 2),
                "tokens_per_s": round(trained_tokens / seconds, 1) if seconds else None}
+    if board is not None:
+        board.close()  # with the last held-out score on disk
     return summary

@@ -32,6 +32,13 @@ def main() -> None:
     except Exception:
         log.exception("This rank failed")
         sys.exit(1)
+    # Every output is written (train_rank's last barrier saw to it). Leave without the interpreter's teardown: with
+    # gloo, objects of DeepSpeed's process groups destroyed there can abort the process (SIGABRT, "terminate called
+    # without an active exception"), which srun reports as a failed rank and answers by killing the others.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
