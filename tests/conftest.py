@@ -59,9 +59,9 @@ CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "workers=2")
 # The suite runs in two processes (pytest-xdist, `addopts` in pyproject.toml), a whole module in one, so that
 # module fixtures are built once. The longest modules go first (on 2 cores, minutes each), so that the last minutes
 # are not one process running a long module alone; the Slurm modules are spread out (they take turns: slurm_cluster).
-LONGEST_FIRST = ("test_rank_memory", "test_pretrain", "test_workflow_slurm", "test_demo", "test_warmup",
-                 "test_tensor_parallel", "test_base_models", "test_pretrain_slurm", "test_tokenizer_stage",
-                 "test_pack_stage", "test_clean_languages", "test_evaluate", "test_clean_slurm")
+LONGEST_FIRST = ("test_rank_memory", "test_pretrain", "test_workflow_slurm", "test_tokenizer_stage", "test_warmup",
+                 "test_demo", "test_tensor_parallel", "test_base_models", "test_pretrain_slurm", "test_pack_stage",
+                 "test_clean_languages", "test_evaluate", "test_clean_slurm")
 
 
 def pytest_collection_modifyitems(items):
