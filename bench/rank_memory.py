@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import CHAIN_OPTIONS, marker, run_cli  # noqa: E402
-from tests.test_rank_memory import GIB, LAYOUT, SHORT, fp32_bytes, llama_base, peaks  # noqa: E402
+from tests.conftest import CHAIN_OPTIONS, marker, packed_copy, run_cli  # noqa: E402
+from tests.test_rank_memory import GIB, IDLE, LAYOUT, SHORT, fp32_bytes, llama_base, peaks  # noqa: E402
 
 # ~0.79B parameters with the chain's 2048-token vocabulary: 16 blocks of 47M, untied embeddings.
 SIZE_0_8B = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
@@ -41,11 +41,9 @@ def chain(folder: Path) -> None:
 
 
 def fresh_copy(folder: Path, name: str) -> Path:
-    """A copy of the packed chain, without training stages' outputs, to run stages in."""
-    cwd = folder / name
-    shutil.rmtree(cwd, ignore_errors=True)
-    shutil.copytree(folder / "work", cwd / "work", ignore=shutil.ignore_patterns("*warmup*", "*pretrain*"))
-    return cwd
+    """`folder`/`name`: a new copy of the packed chain, to run stages in."""
+    shutil.rmtree(folder / name, ignore_errors=True)
+    return packed_copy(folder, folder / name)
 
 
 def timed(label: str, *overrides: str, cwd: Path) -> None:
@@ -66,9 +64,7 @@ def main() -> None:
         return
 
     idle = fresh_copy(folder, "idle")
-    timed("idle run", *CHAIN_OPTIONS, "stage=pretrain", "init=scratch", "model.num_layers=2", "model.max_seq_len=64",
-          "train.steps=1", "train.global_batch_size=2", "train.micro_batch_size=1", "train.eval_tokens=256",
-          *LAYOUT, cwd=idle)
+    timed("idle run", *IDLE, *LAYOUT, cwd=idle)
     base = folder / "base-0.8b"
     if not (base / "model.safetensors.index.json").is_file():
         started = time.perf_counter()

@@ -38,12 +38,21 @@ TRICKY_TEXTS = [
 ]
 
 
+def repo_pythonpath() -> str:
+    """PYTHONPATH for a process that imports this checkout: the repository first, then what was set (wheels
+    installed with --target, as on the benchmark machines)."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a `python -m pipeline` process started by a test."""
+    return {**os.environ, "PYTHONPATH": repo_pythonpath(), "HYDRA_FULL_ERROR": "1"}
+
+
 def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     """`python -m pipeline <overrides>` in `cwd`, as a user would type it."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "HYDRA_FULL_ERROR": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", *overrides], cwd=cwd, env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "pipeline", *overrides], cwd=cwd, env=cli_env(), capture_output=True, text=True,
         timeout=900,
     )
     if check and result.returncode != 0:
@@ -114,6 +123,12 @@ def copy_of(cleaned: Path, tmp_path_factory, name: str, langs: tuple[str, ...] =
     cwd = tmp_path_factory.mktemp(name)
     for lang in langs:
         shutil.copytree(cleaned / "work" / lang, cwd / "work" / lang)
+    return cwd
+
+
+def packed_copy(packed: Path, cwd: Path) -> Path:
+    """`cwd` with a copy of `packed`'s work folder without the training stages' outputs, to train in."""
+    shutil.copytree(packed / "work", cwd / "work", ignore=shutil.ignore_patterns("*warmup*", "*pretrain*"))
     return cwd
 
 

@@ -27,7 +27,7 @@ from pipeline.model.transformer import Transformer
 from pipeline.tensor_files import new_file_mode
 from pipeline.tokenization.folder import load_tokenizer
 from pipeline.training.schedule import lr_factor
-from tests.conftest import CHAIN_OPTIONS, REPO, marker, run_cli
+from tests.conftest import CHAIN_OPTIONS, cli_env, marker, run_cli
 
 # A small held-out sample: scoring it before and after is a good part of a tiny run on a CPU.
 TINY = ("model.num_layers=2", "model.max_seq_len=128", "train.log_every=1", "train.warmup_steps=2",
@@ -48,8 +48,7 @@ def losses_by_step(cwd) -> dict[int, float]:
 
 
 def start(cwd, *overrides) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "pipeline", *overrides], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "pipeline", *overrides], cwd=cwd, env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

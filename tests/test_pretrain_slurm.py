@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 
-from tests.conftest import REPO, marker
+from tests.conftest import REPO, marker, packed_copy
 from tests.test_pretrain import SCRATCH
 
 
 def test_inside_a_slurm_allocation_the_ranks_start_with_srun(nob_packed, slurm_cluster, tmp_path):
-    work = tmp_path / "work"
-    shutil.copytree(nob_packed / "work", work, ignore=shutil.ignore_patterns("*pretrain*", "*warmup*"))
+    work = packed_copy(nob_packed, tmp_path) / "work"
     command = shlex.join([sys.executable, "-m", "pipeline", *SCRATCH, "train.steps=3", f"work_dir={work}",
                           "cluster.executor=slurm", "parallel.dp=2"])
     log = tmp_path / "job.log"

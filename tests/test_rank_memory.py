@@ -22,7 +22,7 @@ from pipeline.model.files import load_checkpoint
 from pipeline.model.hf_export import to_hf
 from pipeline.planning.layout import Layout
 from pipeline.planning.memory import Numerics, stage_memory
-from tests.conftest import CHAIN_OPTIONS, marker, run_cli
+from tests.conftest import CHAIN_OPTIONS, marker, packed_copy, run_cli
 
 GIB = 2**30
 # ~100M parameters, 0.38 GiB in fp32: large enough that the weights, not the code, decide the peaks.
@@ -32,6 +32,9 @@ LAYOUT = ("parallel.tp=2", "parallel.pp=2")
 SHORT = ("warmup.train.steps=1", "warmup.train.seq_len=64", "warmup.train.global_batch_size=2", "warmup.train.micro_batch_size=1",
          "warmup.train.eval_tokens=256", "train.steps=1", "train.seq_len=64", "train.global_batch_size=2", "train.micro_batch_size=1",
          "train.eval_tokens=256", "export.max_shard_size=100MB")
+# pretrain init=scratch of the tiny model; with a learning rate so small that no update changes an fp32 weight.
+IDLE = (*CHAIN_OPTIONS, "stage=pretrain", "init=scratch", "model.num_layers=2", "model.max_seq_len=64", "train.steps=1",
+        "train.global_batch_size=2", "train.micro_batch_size=1", "train.eval_tokens=256", "train.lr=1e-30")
 
 
 def llama_base(folder: Path, tokenizer_dir: Path, sizes: dict) -> Path:
@@ -56,23 +59,15 @@ def peaks(cwd: Path, stage: str) -> dict:
             "ranks": [rank["host_rss_gib"] for rank in metrics["peak_memory_per_rank"]]}
 
 
-def packed_copy(nob_packed: Path, cwd: Path) -> Path:
-    shutil.copytree(nob_packed / "work", cwd / "work", ignore=shutil.ignore_patterns("*warmup*", "*pretrain*"))
-    return cwd
-
-
 @pytest.fixture(scope="module")
 def scratch(nob_packed, tmp_path_factory) -> dict:
     """pretrain init=scratch of the tiny model (a few MiB), on one process and on tp=2 x pp=2; with a learning rate
     so small that no update changes an fp32 weight, the trained model is the starting one. The tp=2 x pp=2 run's
     processes hold the stage's code and next to no weights: idle ranks."""
-    options = (*CHAIN_OPTIONS, "stage=pretrain", "init=scratch", "model.num_layers=2", "model.max_seq_len=64",
-               "train.steps=1", "train.global_batch_size=2", "train.micro_batch_size=1", "train.eval_tokens=256",
-               "train.lr=1e-30")
     runs = {}
     for name, layout in (("single", ()), ("tp2-pp2", LAYOUT)):
         cwd = packed_copy(nob_packed, tmp_path_factory.mktemp(name))
-        run_cli(*options, *layout, cwd=cwd)
+        run_cli(*IDLE, *layout, cwd=cwd)
         runs[name] = cwd
     return runs
 

@@ -22,7 +22,7 @@ from pipeline.training.checkpoint_files import (FILES_KEY, STATE_FILE, checkpoin
                                                 file_entry, size_problem)
 from pipeline.training.config import TrainConfig
 from pipeline.training.run_state import RunState
-from tests.conftest import CHAIN_OPTIONS, REPO, marker, run_cli
+from tests.conftest import CHAIN_OPTIONS, cli_env, marker, run_cli
 
 PRETRAIN = ("stage=pretrain", *CHAIN_OPTIONS, "model.num_layers=2", "model.max_seq_len=128", "init=scratch",
             "train.steps=2")
@@ -108,8 +108,7 @@ def test_acceptance_a_copied_work_folder_is_up_to_date(copied, nob_packed, tmp_p
 def test_acceptance_a_second_run_of_a_running_stage_is_refused_and_the_first_is_unharmed(copied, nob_packed):
     mix = copied / "work" / "nob" / "mix"
     shutil.rmtree(mix)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    first = subprocess.Popen([sys.executable, "-m", "pipeline", "stage=mix", *CHAIN_OPTIONS], cwd=copied, env=env,
+    first = subprocess.Popen([sys.executable, "-m", "pipeline", "stage=mix", *CHAIN_OPTIONS], cwd=copied, env=cli_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 300
     while not list(mix.parent.glob(".mix.partial-*")):  # the partial folder exists: the lock is held

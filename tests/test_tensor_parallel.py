@@ -33,8 +33,8 @@ from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.ranks import free_port, rank_environment, run_ranks
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
 from pipeline.training.config import TrainConfig
+from tests.conftest import REPO, repo_pythonpath
 
-REPO = Path(__file__).resolve().parent.parent
 # The vocabulary (300) is padded to 384 (3 x 128) alone and to 512 (2 x 2 x 128) under TP=2: rank 1's shard
 # holds real ids, the model's padding rows and the extra tensor-parallel padding.
 MODELS = {
@@ -228,7 +228,7 @@ def trained(tmp_path_factory):
         save_checkpoint(Transformer(cfg), work_dir / f"init-{model}")
     results = {}
     with pytest.MonkeyPatch.context() as patch:  # the ranks import this module
-        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        patch.setenv("PYTHONPATH", repo_pythonpath())
         results.update(_launch(work_dir, 1, [(model, (1, 1, 1)) for model in MODELS]))
         results.update(_launch(work_dir, 2, [(model, layout) for model in MODELS for layout in LAYOUTS_OF_TWO],
                                layer_checks=True))

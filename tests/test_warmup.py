@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import CHAIN_OPTIONS, marker, run_cli
+from tests.conftest import CHAIN_OPTIONS, marker, packed_copy, run_cli
 
 STEPS = 8
 # The base model's shape (tests/english_base_model.py); a higher learning rate than the recipe's 1e-4 so that
@@ -88,8 +88,7 @@ def test_acceptance_pipeline_and_data_parallel_layouts_train_like_one_process(no
     runs = {}
     for pp, dp in ((2, 2), (3, 1)):
         # in a copy: the single-process warmup stays for the pretrain test
-        cwd = tmp_path / f"pp{pp}-dp{dp}"
-        shutil.copytree(nob_packed / "work", cwd / "work", ignore=shutil.ignore_patterns("*warmup*", "*pretrain*"))
+        cwd = packed_copy(nob_packed, tmp_path / f"pp{pp}-dp{dp}")
         warmup(cwd, english_base, steps, f"parallel.pp={pp}", f"parallel.dp={dp}")
         runs[pp, dp] = losses(cwd)
         if (pp, dp) == (3, 1):  # blocks are spread per stage: the middle stage holds one frozen block only

@@ -73,12 +73,9 @@ def softmax_gradient(logits: torch.Tensor, out: torch.Tensor, targets: torch.Ten
     gradient of grad_lse * lse + grad_target * target_logit, as the Triton kernel computes it."""
     local = targets - vocab_start
     holds = (local >= 0) & (local < logits.shape[-1])
-    # In place, so that no float32 copy of the chunk is held besides the logits (the layout planner counts none).
-    if out.dtype == torch.float32:
-        grad = torch.sub(logits.float(), lse[:, None], out=out)
-    else:
-        grad = logits.float() - lse[:, None]
-    grad.exp_().mul_(grad_lse[:, None])
+    # In `out` when it is float32, so that no float32 copy of the chunk is held besides it (the planner counts none).
+    grad = out if out.dtype == torch.float32 else torch.empty_like(out, dtype=torch.float32)
+    torch.sub(logits.float(), lse[:, None], out=grad).exp_().mul_(grad_lse[:, None])
     rows = torch.arange(len(targets), device=logits.device)[holds]
     grad[rows, local[holds]] += grad_target[holds]
     if grad is not out:
