@@ -154,6 +154,8 @@ def validate(cfg: PipelineConfig) -> None:
     validate_plan(cfg.plan)
     validate_export(cfg.export)
     validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
+    if cfg.model.base_lang not in LANGUAGES:
+        raise ConfigError("model.base_lang", cfg.model.base_lang, closest_first(cfg.model.base_lang, list(LANGUAGES)))
     if cfg.demo_base.lang not in LANGUAGES:
         raise ConfigError("demo_base.lang", cfg.demo_base.lang, closest_first(cfg.demo_base.lang, list(LANGUAGES)))
     if cfg.kernels not in KERNEL_BACKENDS:

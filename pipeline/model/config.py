@@ -67,6 +67,9 @@ class ModelConfig:
     # The pretrained model to start from: a local Hugging Face folder or a pipeline checkpoint, with its
     # tokenizer.json. Its config decides the fields above (pipeline/model/base_shape.py).
     base: Optional[str] = None
+    # The language the base model was trained in (ISO 639-3): replayed in the mix and in the tokenizer's
+    # training text so that the model keeps it, and scored by evaluate so that forgetting shows.
+    base_lang: str = "eng"
 
     @property
     def head_dim(self) -> int:
