@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from pipeline.choices import closest_first
 from pipeline.cluster import ClusterConfig, WorkflowConfig, validate_cluster
@@ -39,6 +39,8 @@ from pipeline.warmstart.config import WarmupConfig, validate_warmup
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
 EMBEDDED_DATA_DIR = REPO_ROOT / "data"
+# Budgets and vocabulary whenever model.base is given (register_base_shape).
+PRETRAINED_BASE_DEFAULTS = CONF_DIR / "pretrained_base.yaml"
 KERNEL_BACKENDS = ("auto", "reference", "triton")  # pipeline/kernels/backend.py (which imports torch)
 
 # Appended to the command line when it gives model.base: after the preset, before the command line's own values.
@@ -51,10 +53,9 @@ RESUME = ("auto", "never")
 
 @dataclass
 class DemoBaseConfig:
-    """The demo's base model when `model.base` is not given: `stage=all` pretrains one from scratch on this
-    language's embedded text (`lang=eng init=scratch`, in `${work_dir}/eng/`) and caches it there."""
+    """The demo's base model when `model.base` is not given: `stage=all` pretrains one from scratch on the
+    embedded text of `model.base_lang` (`lang=eng init=scratch`, in `${work_dir}/eng/`) and caches it there."""
 
-    lang: str = "eng"
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -115,8 +116,10 @@ def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Opti
 
 
 def register_base_shape(shape: dict) -> None:
-    """The option BASE_SHAPE_OVERRIDE selects: `model.base`'s shape over the `model=` preset's."""
-    ConfigStore.instance().store(group=BASE_SHAPE_GROUP, name=BASE_SHAPE_NAME, node={"model": shape},
+    """The option BASE_SHAPE_OVERRIDE selects: `model.base`'s shape over the `model=` preset's, and the defaults of
+    continued pretraining from a real base (conf/pretrained_base.yaml) over the preset's budgets and vocabulary."""
+    defaults = OmegaConf.to_container(OmegaConf.load(PRETRAINED_BASE_DEFAULTS))
+    ConfigStore.instance().store(group=BASE_SHAPE_GROUP, name=BASE_SHAPE_NAME, node={**defaults, "model": shape},
                                  package="_global_")
 
 
@@ -156,7 +159,5 @@ def validate(cfg: PipelineConfig) -> None:
     validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
     if cfg.model.base_lang not in LANGUAGES:
         raise ConfigError("model.base_lang", cfg.model.base_lang, closest_first(cfg.model.base_lang, list(LANGUAGES)))
-    if cfg.demo_base.lang not in LANGUAGES:
-        raise ConfigError("demo_base.lang", cfg.demo_base.lang, closest_first(cfg.demo_base.lang, list(LANGUAGES)))
     if cfg.kernels not in KERNEL_BACKENDS:
         raise ConfigError("kernels", cfg.kernels, KERNEL_BACKENDS)

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,8 +120,8 @@ class StageRun:
     def _damaged(self, stage: str, path: Path, what: str) -> StageError:
         # The contract skips a stage whose marker matches, whatever its files look like: the marker must go.
         return StageError(f"{self.stage} {self.lang}: {path}, written by the {stage} stage, is damaged ({what}). "
-                          f"Make it again: delete {self.upstream[stage] / MARKER} and run python -m pipeline "
-                          f"stage={stage} lang={self.lang} work_dir={self.cfg.work_dir}")
+                          f"Make it again: delete {self.upstream[stage] / MARKER} and run "
+                          f"{stage_command(stage, self.cfg)}")
 
     def commit(self, metrics: dict) -> dict:
         """Write the marker into the finished work folder and move it into place."""
@@ -216,6 +217,16 @@ def config_hash(stage: Stage, config: dict, inputs: dict) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
+def stage_command(stage: str, cfg) -> str:
+    """The command that runs `stage` for cfg's language with the user's own overrides (raw_dir=, model.base= ...),
+    as a shell takes it: for the commands that errors suggest."""
+    from hydra.core.hydra_config import HydraConfig  # set while a command runs; not when code calls a stage
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [f"work_dir={cfg.work_dir}"]
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("stage", "lang", "langs", "base_shape")]
+    return shlex.join(["python", "-m", "pipeline", f"stage={stage}", f"lang={cfg.lang.code}", *kept])
+
+
 @dataclass(frozen=True)
 class Expected:
     """What a run of the stage would be now: its inputs, hashed config and their hash."""
@@ -233,8 +244,7 @@ def expected(stage: Stage, cfg) -> Expected:
     markers = {name: read_marker(stage_dir(cfg, name)) for name in (*needed, *stage.reads_if_done)}
     missing = [name for name in needed if markers[name] is None]
     if missing:
-        commands = "; ".join(f"python -m pipeline stage={name} lang={cfg.lang.code} work_dir={cfg.work_dir}"
-                             for name in missing)
+        commands = "; ".join(stage_command(name, cfg) for name in missing)
         names = ", ".join(f"`{name}`" for name in missing)
         raise StageError(f"Stage `{stage.name}` for {cfg.lang.code} needs the output of stage{'s' * (len(missing) > 1)} "
                          f"{names}, not done yet (no {MARKER} in "

@@ -1,7 +1,7 @@
 """The demo's base model, for `stage=all` without `model.base`: nothing is downloaded, so the pipeline
-pretrains a small one itself, from scratch, on the embedded text of `demo_base.lang` (English), with the
+pretrains a small one itself, from scratch, on the embedded text of `model.base_lang` (English), with the
 run's own model shape, tokenizer settings and `demo_base.train` budget. It lives in
-`${work_dir}/<demo_base.lang>/pretrain/hf` like any pretrain output, so the stage contract caches it: the
+`${work_dir}/<model.base_lang>/pretrain/hf` like any pretrain output, so the stage contract caches it: the
 next run finds it up to date and goes straight on."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ BASE_STAGES = ("clean", "mix", "tokenizer", "pack", "pretrain")
 
 
 def demo_base_config(cfg: PipelineConfig) -> PipelineConfig:
-    lang = cfg.demo_base.lang
+    lang = cfg.model.base_lang
     return dataclasses.replace(cfg, lang=language_config(lang, LANGUAGES[lang]), init="scratch",
                                train=cfg.demo_base.train)
 

@@ -81,6 +81,19 @@ class ModelConfig:
         return -(-self.vocab_size // multiple) * multiple
 
 
+# What a training length of null takes: the model's context within its attention window, at most this much
+# (continued pretraining rarely needs a base's whole context, and attention's share of the compute grows with it).
+DEFAULT_TRAINING_SEQ_LEN = 2048
+
+
+def training_seq_len(model: ModelConfig, seq_len: Optional[int]) -> int:
+    """The tokens per training sequence: `seq_len` (train.seq_len), or for null the model's context, at most
+    DEFAULT_TRAINING_SEQ_LEN and its sliding window."""
+    if seq_len is not None:
+        return seq_len
+    return min(model.max_seq_len, model.sliding_window or model.max_seq_len, DEFAULT_TRAINING_SEQ_LEN)
+
+
 def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     """Checks that types alone cannot express; each error names the key and what is allowed."""
     for key, value, allowed in (("position", model.position, POSITIONS), ("norm", model.norm, NORMS),

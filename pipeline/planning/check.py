@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from pipeline.errors import StageError
-from pipeline.model.config import ModelConfig
+from pipeline.model.config import ModelConfig, training_seq_len
 from pipeline.planning.devices import GIB, resolve_device
 from pipeline.planning.layout import Layout
 from pipeline.planning.plan import Plan, make_plan, numerics_for
@@ -24,7 +24,7 @@ class LayoutError(StageError):
 def _refuse_what_cannot_run(model: ModelConfig, tp: int, pp: int, seq_len: int, seq_len_given: bool) -> None:
     if model.sliding_window is not None and seq_len > model.sliding_window:
         source = (f"train.seq_len={seq_len}" if seq_len_given
-                  else f"train.seq_len=null takes model.max_seq_len={seq_len}")
+                  else f"train.seq_len=null takes {seq_len}")
         raise LayoutError(f"{source}, longer than the model's attention window (model.sliding_window="
                           f"{model.sliding_window}), which the attention kernels do not implement: set "
                           f"train.seq_len={model.sliding_window} or less.")
@@ -42,7 +42,7 @@ def plan_for_config(cfg, model: ModelConfig | None = None) -> Plan:
     """The plan of the `pretrain` training section (train, parallel, kernels) for `model` (default: cfg.model)."""
     model = model or cfg.model
     train, parallel = cfg.train, cfg.parallel
-    seq_len = train.seq_len or model.max_seq_len
+    seq_len = training_seq_len(model, train.seq_len)
     _refuse_what_cannot_run(model, parallel.tp, parallel.pp, seq_len, train.seq_len is not None)
     layout = Layout(tp=parallel.tp, pp=parallel.pp, dp=parallel.dp, micro_batch=train.micro_batch_size,
                     accumulation=train.global_batch_size // (train.micro_batch_size * parallel.dp), seq_len=seq_len,

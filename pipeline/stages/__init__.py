@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from typing import Iterator, Mapping
 
 from pipeline.contract import Stage, execute, stage_dir
-from pipeline.demo_base import BASE_STAGES, demo_base_config, demo_base_folder, with_demo_base
+from pipeline.demo_base import (
+    BASE_STAGES,
+    demo_base_config,
+    demo_base_folder,
+    with_demo_base,
+)
+from pipeline.errors import StageError
+from pipeline.languages import LANGUAGES, language_config
 from pipeline.targets import STAGE_NAMES
 
 log = logging.getLogger(__name__)
@@ -42,6 +50,21 @@ def run_target(cfg) -> None:
         run_chain(cfg, (cfg.stage,))
 
 
+def clean_base_language(cfg) -> None:
+    """The clean stage for `model.base_lang`, whose output the default mix replays (conf/mix/default.yaml), when the
+    raw folder has that language; without it the mix goes on without replay, as it says."""
+    if cfg.model.base_lang == cfg.lang.code:
+        return
+    base_lang = dataclasses.replace(cfg, lang=language_config(cfg.model.base_lang, LANGUAGES[cfg.model.base_lang]))
+    try:
+        STAGES["clean"].describe_inputs(base_lang)
+    except StageError as missing:
+        log.warning("No text of the base model's language to replay (model.base_lang=%s): %s The model may forget "
+                    "it.", cfg.model.base_lang, missing)
+        return
+    run_chain(base_lang, ("clean",))
+
+
 def run_chain(cfg, names: tuple[str, ...]) -> bool:
     """Run `names` in order; False if one went to Slurm (the rest must wait for it)."""
     for name in names:
@@ -55,8 +78,11 @@ def run_chain(cfg, names: tuple[str, ...]) -> bool:
 
 
 def run_all(cfg) -> None:
-    """The whole recipe for one language; without `model.base`, first the demo's own base model."""
-    if cfg.model.base is None:
+    """The whole recipe for one language; without `model.base`, first the demo's own base model, with it, first the
+    clean text of the base's language, which the mix replays."""
+    if cfg.model.base is not None:
+        clean_base_language(cfg)
+    else:
         base_cfg = demo_base_config(cfg)
         log.info("model.base is not set: using the demo's base model, pretrained from scratch on the embedded %s "
                  "text in %s (made once, then reused). Give model.base=<Hugging Face folder> to start from a real "

@@ -23,12 +23,14 @@ from pathlib import Path
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
+from pipeline.model.config import training_seq_len
 from pipeline.model.export_config import shard_bytes
 from pipeline.model.files import base_identity, base_tensors, check_fit, refuse_non_finite
 from pipeline.model.model_tensors import ScratchTensors, opened_checkpoint, write_checkpoint
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.planning import check_layout
 from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
+from pipeline.training.config import planned
 from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import CHECKPOINTS, INIT, METRICS_FILE, TRAINED
@@ -56,7 +58,7 @@ def check_resume(partial: Path, cfg) -> list[str]:
     """An interrupted run continues with another train.steps only if the budget lies at or past its newest
     checkpoint (fewer steps would end before where it already is)."""
     newest = max((checkpoint_step(path) for path in checkpoints(partial / CHECKPOINTS)), default=0)
-    if cfg.train.steps < newest:
+    if cfg.train.steps is not None and cfg.train.steps < newest:
         return [f"its newest checkpoint is at step {newest}, past train.steps={cfg.train.steps}"]
     return []
 
@@ -94,10 +96,13 @@ def write_initial_model(run: StageRun, tokenizer) -> None:
                       "skipped. Start from a sound model: run the stage that made it again, or check model.init_std.")
 
 
-def training_job(run: StageRun) -> TrainingJob:
+def training_job(run: StageRun, packed: dict) -> TrainingJob:
+    """The ranks' job, its step budget that of the mix plan (train.steps null) or within it."""
     cfg = run.cfg
-    return TrainingJob(stage="pretrain", folder=str(run.work_dir), pack=str(run.input("pack")),
-                       seq_len=cfg.train.seq_len or cfg.model.max_seq_len, train=cfg.train, parallel=cfg.parallel,
+    seq_len = training_seq_len(cfg.model, cfg.train.seq_len)
+    pack = str(run.input("pack"))
+    return TrainingJob(stage="pretrain", folder=str(run.work_dir), pack=pack, seq_len=seq_len,
+                       train=planned(cfg.train, seq_len, packed["pass_tokens"], pack), parallel=cfg.parallel,
                        kernels=cfg.kernels, resume=cfg.resume)
 
 
@@ -111,10 +116,10 @@ def run_pretrain(run: StageRun) -> dict:
     if not checkpoints(saved):  # a fresh start: no metrics of an attempt that left no checkpoint
         (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
         shutil.rmtree(run.work_dir / "tensorboard", ignore_errors=True)
+    packed = run.read_input("pack", PACKED_FILE, read_json)
+    job = training_job(run, packed)  # a budget beyond the plan is refused before the model is written
     write_initial_model(run, tokenizer)
-    job = training_job(run)
-    check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json),
-                         run.input_file("tokenizer", TOKENIZER_FILE), tokenizer.get_vocab_size())
+    check_pack_tokenizer(job, packed, run.input_file("tokenizer", TOKENIZER_FILE), tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
     scored = write_heldout(job, texts, tokenizer, tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))

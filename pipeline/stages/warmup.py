@@ -22,12 +22,13 @@ import torch
 from pipeline.contract import Stage, StageRun, portable_path, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
+from pipeline.model.config import training_seq_len
 from pipeline.model.export_config import shard_bytes
 from pipeline.model.files import base_identity, base_tensors, check_fit, refuse_non_finite
 from pipeline.model.model_tensors import CheckpointTensors, model_shapes, write_checkpoint
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
-from pipeline.training.config import use_bf16
+from pipeline.training.config import planned, use_bf16
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import INIT, METRICS_FILE, TRAINED
 from pipeline.training.peak_memory import peak_memory, return_large_blocks_to_the_system
@@ -51,10 +52,14 @@ def trainable(cfg, num_layers: int) -> list[str]:
                             num_layers)
 
 
-def training_job(run: StageRun, num_layers: int) -> TrainingJob:
+def training_job(run: StageRun, num_layers: int, packed: dict) -> TrainingJob:
+    """The ranks' job, its step budget within the mix plan (warmup.train.steps null: warmup.plan_share of it)."""
     cfg = run.cfg
-    return TrainingJob(stage="warmup", folder=str(run.work_dir), pack=str(run.input("pack")),
-                       seq_len=cfg.warmup.train.seq_len or cfg.model.max_seq_len, train=cfg.warmup.train,
+    seq_len = training_seq_len(cfg.model, cfg.warmup.train.seq_len)
+    pack = str(run.input("pack"))
+    return TrainingJob(stage="warmup", folder=str(run.work_dir), pack=pack, seq_len=seq_len,
+                       train=planned(cfg.warmup.train, seq_len, packed["pass_tokens"], pack, prefix="warmup.train",
+                                     share=cfg.warmup.plan_share),
                        parallel=cfg.parallel, kernels=cfg.kernels, trainable=trainable(cfg, num_layers))
 
 
@@ -64,9 +69,11 @@ def run_warmup(run: StageRun) -> dict:
     if cfg.model.base is None:
         raise StageError("warmup needs a base model: set model.base=<local Hugging Face folder or pipeline "
                          "checkpoint> (with its tokenizer.json), e.g. model.base=/models/bloom-560m")
+    packed = run.read_input("pack", PACKED_FILE, read_json)
     base = base_tensors(cfg.model.base)
     base_tokenizer = load_tokenizer(cfg.model.base)
     check_fit(cfg.model, base.cfg, cfg.model.base, base_tokenizer)
+    job = training_job(run, base.cfg.num_layers, packed)  # a budget beyond the plan is refused before any work
     tokenizer_dir = run.input("tokenizer")
     new_tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
     texts = (read_transfer_text(run.input("clean"), run.lang, cfg.warmup.transfer_bytes, run.work_dir / "scratch")
@@ -78,9 +85,7 @@ def run_warmup(run: StageRun) -> dict:
     # Written a tensor at a time: this process never holds the model.
     refuse_non_finite(write_checkpoint(initial, run.work_dir / INIT), f"warmup: the base model {cfg.model.base}",
                       "a warm start from it cannot train. Give a sound model.base.")
-    job = training_job(run, initial.cfg.num_layers)
-    check_pack_tokenizer(job, run.read_input("pack", PACKED_FILE, read_json),
-                         run.input_file("tokenizer", TOKENIZER_FILE), new_tokenizer.get_vocab_size())
+    check_pack_tokenizer(job, packed, run.input_file("tokenizer", TOKENIZER_FILE), new_tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
     scored = write_heldout(job, texts, new_tokenizer, new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))

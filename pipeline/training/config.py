@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -14,16 +15,19 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000
+    # Optimizer steps; null: what the mix planned, one pass of the pack (its tokens / (global_batch_size x seq_len)).
+    # More than the plan is refused: raise the plan itself (mix.tokens, mix.max_epochs) to train longer.
+    steps: Optional[int] = None
     # Sequences per optimizer step over all data-parallel ranks, and per rank and forward pass;
     # gradient accumulation is global / (micro x dp).
     global_batch_size: int = 32
     micro_batch_size: int = 4
-    # Tokens per sequence; null takes model.max_seq_len.
+    # Tokens per sequence; null: the model's context, at most 2048 (pipeline/model/config.py: training_seq_len).
     seq_len: Optional[int] = None
     lr: float = 3e-4
     schedule: str = "cosine"
-    warmup_steps: int = 100
+    # Steps of linear learning-rate warm-up; null: 2% of the steps (at least 1).
+    warmup_steps: Optional[int] = None
     # The lowest learning rate of the decaying schedules, as a fraction of `lr`.
     min_lr_ratio: float = 0.1
     beta1: float = 0.9
@@ -62,7 +66,9 @@ def use_bf16(train: TrainConfig) -> bool:
 
 
 def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str = "train") -> None:
-    for key in ("steps", "global_batch_size", "micro_batch_size", "log_every", "eval_tokens", "keep_checkpoints",
+    if train.steps is not None and train.steps < 1:
+        raise ConfigError(f"{prefix}.steps", train.steps, ["null (one pass of the mix plan)", "an integer >= 1"])
+    for key in ("global_batch_size", "micro_batch_size", "log_every", "eval_tokens", "keep_checkpoints",
                 "max_bad_steps", "skipped_window"):
         if getattr(train, key) < 1:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 1"])
@@ -71,7 +77,7 @@ def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str 
         raise ConfigError(f"{prefix}.global_batch_size", train.global_batch_size, [
             f"a multiple of {prefix}.micro_batch_size x parallel.dp = {train.micro_batch_size} x {parallel.dp} = {per_step}"])
     if train.seq_len is not None and train.seq_len < 1:
-        raise ConfigError(f"{prefix}.seq_len", train.seq_len, ["null (model.max_seq_len)", "an integer >= 1"])
+        raise ConfigError(f"{prefix}.seq_len", train.seq_len, ["null (the model's context, at most 2048)", "an integer >= 1"])
     if train.schedule not in SCHEDULES:
         raise ConfigError(f"{prefix}.schedule", train.schedule, SCHEDULES)
     if train.precision not in PRECISIONS:
@@ -86,6 +92,36 @@ def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str 
     if not (0 <= train.beta1 < 1 and 0 <= train.beta2 < 1):
         raise ConfigError(f"{prefix}.beta2" if train.beta1 < 1 else f"{prefix}.beta1",
                           train.beta2 if train.beta1 < 1 else train.beta1, ["a number in [0, 1)"])
-    for key in ("warmup_steps", "eval_every", "checkpoint_every", "activation_checkpoint_interval"):
+    if train.warmup_steps is not None and train.warmup_steps < 0:
+        raise ConfigError(f"{prefix}.warmup_steps", train.warmup_steps, ["null (2% of the steps)", "an integer >= 0"])
+    for key in ("eval_every", "checkpoint_every", "activation_checkpoint_interval"):
         if getattr(train, key) < 0:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 0"])
+
+
+WARMUP_SHARE = 0.02
+
+
+def planned(train: TrainConfig, seq_len: int, plan_tokens: int, pack: str, prefix: str = "train",
+            share: float = 1.0) -> TrainConfig:
+    """The section with its step budget fixed by the mix plan: `steps` null trains `share` of one pass of the pack
+    (all of it: the tokens the plan allows, every source within its epoch cap); more steps than one pass is refused
+    with the figures, since it would repeat the data beyond mix.max_epochs. `warmup_steps` null becomes
+    WARMUP_SHARE of the steps."""
+    per_step = train.global_batch_size * seq_len
+    fits = plan_tokens // per_step
+    if fits < 1:
+        raise ConfigError(f"{prefix}.global_batch_size", train.global_batch_size, [
+            f"at most {max(1, plan_tokens // seq_len):,} sequences of {seq_len:,} tokens: the mix plan of {pack} "
+            f"holds only {plan_tokens:,} tokens (raise mix.tokens, or give the language more text)"])
+    steps = max(1, round(share * fits)) if train.steps is None else train.steps
+    if steps > fits:
+        raise ConfigError(f"{prefix}.steps", train.steps, [
+            f"at most {fits:,}: {train.steps:,} steps x {train.global_batch_size} sequences x {seq_len:,} tokens = "
+            f"{train.steps * per_step:,} tokens, more than the {plan_tokens:,} tokens the mix planned ({pack}), so "
+            f"the data would be repeated beyond mix.max_epochs",
+            "null (one pass of the plan)",
+            "more steps after raising the plan itself: mix.tokens=<tokens> or mix.max_epochs=<epochs>, then stage=mix "
+            "and stage=pack again"])
+    warmup = train.warmup_steps if train.warmup_steps is not None else max(1, round(WARMUP_SHARE * steps))
+    return dataclasses.replace(train, steps=steps, warmup_steps=warmup)

@@ -31,11 +31,15 @@ class WarmupConfig:
     train_head: bool = True
     train_norms: bool = False
     train_embedding_norm: bool = False
+    # warmup.train.steps null: this share of the tokens the mix planned (pretrain then trains the whole plan).
+    plan_share: float = 0.1
     train: TrainConfig = field(default_factory=_warmup_training)
 
 
 def validate_warmup(warmup: WarmupConfig) -> None:
     if warmup.init not in WARMUP_INITS:
         raise ConfigError("warmup.init", warmup.init, WARMUP_INITS)
+    if not 0 < warmup.plan_share <= 1:
+        raise ConfigError("warmup.plan_share", warmup.plan_share, ["a share of the mix plan's tokens in (0, 1]"])
     if warmup.transfer_bytes < 1:
         raise ConfigError("warmup.transfer_bytes", warmup.transfer_bytes, ["a number of bytes >= 1, e.g. 16000000"])
