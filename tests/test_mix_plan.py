@@ -143,6 +143,20 @@ def test_default_budget_is_the_target_at_its_cap_plus_the_fixed_ratios():
         assert [a.tokens for a in plan.allocations[1:-1]] == [math.floor(r * plan.budget) for r in ratios]
 
 
+def test_an_optional_source_too_small_for_its_ratio_gives_its_cap_and_the_target_stays_at_its_cap():
+    # the base language's replay at 25% when the raw folder holds little of it: 4 epochs of 10 tokens
+    target, replay = Source("nob", 1000, 4), Source("eng", 10, 4, ratio=0.25, optional=True)
+    budget = default_budget(target, [replay])
+    plan = plan_mixture(budget, target, [replay])
+    assert (budget, [a.tokens for a in plan.allocations]) == (4040, [4000, 40]) and plan.budget_met
+    # with enough of it, the ratio holds
+    plan = plan_mixture(default_budget(target, [Source("eng", 10**6, 4, ratio=0.25, optional=True)]), target,
+                        [Source("eng", 10**6, 4, ratio=0.25, optional=True)])
+    assert [a.tokens for a in plan.allocations] == [4000, 1333] and plan.budget == 5333
+    with pytest.raises(PlanError, match="cannot give its fixed ratio 0.25"):
+        plan_mixture(4040, target, [Source("eng", 10, 4, ratio=0.25)])  # a required one fails instead
+
+
 def test_tokens_are_shown_with_three_digits_and_a_unit():
     assert [tokens_text(n) for n in (999, 1000, 656_758, 2_627_032, 260e9)] == ["999", "1k", "657k", "2.63M", "260B"]
     assert [bytes_text(n) for n in (999, 2_627_032, 1e9)] == ["999 B", "2.63 MB", "1 GB"]

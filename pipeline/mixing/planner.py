@@ -29,6 +29,9 @@ class Source:
     # Lower fills first; None for the target, which always comes before the fillers.
     priority: Optional[int] = None
     ratio: Optional[float] = None
+    # An optional source's ratio is a ceiling: a source too small for it gives what its epoch cap allows (the
+    # base language's replay when the raw folder has little of it), where a required one fails the plan.
+    optional: bool = False
 
     @property
     def capacity(self) -> int:
@@ -86,8 +89,13 @@ class Plan:
         return allocation.tokens / self.planned_tokens if self.planned_tokens else 0.0
 
 
-def _fixed_ratio_tokens(source: Source, budget: int) -> int:
+def _fixed_share(source: Source, budget: int) -> int:
     wanted = math.floor(source.ratio * budget)
+    return min(wanted, source.capacity) if source.optional else wanted
+
+
+def _fixed_ratio_tokens(source: Source, budget: int) -> int:
+    wanted = _fixed_share(source, budget)
     if wanted > source.capacity:
         most = source.capacity / budget
         more_epochs = (f", raise its max_epochs to at least {wanted / source.unique_tokens:.3g}"
@@ -102,20 +110,23 @@ def _fixed_ratio_tokens(source: Source, budget: int) -> int:
 
 
 def default_budget(target: Source, others: Sequence[Source]) -> int:
-    """The budget whose part left after the fixed ratios is exactly the target at its cap."""
-    ratios = [s.ratio for s in others if s.ratio is not None]
+    """The budget whose part left after the fixed ratios is the target at its cap: the largest such budget, so
+    that each share is as large as its ratio allows."""
+    fixed = [s for s in others if s.ratio is not None]
 
     def left_for_target(budget: int) -> int:
-        return budget - sum(math.floor(ratio * budget) for ratio in ratios)
+        return budget - sum(_fixed_share(s, budget) for s in fixed)
 
-    budget = math.ceil(target.capacity / (1 - sum(ratios)))
-    # The estimate can miss by a few tokens (floats, the floor of each share); one token more budget
-    # leaves the target at most one token more, so these steps land on its cap exactly.
-    while left_for_target(budget) > target.capacity:
-        budget -= 1
-    while left_for_target(budget) < target.capacity:
-        budget += 1
-    return budget
+    # left_for_target grows with the budget (up to the floor of each share): bisect for the last budget that
+    # leaves the target no more than its cap, between the target alone and past the one that meets every ratio.
+    low, high = target.capacity, math.ceil(target.capacity / (1 - sum(s.ratio for s in fixed))) + len(fixed) + 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if left_for_target(middle) <= target.capacity:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def plan_mixture(budget: int, target: Source, others: Sequence[Source]) -> Plan:

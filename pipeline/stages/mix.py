@@ -53,7 +53,7 @@ def run_mix(run: StageRun) -> dict:
         raise StageError(f"mix {lang}: the clean output {target_input.folder} holds no training text. Check "
                          f"its marker's metrics (docs_out) and the raw input of {lang}.")
     others = [Source(s.name, unique_tokens(s.name), configured[s.name].max_epochs, configured[s.name].priority,
-                     configured[s.name].ratio) for s in found]
+                     configured[s.name].ratio, configured[s.name].optional) for s in found]
     if mix.tokens is not None:
         budget, budget_from = round(mix.tokens), "mix.tokens"
     else:
@@ -64,6 +64,13 @@ def run_mix(run: StageRun) -> dict:
     except PlanError as error:
         raise StageError(f"mix {lang}: {error}") from None
 
+    for allocation in plan.allocations:
+        source = allocation.source
+        if source.ratio is not None and plan.share(allocation) < source.ratio - 1e-6:
+            log.warning("mix %s: source `%s` gives %.1f%% of the budget, less than its ratio %g: its %s unique tokens "
+                        "at most %g epochs (mix.sources) are all there is. Give it more text for the full share.",
+                        lang, source.name, 100 * plan.share(allocation), source.ratio,
+                        f"{source.unique_tokens:,}", source.max_epochs)
     rehydration = {"enabled": False}
     if mix.rehydration.enabled:
         rehydration = _rehydration(mix, lang, measured[lang], plan.allocations[0],
