@@ -144,12 +144,13 @@ def all_arms(setup: Setup, study: bool) -> list[Arm]:
     return main + ([arm for lang in setup.study_langs for arm in study_arms(lang, setup)] if study else [])
 
 
-def pipeline(*overrides: str, log: Path, threads: int = 0) -> float:
-    """`python -m pipeline <overrides>` with its output in `log`; seconds taken. Raises with the log's end."""
+def pipeline(*overrides: str, log: Path, threads: int = 0, env: Optional[dict] = None) -> float:
+    """`python -m pipeline <overrides>` with its output in `log` (and `env` added to the environment); seconds
+    taken. Raises with the log's end."""
     command = [sys.executable, "-m", "pipeline", *overrides]
     print("$ python -m pipeline " + " ".join(overrides), flush=True)
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1", **(env or {})}
     if threads:  # processes sharing the machine: one CPU thread pool each would oversubscribe the cores
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     started = time.perf_counter()
