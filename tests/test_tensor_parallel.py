@@ -3,10 +3,10 @@
 Two ranks check every parallel layer against the full layer it was cut from (forward and gradients); then the
 tiny ALiBi (BLOOM-style: tied head, biases, embedding LayerNorm) and RoPE (Llama-style: GQA, untied head)
 models train 5 steps on the real engine with every parameter trainable and gradient clipping active, as one
-process and as TP-only, PP-only, DP-only (2 ranks) and TP=2 x PP=2 x DP=2 (8 ranks): losses, global gradient
-norms and the saved full weights must agree. The rank entries below run in the ranks that
-`pipeline.parallel.ranks` starts; each launch runs all of its layouts one after the other, to start as few
-processes as possible.
+process and as TP-only, PP-only, DP-only (2 ranks) and TP=2 x PP=2 x DP=2 (8 ranks), the fused head's tokens cut
+into several chunks: losses, global gradient norms and the saved full weights must agree. The rank entries below
+run in the ranks that `pipeline.parallel.ranks` starts; each launch runs all of its layouts one after the other, to
+start as few processes as possible.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ MODELS = {
 TRAIN = TrainConfig(steps=5, global_batch_size=4, micro_batch_size=1, seq_len=16, lr=1e-2, schedule="cosine",
                     warmup_steps=1, grad_clip=0.05, precision="fp32", seed=3)
 LAYOUTS_OF_TWO = ((2, 1, 1), (1, 2, 1), (1, 1, 2))  # (tp, pp, dp)
+# The fused head's logits per chunk (128M in training): 4 rows of a 256-row vocabulary shard, so that each
+# micro-batch's 16 tokens take several chunks, which every tensor-parallel rank must cut alike although rank 1's
+# shard holds fewer real ids (issue 28).
+CHUNK_LOGIT_ELEMENTS = 1024
 JOB_FILE = "job.json"
 
 
@@ -190,8 +194,10 @@ def rank_entry(work_dir: Path) -> None:
     """Run the job of `job.json` (layer checks and/or layouts) on this launch's ranks; rank 0 writes results."""
     import torch.distributed as dist
 
+    from pipeline.kernels import fused_head
     from pipeline.training.engine import init_distributed
 
+    fused_head.CHUNK_LOGIT_ELEMENTS = CHUNK_LOGIT_ELEMENTS
     init_distributed()
     job = json.loads((work_dir / JOB_FILE).read_text(encoding="utf-8"))
     results = {}

@@ -105,8 +105,9 @@ def token_loss(vocab_size: int, group=None) -> Callable:
         hidden, weight = outputs
         shard = None
         if group is not None:
+            # The whole shard's rows, padding included, pick the chunks: equal on every rank, as they must be.
             start = dist.get_rank(group) * weight.shape[0]
-            shard = VocabShard(start, all_reduce)
+            shard = VocabShard(start, weight.shape[0], all_reduce)
             vocab_size_here = min(weight.shape[0], max(0, vocab_size - start))
         else:
             vocab_size_here = vocab_size
