@@ -28,6 +28,11 @@ and the largest relative difference from ours at 1x1x1, so that a speed-up is no
     python bench/train.py --models alibi --micro-batches 4,8 --no-hf --no-anchor
     python bench/train.py --layouts 1x1x1,1x1x2 --out train.md
     python bench/train.py --smoke                  # every role on a tiny model, fp32, 2 steps (runs on a CPU)
+    python bench/train.py --models alibi --layouts 2x1x1 --no-hf --no-anchor --check-collectives --steps 1
+
+Our ranks' collectives are bounded (`--collective-timeout`, parallel.collective_timeout_s): a stuck one fails the run
+naming the rank instead of hanging; `--check-collectives` also checks that every rank runs the same collectives
+(TORCH_DISTRIBUTED_DEBUG=DETAIL), at a cost in speed, so a layout is checked in a run of its own before it is timed.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ sys.path.insert(0, str(REPO))
 from bench.anchor_model import AnchorModel, anchor_state_dict  # noqa: E402
 from pipeline.model.config import ModelConfig  # noqa: E402
 from pipeline.model.flops import flops_per_token  # noqa: E402
+from pipeline.parallel.config import ParallelConfig  # noqa: E402
 from pipeline.training.config import TrainConfig  # noqa: E402
 from pipeline.training.peak_memory import peak_memory  # noqa: E402
 from pipeline.training.throughput import device_peak_tflops  # noqa: E402
@@ -145,14 +151,13 @@ def run_ours(args) -> dict:
     """One rank of a layout (under torchrun): agreement steps, then the timed steps; rank 0 returns the result."""
     import torch.distributed as dist
 
-    from pipeline.parallel.config import ParallelConfig
     from pipeline.training.engine import build_engine, init_distributed
 
     tp, pp, dp = (int(x) for x in args.layout.split("x"))
-    init_distributed()
+    parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, collective_timeout_s=args.collective_timeout)
+    init_distributed(parallel.collective_timeout_s)
     cfg = model_config(args)
-    built = build_engine(cfg, train_config(args), ParallelConfig(tp=tp, pp=pp, dp=dp), Path(args.init),
-                         lambda name: True)
+    built = build_engine(cfg, train_config(args), parallel, Path(args.init), lambda name: True)
     engine = built.engine
 
     def step(index: int, rows_per_step: int, offset: int) -> torch.Tensor:
@@ -290,7 +295,7 @@ def throughput(name: str, layout: str, gpus: int, args, global_batch: int, secon
 
 # The options that a run's own process reads, passed on from the command line.
 FORWARDED = ("hidden", "layers", "heads", "kv_heads", "vocab", "seq_len", "init_std", "accumulation", "agree_batch",
-             "agree_steps", "warmup", "steps", "seed", "precision", "compile")
+             "agree_steps", "warmup", "steps", "seed", "precision", "compile", "collective_timeout")
 
 
 def forwarded_options(args) -> list[str]:
@@ -312,8 +317,11 @@ def launch(args, role: str, result: Path, extra: list[str], gpus: int = 1) -> tu
                    *script]
     else:
         command = [sys.executable, *script]
+    env = dict(os.environ)
+    if args.check_collectives:
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     print("$", " ".join(command), flush=True)
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     log = done.stdout
     if args.log_dir:
         Path(args.log_dir, f"{result.stem}.log").write_text(log, encoding="utf-8")
@@ -430,6 +438,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers anchor")
     parser.add_argument("--hf-micro-batch", type=int, help="the transformers row's micro-batch (at 4 its eager "
                         "attention already takes 77 GiB of an H100's 80)")
+    parser.add_argument("--collective-timeout", type=int, default=ParallelConfig().collective_timeout_s,
+                        help="seconds a collective of our ranks may wait before the run fails with an error naming "
+                        "the rank and the operation (parallel.collective_timeout_s)")
+    parser.add_argument("--check-collectives", action="store_true", help="run our layouts with "
+                        "TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective checked to be the same on all ranks "
+                        "first, a mismatch fails at once naming both; slower, so its timings are not the benchmark's")
     parser.add_argument("--log-dir", default=None, help="write each run's full output here")
     parser.add_argument("--out", default=None, help="also write the table and results (JSON) here")
     # Internal: one measurement, in the process that runs it.
@@ -502,7 +516,8 @@ def main() -> None:
             init.unlink()
     report = table(results, failures)
     device_names = sorted({r["device"] for r in results})
-    header = (f"device: {', '.join(device_names) or '?'} x{devices}; seq {args.seq_len}, {args.precision}; "
+    checked = "; collectives checked (TORCH_DISTRIBUTED_DEBUG=DETAIL: slower)" if args.check_collectives else ""
+    header = (f"device: {', '.join(device_names) or '?'} x{devices}; seq {args.seq_len}, {args.precision}{checked}; "
               f"{'; '.join(shapes)}; "
               f"{args.steps} timed steps after {args.warmup} warm-up steps")
     print("\n" + header + "\n\n" + report)

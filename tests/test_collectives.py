@@ -7,20 +7,28 @@ the tokens into the same chunks on every rank, although the last shard holds few
 others, or none: each chunk's statistics are all-reduced, and ranks that cut differently would wait on each other
 forever (issue 28: TP2 hung on NCCL with vocabulary 50,304). The chunks are made small here through the constant
 the training loss reads, so that several chunks run; losses and gradients must match one rank's.
+
+A collective that does not match, or that one rank never joins, must fail loudly, naming the rank, within
+`parallel.collective_timeout_s`, also in a group made without a timeout of its own, as DeepSpeed makes its groups
+(pipeline/parallel/collectives.py).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
+from pipeline.errors import ConfigError
 from pipeline.model import ModelConfig
+from pipeline.parallel.config import ParallelConfig, validate_parallel
 from pipeline.parallel.ranks import free_port, rank_environment
 from tests.conftest import REPO, repo_pythonpath
 
@@ -33,6 +41,8 @@ CHUNK_LOGIT_ELEMENTS = 512
 HIDDEN = 16
 ERRORS_FILE = "errors.json"
 RANK_TIMEOUT_S = 20  # the process group's; the launch below gives the ranks a little longer to start and fail
+# parallel.collective_timeout_s of the mismatch test: short, yet long enough for two loaded ranks to start.
+STUCK_TIMEOUT_S = 8
 
 
 # ---- in the ranks -------------------------------------------------------------------------------------------
@@ -104,6 +114,46 @@ def loss_rank_entry(work_dir: Path) -> None:
     dist.destroy_process_group()
 
 
+def mismatch_rank_entry(work_dir: Path) -> None:
+    """Through the training's own start (init_distributed), on groups made as DeepSpeed makes its tensor, pipeline
+    and data-parallel groups (no timeout of their own): rank 0 all-reduces where rank 1 broadcasts, then rank 0
+    all-reduces where rank 1 never arrives. Each rank writes the errors it met and when."""
+    import os
+    import traceback
+
+    import deepspeed.comm
+    import torch.distributed as dist
+
+    from pipeline.training.engine import init_distributed
+
+    init_distributed(STUCK_TIMEOUT_S)
+    rank = dist.get_rank()
+    mismatched, stuck = deepspeed.comm.new_group([0, 1]), deepspeed.comm.new_group([0, 1])
+    errors = {}
+    started = time.monotonic()
+    try:
+        if rank == 0:
+            dist.all_reduce(torch.ones(3), group=mismatched)
+        else:
+            dist.broadcast(torch.ones(3), src=0, group=mismatched)
+    except RuntimeError as error:
+        errors["mismatch"] = {"error": str(error), "seconds": time.monotonic() - started,
+                              "traceback": traceback.format_exc()}
+    if rank == 0:
+        started = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4), group=stuck)
+        except RuntimeError as error:
+            errors["stuck"] = {"error": str(error), "seconds": time.monotonic() - started,
+                               "traceback": traceback.format_exc()}
+    (work_dir / f"errors{rank}.json").write_text(json.dumps(errors), encoding="utf-8")
+    if rank == 1:  # alive but elsewhere until rank 0 has failed (or long past the timeout)
+        deadline = time.monotonic() + 4 * STUCK_TIMEOUT_S
+        while not (work_dir / "errors0.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    os._exit(0)  # the groups are broken: no teardown
+
+
 # ---- in the test process -------------------------------------------------------------------------------------
 
 def _run_two_ranks(entry: str, work_dir: Path, limit_s: float) -> tuple[list[int], list[str]]:
@@ -139,3 +189,29 @@ def test_vocabulary_parallel_loss_matches_one_rank_with_uneven_shards_in_several
     assert len(errors) == 3 * 2 * len(VOCABULARIES)
     assert {name: error for name, error in errors.items() if not error < 1e-5} == {}
 
+
+def test_a_mismatched_or_stuck_collective_fails_naming_the_rank_within_the_timeout(tmp_path):
+    codes, outputs = _run_two_ranks("mismatch_rank_entry", tmp_path, limit_s=6 * STUCK_TIMEOUT_S + 60)
+    assert codes == [0, 0], "\n\n".join(f"rank {rank} (exit {code}):\n{text[-4000:]}"
+                                        for rank, (code, text) in enumerate(zip(codes, outputs)))
+    errors = [json.loads((tmp_path / f"errors{rank}.json").read_text(encoding="utf-8")) for rank in range(2)]
+    for rank in range(2):  # both ranks learn at once what the other runs
+        mismatch = errors[rank]["mismatch"]
+        assert mismatch["seconds"] < STUCK_TIMEOUT_S
+        assert "Detected mismatch between collectives" in mismatch["error"]
+        assert re.search(r"Rank 0 is running collective: CollectiveFingerPrint\(.*OpType=ALLREDUCE", mismatch["error"])
+        assert re.search(r"Rank 1 is running collective: CollectiveFingerPrint\(.*OpType=BROADCAST", mismatch["error"])
+    stuck = errors[0]["stuck"]
+    # The rank that never came, and (in the traceback every failing rank logs) the collective left waiting.
+    assert re.search(rf"Ranks? 1 failed to pass monitoredBarrier in {STUCK_TIMEOUT_S * 1000} ms", stuck["error"]), \
+        stuck["error"]
+    assert "in all_reduce" in stuck["traceback"], stuck["traceback"]
+    # The group's timeout is parallel.collective_timeout_s, not torch's 30 minutes for a group made without one
+    # (rank 1 leaves after 4 x the timeout, which would also end the wait).
+    assert STUCK_TIMEOUT_S - 1 < stuck["seconds"] < 2 * STUCK_TIMEOUT_S
+
+
+def test_the_collective_timeout_is_checked():
+    validate_parallel(ParallelConfig(collective_timeout_s=1))
+    with pytest.raises(ConfigError, match=r"parallel\.collective_timeout_s.*seconds >= 1"):
+        validate_parallel(ParallelConfig(collective_timeout_s=0))

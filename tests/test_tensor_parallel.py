@@ -52,6 +52,8 @@ LAYOUTS_OF_TWO = ((2, 1, 1), (1, 2, 1), (1, 1, 2))  # (tp, pp, dp)
 # micro-batch's 16 tokens take several chunks, which every tensor-parallel rank must cut alike although rank 1's
 # shard holds fewer real ids (issue 28).
 CHUNK_LOGIT_ELEMENTS = 1024
+# Far above what any collective here waits (seconds), far below the suite's patience: a hang fails the launch.
+COLLECTIVE_TIMEOUT_S = 120
 JOB_FILE = "job.json"
 
 
@@ -198,7 +200,7 @@ def rank_entry(work_dir: Path) -> None:
     from pipeline.training.engine import init_distributed
 
     fused_head.CHUNK_LOGIT_ELEMENTS = CHUNK_LOGIT_ELEMENTS
-    init_distributed()
+    init_distributed(COLLECTIVE_TIMEOUT_S)
     job = json.loads((work_dir / JOB_FILE).read_text(encoding="utf-8"))
     results = {}
     if job.get("layer_checks"):

@@ -21,6 +21,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
+from pipeline.parallel.collectives import bound_collectives
 from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.deepspeed_internals import holds_first_layer, skip_cpu_shared_memory_collective
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
@@ -31,13 +32,16 @@ from pipeline.training.weights import load_layers
 log = logging.getLogger(__name__)
 
 
-def init_distributed() -> None:
+def init_distributed(collective_timeout_s: float) -> None:
+    """This rank's process group; a collective that waits longer than `collective_timeout_s` fails with an error
+    naming the rank and the operation (parallel.collective_timeout_s), in every group DeepSpeed makes from it."""
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     else:
         skip_cpu_shared_memory_collective()
+    timeout = bound_collectives(collective_timeout_s)
     # gloo on a CPU; NCCL (RCCL on ROCm) on GPUs.
-    deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", timeout=timeout)
 
 
 @dataclass
