@@ -6,7 +6,8 @@ The vocabulary-parallel training loss (pipeline_model.token_loss, the LM head fu
 the tokens into the same chunks on every rank, although the last shard holds fewer real vocabulary rows than the
 others, or none: each chunk's statistics are all-reduced, and ranks that cut differently would wait on each other
 forever (issue 28: TP2 hung on NCCL with vocabulary 50,304). The chunks are made small here through the constant
-the training loss reads, so that several chunks run; losses and gradients must match one rank's.
+the training loss reads, so that several chunks run; losses and gradients must match one rank's. A block must
+start one all-reduce per input of its column-parallel layers in the backward (attention, MLP), not one per layer.
 
 A collective that does not match, or that one rank never joins, must fail loudly, naming the rank, within
 `parallel.collective_timeout_s`, also in a group made without a timeout of its own, as DeepSpeed makes its groups
@@ -39,13 +40,22 @@ VOCABULARIES = (300, 100)
 # of a 128-row shard, 2 of a 256-row one, so that the 18 tokens below take 5 to 9 chunks.
 CHUNK_LOGIT_ELEMENTS = 512
 HIDDEN = 16
-ERRORS_FILE = "errors.json"
+RESULTS_FILE = "results.json"
 RANK_TIMEOUT_S = 20  # the process group's; the launch below gives the ranks a little longer to start and fail
 # parallel.collective_timeout_s of the mismatch test: short, yet long enough for two loaded ranks to start.
 STUCK_TIMEOUT_S = 8
 
 
 # ---- in the ranks -------------------------------------------------------------------------------------------
+
+# Blocks whose all-reduces are counted: GELU and SwiGLU MLPs (gate and up), plain and grouped-query attention.
+BLOCKS = {
+    "alibi": ModelConfig(hidden_size=HIDDEN, num_layers=1, num_heads=4, num_kv_heads=4, ffn_size=32, position="alibi",
+                         norm="layernorm", activation="gelu", bias=True),
+    "rope": ModelConfig(hidden_size=HIDDEN, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=32, position="rope",
+                        norm="rmsnorm", activation="swiglu"),
+}
+
 
 def _model(vocab: int, tied: bool) -> ModelConfig:
     return ModelConfig(hidden_size=HIDDEN, num_layers=1, num_heads=2, num_kv_heads=2, ffn_size=32, vocab_size=vocab,
@@ -101,15 +111,46 @@ def _loss_errors() -> dict[str, float]:
     return errors
 
 
-def loss_rank_entry(work_dir: Path) -> None:
+def _all_reduces_per_block() -> dict[str, dict[str, list[int]]]:
+    """The size of each all-reduce a tensor-parallel block starts in its forward and in its backward."""
+    import torch.distributed as dist
+
+    from pipeline.model.transformer import Block
+    from pipeline.parallel.tensor_parallel import apply_tensor_parallel
+
+    counted = []
+    original = dist.all_reduce
+
+    def counting(tensor, *args, **kwargs):
+        counted.append(tensor.numel())
+        return original(tensor, *args, **kwargs)
+
+    found = {}
+    for model, cfg in BLOCKS.items():
+        torch.manual_seed(0)
+        block = apply_tensor_parallel(Block(cfg), cfg, dist.group.WORLD)
+        x = torch.randn(2, 5, cfg.hidden_size, requires_grad=True)
+        dist.all_reduce = counting
+        try:
+            output = block(x)
+            forward, counted[:] = counted[:], []
+            output.sum().backward()
+            found[model] = {"forward": forward, "backward": counted[:]}
+            counted.clear()
+        finally:
+            dist.all_reduce = original
+    return found
+
+
+def matching_rank_entry(work_dir: Path) -> None:
     import datetime
 
     import torch.distributed as dist
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
-    errors = _loss_errors()
+    results = {"loss errors": _loss_errors(), "all-reduces per block": _all_reduces_per_block()}
     if dist.get_rank() == 0:
-        (work_dir / ERRORS_FILE).write_text(json.dumps(errors), encoding="utf-8")
+        (work_dir / RESULTS_FILE).write_text(json.dumps(results), encoding="utf-8")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -181,13 +222,27 @@ def _run_two_ranks(entry: str, work_dir: Path, limit_s: float) -> tuple[list[int
     return codes, [log.read_text(encoding="utf-8", errors="replace") for log in logs]
 
 
-def test_vocabulary_parallel_loss_matches_one_rank_with_uneven_shards_in_several_chunks(tmp_path):
-    codes, outputs = _run_two_ranks("loss_rank_entry", tmp_path, limit_s=RANK_TIMEOUT_S + 60)
+@pytest.fixture(scope="module")
+def matching(tmp_path_factory) -> dict:
+    work_dir = tmp_path_factory.mktemp("matching")
+    codes, outputs = _run_two_ranks("matching_rank_entry", work_dir, limit_s=RANK_TIMEOUT_S + 60)
     assert codes == [0, 0], "\n\n".join(f"rank {rank} (exit {code}):\n{text[-4000:]}"
                                         for rank, (code, text) in enumerate(zip(codes, outputs)))
-    errors = json.loads((tmp_path / ERRORS_FILE).read_text(encoding="utf-8"))
+    return json.loads((work_dir / RESULTS_FILE).read_text(encoding="utf-8"))
+
+
+def test_vocabulary_parallel_loss_matches_one_rank_with_uneven_shards_in_several_chunks(matching):
+    errors = matching["loss errors"]
     assert len(errors) == 3 * 2 * len(VOCABULARIES)
     assert {name: error for name, error in errors.items() if not error < 1e-5} == {}
+
+
+@pytest.mark.parametrize("model", sorted(BLOCKS))
+def test_a_block_all_reduces_once_per_input_of_its_column_parallel_layers(matching, model):
+    """Forward: the attention's and the MLP's row-parallel outputs; backward: the gradient of the attention's input
+    (q, k and v together) and of the MLP's (gate and up together). Each the size of the block's activations."""
+    activations = 2 * 5 * HIDDEN
+    assert matching["all-reduces per block"][model] == {"forward": [activations] * 2, "backward": [activations] * 2}
 
 
 def test_a_mismatched_or_stuck_collective_fails_naming_the_rank_within_the_timeout(tmp_path):

@@ -101,12 +101,23 @@ def _layer_errors() -> dict[str, float]:
         for parameter_name, tensor in full.state_dict().items():
             errors[f"{name} {parameter_name} gathered"] = _max_error(gathered[parameter_name], tensor)
 
+    class Entered(torch.nn.Module):
+        """A layer whose input entered the tensor-parallel region first, as the attention's and the MLP's do."""
+
+        def __init__(self, layer: torch.nn.Module, enter) -> None:
+            super().__init__()
+            self.layer, self.enter = layer, enter
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(self.enter(x))
+
     torch.manual_seed(0)
     x = torch.randn(2, 5, 32)
     half = slice(rank * 24, (rank + 1) * 24)
     linear = torch.nn.Linear(32, 48)
-    compare("column-parallel", linear, ColumnParallelLinear(copy.deepcopy(linear), group), (x,),
-            cut_output=lambda t: t[..., half])
+    compare("column-parallel", Entered(linear, lambda t: t),
+            Entered(ColumnParallelLinear(copy.deepcopy(linear), group), lambda t: copy_to_tensor_parallel(t, group)),
+            (x,), cut_output=lambda t: t[..., half])
     linear = torch.nn.Linear(48, 32)
     compare("row-parallel", linear, RowParallelLinear(copy.deepcopy(linear), group), (torch.randn(2, 5, 48),),
             cut_input=lambda t: t[..., half])

@@ -5,17 +5,20 @@
 - attention (`TensorParallelAttention`): q, k, v column-parallel by heads (each rank keeps num_heads/tp query and
   num_kv_heads/tp key/value heads, so grouped-query attention stays within a rank) with their ALiBi slopes, out
   row-parallel;
-- MLP gate and up: column-parallel, down: row-parallel;
+- MLP (`TensorParallelMLP`): gate and up column-parallel, down row-parallel;
 - embedding and LM head (tied or not): vocab-parallel, the vocabulary padded to a multiple of
   model.pad_vocab_multiple x tp so that every rank holds an equal shard;
 - norms: replicated (their inputs are the same on every rank).
 
-Each row-parallel layer all-reduces its output in the forward, and each column-parallel layer the gradient
-of its input in the backward (q, k and v one each, where Megatron's fused QKV projection needs a single one;
-separate projections keep the single model's tensors and names). The LM head leaves the logits cut by
-vocabulary; the training loss (pipeline_model.token_loss) fuses this rank's rows of the head with the
-cross-entropy and combines the per-token statistics over the ranks (max, sum of exponentials and target logit
-all-reduced), so that the (tokens, vocab) logits are never gathered, nor even made whole on one rank.
+Each row-parallel layer all-reduces its output in the forward. In the backward, the gradient of an input that
+column-parallel layers share is all-reduced once, where it enters the attention, the MLP or the LM head
+(`copy_to_tensor_parallel`): one all-reduce for q, k and v together and one for gate and up, as with Megatron's fused
+projections, which the separate projections here avoid so that every tensor keeps the single model's name. So a
+block costs two all-reduces of its activations in the forward and two in the backward; they run in the
+activations' dtype (bf16 in training on GPUs). The LM head leaves the logits cut by vocabulary; the training loss
+(pipeline_model.token_loss) fuses this rank's rows of the head with the cross-entropy and combines the per-token
+statistics over the ranks (max, sum of exponentials and target logit all-reduced), so that the (tokens, vocab)
+logits are never gathered, nor even made whole on one rank.
 
 Every parallel layer is built from the full layer and keeps its shard of each full tensor; a sharded
 parameter carries its `Shard` as `tp_shard` (how it is cut: to load a shard from a full tensor, to gather the full one
@@ -39,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.model.config import ModelConfig
-from pipeline.model.transformer import Attention, Block, Embedding, Head
+from pipeline.model.transformer import MLP, Attention, Block, Embedding, Head
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
 
 
@@ -143,7 +146,9 @@ def parameter_shards(module: nn.Module) -> dict[str, Shard]:
 
 
 class ColumnParallelLinear(nn.Module):
-    """y_r = x W_r^T + b_r: this rank's output features (rows of the full weight); the input is replicated."""
+    """y_r = x W_r^T + b_r: this rank's output features (rows of the full weight). The input is replicated and has
+    gone through `copy_to_tensor_parallel` once for all the layers that read it (the attention's q, k and v, the
+    MLP's gate and up), whose backward sums its gradient over the ranks."""
 
     def __init__(self, full: nn.Linear, group) -> None:
         super().__init__()
@@ -153,7 +158,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = _sharded(full.bias, shard) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_tensor_parallel(x, self.group), self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -219,6 +224,7 @@ class TensorParallelAttention(Attention):
     def __init__(self, full: Attention, group) -> None:
         nn.Module.__init__(self)
         self.cfg = full.cfg
+        self.group = group
         self.q, self.k, self.v = (ColumnParallelLinear(linear, group) for linear in (full.q, full.k, full.v))
         self.out = RowParallelLinear(full.out, group)
         heads = full.cfg.num_heads // dist.get_world_size(group)
@@ -226,6 +232,25 @@ class TensorParallelAttention(Attention):
 
     def alibi_slopes(self, device: torch.device) -> torch.Tensor:
         return super().alibi_slopes(device)[self.heads]
+
+    def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return super().forward(copy_to_tensor_parallel(x, self.group), segment_ids)
+
+
+class TensorParallelMLP(MLP):
+    """The MLP cut by hidden units: this rank's columns of gate and up, the matching rows of down."""
+
+    def __init__(self, full: MLP, group) -> None:
+        nn.Module.__init__(self)
+        self.group = group
+        self.swiglu = full.swiglu
+        if self.swiglu:
+            self.gate = ColumnParallelLinear(full.gate, group)
+        self.up = ColumnParallelLinear(full.up, group)
+        self.down = RowParallelLinear(full.down, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(copy_to_tensor_parallel(x, self.group))
 
 
 def apply_tensor_parallel(part: nn.Module, cfg: ModelConfig, group) -> nn.Module:
@@ -235,11 +260,7 @@ def apply_tensor_parallel(part: nn.Module, cfg: ModelConfig, group) -> nn.Module
     check_tensor_parallel(cfg, tp)
     if isinstance(part, Block):
         part.attn = TensorParallelAttention(part.attn, group)
-        mlp = part.mlp
-        if mlp.swiglu:
-            mlp.gate = ColumnParallelLinear(mlp.gate, group)
-        mlp.up = ColumnParallelLinear(mlp.up, group)
-        mlp.down = RowParallelLinear(mlp.down, group)
+        part.mlp = TensorParallelMLP(part.mlp, group)
     elif isinstance(part, Embedding):
         part.tokens = VocabParallelEmbedding(part.tokens, group, cfg.pad_vocab_multiple)
     elif isinstance(part, Head):
