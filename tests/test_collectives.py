@@ -7,7 +7,8 @@ the tokens into the same chunks on every rank, although the last shard holds few
 others, or none: each chunk's statistics are all-reduced, and ranks that cut differently would wait on each other
 forever (issue 28: TP2 hung on NCCL with vocabulary 50,304). The chunks are made small here through the constant
 the training loss reads, so that several chunks run; losses and gradients must match one rank's. A block must
-start one all-reduce per input of its column-parallel layers in the backward (attention, MLP), not one per layer.
+start one all-reduce per input of its column-parallel layers in the backward (attention, MLP), not one per layer;
+with sequence parallelism an all-gather and a reduce-scatter instead.
 
 A collective that does not match, or that one rank never joins, must fail loudly, naming the rank, within
 `parallel.collective_timeout_s`, also in a group made without a timeout of its own, as DeepSpeed makes its groups
@@ -40,6 +41,7 @@ VOCABULARIES = (300, 100)
 # of a 128-row shard, 2 of a 256-row one, so that the 18 tokens below take 5 to 9 chunks.
 CHUNK_LOGIT_ELEMENTS = 512
 HIDDEN = 16
+SEQUENCE = 6  # of the blocks whose collectives are counted
 RESULTS_FILE = "results.json"
 RANK_TIMEOUT_S = 20  # the process group's; the launch below gives the ranks a little longer to start and fail
 # parallel.collective_timeout_s of the mismatch test: short, yet long enough for two loaded ranks to start.
@@ -111,34 +113,43 @@ def _loss_errors() -> dict[str, float]:
     return errors
 
 
-def _all_reduces_per_block() -> dict[str, dict[str, list[int]]]:
-    """The size of each all-reduce a tensor-parallel block starts in its forward and in its backward."""
+def _collectives_per_block() -> dict[str, dict[str, list]]:
+    """Each collective a tensor-parallel block starts in its forward and in its backward, with the elements of the
+    whole activation it moves; plain and sequence-parallel."""
     import torch.distributed as dist
 
     from pipeline.model.transformer import Block
     from pipeline.parallel.tensor_parallel import apply_tensor_parallel
 
     counted = []
-    original = dist.all_reduce
+    originals = {name: getattr(dist, name)
+                 for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")}
 
-    def counting(tensor, *args, **kwargs):
-        counted.append(tensor.numel())
-        return original(tensor, *args, **kwargs)
+    def counting(name: str, whole: int):
+        def collective(*args, **kwargs):
+            counted.append([name, args[whole].numel()])
+            return originals[name](*args, **kwargs)
+        return collective
 
     found = {}
     for model, cfg in BLOCKS.items():
-        torch.manual_seed(0)
-        block = apply_tensor_parallel(Block(cfg), cfg, dist.group.WORLD)
-        x = torch.randn(2, 5, cfg.hidden_size, requires_grad=True)
-        dist.all_reduce = counting
-        try:
-            output = block(x)
-            forward, counted[:] = counted[:], []
-            output.sum().backward()
-            found[model] = {"forward": forward, "backward": counted[:]}
-            counted.clear()
-        finally:
-            dist.all_reduce = original
+        for sequence_parallel in (False, True):
+            torch.manual_seed(0)
+            block = apply_tensor_parallel(Block(cfg), cfg, dist.group.WORLD, sequence_parallel)
+            x = torch.randn(2, SEQUENCE // (2 if sequence_parallel else 1), cfg.hidden_size, requires_grad=True)
+            # all_reduce(tensor), all_gather_into_tensor(whole, part), reduce_scatter_tensor(part, whole)
+            for name, whole in (("all_reduce", 0), ("all_gather_into_tensor", 0), ("reduce_scatter_tensor", 1)):
+                setattr(dist, name, counting(name, whole))
+            try:
+                output = block(x)
+                forward, counted[:] = counted[:], []
+                output.sum().backward()
+                found[f"{model}{' sequence-parallel' if sequence_parallel else ''}"] = {
+                    "forward": sorted(forward), "backward": sorted(counted)}
+                counted.clear()
+            finally:
+                for name, collective in originals.items():
+                    setattr(dist, name, collective)
     return found
 
 
@@ -148,7 +159,7 @@ def matching_rank_entry(work_dir: Path) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
-    results = {"loss errors": _loss_errors(), "all-reduces per block": _all_reduces_per_block()}
+    results = {"loss errors": _loss_errors(), "collectives per block": _collectives_per_block()}
     if dist.get_rank() == 0:
         (work_dir / RESULTS_FILE).write_text(json.dumps(results), encoding="utf-8")
     dist.barrier()
@@ -241,8 +252,21 @@ def test_vocabulary_parallel_loss_matches_one_rank_with_uneven_shards_in_several
 def test_a_block_all_reduces_once_per_input_of_its_column_parallel_layers(matching, model):
     """Forward: the attention's and the MLP's row-parallel outputs; backward: the gradient of the attention's input
     (q, k and v together) and of the MLP's (gate and up together). Each the size of the block's activations."""
-    activations = 2 * 5 * HIDDEN
-    assert matching["all-reduces per block"][model] == {"forward": [activations] * 2, "backward": [activations] * 2}
+    activations = 2 * SEQUENCE * HIDDEN
+    assert matching["collectives per block"][model] == {"forward": [["all_reduce", activations]] * 2,
+                                                        "backward": [["all_reduce", activations]] * 2}
+
+
+@pytest.mark.parametrize("model", sorted(BLOCKS))
+def test_a_sequence_parallel_block_gathers_and_scatters_instead(matching, model):
+    """The same four exchanges of the block's activations as all-gathers and reduce-scatters of the sequence; in
+    the backward also the gradients of the parameters applied to this rank's part of the sequence only, summed:
+    the norms' weights (and biases) and the row-parallel biases."""
+    activations = 2 * SEQUENCE * HIDDEN
+    exchanges = [["all_gather_into_tensor", activations]] * 2 + [["reduce_scatter_tensor", activations]] * 2
+    replicated = 6 if BLOCKS[model].bias else 2  # LayerNorm weight and bias x 2, out and down bias; RMSNorm weight x 2
+    assert matching["collectives per block"][f"{model} sequence-parallel"] == {
+        "forward": exchanges, "backward": sorted([["all_reduce", HIDDEN]] * replicated + exchanges)}
 
 
 def test_a_mismatched_or_stuck_collective_fails_naming_the_rank_within_the_timeout(tmp_path):

@@ -13,6 +13,10 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    # With tp > 1: norms, residuals and the activations between pipeline stages on a tp-th of the sequence each,
+    # all-gather and reduce-scatter instead of all-reduce (pipeline/parallel/tensor_parallel.py). The sequence
+    # length must be a multiple of tp.
+    sequence_parallel: bool = False
     # Seconds a collective of the training ranks may wait for the others; past it, the rank fails with an error
     # that names it and the operation (pipeline/parallel/collectives.py), instead of the job hanging.
     collective_timeout_s: int = 600

@@ -59,7 +59,8 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     torch.manual_seed(train.seed)
     # Tensor-parallel layers and loss when parallel.tp > 1 (pipeline/parallel/tensor_parallel.py).
     module = pipeline_module(model_cfg, parallel.pp, topology=topology,
-                             checkpoint_interval=train.activation_checkpoint_interval)
+                             checkpoint_interval=train.activation_checkpoint_interval,
+                             sequence_parallel=parallel.sequence_parallel)
     layers = local_layers(module, model_cfg)
     # Built on the meta device: only this rank's share (its stage, its tensor-parallel slices) is ever allocated,
     # then read from the file slice by slice.
@@ -105,6 +106,11 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
         # check_grad_overflow: a non-finite gradient skips the step in bf16 too (fp32 always does).
         "bf16": {"enabled": bf16, "check_grad_overflow": True},
         "steps_per_print": 10 ** 9,
+        # DeepSpeed sends each tensor-parallel rank a tp-th of an activation between pipeline stages and gathers the
+        # rest within the group, which takes the activation to be the same on every rank of the group; with
+        # sequence parallelism each rank holds its own part of the sequence, already a tp-th, sent whole.
+        "pipeline": {"pipe_partitioned": not parallel.sequence_parallel,
+                     "grad_partitioned": not parallel.sequence_parallel},
         "zero_allow_untested_optimizer": True,
     }
     engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
