@@ -116,7 +116,7 @@ def measure(name: str) -> dict:
     from pipeline.training.heldout import micro_batches
 
     case = CASES[name]
-    init_distributed()
+    init_distributed(ParallelConfig().collective_timeout_s)
     gpu = torch.cuda.is_available()
     if case.gpu != gpu:
         raise SystemExit(f"case {name} is for a {'GPU' if case.gpu else 'CPU'}; this process sees "

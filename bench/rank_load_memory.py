@@ -43,7 +43,7 @@ def measure(folder: Path, tp: int, pp: int) -> dict:
     from pipeline.training.config import TrainConfig
     from pipeline.training.engine import build_engine, init_distributed
 
-    init_distributed()
+    init_distributed(ParallelConfig().collective_timeout_s)
     rank = torch.distributed.get_rank()
     model = ModelConfig(**SHAPE)
     minute = replace(model, hidden_size=64, num_layers=pp, num_heads=8, num_kv_heads=8, ffn_size=128, vocab_size=256)

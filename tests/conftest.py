@@ -16,6 +16,10 @@ import pytest
 from filelock import FileLock
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Every multi-rank run a test starts (its own ranks, or a training stage's through the CLI) checks its collectives:
+# a rank that runs another collective than the others fails at once, naming both (pipeline/parallel/collectives.py).
+os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
 DATA = REPO / "data"
 
 # Text that a tokenizer mangles if it normalises, strips or drops anything: combining accents next to

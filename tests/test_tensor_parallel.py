@@ -3,10 +3,10 @@
 Two ranks check every parallel layer against the full layer it was cut from (forward and gradients); then the
 tiny ALiBi (BLOOM-style: tied head, biases, embedding LayerNorm) and RoPE (Llama-style: GQA, untied head)
 models train 5 steps on the real engine with every parameter trainable and gradient clipping active, as one
-process and as TP-only, PP-only, DP-only (2 ranks) and TP=2 x PP=2 x DP=2 (8 ranks): losses, global gradient
-norms and the saved full weights must agree. The rank entries below run in the ranks that
-`pipeline.parallel.ranks` starts; each launch runs all of its layouts one after the other, to start as few
-processes as possible.
+process and as TP-only, PP-only, DP-only (2 ranks) and TP=2 x PP=2 x DP=2 (8 ranks), the tensor-parallel layouts
+also with sequence parallelism, the fused head's tokens cut into several chunks: losses, global gradient norms and
+the saved full weights must agree. The rank entries below run in the ranks that `pipeline.parallel.ranks` starts;
+each launch runs all of its layouts one after the other, to start as few processes as possible.
 """
 
 from __future__ import annotations
@@ -47,7 +47,16 @@ MODELS = {
 # grad_clip far below the gradients' norm (asserted), so every step is clipped with the global norm.
 TRAIN = TrainConfig(steps=5, global_batch_size=4, micro_batch_size=1, seq_len=16, lr=1e-2, schedule="cosine",
                     warmup_steps=1, grad_clip=0.05, precision="fp32", seed=3)
-LAYOUTS_OF_TWO = ((2, 1, 1), (1, 2, 1), (1, 1, 2))  # (tp, pp, dp)
+# (tp, pp, dp, sequence parallelism)
+SINGLE = (1, 1, 1, False)
+LAYOUTS_OF_TWO = ((2, 1, 1, False), (1, 2, 1, False), (1, 1, 2, False), (2, 1, 1, True))
+LAYOUTS_OF_EIGHT = ((2, 2, 2, False), (2, 2, 2, True))
+# The fused head's logits per chunk (128M in training): 4 rows of a 256-row vocabulary shard, so that each
+# micro-batch's 16 tokens take several chunks, which every tensor-parallel rank must cut alike although rank 1's
+# shard holds fewer real ids (issue 28).
+CHUNK_LOGIT_ELEMENTS = 1024
+# Far above what any collective here waits (seconds), far below the suite's patience: a hang fails the launch.
+COLLECTIVE_TIMEOUT_S = 120
 JOB_FILE = "job.json"
 
 
@@ -95,12 +104,23 @@ def _layer_errors() -> dict[str, float]:
         for parameter_name, tensor in full.state_dict().items():
             errors[f"{name} {parameter_name} gathered"] = _max_error(gathered[parameter_name], tensor)
 
+    class Entered(torch.nn.Module):
+        """A layer whose input entered the tensor-parallel region first, as the attention's and the MLP's do."""
+
+        def __init__(self, layer: torch.nn.Module, enter) -> None:
+            super().__init__()
+            self.layer, self.enter = layer, enter
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(self.enter(x))
+
     torch.manual_seed(0)
     x = torch.randn(2, 5, 32)
     half = slice(rank * 24, (rank + 1) * 24)
     linear = torch.nn.Linear(32, 48)
-    compare("column-parallel", linear, ColumnParallelLinear(copy.deepcopy(linear), group), (x,),
-            cut_output=lambda t: t[..., half])
+    compare("column-parallel", Entered(linear, lambda t: t),
+            Entered(ColumnParallelLinear(copy.deepcopy(linear), group), lambda t: copy_to_tensor_parallel(t, group)),
+            (x,), cut_output=lambda t: t[..., half])
     linear = torch.nn.Linear(48, 32)
     compare("row-parallel", linear, RowParallelLinear(copy.deepcopy(linear), group), (torch.randn(2, 5, 48),),
             cut_input=lambda t: t[..., half])
@@ -121,6 +141,29 @@ def _layer_errors() -> dict[str, float]:
             padded_head.weight = reference.head.weight
             compare(f"{model} head", padded_head, apply_tensor_parallel(copy.deepcopy(reference.head), cfg, group),
                     (x,), cut_output=vocab_shard)
+
+    # Sequence parallelism: the same layers with this rank's half of a 6-token sequence in and out of the
+    # tensor-parallel ones (all but the head's output, which is cut by vocabulary).
+    x = torch.randn(2, 6, 32)
+    ids = torch.tensor([[0, 5, 299, 150, 7, 256], [298, 1, 2, 3, 200, 255]])
+    segments = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    sequence_part = lambda t: t[:, rank * 3:(rank + 1) * 3]  # noqa: E731
+    for model, cfg in MODELS.items():
+        torch.manual_seed(1)
+        reference = Transformer(cfg)
+        for index, block in enumerate(reference.blocks):
+            compare(f"{model} block {index} sequence-parallel", block,
+                    apply_tensor_parallel(copy.deepcopy(block), cfg, group, sequence_parallel=True), (x, segments),
+                    cut_input=sequence_part, cut_output=sequence_part)
+        compare(f"{model} embedding sequence-parallel", reference.embedding,
+                apply_tensor_parallel(copy.deepcopy(reference.embedding), cfg, group, sequence_parallel=True), (ids,),
+                cut_output=sequence_part)
+        if not cfg.tie_embeddings:
+            padded_head = torch.nn.Linear(32, cfg.padded_vocab_size, bias=False)
+            padded_head.weight = reference.head.weight
+            compare(f"{model} head sequence-parallel", padded_head,
+                    apply_tensor_parallel(copy.deepcopy(reference.head), cfg, group, sequence_parallel=True), (x,),
+                    cut_input=sequence_part, cut_output=vocab_shard)
 
     # The fused head + cross-entropy from vocabulary shards (the training loss): padding ids in both shards,
     # targets on both, one ignored; chunks of 4 rows.
@@ -159,18 +202,25 @@ def _batches(vocab_size: int, dp_rank: int, dp_world: int) -> list[tuple[np.ndar
     return steps
 
 
-def _train(model: str, layout: tuple[int, int, int], work_dir: Path) -> dict:
+def layout_name(layout: tuple) -> str:
+    tp, pp, dp, sequence_parallel = layout
+    return f"tp{tp}-pp{pp}-dp{dp}{'-sp' if sequence_parallel else ''}"
+
+
+def _train(model: str, layout: tuple, work_dir: Path) -> dict:
     """5 steps of the real engine with every parameter trainable; the trained model joined into one file."""
     import torch.distributed as dist
 
+    from pipeline.parallel.tensor_parallel import SequenceParallelLayerNorm, SequenceParallelRMSNorm
     from pipeline.training.engine import build_engine
     from pipeline.training.heldout import micro_batches
     from pipeline.training.weights import join_parts, save_part
 
-    tp, pp, dp = layout
-    name = f"{model}-tp{tp}-pp{pp}-dp{dp}"
-    engine = build_engine(MODELS[model], TRAIN, ParallelConfig(tp=tp, pp=pp, dp=dp),
-                          work_dir / f"init-{model}" / CHECKPOINT_WEIGHTS, trainable=lambda _: True)
+    tp, pp, dp, sequence_parallel = layout
+    name = f"{model}-{layout_name(layout)}"
+    parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, sequence_parallel=sequence_parallel)
+    engine = build_engine(MODELS[model], TRAIN, parallel, work_dir / f"init-{model}" / CHECKPOINT_WEIGHTS,
+                          trainable=lambda _: True)
     ds = engine.engine
     losses, norms = [], []
     for tokens, segments in _batches(MODELS[model].vocab_size, engine.dp_rank, engine.dp_world):
@@ -183,22 +233,26 @@ def _train(model: str, layout: tuple[int, int, int], work_dir: Path) -> dict:
     dist.barrier()
     if dist.get_rank() == 0:
         join_parts(sorted(parts.glob("stage*.safetensors")), work_dir / f"trained-{name}.safetensors")
-    return {"losses": losses, "grad_norms": norms}
+    sequence_parallel_norms = sum(isinstance(module, (SequenceParallelLayerNorm, SequenceParallelRMSNorm))
+                                  for module in ds.module.modules())
+    return {"losses": losses, "grad_norms": norms, "sequence_parallel_norms": sequence_parallel_norms}
 
 
 def rank_entry(work_dir: Path) -> None:
     """Run the job of `job.json` (layer checks and/or layouts) on this launch's ranks; rank 0 writes results."""
     import torch.distributed as dist
 
+    from pipeline.kernels import fused_head
     from pipeline.training.engine import init_distributed
 
-    init_distributed()
+    fused_head.CHUNK_LOGIT_ELEMENTS = CHUNK_LOGIT_ELEMENTS
+    init_distributed(COLLECTIVE_TIMEOUT_S)
     job = json.loads((work_dir / JOB_FILE).read_text(encoding="utf-8"))
     results = {}
     if job.get("layer_checks"):
         results["layers"] = _layer_errors()
     for model, layout in job["runs"]:
-        results[f"{model} {tuple(layout)}"] = _train(model, tuple(layout), work_dir)
+        results[f"{model} {layout_name(layout)}"] = _train(model, tuple(layout), work_dir)
     if dist.get_rank() == 0:
         (work_dir / f"results-{dist.get_world_size()}.json").write_text(json.dumps(results), encoding="utf-8")
     dist.barrier()
@@ -229,10 +283,10 @@ def trained(tmp_path_factory):
     results = {}
     with pytest.MonkeyPatch.context() as patch:  # the ranks import this module
         patch.setenv("PYTHONPATH", repo_pythonpath())
-        results.update(_launch(work_dir, 1, [(model, (1, 1, 1)) for model in MODELS]))
+        results.update(_launch(work_dir, 1, [(model, SINGLE) for model in MODELS]))
         results.update(_launch(work_dir, 2, [(model, layout) for model in MODELS for layout in LAYOUTS_OF_TWO],
                                layer_checks=True))
-        results.update(_launch(work_dir, 8, [(model, (2, 2, 2)) for model in MODELS]))
+        results.update(_launch(work_dir, 8, [(model, layout) for model in MODELS for layout in LAYOUTS_OF_EIGHT]))
     return work_dir, results
 
 
@@ -246,20 +300,21 @@ def test_parallel_layers_match_the_full_layers_they_were_cut_from(trained):
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_acceptance_every_layout_trains_like_one_process(trained, model):
     work_dir, results = trained
-    single = results[f"{model} (1, 1, 1)"]
+    single = results[f"{model} {layout_name(SINGLE)}"]
     assert len(single["losses"]) == TRAIN.steps
     assert min(single["grad_norms"]) > 10 * TRAIN.grad_clip  # clipping acts on every step
-    reference = load_file(str(work_dir / f"trained-{model}-tp1-pp1-dp1.safetensors"))
+    reference = load_file(str(work_dir / f"trained-{model}-{layout_name(SINGLE)}.safetensors"))
     initial = load_file(str(work_dir / f"init-{model}" / CHECKPOINT_WEIGHTS))
     assert reference.keys() == initial.keys()
     for name, tensor in reference.items():
         assert not torch.equal(tensor, initial[name]), f"{name} did not train"
-    for layout in (*LAYOUTS_OF_TWO, (2, 2, 2)):
-        run = results[f"{model} {layout}"]
-        assert run["losses"] == pytest.approx(single["losses"], rel=1e-5), f"tp, pp, dp = {layout}"
-        assert run["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-5), f"tp, pp, dp = {layout}"
-        tp, pp, dp = layout
-        weights = load_file(str(work_dir / f"trained-{model}-tp{tp}-pp{pp}-dp{dp}.safetensors"))
+    for layout in (*LAYOUTS_OF_TWO, *LAYOUTS_OF_EIGHT):
+        run = results[f"{model} {layout_name(layout)}"]
+        # rank 0's stage: at least the first block's norms (and the embedding's) work on sequence parts
+        assert (run["sequence_parallel_norms"] > 0) == layout[3], layout_name(layout)
+        assert run["losses"] == pytest.approx(single["losses"], rel=1e-5), layout_name(layout)
+        assert run["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-5), layout_name(layout)
+        weights = load_file(str(work_dir / f"trained-{model}-{layout_name(layout)}.safetensors"))
         assert weights.keys() == reference.keys()
         for name, tensor in weights.items():
             assert tensor.shape == reference[name].shape
@@ -268,7 +323,7 @@ def test_acceptance_every_layout_trains_like_one_process(trained, model):
             # Adam also makes full steps of a few near-zero gradient elements, so the whole tensor is compared:
             # its difference must be tiny next to how far training moved it (a wrongly cut tensor gives ~1).
             moved = (reference[name] - initial[name]).norm()
-            assert (tensor - reference[name]).norm() < 1e-3 * moved, f"{name} after tp, pp, dp = {layout}"
+            assert (tensor - reference[name]).norm() < 1e-3 * moved, f"{name} after {layout_name(layout)}"
 
 
 def test_multi_query_attention_cannot_be_cut_across_ranks():

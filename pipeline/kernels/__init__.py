@@ -13,8 +13,9 @@ on CPU; see pipeline/kernels/backend.py for the switch):
   shard=None)`: the mean (or sum) cross-entropy of the LM head `hidden @ weight.T` (hidden (..., d), weight
   (vocab, d), targets hidden.shape[:-1]) over the targets that are not `ignore_index`, computed `chunk_size` rows
   at a time (default: ~128M logits per chunk) so that the whole (tokens, vocab) logits never exist; gradients flow
-  to hidden and weight. With `shard` (a `VocabShard`), `weight` is this rank's rows of a head cut by vocabulary
-  and the statistics are combined over the ranks (fused_head.py).
+  to hidden and weight. With `shard` (a `VocabShard`), `weight` is this rank's real rows of a head cut by
+  vocabulary, the statistics are combined over the ranks and the chunks follow the shard's full size, the same on
+  every rank (fused_head.py).
 - `vocab_shard_statistics(logits, targets, vocab_start=0) -> (lse, target_logit)`: the building block of a
   vocab-parallel cross-entropy. For a (rows, shard_vocab) logits shard holding the ids vocab_start ..
   vocab_start + shard_vocab - 1: per row, the float32 log-sum-exp over the shard and the logit of the row's

@@ -28,9 +28,14 @@ REDUCTIONS = ("mean", "sum")
 @dataclass(frozen=True)
 class VocabShard:
     """This rank's rows of a head cut by vocabulary: ids `start` .. `start + weight rows - 1`, and the function that
-    combines per-row statistics over the shards in place (`all_reduce(tensor, "max" | "sum")`)."""
+    combines per-row statistics over the shards in place (`all_reduce(tensor, "max" | "sum")`).
+
+    `size` is every rank's shard, padding rows included: the same on all ranks, whereas the weight a rank passes
+    holds only its real rows (fewer on the last shard, none on a shard of padding only). The chunks follow `size`,
+    so that every rank cuts the tokens alike and takes part in the same all-reduces."""
 
     start: int
+    size: int
     all_reduce: Callable[[torch.Tensor, str], None]
 
 
@@ -76,7 +81,7 @@ class _FusedHeadLoss(torch.autograd.Function):
             logits = rows[chunk] @ weight.t()
             if logits.shape[1]:
                 lse, target_logit = ops.statistics(logits, targets[chunk], start)
-            else:  # a shard of padding ids only
+            else:  # a shard of padding ids only: it adds nothing, yet takes part in every all-reduce
                 lse = torch.full((logits.shape[0],), float("-inf"), device=logits.device)
                 target_logit = torch.zeros_like(lse)
             lse, target_logit = _combined(lse, target_logit, shard)
@@ -84,7 +89,8 @@ class _FusedHeadLoss(torch.autograd.Function):
             if grad_rows is None and grad_weight is None:
                 continue
             scale = row_scale[chunk]
-            ops.softmax_gradient(logits, logits, targets[chunk], lse, scale, -scale, start)
+            if logits.shape[1]:
+                ops.softmax_gradient(logits, logits, targets[chunk], lse, scale, -scale, start)
             if grad_rows is not None:
                 torch.matmul(logits, weight, out=grad_rows[chunk])
             if grad_weight is not None:
@@ -108,5 +114,11 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
                          f"are {tuple(targets.shape)}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"linear_cross_entropy: reduction={reduction!r}; allowed: {', '.join(REDUCTIONS)}")
-    chunk_size = chunk_size or max(1, CHUNK_LOGIT_ELEMENTS // max(1, weight.shape[0]))
+    head_rows = weight.shape[0]
+    if shard is not None:
+        if head_rows > shard.size:
+            raise ValueError(f"linear_cross_entropy: this rank's head has {head_rows} rows, more than the vocabulary "
+                             f"shard's size {shard.size}")
+        head_rows = shard.size  # the same on every rank: so are the chunks
+    chunk_size = chunk_size or max(1, CHUNK_LOGIT_ELEMENTS // max(1, head_rows))
     return _FusedHeadLoss.apply(hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops)

@@ -27,8 +27,8 @@ from pipeline.model.transformer import Block, Embedding, Head, LayerNorm, RMSNor
 from pipeline.parallel.deepspeed_internals import (local_layer, local_layer_indices, replace_local_layer,
                                                    replicated_marks, restore_replicated_marks, slice_parallel_group,
                                                    tied_module)
-from pipeline.parallel.tensor_parallel import (VocabParallelEmbedding, VocabParallelHead, apply_tensor_parallel,
-                                               copy_to_tensor_parallel)
+from pipeline.parallel.tensor_parallel import (SequenceParallelLayerNorm, SequenceParallelRMSNorm,
+                                               VocabParallelEmbedding, VocabParallelHead, apply_tensor_parallel)
 
 TIED_KEY = "embedding"
 
@@ -70,6 +70,18 @@ class FinalLayerNormLayer(LayerNorm):
         return super().forward(_split(inputs)[0])
 
 
+class SequenceParallelFinalRMSNormLayer(FinalRMSNormLayer, SequenceParallelRMSNorm):
+    """The final RMSNorm on this rank's part of the sequence (parallel.sequence_parallel)."""
+
+    __init__ = SequenceParallelRMSNorm.__init__
+
+
+class SequenceParallelFinalLayerNormLayer(FinalLayerNormLayer, SequenceParallelLayerNorm):
+    """The final LayerNorm on this rank's part of the sequence (parallel.sequence_parallel)."""
+
+    __init__ = SequenceParallelLayerNorm.__init__
+
+
 class HeadLayer(Head):
     """The LM head as the pipeline's last layer: it hands the hidden states and its weight to the loss, which
     applies the head fused with the cross-entropy (the (tokens, vocabulary) logits never exist whole)."""
@@ -80,15 +92,16 @@ class HeadLayer(Head):
 
 class ParallelHeadLayer(VocabParallelHead):
     """HeadLayer cut by vocabulary over the tensor-parallel group: this rank's rows of the weight; the hidden states'
-    gradient is summed over the group in the backward."""
+    gradient is summed over the group in the backward (with sequence parallelism, the hidden states are gathered
+    from the ranks' parts of the sequence first)."""
 
     def forward(self, hidden: torch.Tensor):
-        return copy_to_tensor_parallel(hidden, self.group), self.weight
+        return self.enter(hidden), self.weight
 
 
 def _tied_head(embedding: EmbeddingLayer, hidden: torch.Tensor):
     if isinstance(embedding.tokens, VocabParallelEmbedding):
-        return copy_to_tensor_parallel(hidden, embedding.tokens.group), embedding.tokens.weight
+        return embedding.tokens.enter(hidden), embedding.tokens.weight
     return hidden, embedding.tokens.weight
 
 
@@ -105,8 +118,9 @@ def token_loss(vocab_size: int, group=None) -> Callable:
         hidden, weight = outputs
         shard = None
         if group is not None:
+            # The whole shard's rows, padding included, pick the chunks: equal on every rank, as they must be.
             start = dist.get_rank(group) * weight.shape[0]
-            shard = VocabShard(start, all_reduce)
+            shard = VocabShard(start, weight.shape[0], all_reduce)
             vocab_size_here = min(weight.shape[0], max(0, vocab_size - start))
         else:
             vocab_size_here = vocab_size
@@ -185,10 +199,11 @@ def layer_prefixes(cfg: ModelConfig) -> list[str]:
 
 
 def pipeline_module(cfg: ModelConfig, num_stages: int, topology=None, partition_method: str = "type:BlockLayer",
-                    checkpoint_interval: int = 0) -> PipelineModule:
+                    checkpoint_interval: int = 0, sequence_parallel: bool = False) -> PipelineModule:
     """The model split into `num_stages` stages (blocks spread evenly: `type:BlockLayer`), each stage's layers
-    tensor-parallel when the topology's `model` axis is > 1. Its parameters are on the meta device: `materialise`,
-    then load them (pipeline/training/weights.py), so that a rank never holds more than its share."""
+    tensor-parallel when the topology's `model` axis is > 1 (with `sequence_parallel`, on sequence parts between
+    them). Its parameters are on the meta device: `materialise`, then load them (pipeline/training/weights.py), so
+    that a rank never holds more than its share."""
     if cfg.tie_embeddings:
         first = MetaTiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, tied_weight_attr="tokens.weight")
         last = MetaTiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, forward_fn=_tied_head, tied_weight_attr="tokens.weight")
@@ -202,11 +217,11 @@ def pipeline_module(cfg: ModelConfig, num_stages: int, topology=None, partition_
                             activation_checkpoint_interval=checkpoint_interval, **kwargs)
     group = slice_parallel_group(module)
     if dist.get_world_size(group) > 1:
-        _tensor_parallel_stage(module, cfg, group)
+        _tensor_parallel_stage(module, cfg, group, sequence_parallel)
     return module
 
 
-def _tensor_parallel_stage(module: PipelineModule, cfg: ModelConfig, group) -> None:
+def _tensor_parallel_stage(module: PipelineModule, cfg: ModelConfig, group, sequence_parallel: bool) -> None:
     """Cut this stage's layers over the tensor-parallel group, after DeepSpeed has built them (the group
     exists only then) and before its engine sees the parameters."""
     for _, layer in local_layers(module, cfg):
@@ -214,11 +229,15 @@ def _tensor_parallel_stage(module: PipelineModule, cfg: ModelConfig, group) -> N
         # gradient norm); its shards keep the mark.
         marks = replicated_marks(layer)
         if isinstance(layer, HeadLayer):
-            parallel = ParallelHeadLayer(layer, group, cfg.pad_vocab_multiple)
+            parallel = ParallelHeadLayer(layer, group, cfg.pad_vocab_multiple, sequence_parallel)
+        elif sequence_parallel and isinstance(layer, FinalRMSNormLayer):
+            parallel = SequenceParallelFinalRMSNormLayer(layer, group)
+        elif sequence_parallel and isinstance(layer, FinalLayerNormLayer):
+            parallel = SequenceParallelFinalLayerNormLayer(layer, group)
         else:
-            parallel = apply_tensor_parallel(layer, cfg, group)
+            parallel = apply_tensor_parallel(layer, cfg, group, sequence_parallel)
         restore_replicated_marks(parallel, marks)
-        if parallel is not layer:  # the untied head
+        if parallel is not layer:  # the untied head, the final norm
             replace_local_layer(module, layer, parallel)
     module.loss_fn = token_loss(cfg.vocab_size, group)
 

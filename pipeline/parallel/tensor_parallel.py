@@ -5,17 +5,29 @@
 - attention (`TensorParallelAttention`): q, k, v column-parallel by heads (each rank keeps num_heads/tp query and
   num_kv_heads/tp key/value heads, so grouped-query attention stays within a rank) with their ALiBi slopes, out
   row-parallel;
-- MLP gate and up: column-parallel, down: row-parallel;
+- MLP (`TensorParallelMLP`): gate and up column-parallel, down row-parallel;
 - embedding and LM head (tied or not): vocab-parallel, the vocabulary padded to a multiple of
   model.pad_vocab_multiple x tp so that every rank holds an equal shard;
-- norms: replicated (their inputs are the same on every rank).
+- norms: replicated (their inputs are the same on every rank), or on sequence parts (below).
 
-Each row-parallel layer all-reduces its output in the forward, and each column-parallel layer the gradient
-of its input in the backward (q, k and v one each, where Megatron's fused QKV projection needs a single one;
-separate projections keep the single model's tensors and names). The LM head leaves the logits cut by
-vocabulary; the training loss (pipeline_model.token_loss) fuses this rank's rows of the head with the
-cross-entropy and combines the per-token statistics over the ranks (max, sum of exponentials and target logit
-all-reduced), so that the (tokens, vocab) logits are never gathered, nor even made whole on one rank.
+Each row-parallel layer all-reduces its output in the forward. In the backward, the gradient of an input that
+column-parallel layers share is all-reduced once, where it enters the attention, the MLP or the LM head
+(`copy_to_tensor_parallel`): one all-reduce for q, k and v together and one for gate and up, as with Megatron's fused
+projections, which the separate projections here avoid so that every tensor keeps the single model's name. So a
+block costs two all-reduces of its activations in the forward and two in the backward; they run in the
+activations' dtype (bf16 in training on GPUs). The LM head leaves the logits cut by vocabulary; the training loss
+(pipeline_model.token_loss) fuses this rank's rows of the head with the cross-entropy and combines the per-token
+statistics over the ranks (max, sum of exponentials and target logit all-reduced), so that the (tokens, vocab)
+logits are never gathered, nor even made whole on one rank.
+
+Sequence parallelism (`parallel.sequence_parallel`, Megatron's): between the column- and row-parallel layers, where
+the activations would be the same on every rank (norms, residual stream, the activations passed between pipeline
+stages and kept for the backward), each rank holds only its part of the sequence instead. An all-gather then
+replaces the identity before the column-parallel layers (reduce-scatter of the gradient instead of its all-reduce),
+and a reduce-scatter the all-reduce after the row-parallel layers and the embedding: the same bytes on the wire,
+a tp-th of the norms' work and of those activations' memory. The norms' weights and the row-parallel biases then
+see this rank's tokens only, so their gradients are summed over the ranks (`_replicated`). The sequence length must
+be a multiple of tp.
 
 Every parallel layer is built from the full layer and keeps its shard of each full tensor; a sharded
 parameter carries its `Shard` as `tp_shard` (how it is cut: to load a shard from a full tensor, to gather the full one
@@ -39,7 +51,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.model.config import ModelConfig
-from pipeline.model.transformer import Attention, Block, Embedding, Head
+from pipeline.kernels import layer_norm, rms_norm
+from pipeline.model.transformer import MLP, Attention, Block, Embedding, Head, LayerNorm, RMSNorm
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
 
 
@@ -74,12 +87,83 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
+def _sequence_parts(x: torch.Tensor, group) -> int:
+    world = dist.get_world_size(group)
+    if x.shape[1] % world:
+        raise ValueError(f"parallel.sequence_parallel: a sequence of {x.shape[1]} tokens does not split into "
+                         f"parallel.tp={world} equal parts. Train on sequences of a multiple of {world} tokens "
+                         f"(train.seq_len), or set parallel.sequence_parallel=false.")
+    return world
+
+
+def _all_gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    """(batch, seq / tp, ...) on every rank -> (batch, seq, ...), the ranks' parts in rank order."""
+    part = x.transpose(0, 1).contiguous()  # the collective joins along the first axis
+    whole = part.new_empty((dist.get_world_size(group) * part.shape[0], *part.shape[1:]))
+    dist.all_gather_into_tensor(whole, part, group=group)
+    return whole.transpose(0, 1).contiguous()
+
+
+def _reduce_scatter_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    """(batch, seq, ...) on every rank -> this rank's (batch, seq / tp, ...) part of their sum."""
+    world = _sequence_parts(x, group)
+    whole = x.transpose(0, 1).contiguous()
+    part = whole.new_empty((whole.shape[0] // world, *whole.shape[1:]))
+    dist.reduce_scatter_tensor(part, whole, group=group)
+    return part.transpose(0, 1).contiguous()
+
+
+class _GatherFromSequenceParallel(torch.autograd.Function):
+    """All-gather forward along the sequence, reduce-scatter backward: where sequence parts enter column-parallel
+    layers, each rank's gradient of the whole sequence covers its own output features only, and this rank's part
+    of their sum is its gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_sequence(grad, ctx.group), None
+
+
+class _ReduceScatterToSequenceParallel(torch.autograd.Function):
+    """Reduce-scatter forward along the sequence, all-gather backward: the partial results of row-parallel layers
+    summed, each rank keeping its part of the sequence, whose gradient every rank needs whole."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_sequence(grad, ctx.group), None
+
+
 def copy_to_tensor_parallel(x: torch.Tensor, group) -> torch.Tensor:
     return _CopyToTensorParallel.apply(x, group)
 
 
 def reduce_from_tensor_parallel(x: torch.Tensor, group) -> torch.Tensor:
     return _ReduceFromTensorParallel.apply(x, group)
+
+
+def enter_tensor_parallel(x: torch.Tensor, group, sequence_parallel: bool) -> torch.Tensor:
+    """An activation on its way into column-parallel layers: replicated (all-reduce of its gradient), or with
+    sequence parallelism this rank's part of the sequence (all-gathered; reduce-scatter of the gradient)."""
+    if sequence_parallel:
+        return _GatherFromSequenceParallel.apply(x, group)
+    return copy_to_tensor_parallel(x, group)
+
+
+def leave_tensor_parallel(partial: torch.Tensor, group, sequence_parallel: bool) -> torch.Tensor:
+    """Row-parallel partial results summed over the ranks: whole on every rank (all-reduce), or with sequence
+    parallelism each rank's part of the sequence (reduce-scatter; all-gather of the gradient)."""
+    if sequence_parallel:
+        return _ReduceScatterToSequenceParallel.apply(partial, group)
+    return reduce_from_tensor_parallel(partial, group)
 
 
 @dataclass(frozen=True)
@@ -143,7 +227,9 @@ def parameter_shards(module: nn.Module) -> dict[str, Shard]:
 
 
 class ColumnParallelLinear(nn.Module):
-    """y_r = x W_r^T + b_r: this rank's output features (rows of the full weight); the input is replicated."""
+    """y_r = x W_r^T + b_r: this rank's output features (rows of the full weight). The input is replicated and has
+    gone through `copy_to_tensor_parallel` once for all the layers that read it (the attention's q, k and v, the
+    MLP's gate and up), whose backward sums its gradient over the ranks."""
 
     def __init__(self, full: nn.Linear, group) -> None:
         super().__init__()
@@ -153,35 +239,76 @@ class ColumnParallelLinear(nn.Module):
         self.bias = _sharded(full.bias, shard) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_tensor_parallel(x, self.group), self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
     """y = sum_r x_r W_r^T + b: this rank's input features (columns of the full weight), the input already
-    cut the same way by a column-parallel layer; the bias is replicated and added once, after the sum."""
+    cut the same way by a column-parallel layer; the bias is replicated and added once, after the sum (with sequence
+    parallelism to this rank's part of the sequence, so its gradient is summed over the ranks)."""
 
-    def __init__(self, full: nn.Linear, group) -> None:
+    def __init__(self, full: nn.Linear, group, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.group = group
+        self.sequence_parallel = sequence_parallel
         self.weight = _sharded(full.weight, Shard(1, full.in_features, group))
         self.bias = full.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.group)
-        return y if self.bias is None else y + self.bias
+        y = leave_tensor_parallel(F.linear(x, self.weight), self.group, self.sequence_parallel)
+        return y if self.bias is None else y + _replicated(self.bias, self.group, self.sequence_parallel)
 
 
-def _vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, group) -> torch.Tensor:
-    return F.linear(copy_to_tensor_parallel(hidden, group), weight)
+def _replicated(parameter: torch.Tensor, group, sequence_parallel: bool) -> torch.Tensor:
+    """A replicated parameter as a layer applies it: with sequence parallelism to this rank's tokens only, so that
+    its gradient is this rank's share, summed over the ranks in the backward."""
+    return copy_to_tensor_parallel(parameter, group) if sequence_parallel else parameter
+
+
+class SequenceParallelRMSNorm(RMSNorm):
+    """RMSNorm on this rank's part of the sequence (parallel.sequence_parallel): the weight is whole on every rank,
+    its gradient summed over the ranks."""
+
+    def __init__(self, full: RMSNorm, group) -> None:
+        nn.Module.__init__(self)
+        self.group = group
+        self.weight = full.weight
+        self.eps = full.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, _replicated(self.weight, self.group, True), self.eps)
+
+
+class SequenceParallelLayerNorm(LayerNorm):
+    """LayerNorm on this rank's part of the sequence (parallel.sequence_parallel): weight and bias are whole on
+    every rank, their gradients summed over the ranks."""
+
+    def __init__(self, full: LayerNorm, group) -> None:
+        nn.Module.__init__(self)
+        self.group = group
+        self.normalized_shape, self.eps, self.elementwise_affine = (full.normalized_shape, full.eps,
+                                                                    full.elementwise_affine)
+        self.weight = full.weight
+        self.bias = full.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else _replicated(self.bias, self.group, True)
+        return layer_norm(x, _replicated(self.weight, self.group, True), bias, self.eps)
+
+
+def sequence_parallel_norm(norm: nn.Module, group) -> nn.Module:
+    return SequenceParallelRMSNorm(norm, group) if isinstance(norm, RMSNorm) else SequenceParallelLayerNorm(norm, group)
 
 
 class VocabParallelEmbedding(nn.Module):
     """This rank's rows of the embedding; an id held by another rank looks up zeros here, and the sum over
-    the ranks is the full lookup. `logits` uses the same shard as a tied LM head."""
+    the ranks is the full lookup (with sequence parallelism, this rank's part of the sequence of it). `logits` uses
+    the same shard as a tied LM head."""
 
-    def __init__(self, full: nn.Embedding, group, multiple: int) -> None:
+    def __init__(self, full: nn.Embedding, group, multiple: int, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.group = group
+        self.sequence_parallel = sequence_parallel
         self.weight = _sharded(full.weight, Shard(0, full.num_embeddings, group, multiple))
 
     @property
@@ -192,58 +319,91 @@ class VocabParallelEmbedding(nn.Module):
         local = token_ids - self.vocab_start
         elsewhere = (local < 0) | (local >= self.weight.shape[0])
         rows = F.embedding(local.masked_fill(elsewhere, 0), self.weight)
-        return reduce_from_tensor_parallel(rows.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group)
+        return leave_tensor_parallel(rows.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group,
+                                     self.sequence_parallel)
+
+    def enter(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The hidden states on their way into this shard as a tied LM head."""
+        return enter_tensor_parallel(hidden, self.group, self.sequence_parallel)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary shard of the logits (padding ids included)."""
-        return _vocab_logits(hidden, self.weight, self.group)
+        return F.linear(self.enter(hidden), self.weight)
 
 
 class VocabParallelHead(nn.Module):
     """An untied LM head cut by vocabulary: this rank's shard of the logits (padding ids included; the
     vocab-parallel cross-entropy leaves them out)."""
 
-    def __init__(self, full: Head, group, multiple: int) -> None:
+    def __init__(self, full: Head, group, multiple: int, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.group = group
+        self.sequence_parallel = sequence_parallel
         self.weight = _sharded(full.weight, Shard(0, full.out_features, group, multiple))
 
+    def enter(self, hidden: torch.Tensor) -> torch.Tensor:
+        return enter_tensor_parallel(hidden, self.group, self.sequence_parallel)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _vocab_logits(hidden, self.weight, self.group)
+        return F.linear(self.enter(hidden), self.weight)
 
 
 class TensorParallelAttention(Attention):
     """Attention cut by heads: this rank's num_heads/tp query and num_kv_heads/tp key/value heads (so grouped-query
     attention stays within a rank), their ALiBi slopes, and the output projection's matching input columns."""
 
-    def __init__(self, full: Attention, group) -> None:
+    def __init__(self, full: Attention, group, sequence_parallel: bool = False) -> None:
         nn.Module.__init__(self)
         self.cfg = full.cfg
+        self.group = group
+        self.sequence_parallel = sequence_parallel
         self.q, self.k, self.v = (ColumnParallelLinear(linear, group) for linear in (full.q, full.k, full.v))
-        self.out = RowParallelLinear(full.out, group)
+        self.out = RowParallelLinear(full.out, group, sequence_parallel)
         heads = full.cfg.num_heads // dist.get_world_size(group)
         self.heads = slice(dist.get_rank(group) * heads, (dist.get_rank(group) + 1) * heads)
 
     def alibi_slopes(self, device: torch.device) -> torch.Tensor:
         return super().alibi_slopes(device)[self.heads]
 
+    def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return super().forward(enter_tensor_parallel(x, self.group, self.sequence_parallel), segment_ids)
 
-def apply_tensor_parallel(part: nn.Module, cfg: ModelConfig, group) -> nn.Module:
+
+class TensorParallelMLP(MLP):
+    """The MLP cut by hidden units: this rank's columns of gate and up, the matching rows of down."""
+
+    def __init__(self, full: MLP, group, sequence_parallel: bool = False) -> None:
+        nn.Module.__init__(self)
+        self.group = group
+        self.sequence_parallel = sequence_parallel
+        self.swiglu = full.swiglu
+        if self.swiglu:
+            self.gate = ColumnParallelLinear(full.gate, group)
+        self.up = ColumnParallelLinear(full.up, group)
+        self.down = RowParallelLinear(full.down, group, sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(enter_tensor_parallel(x, self.group, self.sequence_parallel))
+
+
+def apply_tensor_parallel(part: nn.Module, cfg: ModelConfig, group, sequence_parallel: bool = False) -> nn.Module:
     """Make one part of the plain model tensor-parallel over `group`: a Block or an Embedding in place, a Head
-    replaced (the returned module; use it instead of `part`); norms stay as they are (replicated)."""
+    replaced (the returned module; use it instead of `part`); norms stay as they are (replicated), or with
+    `sequence_parallel` work on this rank's part of the sequence, as the block's residual stream does."""
     tp = dist.get_world_size(group)
     check_tensor_parallel(cfg, tp)
     if isinstance(part, Block):
-        part.attn = TensorParallelAttention(part.attn, group)
-        mlp = part.mlp
-        if mlp.swiglu:
-            mlp.gate = ColumnParallelLinear(mlp.gate, group)
-        mlp.up = ColumnParallelLinear(mlp.up, group)
-        mlp.down = RowParallelLinear(mlp.down, group)
+        part.attn = TensorParallelAttention(part.attn, group, sequence_parallel)
+        part.mlp = TensorParallelMLP(part.mlp, group, sequence_parallel)
+        if sequence_parallel:
+            part.attn_norm = sequence_parallel_norm(part.attn_norm, group)
+            part.mlp_norm = sequence_parallel_norm(part.mlp_norm, group)
     elif isinstance(part, Embedding):
-        part.tokens = VocabParallelEmbedding(part.tokens, group, cfg.pad_vocab_multiple)
+        part.tokens = VocabParallelEmbedding(part.tokens, group, cfg.pad_vocab_multiple, sequence_parallel)
+        if sequence_parallel and part.norm is not None:
+            part.norm = sequence_parallel_norm(part.norm, group)
     elif isinstance(part, Head):
-        return VocabParallelHead(part, group, cfg.pad_vocab_multiple)
+        return VocabParallelHead(part, group, cfg.pad_vocab_multiple, sequence_parallel)
     return part
 
 

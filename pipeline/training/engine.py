@@ -21,6 +21,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
+from pipeline.parallel.collectives import bound_collectives
 from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.deepspeed_internals import holds_first_layer, skip_cpu_shared_memory_collective
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
@@ -31,13 +32,16 @@ from pipeline.training.weights import load_layers
 log = logging.getLogger(__name__)
 
 
-def init_distributed() -> None:
+def init_distributed(collective_timeout_s: float) -> None:
+    """This rank's process group; a collective that waits longer than `collective_timeout_s` fails with an error
+    naming the rank and the operation (parallel.collective_timeout_s), in every group DeepSpeed makes from it."""
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     else:
         skip_cpu_shared_memory_collective()
+    timeout = bound_collectives(collective_timeout_s)
     # gloo on a CPU; NCCL (RCCL on ROCm) on GPUs.
-    deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", timeout=timeout)
 
 
 @dataclass
@@ -55,7 +59,8 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     torch.manual_seed(train.seed)
     # Tensor-parallel layers and loss when parallel.tp > 1 (pipeline/parallel/tensor_parallel.py).
     module = pipeline_module(model_cfg, parallel.pp, topology=topology,
-                             checkpoint_interval=train.activation_checkpoint_interval)
+                             checkpoint_interval=train.activation_checkpoint_interval,
+                             sequence_parallel=parallel.sequence_parallel)
     layers = local_layers(module, model_cfg)
     # Built on the meta device: only this rank's share (its stage, its tensor-parallel slices) is ever allocated,
     # then read from the file slice by slice.
@@ -101,6 +106,11 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
         # check_grad_overflow: a non-finite gradient skips the step in bf16 too (fp32 always does).
         "bf16": {"enabled": bf16, "check_grad_overflow": True},
         "steps_per_print": 10 ** 9,
+        # DeepSpeed sends each tensor-parallel rank a tp-th of an activation between pipeline stages and gathers the
+        # rest within the group, which takes the activation to be the same on every rank of the group; with
+        # sequence parallelism each rank holds its own part of the sequence, already a tp-th, sent whole.
+        "pipeline": {"pipe_partitioned": not parallel.sequence_parallel,
+                     "grad_partitioned": not parallel.sequence_parallel},
         "zero_allow_untested_optimizer": True,
     }
     engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)

@@ -35,7 +35,7 @@ def train_rank(job: TrainingJob) -> None:
     """Train the model of `init/`; `job.resume` (auto|never) enables checkpoints."""
     set_backend(job.kernels)
     return_large_blocks_to_the_system()
-    init_distributed()
+    init_distributed(job.parallel.collective_timeout_s)
     rank = dist.get_rank()
     folder = Path(job.folder)
     model_cfg = read_model_config(folder / INIT / CHECKPOINT_CONFIG)
