@@ -6,7 +6,7 @@ GGUF loader dequantizes every tensor (Q4_1, Q8_0, F16 ...) to float and builds t
 metadata; this script saves both as a folder of safetensors weights, `config.json`, `generation_config.json`,
 `tokenizer.json`, `tokenizer_config.json` and `special_tokens_map.json`. No remote code runs, nothing is downloaded.
 
-    python bench/gguf_to_hf.py <model.gguf> <new folder> [--dtype bfloat16|float32] [--prompt "The capital of France is"]
+    python bench/gguf_to_hf.py <model.gguf> <new folder> [--dtype bfloat16|float32] [--prompt "The capital of"]
 
 `--prompt` prints the converted model's greedy continuation of the prompt (a check that the weights make sense).
 Quantized weights stay as coarse as they were: the folder holds their float values, not the original model's.
