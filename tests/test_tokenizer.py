@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import sentencepiece as spm
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
-from pipeline.tokenization.folder import write_tokenizer_folder
+from pipeline.tokenization.folder import adopt_base_tokenizer, token_roles, write_tokenizer_folder
 from pipeline.tokenization.metrics import evaluate, tokens_per_word, word_spans
 from pipeline.tokenization.sample import keeps, shares
 from pipeline.tokenization.sentencepiece_training import MAX_SENTENCE_BYTES, sentences
@@ -129,6 +130,66 @@ def test_transformers_loads_the_folder_and_encodes_identically(trained, unseen_t
         assert fast.encode(text, add_special_tokens=False) == ids
         assert auto.encode(text) == ids  # no BOS/EOS added: the pack stage places document boundaries
         assert auto.decode(ids) == text
+
+
+# -- keeping a base tokenizer with its own special tokens ------------------------------------------------
+
+END_OF_TEXT = "<|endoftext|>"
+
+
+def gpt2_like_folder(folder, training_text, specials=(END_OF_TEXT,), **files) -> Tokenizer:
+    """A base tokenizer folder: byte-level BPE with `specials` from id 0 (GPT-2: <|endoftext|> alone), and the
+    JSON `files` given (name -> content)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(training_text[:50], trainers.BpeTrainer(
+        vocab_size=400, special_tokens=list(specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    for name, content in files.items():
+        (folder / f"{name}.json").write_text(json.dumps(content))
+    return tokenizer
+
+
+def test_keep_base_takes_the_bases_own_special_tokens_even_one_for_several_roles(training_text, tmp_path):
+    from transformers import AutoTokenizer
+
+    # GPT-2's own files: one token is bos, eos and unk; no pad
+    gpt2 = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token": END_OF_TEXT}
+    base = gpt2_like_folder(tmp_path / "base", training_text, tokenizer_config={**gpt2, "model_max_length": 1024})
+    (tmp_path / "kept").mkdir()
+    tokenizer, roles = adopt_base_tokenizer(tmp_path / "kept", str(tmp_path / "base"))
+    assert roles == {"bos": END_OF_TEXT, "eos": END_OF_TEXT, "unk": END_OF_TEXT}
+    assert tokenizer.to_str() == base.to_str()
+    assert json.loads((tmp_path / "kept" / "special_tokens_map.json").read_text()) == gpt2
+    assert token_roles(tmp_path / "kept", tokenizer) == {"bos": 0, "eos": 0, "pad": 0, "unk": 0}
+    auto = AutoTokenizer.from_pretrained(str(tmp_path / "kept"))
+    assert auto.eos_token == auto.bos_token == END_OF_TEXT and auto.encode("hei hei") == base.encode("hei hei").ids
+
+
+def test_keep_base_reads_the_roles_from_config_json_when_the_tokenizer_files_name_none(training_text, tmp_path):
+    # a model folder whose tokenizer_config names only bos, and whose config.json gives the ids (Llama-like)
+    gpt2_like_folder(tmp_path / "base", training_text, specials=("<|begin|>", "<|end|>", "<|pad|>"),
+                     tokenizer_config={"bos_token": "<|begin|>", "eos_token": "</s>"},
+                     config={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": [2]})
+    (tmp_path / "kept").mkdir()
+    _, roles = adopt_base_tokenizer(tmp_path / "kept", str(tmp_path / "base" / "tokenizer.json"))
+    # `</s>` is not in the vocabulary: config.json's id decides; a list of ids is no single pad token
+    assert roles == {"bos": "<|begin|>", "eos": "<|end|>"}
+
+
+def test_keep_base_refuses_a_base_without_an_end_of_text_token_and_names_what_to_add(training_text, tmp_path):
+    gpt2_like_folder(tmp_path / "base", training_text, tokenizer_config={"bos_token": END_OF_TEXT})
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(ValueError) as error:
+        adopt_base_tokenizer(tmp_path / "kept", str(tmp_path / "base"))
+    message = str(error.value)
+    assert "names no end-of-text token" in message and "pack stage ends every document with it" in message
+    assert f'add "eos_token": "<the token>" to {tmp_path / "base" / "tokenizer_config.json"}' in message
+    assert f"its special tokens are {END_OF_TEXT}" in message
+    assert not list((tmp_path / "kept").iterdir())  # nothing adopted
 
 
 def test_nfkc_folds_compatibility_characters_and_breaks_the_round_trip(training_text):

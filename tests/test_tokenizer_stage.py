@@ -7,10 +7,12 @@ import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 import sentencepiece as spm
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from pipeline.packing import PackedSampler
 from tests.conftest import TRICKY_TEXTS, copy_of, marker, read_jsonl_gz, run_cli
 
 VOCAB = "tokenizer.vocab_size=2048"
@@ -175,6 +177,49 @@ def test_keep_base_adopts_the_base_tokenizer_and_pack_and_pretrain_from_the_base
             "model.max_seq_len=128", "train.steps=2", "train.warmup_steps=1", "train.global_batch_size=2",
             "train.micro_batch_size=2", "train.eval_tokens=256", cwd=tmp_path)
     assert marker(tmp_path / "work", "nob", "pretrain")["metrics"]["steps"] == 2
+
+
+def test_keep_base_takes_a_gpt2_like_bases_one_end_of_text_token_through_pack_and_pretrain(trained, tmp_path):
+    cwd, _ = trained
+    shutil.copytree(cwd / "work" / "nob", tmp_path / "work" / "nob")
+    # GPT-2, SmolLM2, Llama 3: one end-of-text token, no pad, no distinct unk
+    end = "<|endoftext|>"
+    base = Tokenizer(models.BPE())
+    base.pre_tokenizer, base.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    texts = [r["text"] for r in read_jsonl_gz(cwd / "work" / "nob" / "clean" / "train")]
+    base.train_from_iterator(texts[:200], trainers.BpeTrainer(vocab_size=512, special_tokens=[end], show_progress=False,
+                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    (tmp_path / "gpt2-like").mkdir()
+    base.save(str(tmp_path / "gpt2-like" / "tokenizer.json"))
+    gpt2 = {"bos_token": end, "eos_token": end, "unk_token": end}
+    (tmp_path / "gpt2-like" / "tokenizer_config.json").write_text(json.dumps({**gpt2, "model_max_length": 1024}))
+
+    run_cli("stage=tokenizer", "lang=nob", "tokenizer.keep_base=true", "tokenizer.base=gpt2-like", cwd=tmp_path)
+    folder = tmp_path / "work" / "nob" / "tokenizer"
+    assert json.loads((folder / "special_tokens_map.json").read_text()) == gpt2
+    assert report(tmp_path)["tokenizer"]["roles"] == {"bos": end, "eos": end, "unk": end}
+    assert f"special tokens bos `{end}` = 0, eos `{end}` = 0, unk `{end}` = 0." in (folder / "report.md").read_text()
+
+    run_cli("stage=pack", "lang=nob", cwd=tmp_path)
+    packed = json.loads((tmp_path / "work" / "nob" / "pack" / "packed.json").read_text())
+    assert (packed["tokenizer"]["eos"], packed["tokenizer"]["eos_id"]) == (end, 0)
+    batch = PackedSampler(tmp_path / "work" / "nob" / "pack", seq_len=1024, global_batch_size=4, seed=1).batch(0)
+    whole = 0
+    for tokens, segments in zip(batch.tokens, batch.segment_ids):
+        for segment in range(1, segments[-1]):  # the documents that begin and end inside the sequence
+            ids = tokens[segments == segment]
+            assert ids[-1] == 0 and 0 not in ids[:-1] and base.decode(ids[:-1].tolist()) in texts
+            whole += 1
+    assert whole > 0
+
+    # training scores its held-out text after the end-of-text token, and the export names it
+    run_cli("stage=pretrain", "lang=nob", "init=scratch", "model.num_layers=2", "model.max_seq_len=64",
+            "train.steps=2", "train.warmup_steps=1", "train.global_batch_size=2", "train.micro_batch_size=2",
+            "train.eval_tokens=256", cwd=tmp_path)
+    assert marker(tmp_path / "work", "nob", "pretrain")["metrics"]["heldout_scored"]["tokens"] > 0
+    assert np.load(tmp_path / "work" / "nob" / "pretrain" / "heldout.npz")["inputs"][0, 0] == 0
+    exported = json.loads((tmp_path / "work" / "nob" / "pretrain" / "hf" / "config.json").read_text())
+    assert (exported["bos_token_id"], exported["eos_token_id"], exported.get("pad_token_id")) == (0, 0, None)
 
 
 def test_a_missing_mix_plan_names_the_command_to_run(trained):

@@ -29,7 +29,7 @@ from pipeline.model.files import base_identity, base_tensors, check_fit, refuse_
 from pipeline.model.model_tensors import ScratchTensors, opened_checkpoint, write_checkpoint
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.planning import check_layout
-from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
+from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer, token_roles
 from pipeline.training.config import planned
 from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
 from pipeline.training.job import TrainingJob
@@ -122,7 +122,7 @@ def run_pretrain(run: StageRun) -> dict:
     check_pack_tokenizer(job, packed, run.input_file("tokenizer", TOKENIZER_FILE), tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
-    scored = write_heldout(job, texts, tokenizer, tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
+    scored = write_heldout(job, texts, tokenizer, token_roles(tokenizer_dir, tokenizer)["eos"])
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
     result = launch(job, cfg.cluster)
     export_trained(run.work_dir, tokenizer_dir, shard_bytes(cfg.export))

@@ -7,8 +7,8 @@ Samples the training text from the mix plan's sources in the plan's proportions,
 the base model's tokenizer (`tokenizer.base`, else `model.base`'s), on the held-out text of `clean`:
 `report.json`, `report.md`, the table in the log and the scores in the marker. With
 `tokenizer.keep_base=true` it trains nothing: it adopts the base's tokenizer (`tokenizer.base`, else
-`model.base`), writes the same files and scores it, so that the data can be packed for continued
-pretraining with the old vocabulary.
+`model.base`) with the base's own special tokens, writes the same files and scores it, so that the data
+can be packed for continued pretraining with the old vocabulary.
 """
 
 from __future__ import annotations
@@ -173,12 +173,12 @@ def _keep_base(run: StageRun) -> tuple[Tokenizer, dict]:
     source = base_source(run.cfg)
     file = base_tokenizer_file(source).resolve()
     try:
-        tokenizer, special_tokens = adopt_base_tokenizer(run.work_dir, source, run.cfg.tokenizer.special_tokens)
+        tokenizer, roles = adopt_base_tokenizer(run.work_dir, source)
     except Exception as error:  # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
         raise StageError(f"tokenizer {run.lang}: tokenizer.keep_base=true cannot adopt {file}: {error}") from None
-    log.info("tokenizer %s: kept the base tokenizer %s (%d tokens); nothing trained", run.lang, file,
-             tokenizer.get_vocab_size())
-    return tokenizer, kept_section(file, tokenizer, special_tokens, run.work_dir)
+    log.info("tokenizer %s: kept the base tokenizer %s (%d tokens; %s); nothing trained", run.lang, file,
+             tokenizer.get_vocab_size(), ", ".join(f"{role} {token}" for role, token in roles.items()))
+    return tokenizer, kept_section(file, tokenizer, roles, run.work_dir)
 
 
 def _train_new(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict, list[str]]:

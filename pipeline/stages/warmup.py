@@ -27,7 +27,7 @@ from pipeline.model.export_config import shard_bytes
 from pipeline.model.files import base_identity, base_tensors, check_fit, refuse_non_finite
 from pipeline.model.model_tensors import CheckpointTensors, model_shapes, write_checkpoint
 from pipeline.packing.packed import PACKED_FILE
-from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
+from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer, token_roles
 from pipeline.training.config import planned, use_bf16
 from pipeline.training.job import TrainingJob
 from pipeline.training.outputs import INIT, METRICS_FILE, TRAINED
@@ -88,7 +88,7 @@ def run_warmup(run: StageRun) -> dict:
     check_pack_tokenizer(job, packed, run.input_file("tokenizer", TOKENIZER_FILE), new_tokenizer.get_vocab_size())
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
     texts = (document.text for document in read_documents(heldout, run.work_dir / "scratch"))
-    scored = write_heldout(job, texts, new_tokenizer, new_tokenizer.token_to_id(cfg.tokenizer.special_tokens.eos))
+    scored = write_heldout(job, texts, new_tokenizer, token_roles(tokenizer_dir, new_tokenizer)["eos"])
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
     (run.work_dir / METRICS_FILE).unlink(missing_ok=True)
     result = launch(job, cfg.cluster)

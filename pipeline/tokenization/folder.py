@@ -31,23 +31,55 @@ def write_tokenizer_folder(folder: Path, trained: TrainedTokenizer, special_toke
     _write_transformers_files(folder, {f"{role}_token": getattr(special_tokens, role) for role in ROLES})
 
 
-def adopt_base_tokenizer(folder: Path, base: str, special_tokens) -> tuple[Tokenizer, dict[str, str]]:
+def adopt_base_tokenizer(folder: Path, base: str) -> tuple[Tokenizer, dict[str, str]]:
     """Put the base tokenizer in `folder` as the trained one would be: its tokenizer.json byte for byte (and the
-    base folder's tokenizer.model), with the transformers files naming `special_tokens`. Returns the tokenizer and
-    the special tokens written; a configured token the base lacks is left out, except EOS, which the pack stage
-    ends every document with (ValueError)."""
+    base folder's tokenizer.model), with the transformers files naming the base's own special tokens
+    (`special_tokens_by_role`). Returns the tokenizer and those tokens by role. A base without an end-of-text token
+    is refused (ValueError): the pack stage ends every document with it."""
     source = base_tokenizer_file(base)
     tokenizer = Tokenizer.from_file(str(source))
-    names = {f"{role}_token": getattr(special_tokens, role) for role in ROLES}
-    names = {key: token for key, token in names.items() if tokenizer.token_to_id(token) is not None}
-    if "eos_token" not in names:
-        raise ValueError(f"the base tokenizer {source} has no token {special_tokens.eos!r} "
-                         f"(tokenizer.special_tokens.eos); set it to the base's end-of-document token.")
+    roles = special_tokens_by_role(source.parent, tokenizer)
+    if "eos" not in roles:
+        raise ValueError(_no_end_of_text(source.parent, tokenizer))
     shutil.copyfile(source, folder / TOKENIZER_FILE)
     if Path(base).is_dir() and (Path(base) / SENTENCEPIECE_FILE).is_file():
         shutil.copyfile(Path(base) / SENTENCEPIECE_FILE, folder / SENTENCEPIECE_FILE)
-    _write_transformers_files(folder, names)
-    return tokenizer, names
+    _write_transformers_files(folder, {f"{role}_token": token for role, token in roles.items()})
+    return tokenizer, roles
+
+
+def special_tokens_by_role(folder: Path, tokenizer: Tokenizer) -> dict[str, str]:
+    """The special tokens of a tokenizer (or model) folder by role (`eos` -> "<|endoftext|>" ...), in ROLES order:
+    as the folder's special_tokens_map.json or tokenizer_config.json names them, else by id in its config.json;
+    only tokens `tokenizer` holds. A role may be missing, and roles may share a token (GPT-2: bos = eos = unk)."""
+    named = special_token_strings(folder)
+    ids = _config_token_ids(folder)
+    roles = {}
+    for role in ROLES:
+        if role in named and tokenizer.token_to_id(named[role]) is not None:
+            roles[role] = named[role]
+        elif role in ids and tokenizer.id_to_token(ids[role]) is not None:
+            roles[role] = tokenizer.id_to_token(ids[role])
+    return roles
+
+
+def _config_token_ids(folder: Path) -> dict[str, int]:
+    """bos/eos/pad/unk ids that a model folder's config.json gives (an int; not a list of several)."""
+    config = folder / "config.json"
+    if not config.is_file():
+        return {}
+    hf = json.loads(config.read_text(encoding="utf-8"))
+    return {role: hf[f"{role}_token_id"] for role in ROLES if isinstance(hf.get(f"{role}_token_id"), int)}
+
+
+def _no_end_of_text(folder: Path, tokenizer: Tokenizer) -> str:
+    specials = sorted(tokenizer.id_to_token(token_id) for token_id in special_ids(tokenizer))
+    candidates = (f"its special tokens are {', '.join(specials[:8])}{' ...' if len(specials) > 8 else ''}"
+                  if specials else "its tokenizer.json marks no token as special")
+    return (f"{folder} names no end-of-text token that its {TOKENIZER_FILE} holds (an `eos_token` of "
+            f"tokenizer_config.json or special_tokens_map.json, or an `eos_token_id` of config.json). The pack stage "
+            f"ends every document with it: add \"eos_token\": \"<the token>\" to {folder / 'tokenizer_config.json'} "
+            f"({candidates}).")
 
 
 def _write_transformers_files(folder: Path, names: dict[str, str]) -> None:
@@ -111,15 +143,10 @@ def special_ids(tokenizer: Tokenizer) -> set[int]:
 
 
 def token_roles(folder: Path, tokenizer: Tokenizer) -> dict[str, Optional[int]]:
-    """bos/eos/pad/unk ids from the tokenizer files, else from config.json; pad falls back to eos."""
-    named = special_token_strings(folder, ROLES)
+    """bos/eos/pad/unk ids from the tokenizer files, else from config.json (None where neither names one); pad falls
+    back to eos."""
+    named = special_tokens_by_role(folder, tokenizer)
     roles = {role: tokenizer.token_to_id(named[role]) if role in named else None for role in ROLES}
-    config = folder / "config.json"
-    if config.is_file():
-        hf = json.loads(config.read_text(encoding="utf-8"))
-        for role in ROLES:
-            if roles[role] is None and isinstance(hf.get(f"{role}_token_id"), int):
-                roles[role] = hf[f"{role}_token_id"]
     if roles["pad"] is None:
         roles["pad"] = roles["eos"]
     return roles

@@ -47,12 +47,14 @@ def tokenizer_section(options, trained: TrainedTokenizer, threads: int) -> dict:
     }
 
 
-def kept_section(base_file: Path, tokenizer: Tokenizer, special_tokens: dict[str, str], folder: Path) -> dict:
-    """What `tokenizer.keep_base=true` adopted: the base's file, its size, the special tokens and the files written."""
+def kept_section(base_file: Path, tokenizer: Tokenizer, roles: dict[str, str], folder: Path) -> dict:
+    """What `tokenizer.keep_base=true` adopted: the base's file, its size, its special tokens (with their roles) and
+    the files written."""
     return {
         "kept_base": str(base_file),
         "vocab_size": tokenizer.get_vocab_size(),
-        "special_tokens": {token: tokenizer.token_to_id(token) for token in special_tokens.values()},
+        "special_tokens": {token: tokenizer.token_to_id(token) for token in roles.values()},
+        "roles": roles,
         "files": sorted(path.name for path in folder.iterdir() if path.suffix in (".json", ".model")),
     }
 
@@ -107,8 +109,9 @@ def markdown(document: dict) -> str:
     specials = ", ".join(f"`{token}` = {token_id}" for token, token_id in tok["special_tokens"].items())
     lines = [f"# Tokenizer for {document['lang']}", ""]
     if sample is None:
+        roles = ", ".join(f"{role} `{token}` = {tok['special_tokens'][token]}" for role, token in tok["roles"].items())
         lines += [f"The base model's tokenizer, kept (tokenizer.keep_base=true): {tok['kept_base']}, "
-                  f"{tok['vocab_size']:,} tokens; special tokens {specials}. Nothing was trained.", ""]
+                  f"{tok['vocab_size']:,} tokens; special tokens {roles}. Nothing was trained.", ""]
     else:
         backend = tok["backend"] + (f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece"
                                     else "")
