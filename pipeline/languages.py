@@ -152,6 +152,9 @@ class LanguageConfig:
     in_hplt_v1_2: bool = True
     filters_source: str = "defaults"
     filters: FilterThresholds = field(default_factory=FilterThresholds)
+    # The default of `clean.heldout_sources`: raw files of another kind than most of the language's text, held out
+    # whole to score the model on text it never trained on.
+    heldout_sources: List[str] = field(default_factory=list)
 
 
 def language_config(code: str, entry: dict) -> LanguageConfig:
