@@ -128,7 +128,8 @@ def _filters(run: StageRun, tokenizer) -> list[tuple[str, object]]:
         chosen.append(("c4_quality", C4QualityFilter, dict(language=tokenizer)))
     if clean.fineweb_quality:
         chosen.append(("fineweb_quality", FineWebQualityFilter, dict(
-            line_punct_thr=limits.line_punct_thr, new_line_ratio=limits.new_line_ratio, language=tokenizer,
+            line_punct_thr=limits.line_punct_thr, new_line_ratio=limits.new_line_ratio,
+            char_duplicates_ratio=limits.char_duplicates_ratio, language=tokenizer,
         )))
     return [(name, cls(exclusion_writer=_rejected(work, name), **kwargs)) for name, cls, kwargs in chosen]
 
