@@ -119,6 +119,9 @@ class FilterThresholds:
     )
     line_punct_thr: float = 0.12
     new_line_ratio: float = 0.3
+    # FineWeb quality: at most this share of the characters in lines that repeat an earlier line (FineWeb's value;
+    # FineWeb-2's configs do not set it).
+    char_duplicates_ratio: float = 0.01
     min_avg_word_length: int = 3
     max_avg_word_length: int = 10
     max_non_alpha_words_ratio: float = 0.8
@@ -152,6 +155,9 @@ class LanguageConfig:
     in_hplt_v1_2: bool = True
     filters_source: str = "defaults"
     filters: FilterThresholds = field(default_factory=FilterThresholds)
+    # The default of `clean.heldout_sources`: raw files of another kind than most of the language's text, held out
+    # whole to score the model on text it never trained on.
+    heldout_sources: List[str] = field(default_factory=list)
 
 
 def language_config(code: str, entry: dict) -> LanguageConfig:

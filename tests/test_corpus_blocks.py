@@ -72,13 +72,18 @@ def test_lid176_keeps_bokmal_under_either_norwegian_label_and_says_what_it_rejec
 
 
 def test_the_heldout_top_up_moves_the_documents_with_the_smallest_id_hashes(tmp_path):
-    records = [{"id": f"doc-{i}", "text": "x" * i, "metadata": {}} for i in range(40)]
+    records = [{"id": f"doc-{i}", "text": "x" * i, "metadata": {"raw_file": f"{i % 3}.jsonl"}} for i in range(40)]
     write_jsonl_gz(tmp_path / "train" / "000_00000.jsonl.gz", records[:25])
     write_jsonl_gz(tmp_path / "train" / "001_00000.jsonl.gz", records[25:])
-    assert top_up_heldout(tmp_path / "train", tmp_path / "heldout", 0) == (0, 0)
+    assert top_up_heldout(tmp_path / "train", tmp_path / "heldout", 0) == {}
     moved = top_up_heldout(tmp_path / "train", tmp_path / "heldout", 6)
     smallest = sorted(records, key=lambda r: id_hash(r["id"]))[:6]
-    assert moved == (6, sum(len(r["text"]) for r in smallest))
+    # per raw file: the documents and characters moved
+    expected = {}
+    for r in smallest:
+        docs, chars = expected.get(r["metadata"]["raw_file"], [0, 0])
+        expected[r["metadata"]["raw_file"]] = [docs + 1, chars + len(r["text"])]
+    assert moved == expected and sum(docs for docs, _ in moved.values()) == 6
     assert sorted(r["id"] for r in read_jsonl_gz(tmp_path / "heldout")) == sorted(r["id"] for r in smallest)
     train = read_jsonl_gz(tmp_path / "train")
     assert len(train) == 34 and not {r["id"] for r in train} & {r["id"] for r in smallest}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional
 
 from pipeline.errors import ConfigError
 
@@ -35,6 +35,10 @@ class CleanConfig:
     c4: bool = False
     gopher_min_doc_words: int = 50
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    # Glob patterns of raw files (their path below `${raw_dir}/<lang>/`, or their name): every document of a matching
+    # file is cleaned alike but goes to `heldout_source/`, never to training, so that evaluate can score a source the
+    # model never saw. Default: the language table's `heldout_sources` (nob: UD and regjeringen.no text).
+    heldout_sources: List[str] = "${oc.select:lang.heldout_sources,[]}"
     heldout_fraction: float = 0.02
     # Held-out documents at least (the kept ones with the smallest id hashes), however small the fraction's share:
     # a small language still gets text to evaluate on. Never more than a quarter of the kept documents.
@@ -50,6 +54,10 @@ def validate_clean(clean: CleanConfig) -> None:
         raise ConfigError("clean.heldout_fraction", clean.heldout_fraction, ["a number in [0, 1)"])
     if clean.heldout_min_documents < 0:
         raise ConfigError("clean.heldout_min_documents", clean.heldout_min_documents, ["an integer >= 0"])
+    for pattern in clean.heldout_sources:
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise ConfigError("clean.heldout_sources", list(clean.heldout_sources),
+                              ["a list of glob patterns of raw file names, e.g. [regjeringen_*]", "[] for none"])
     if clean.tasks is not None and clean.tasks < 1:
         raise ConfigError("clean.tasks", clean.tasks, ["null", "an integer >= 1"])
     if clean.lid.model is not None and not os.path.isfile(clean.lid.model):

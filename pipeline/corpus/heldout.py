@@ -1,8 +1,9 @@
-"""Deterministic held-out split by document id, for tokenizer and model evaluation.
+"""Held-out text for tokenizer and model evaluation: whole sources, and a deterministic split by document id.
 
-The held-out documents are those with the smallest id hashes: every document whose hash falls below
-`clean.heldout_fraction` (decided while streaming, in any task), topped up after the stage to at least
-`clean.heldout_min_documents` (so that a small language still has text to evaluate on).
+A held-out source is every document of the raw files that `clean.heldout_sources` names (glob patterns): text of a
+kind the model never trains on. Of the rest, the held-out documents are those with the smallest id hashes: every
+document whose hash falls below `clean.heldout_fraction` (decided while streaming, in any task), topped up after the
+stage to at least `clean.heldout_min_documents` (so that a small language still has text to evaluate on).
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ import hashlib
 import heapq
 import json
 import os
-from pathlib import Path
+from collections import defaultdict
+from fnmatch import fnmatchcase
+from pathlib import Path, PurePosixPath
 
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.disk_base import DiskWriter
+
+from pipeline.corpus.source_counts import UNKNOWN_FILE, Counts
 
 # A fixed salt keeps the split independent of any other hash of the ids (e.g. sharding).
 _SALT = b"heldout-v1:"
@@ -31,6 +36,35 @@ def id_hash(doc_id: str) -> int:
 
 def is_heldout(doc_id: str, fraction: float) -> bool:
     return id_hash(doc_id) < fraction * 2**64
+
+
+def is_heldout_source(raw_file: str, patterns: list[str]) -> bool:
+    """Whether the raw file (its path below `${raw_dir}/<lang>/`) is held out whole: a pattern matches its path or its
+    name (`regjeringen_*` also holds out `2024/regjeringen_a.jsonl.gz`)."""
+    name = PurePosixPath(raw_file).name
+    return any(fnmatchcase(raw_file, pattern) or fnmatchcase(name, pattern) for pattern in patterns)
+
+
+class HeldoutSourceSplit(PipelineStep):
+    """Writes the documents of held-out source files with `writer` and passes the others on."""
+
+    type = "✂️ - SPLIT"
+    name = "✂️ Held-out sources"
+
+    def __init__(self, patterns: list[str], writer: DiskWriter):
+        super().__init__()
+        self.patterns = list(patterns)
+        self.writer = writer
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        with self.writer as writer:
+            for doc in data:
+                if is_heldout_source(doc.metadata.get("raw_file", ""), self.patterns):
+                    writer.write(doc, rank)
+                    self.stat_update("heldout_source")
+                    self.stat_update("heldout_source_chars", value=len(doc.text))
+                else:
+                    yield doc
 
 
 class HeldoutSplit(PipelineStep):
@@ -62,12 +96,12 @@ def _lines(path: Path) -> list[bytes]:
         return [line for line in handle if line.strip()]
 
 
-def top_up_heldout(train: Path, heldout: Path, missing: int) -> tuple[int, int]:
+def top_up_heldout(train: Path, heldout: Path, missing: int) -> Counts:
     """Move the `missing` training documents with the smallest id hashes from the `train` shards to `heldout`;
-    returns the documents and characters moved. Reads every training document once: it runs when the split holds
-    too few documents, i.e. on a small corpus."""
+    returns the documents and characters moved, per raw file ({raw file: [documents, characters]}). Reads every
+    training document once: it runs when the split holds too few documents, i.e. on a small corpus."""
     if missing <= 0:
-        return 0, 0
+        return {}
     shards = sorted(train.glob("*.jsonl.gz"))
     order = ((id_hash(json.loads(line)["id"]), shard, index)
              for shard in shards for index, line in enumerate(_lines(shard)))
@@ -83,7 +117,12 @@ def top_up_heldout(train: Path, heldout: Path, missing: int) -> tuple[int, int]:
             _write_atomic(shard, kept)
     heldout.mkdir(parents=True, exist_ok=True)
     _write_atomic(heldout / TOP_UP_SHARD, moved)
-    return len(moved), sum(len(json.loads(line)["text"]) for line in moved)
+    by_file: Counts = defaultdict(lambda: [0, 0])
+    for record in map(json.loads, moved):
+        entry = by_file[record.get("metadata", {}).get("raw_file", UNKNOWN_FILE)]
+        entry[0] += 1
+        entry[1] += len(record["text"])
+    return dict(by_file)
 
 
 def _write_atomic(path: Path, lines: list[bytes]) -> None:

@@ -1,5 +1,5 @@
-"""A corpus on disk and its documents: a clean stage output (its `train/` or `heldout/` shards, whose documents
-carry the duplicate-cluster sizes) or any folder of raw files that the clean stage's reader understands.
+"""A corpus on disk and its documents: a clean stage output (its `train/`, `heldout/` or `heldout_source/` shards,
+whose documents carry the duplicate-cluster sizes) or any folder of raw files that the clean stage's reader understands.
 
 Read in one process (`read_documents`) or file by file on several (`over_files`, with a progress bar over the
 compressed bytes). The mix, tokenizer, pack, warmup, pretrain and evaluate stages read their text this way.
@@ -18,6 +18,7 @@ from pipeline.contract import read_marker
 from pipeline.corpus.reader import RawCorpusReader, find_raw_files, fingerprint_files
 
 CLEAN_OUTPUT, RAW_FOLDER = "clean output", "raw folder"
+CLEAN_SPLITS = ("train", "heldout", "heldout_source")
 T = TypeVar("T")
 
 
@@ -34,7 +35,11 @@ class SourceInput:
 
 
 def clean_output(name: str, path: Path, split: str = "train") -> SourceInput:
-    """A finished clean stage output (its marker exists); its training shards (or `heldout/`) are the source."""
+    """A finished clean stage output (its marker exists); the shards of one of its splits are the source: `train/`,
+    `heldout/` (by document id) or `heldout_source/` (whole raw files held out, `clean.heldout_sources`). An empty
+    split, or one that an older clean did not write, is a source without files."""
+    if split not in CLEAN_SPLITS:
+        raise ValueError(f"clean_output: split {split!r} is not one of {', '.join(CLEAN_SPLITS)}")
     marker = read_marker(path)
     files = tuple(find_raw_files(path / split))
     return SourceInput(name, path, CLEAN_OUTPUT, path / split, files,
@@ -72,7 +77,10 @@ def _paths_file(source: SourceInput, scratch: Path) -> Path:
 
 
 def read_documents(source: SourceInput, scratch: Path) -> Iterator:
-    """The source's documents, file after file, in one process (bad records are logged in `scratch`)."""
+    """The source's documents, file after file, in one process (bad records are logged in `scratch`); none from a
+    source without files (an empty split)."""
+    if not source.files:
+        return
     yield from source_reader(source, _paths_file(source, scratch), scratch / "bad_records").run()
 
 

@@ -5,11 +5,13 @@ Built from datatrove blocks in four phases, each a datatrove executor (local pro
 1. read (bad records counted, never fatal) -> language ID -> Gopher repetition -> Gopher quality
    -> C4 (off by default) -> FineWeb quality -> intermediate shards + MinHash signatures;
 2. MinHash buckets;  3. MinHash clusters (with cluster sizes, for the mix stage's rehydration);
-4. drop near-duplicates (keeping one per cluster, annotated with its cluster size) -> held-out split
-   by document-id hash -> `train/` and `heldout/` shards.
+4. drop near-duplicates (keeping one per cluster, annotated with its cluster size) -> the documents of the raw files
+   that `clean.heldout_sources` names to `heldout_source/` -> held-out split by document-id hash -> `train/` and
+   `heldout/` shards.
 
-Every rejected document is written under `rejected/<filter>/` with its reason in its metadata.
-A last step sums the statistics into the marker's metrics and commits the output: here, in this
+Every rejected document is written under `rejected/<filter>/` with its reason in its metadata; a tally after the
+reader and after each step that removes or routes documents counts them per raw file (pipeline/corpus/source_counts.py).
+A last step sums the statistics into the marker's metrics and `report.md` and commits the output: here, in this
 process; on Slurm, as a one-task job that depends on the others. Raw files whose names are not valid UTF-8
 are bad records of their own (`file_name_not_utf8`), the files beside them are read.
 
@@ -30,10 +32,13 @@ from pathlib import Path
 
 from pipeline.cluster import check_script_word
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
-from pipeline.corpus.heldout import HeldoutSplit, top_up_heldout
+from pipeline.corpus.filter_report import markdown
+from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, is_heldout_source, top_up_heldout
 from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
 from pipeline.corpus.reader import (RAW_PATTERNS, RawCorpusReader, TaskOutputReader, find_raw_files, fingerprint_files,
                                     unreadable_names)
+from pipeline.corpus.sources import CLEAN_SPLITS
+from pipeline.corpus.source_counts import HELDOUT, HELDOUT_SOURCE, READ, SourceTally, moved_to_heldout, per_source
 from pipeline.corpus.stats import count, step_key, summed_stats
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 from pipeline.errors import StageError
@@ -42,9 +47,11 @@ log = logging.getLogger(__name__)
 
 FILTER_PHASE, BUCKETS_PHASE = "1_filter", "2_minhash_buckets"
 CLUSTER_PHASE, SPLIT_PHASE = "3_minhash_clusters", "4_dedup_split"
-INTERMEDIATE_DIRS = ("filtered", "minhash")
+TALLIES = "source_counts"
+INTERMEDIATE_DIRS = ("filtered", "minhash", TALLIES)
 SLURM_JOBS = "slurm_jobs.json"
 BAD_FILE_NAME = "file_name_not_utf8"
+DUPLICATES = "minhash_duplicate"
 
 
 def raw_folder(cfg) -> Path:
@@ -121,9 +128,14 @@ def _filters(run: StageRun, tokenizer) -> list[tuple[str, object]]:
         chosen.append(("c4_quality", C4QualityFilter, dict(language=tokenizer)))
     if clean.fineweb_quality:
         chosen.append(("fineweb_quality", FineWebQualityFilter, dict(
-            line_punct_thr=limits.line_punct_thr, new_line_ratio=limits.new_line_ratio, language=tokenizer,
+            line_punct_thr=limits.line_punct_thr, new_line_ratio=limits.new_line_ratio,
+            char_duplicates_ratio=limits.char_duplicates_ratio, language=tokenizer,
         )))
     return [(name, cls(exclusion_writer=_rejected(work, name), **kwargs)) for name, cls, kwargs in chosen]
+
+
+def _tally(run: StageRun, label: str) -> SourceTally:
+    return SourceTally(run.work_dir / TALLIES, label)
 
 
 def _split_and_write(run: StageRun) -> list:
@@ -131,9 +143,14 @@ def _split_and_write(run: StageRun) -> list:
 
 
     work, clean = run.work_dir, run.cfg.clean
+
+    def writer(split: str):
+        return JsonlWriter(str(work / split), max_file_size=clean.shard_bytes)
+
     return [
-        HeldoutSplit(clean.heldout_fraction, JsonlWriter(str(work / "heldout"), max_file_size=clean.shard_bytes)),
-        JsonlWriter(str(work / "train"), max_file_size=clean.shard_bytes),
+        HeldoutSourceSplit(clean.heldout_sources, writer("heldout_source")), _tally(run, HELDOUT_SOURCE),
+        HeldoutSplit(clean.heldout_fraction, writer("heldout")), _tally(run, HELDOUT),
+        writer("train"),
     ]
 
 
@@ -144,8 +161,8 @@ def _minhash_config(clean):
     return MinhashConfig(n_grams=d.n_grams, num_buckets=d.num_buckets, hashes_per_bucket=d.hashes_per_bucket, seed=d.seed)
 
 
-def build_phases(run: StageRun, tasks: int, tokenizer, filters: list) -> list[tuple[str, list, int]]:
-    """The phases as (name, datatrove pipeline, number of tasks)."""
+def build_phases(run: StageRun, tasks: int, tokenizer, filters: list[tuple[str, object]]) -> list[tuple[str, list, int]]:
+    """The phases as (name, datatrove pipeline, number of tasks), from the (name, step) pairs of `_filters`."""
     from datatrove.pipeline.dedup.minhash import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
                                                   MinhashDedupSignature)
     from datatrove.pipeline.writers import JsonlWriter
@@ -153,7 +170,9 @@ def build_phases(run: StageRun, tasks: int, tokenizer, filters: list) -> list[tu
 
     work, clean = run.work_dir, run.cfg.clean
     reader = RawCorpusReader(str(raw_folder(run.cfg)), str(work / "raw_files.txt"), str(work / "bad_records"))
-    filtering = [reader, *filters]
+    filtering = [reader, _tally(run, READ)]
+    for name, step in filters:
+        filtering += [step, _tally(run, name)]
     if not clean.dedup.enabled:
         return [(FILTER_PHASE, filtering + _split_and_write(run), tasks)]
 
@@ -168,7 +187,8 @@ def build_phases(run: StageRun, tasks: int, tokenizer, filters: list) -> list[tu
         (CLUSTER_PHASE, [MinhashDedupCluster(buckets, clusters, config=minhash, save_cluster_size=True)], 1),
         (SPLIT_PHASE, [
             TaskOutputReader(str(work / "filtered")),
-            MinhashDedupFilter(clusters, exclusion_writer=_rejected(work, "minhash_duplicate"), load_cluster_sizes=True),
+            MinhashDedupFilter(clusters, exclusion_writer=_rejected(work, DUPLICATES), load_cluster_sizes=True),
+            _tally(run, DUPLICATES),
             *_split_and_write(run),
         ], tasks),
     ]
@@ -195,7 +215,7 @@ def collect_metrics(run: StageRun) -> dict:
                 reasons[f"{key}.{counter.removeprefix('dropped_')}"] = int(value)
     duplicates = count(split_stats, MinhashDedupFilter, "dropped")
     if run.cfg.clean.dedup.enabled:
-        rejected["minhash_duplicate"] = duplicates
+        rejected[DUPLICATES] = duplicates
 
     bad_by_reason = {k.removeprefix("bad_records."): int(v) for k, v in reader.items() if k.startswith("bad_records.")}
     if settings["unreadable_names"]:
@@ -212,13 +232,17 @@ def collect_metrics(run: StageRun) -> dict:
         "chars_in": int(reader.get("chars_in", 0)),
         "chars_out": count(split_stats, HeldoutSplit, "train_chars"),
         "chars_heldout": count(split_stats, HeldoutSplit, "heldout_chars"),
+        "docs_heldout_source": count(split_stats, HeldoutSourceSplit, "heldout_source"),
+        "chars_heldout_source": count(split_stats, HeldoutSourceSplit, "heldout_source_chars"),
+        "heldout_source_files": settings["heldout_source_files"],
         "language_id": settings["language_id"],
         "word_tokenizer": settings["word_tokenizer"],
-        "input_files": settings["input_files"],
+        "input_files": len(settings["input_files"]),
+        "sources": per_source(run.work_dir / TALLIES, list(rejected), settings["input_files"]),
     }
-    accounted = metrics["docs_out"] + metrics["docs_heldout"] + sum(rejected.values())
+    accounted = metrics["docs_out"] + metrics["docs_heldout"] + metrics["docs_heldout_source"] + sum(rejected.values())
     if accounted != metrics["docs_in"]:
-        log.warning("clean: %d documents read but %d accounted for (kept + held out + rejected).",
+        log.warning("clean: %d documents read but %d accounted for (kept + held out + held-out source + rejected).",
                     metrics["docs_in"], accounted)
     return metrics
 
@@ -228,7 +252,8 @@ def guarantee_heldout(run: StageRun, metrics: dict) -> dict:
     when the corpus is too small for it; the metrics with the documents moved."""
     minimum, kept, heldout = run.cfg.clean.heldout_min_documents, metrics["docs_out"], metrics["docs_heldout"]
     wanted = min(minimum, (kept + heldout) // 4)
-    docs, chars = top_up_heldout(run.work_dir / "train", run.work_dir / "heldout", wanted - heldout)
+    moved = top_up_heldout(run.work_dir / "train", run.work_dir / "heldout", wanted - heldout)
+    docs, chars = sum(d for d, _ in moved.values()), sum(c for _, c in moved.values())
     if docs:
         log.warning("clean %s: clean.heldout_fraction=%g of %d kept documents held out %d; %d more are held out "
                     "(those with the smallest id hashes) to reach %d.", run.lang, run.cfg.clean.heldout_fraction,
@@ -239,7 +264,7 @@ def guarantee_heldout(run: StageRun, metrics: dict) -> dict:
                     minimum, heldout + docs, raw_folder(run.cfg))
     return {**metrics, "docs_out": kept - docs, "docs_heldout": heldout + docs,
             "chars_out": metrics["chars_out"] - chars, "chars_heldout": metrics["chars_heldout"] + chars,
-            "heldout_added_for_minimum": docs}
+            "heldout_added_for_minimum": docs, "sources": moved_to_heldout(metrics["sources"], moved)}
 
 
 @dataclass
@@ -252,11 +277,15 @@ class CommitWhenDone:
         metrics = guarantee_heldout(self.run, collect_metrics(self.run))
         for name in INTERMEDIATE_DIRS:
             shutil.rmtree(self.run.work_dir / name, ignore_errors=True)
+        for split in CLEAN_SPLITS:  # an empty split is an empty folder, which the later stages read as no documents
+            (self.run.work_dir / split).mkdir(exist_ok=True)
+        (self.run.work_dir / "report.md").write_text(markdown(self.run.lang, metrics), encoding="utf-8")
         self.run.commit(metrics)
         log.info(
-            "clean %s: %d documents in, %d kept, %d held out, %d rejected, %d bad records",
-            self.run.lang, metrics["docs_in"], metrics["docs_out"], metrics["docs_heldout"],
-            sum(metrics["rejected"].values()), metrics["bad_records"],
+            "clean %s: %d documents in, %d kept, %d held out, %d in held-out sources, %d rejected, %d bad records "
+            "(per source: %s)", self.run.lang, metrics["docs_in"], metrics["docs_out"], metrics["docs_heldout"],
+            metrics["docs_heldout_source"], sum(metrics["rejected"].values()), metrics["bad_records"],
+            self.run.final_dir / "report.md",
         )
         return data
 
@@ -345,6 +374,30 @@ def _check_slurm_script(run: StageRun) -> None:
         check_script_word("lang", f"clean-{run.lang}-{phase}")
 
 
+def heldout_source_files(cfg, folder: Path, files: list[str]) -> list[str]:
+    """The raw files that `clean.heldout_sources` holds out whole, saying which patterns match none; refuses to hold
+    out every file, which would leave nothing to train on."""
+    patterns = cfg.clean.heldout_sources
+    if not patterns:
+        return []
+    for pattern in patterns:
+        if not any(is_heldout_source(name, [pattern]) for name in files):
+            log.info("clean %s: clean.heldout_sources pattern %r matches no raw file in %s.", cfg.lang.code, pattern,
+                     folder)
+    held = [name for name in files if is_heldout_source(name, patterns)]
+    if held and len(held) == len(files):
+        raise StageError(f"clean {cfg.lang.code}: clean.heldout_sources={list(patterns)} holds out every raw file in "
+                         f"{folder}, which leaves nothing to train on. Narrow the patterns, or set "
+                         "clean.heldout_sources=[] to hold out no source.")
+    if held:
+        log.info("clean %s: %d raw files held out whole (clean.heldout_sources, written to heldout_source/): %s",
+                 cfg.lang.code, len(held), ", ".join(held[:10]) + (" ..." if len(held) > 10 else ""))
+    else:
+        log.warning("clean %s: clean.heldout_sources=%s matches no raw file in %s, so no source is held out whole "
+                    "(evaluate then has no never-trained source).", cfg.lang.code, list(patterns), folder)
+    return held
+
+
 def run_clean(run: StageRun):
     cfg = run.cfg
     if cfg.cluster.executor == "slurm":
@@ -362,13 +415,14 @@ def run_clean(run: StageRun):
     _write_bad_names(run, bad_names)
     tokenizer, tokenizer_name = resolve_word_tokenizer(cfg.lang)
     filters = _filters(run, tokenizer)
-    phases = build_phases(run, tasks, tokenizer, [step for _, step in filters])
+    phases = build_phases(run, tasks, tokenizer, filters)
     language_id = choose_language_id(cfg.lang, cfg.clean.lid)
     # Falling back to the records' own label is worth a warning: web crawls get it wrong for small languages.
     log.log(logging.WARNING if language_id.model is None else logging.INFO, "clean %s: language ID by %s",
             cfg.lang.code, language_id.description)
     settings = {"filters": [(step_key(step), name) for name, step in filters], "language_id": language_id.marker(),
-                "word_tokenizer": tokenizer_name, "input_files": len(files), "unreadable_names": bad_names}
+                "word_tokenizer": tokenizer_name, "input_files": files, "unreadable_names": bad_names,
+                "heldout_source_files": heldout_source_files(cfg, folder, files)}
     (run.work_dir / "settings.json").write_text(json.dumps(settings, ensure_ascii=False))
 
     log.info("clean %s: %d files in %s, %d tasks, %d local workers", cfg.lang.code, len(files), folder, tasks,
