@@ -78,7 +78,7 @@ def test_acceptance_the_base_model_shapes_warmup_pretrain_and_evaluate(family, n
     assert shape(work / "nob" / "pretrain" / "hf") == shape(base)
 
     run_cli("stage=evaluate", *common, f"model.base={base}", cwd=tmp_path)
-    scores = marker(work, "nob", "evaluate")["metrics"]
+    scores = marker(work, "nob", "evaluate")["metrics"]["bits_per_byte"]
     assert list(scores) == ["base", "warmup", "pretrain"]
     report = (work / "nob" / "evaluate" / "report.md").read_text(encoding="utf-8")
     assert "`train.eval_tokens`" in report and "`eval.max_bytes`" in report  # why the training logs' numbers differ

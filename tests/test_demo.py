@@ -40,7 +40,7 @@ def test_stage_all_builds_the_demo_base_then_the_whole_recipe(tmp_path_factory, 
     assert f"Report: {report_dir / 'report.md'}" in result.stdout
     scores = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))["scores"]
     assert list(scores) == ["base", "warmup", "pretrain"]
-    bpb = {name: score["bits_per_byte"] for name, score in scores.items()}
+    bpb = {name: score["heldout"]["bits_per_byte"] for name, score in scores.items()}
     assert bpb["pretrain"] < bpb["warmup"] < bpb["base"], bpb
     for plot in ("bpb.png", "training_curves.png"):
         assert (report_dir / plot).stat().st_size > 1000

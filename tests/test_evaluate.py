@@ -1,19 +1,23 @@
 """Stage `evaluate`: bits per byte against an independent computation, whole documents against windows, the
-stage's report."""
+stage's report on three held-out sets, and the flag on a trained model worse than the base."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from pipeline.evaluation.bits_per_byte import score_documents, windows
+from pipeline.evaluation.report import find_regressions
+from pipeline.model import Transformer, to_hf
 from pipeline.model.files import load_base
 from pipeline.tokenization.folder import load_tokenizer, token_roles
-from tests.conftest import DATA, read_jsonl_gz, run_cli
+from tests.conftest import DATA, marker, read_jsonl_gz, run_cli, write_jsonl_gz
 
 
 @pytest.mark.parametrize("targets,seq_len,stride", [(1, 8, 4), (8, 8, 4), (9, 8, 4), (50, 8, 3), (50, 8, 8),
@@ -78,17 +82,113 @@ def test_evaluate_stage_reports_the_base_model_on_a_plain_text_file(tmp_path, en
     text_file = tmp_path / "heldout.nob.txt"
     text_file.write_text("\n".join(texts) + "\n", encoding="utf-8")
     options = ("stage=evaluate", "lang=nob", f"model.base={english_base}", f"eval.path={text_file}")
-    run_cli(*options, cwd=tmp_path)
+    first = run_cli(*options, cwd=tmp_path)
     out = tmp_path / "work" / "nob" / "evaluate"
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     start_id = token_roles(english_base, load_tokenizer(str(english_base)))["eos"]
     assert list(report["scores"]) == ["base"]
-    assert report["scores"]["base"]["bits_per_byte"] == pytest.approx(
+    assert report["scores"]["base"]["heldout"]["bits_per_byte"] == pytest.approx(
         _independent_bits_per_byte(english_base, texts, start_id), rel=1e-5)
-    assert report["scores"]["base"]["documents"] == len(texts)
+    assert report["scores"]["base"]["heldout"]["documents"] == len(texts)
     assert (out / "bpb.png").stat().st_size > 1000 and "| base |" in (out / "report.md").read_text(encoding="utf-8")
+    # No clean stage and no text of the base's language: those sets are skipped, and the log and the report say why.
+    assert list(report["sets"]) == ["heldout"] and list(report["skipped_sets"]) == ["heldout_source", "base_lang"]
+    assert "the `base_lang` set is not scored: no held-out text of the base model's language eng" in first.stderr
+    assert "not scored: `heldout_source`" in (out / "report.md").read_text(encoding="utf-8")
 
     again = run_cli(*options, cwd=tmp_path)
     assert "Skipping evaluate for nob" in again.stderr
     missing = run_cli("stage=evaluate", "lang=nob", "work_dir=elsewhere", cwd=tmp_path, check=False)
     assert missing.returncode == 1 and "no model to evaluate" in missing.stderr
+
+
+def test_regressions_are_the_trained_models_worse_than_the_base_on_a_set():
+    bpb = {"base": {"heldout": 2.0, "base_lang": 1.0}, "warmup": {"heldout": 1.5, "base_lang": 1.2},
+           "pretrain": {"heldout": 2.5, "base_lang": 1.0}}
+    assert find_regressions(bpb) == [
+        {"model": "warmup", "set": "base_lang", "bits_per_byte": 1.2, "base_bits_per_byte": 1.0},
+        {"model": "pretrain", "set": "heldout", "bits_per_byte": 2.5, "base_bits_per_byte": 2.0}]
+    assert find_regressions({name: bpb[name] for name in ("warmup", "pretrain")}) == []  # no base: nothing to flag
+
+
+def _clean_output(folder: Path, splits: dict[str, list[str]]) -> Path:
+    """A finished clean stage output as `clean` writes it: its marker, and gzipped JSONL shards of datatrove's
+    JsonlWriter records per split (`heldout`, `heldout_source`)."""
+    for split, texts in splits.items():
+        write_jsonl_gz(folder / split / "000_00000.jsonl.gz",
+                       [{"text": text, "id": f"{split}/{index}", "metadata": {"minhash_cluster_size": 1}}
+                        for index, text in enumerate(texts)])
+    (folder / "_SUCCESS.json").write_text(json.dumps({"stage": "clean", "lang": folder.parent.name,
+                                                      "config_hash": f"test-{folder.parent.name}", "metrics": {}}))
+    return folder
+
+
+def _trained_output(work: Path, stage: str, model_folder: Path) -> None:
+    """A finished warmup or pretrain output whose exported model is `model_folder`."""
+    shutil.copytree(model_folder, work / "nob" / stage / "hf")
+    (work / "nob" / stage / "_SUCCESS.json").write_text(json.dumps({"stage": stage, "lang": "nob",
+                                                                    "config_hash": f"test-{stage}", "metrics": {}}))
+
+
+def _variant(english_base: Path, folder: Path, noise: float) -> Path:
+    """The English base with Gaussian noise of standard deviation `noise` on every weight (its tokenizer kept); with
+    noise=None a random model of its shape."""
+    model = load_base(str(english_base))
+    torch.manual_seed(1)
+    if noise is None:
+        model = Transformer(model.cfg)
+    else:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(noise * torch.randn_like(parameter))
+    return to_hf(model, folder, tokenizer=english_base)
+
+
+def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(tmp_path, english_base):
+    nob = [record["text"] for record in read_jsonl_gz(DATA / "nob")]
+    eng = [record["text"][:400] for record in read_jsonl_gz(DATA / "eng") if record["id"].startswith("UD_")]
+    heldout, heldout_source, eng_heldout = nob[300:306], [text[:150] for text in nob[:3]], eng[:8]
+    work = tmp_path / "work"
+    _clean_output(work / "nob" / "clean", {"heldout": heldout, "heldout_source": heldout_source})
+    _clean_output(work / "eng" / "clean", {"heldout": eng_heldout})
+    # base: the English model blurred by noise; warmup: the English model itself (better everywhere); pretrain: a
+    # random model of that shape (worse everywhere).
+    base = _variant(english_base, tmp_path / "blurred", noise=0.05)
+    _trained_output(work, "warmup", english_base)
+    _trained_output(work, "pretrain", _variant(english_base, tmp_path / "random", noise=None))
+    options = ("stage=evaluate", "lang=nob", f"model.base={base}")
+    result = run_cli(*options, cwd=tmp_path)
+
+    out = work / "nob" / "evaluate"
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    sets = ["heldout", "heldout_source", "base_lang"]
+    assert list(report["sets"]) == sets and report["skipped_sets"] == {}
+    for name, texts in zip(sets, (heldout, heldout_source, eng_heldout)):
+        assert report["sets"][name]["documents"] == len(texts)
+        assert report["sets"][name]["bytes"] == sum(len(text.encode("utf-8")) for text in texts)
+    assert "eng" in report["sets"]["base_lang"]["title"]
+    # The held-out source's text is what was scored: the base's score is transformers' on those documents.
+    start_id = token_roles(base, load_tokenizer(str(base)))["eos"]
+    assert report["scores"]["base"]["heldout_source"]["bits_per_byte"] == pytest.approx(
+        _independent_bits_per_byte(base, heldout_source, start_id), rel=1e-4)
+
+    bpb = marker(work, "nob", "evaluate")["metrics"]["bits_per_byte"]
+    assert list(bpb) == ["base", "warmup", "pretrain"] and all(list(bpb[model]) == sets for model in bpb)
+    assert all(bpb[model][name] == report["scores"][model][name]["bits_per_byte"] for model in bpb for name in sets)
+    for name in sets:
+        assert bpb["warmup"][name] < bpb["base"][name] < bpb["pretrain"][name], (name, bpb)
+    expected = [{"model": "pretrain", "set": name, "bits_per_byte": bpb["pretrain"][name],
+                 "base_bits_per_byte": bpb["base"][name]} for name in sets]
+    assert report["regressions"] == expected == marker(work, "nob", "evaluate")["metrics"]["regressions"]
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    for title in (report["sets"][name]["title"] for name in sets):
+        line = f"WARNING: pretrain is worse than the base model on the {title} set"
+        assert line in result.stderr and f"**{line}" in markdown
+    assert "warmup is worse" not in markdown + result.stderr
+
+    # The base language's text enters the stage's hash: without it the stage runs again and skips that set.
+    (work / "eng" / "clean" / "_SUCCESS.json").unlink()
+    again = run_cli(*options, cwd=tmp_path)
+    assert "Running evaluate for nob" in again.stderr
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert list(report["sets"]) == sets[:2] and list(report["skipped_sets"]) == ["base_lang"]

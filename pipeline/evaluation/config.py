@@ -16,6 +16,10 @@ class EvalConfig:
     # Held-out text: null takes the clean stage's held-out split; or a file or folder of JSONL/Parquet (the
     # clean reader's formats) or of plain text, one document per line (FLORES' `nob_Latn.devtest`).
     path: Optional[str] = None
+    # Held-out text of the base model's language (model.base_lang), to see whether the model forgets it: null
+    # takes the held-out split of `${work_dir}/<model.base_lang>/clean` when that clean stage is done; or a file or
+    # folder as for `path`.
+    base_lang_path: Optional[str] = None
     # Tokens per window; null takes the model's max_seq_len.
     seq_len: Optional[int] = None
     # Tokens scored per window after the first; the rest of the window is context. Null: half the window.
@@ -23,7 +27,7 @@ class EvalConfig:
     # The token fed before each document's first token: `eos`, as the pack stage separates documents (and
     # BLOOM was trained), or `bos` for models trained with one (Llama 3).
     document_start: str = "eos"
-    # Cap on the UTF-8 bytes evaluated (whole documents, in order).
+    # Cap on the UTF-8 bytes evaluated per held-out set (whole documents, in order).
     max_bytes: int = 10_000_000
     # Windows per forward pass.
     batch_size: int = 8
@@ -33,6 +37,10 @@ def validate_eval(evaluation: EvalConfig) -> None:
     if evaluation.path is not None and not os.path.exists(evaluation.path):
         raise ConfigError("eval.path", evaluation.path, ["null (the clean stage's held-out split)",
                                                          "an existing file or folder of held-out text"])
+    if evaluation.base_lang_path is not None and not os.path.exists(evaluation.base_lang_path):
+        raise ConfigError("eval.base_lang_path", evaluation.base_lang_path, [
+            "null (the held-out split of <work_dir>/<model.base_lang>/clean, when that clean stage is done)",
+            "an existing file or folder of held-out text in the base model's language"])
     for key in ("seq_len", "stride"):
         value = getattr(evaluation, key)
         if value is not None and value < 1:

@@ -1,4 +1,5 @@
-"""The evaluate stage's report: a table in Markdown and two PNG plots (BPB per model; training curves)."""
+"""The evaluate stage's report: tables in Markdown, the regressions against the base model, and two PNG plots (BPB
+per model and held-out set; training curves)."""
 
 from __future__ import annotations
 
@@ -27,21 +28,45 @@ def read_curves(metrics_file: Path) -> tuple[list[tuple[int, float]], list[tuple
     return losses, heldout
 
 
-def write_plots(out_dir: Path, scores: dict[str, dict], curves: dict[str, Path]) -> list[str]:
-    """bpb.png and, when training metrics exist, training_curves.png (warmup then pretrain, on one token axis)."""
+def find_regressions(bpb: dict[str, dict[str, float]]) -> list[dict]:
+    """Each (trained model, held-out set) where the model predicts the text worse than the base model, from bits per
+    byte per model and set; none without a base model."""
+    base = bpb.get("base")
+    if base is None:
+        return []
+    return [{"model": model, "set": name, "bits_per_byte": value, "base_bits_per_byte": base[name]}
+            for model, by_set in bpb.items() if model != "base"
+            for name, value in by_set.items() if name in base and value > base[name]]
+
+
+def regression_line(regression: dict, title: str) -> str:
+    return (f"WARNING: {regression['model']} is worse than the base model on the {title} set: "
+            f"{regression['bits_per_byte']:.4f} bits per byte against the base's {regression['base_bits_per_byte']:.4f}"
+            f" (+{regression['bits_per_byte'] / regression['base_bits_per_byte'] - 1:.1%})")
+
+
+def write_plots(out_dir: Path, bpb: dict[str, dict[str, float]], titles: dict[str, str],
+                curves: dict[str, Path]) -> list[str]:
+    """bpb.png (bars per held-out set, one per model) and, when training metrics exist, training_curves.png (warmup
+    then pretrain, on one token axis)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     written = []
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    names = list(scores)
-    values = [scores[name]["bits_per_byte"] for name in names]
-    bars = axis.bar(names, values, color=["#999999", "#4c72b0", "#dd8452", "#55a868"][:len(names)])
-    axis.bar_label(bars, fmt="%.3f")
+    figure, axis = plt.subplots(figsize=(max(6, 2.5 * len(titles)), 3.8))
+    colours = ["#999999", "#4c72b0", "#dd8452", "#55a868"]
+    width = 0.8 / max(1, len(bpb))
+    for place, (model, by_set) in enumerate(bpb.items()):
+        positions = [index + (place - (len(bpb) - 1) / 2) * width for index in range(len(titles))]
+        bars = axis.bar(positions, [by_set[name] for name in titles], width, label=model,
+                        color=colours[place % len(colours)])
+        axis.bar_label(bars, fmt="%.3f", fontsize=7)
+    axis.set_xticks(range(len(titles)), list(titles.values()))
     axis.set_ylabel("bits per byte (lower is better)")
     axis.set_title("Held-out bits per byte")
+    axis.legend()
     figure.tight_layout()
     figure.savefig(out_dir / BPB_PLOT, dpi=120)
     plt.close(figure)
@@ -69,17 +94,41 @@ def write_plots(out_dir: Path, scores: dict[str, dict], curves: dict[str, Path])
     return written
 
 
-def markdown(lang: str, text_source: str, scores: dict[str, dict], models: dict[str, str], plots: list[str]) -> str:
+def markdown(lang: str, sets: dict[str, dict], skipped: dict[str, str], scores: dict[str, dict[str, dict]],
+             models: dict[str, str], regressions: list[dict], plots: list[str]) -> str:
+    """The report: the held-out sets, bits per byte per model and set, the regressions, then each set's details."""
     lines = [f"# Evaluation: {lang}", "",
-             f"Held-out text: {text_source}. Bits per byte = summed negative log-likelihood (bits) over the "
-             "text's UTF-8 bytes, comparable across tokenizers; token perplexity depends on the tokenizer and is "
-             "for reference only.", "",
-             "| model | bits per byte | token perplexity | tokens per byte | tokens | bytes | folder |",
-             "|---|---:|---:|---:|---:|---:|---|"]
-    for name, score in scores.items():
-        lines.append(f"| {name} | {score['bits_per_byte']:.4f} | {score['token_perplexity']:.2f} | "
-                     f"{score['tokens_per_byte']:.3f} | {score['tokens']:,} | {score['bytes']:,} | {models[name]} |")
+             "Bits per byte = summed negative log-likelihood (bits) over the text's UTF-8 bytes, comparable across "
+             "tokenizers (lower is better); token perplexity depends on the tokenizer and is for reference only.", "",
+             "## Held-out sets", "", "| set | text | documents | bytes |", "|---|---|---:|---:|"]
+    lines += [f"| {about['title']} | {about['text']} | {about['documents']:,} | {about['bytes']:,} |"
+              for about in sets.values()]
+    lines += [""] + [f"- not scored: `{name}`: {reason}." for name, reason in skipped.items()]
+    lines += ["", "## Bits per byte", "",
+              "| model | " + " | ".join(about["title"] for about in sets.values()) + " | folder |",
+              "|---|" + "---:|" * len(sets) + "---|"]
+    flagged = {(regression["model"], regression["set"]) for regression in regressions}
+    for model, by_set in scores.items():
+        cells = [f"{by_set[name]['bits_per_byte']:.4f}{' (worse than base)' * ((model, name) in flagged)}"
+                 for name in sets]
+        lines.append(f"| {model} | " + " | ".join(cells) + f" | {models[model]} |")
     lines.append("")
+    if regressions:
+        lines += [f"**{regression_line(regression, sets[regression['set']]['title'])}**" for regression in regressions]
+    elif "base" in scores and len(scores) > 1:
+        lines.append("No trained model is worse than the base model on any held-out set.")
+    else:
+        lines.append("No base model and trained model to compare: no regression is checked.")
+    lines.append("")
+    for name, about in sets.items():
+        lines += [f"### {about['title']}", "", about["text"], "",
+                  "| model | bits per byte | token perplexity | tokens per byte | tokens | bytes |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for model, by_set in scores.items():
+            score = by_set[name]
+            lines.append(f"| {model} | {score['bits_per_byte']:.4f} | {score['token_perplexity']:.2f} | "
+                         f"{score['tokens_per_byte']:.3f} | {score['tokens']:,} | {score['bytes']:,} |")
+        lines.append("")
     if TRAINING_STAGES & scores.keys():
         lines += [TRAINING_SCORES_NOTE, ""]
     lines.extend(f"![{plot}]({plot})" for plot in plots)

@@ -1,12 +1,29 @@
-"""The held-out documents an evaluation reads: the clean stage's held-out split, or `eval.path`."""
+"""The held-out text an evaluation reads, as named sets that every model is scored on:
+
+- `heldout`: the clean stage's held-out split (documents drawn at random from the training corpus), or `eval.path`;
+- `heldout_source`: the clean stage's `heldout_source` split, whole sources (`clean.heldout_sources`) that no stage
+  trains on: the language outside the training text's domain;
+- `base_lang`: held-out text of the base model's language (`model.base_lang`): `eval.base_lang_path`, or the held-out
+  split of that language's clean stage when it is done; a recipe that makes the model forget it shows here.
+
+A set without text is skipped with the reason, never an error; only `heldout` is required.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
-from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files
+from pipeline.contract import read_marker, stage_dir
+from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files
 from pipeline.corpus.sources import RAW_FOLDER, SourceInput, clean_output, read_documents
+from pipeline.languages import LANGUAGES, language_config
+
+HELDOUT, HELDOUT_SOURCE, BASE_LANG = "heldout", "heldout_source", "base_lang"
+# The clean stage's splits that hold evaluation text.
+HELDOUT_SPLIT, HELDOUT_SOURCE_SPLIT = "heldout", "heldout_source"
 
 
 def _is_raw(path: Path) -> bool:
@@ -38,21 +55,98 @@ def _raw(folder: Path, files: list[str], scratch: Path) -> Iterator[str]:
     return (document.text for document in read_documents(source, scratch))
 
 
-def eval_texts(path: str | None, lang: str, clean_dir: Path, scratch: Path, max_bytes: int) -> Iterator[str]:
-    """Whole documents, in a fixed order, until `max_bytes` UTF-8 bytes are reached (the one that crosses it
-    included)."""
-    if path is None:
-        texts = (document.text for document in read_documents(clean_output(lang, clean_dir, split="heldout"), scratch))
-    else:
-        folder, files, raw = text_files(Path(path))
-        texts = _raw(folder, files, scratch) if raw else _plain_lines([folder / name for name in files])
-    taken = 0
-    for text in texts:
-        if taken >= max_bytes:
-            return
-        taken += len(text.encode("utf-8"))
-        yield text
+@dataclass(frozen=True)
+class TextSet:
+    """One held-out set: a clean stage's split, or a file or folder the user gave."""
+
+    name: str   # HELDOUT, HELDOUT_SOURCE or BASE_LANG
+    title: str  # its column in the report
+    where: str  # what the text is, for people
+    # Either a clean stage output and its split ...
+    clean: Optional[Path] = None
+    split: str = HELDOUT_SPLIT
+    # ... or a file or folder of JSONL/Parquet, or of plain text with one document per line.
+    path: Optional[str] = None
+
+    def documents(self, scratch: Path, max_bytes: int) -> list[str]:
+        """Whole documents, in a fixed order, until `max_bytes` UTF-8 bytes are reached (the one that crosses it
+        included)."""
+        if self.path is None:
+            texts = (document.text for document in
+                     read_documents(clean_output(self.name, self.clean, split=self.split), scratch / self.name))
+        else:
+            folder, files, raw = text_files(Path(self.path))
+            texts = _raw(folder, files, scratch / self.name) if raw else _plain_lines([folder / f for f in files])
+        taken, chosen = 0, []
+        for text in texts:
+            if taken >= max_bytes:
+                break
+            taken += len(text.encode("utf-8"))
+            chosen.append(text)
+        return chosen
+
+    def identity(self) -> dict:
+        """What the set's text is, for the evaluate stage's config hash: a clean output by its hash (its own
+        language's enters through the contract), files by their content."""
+        if self.path is not None:
+            folder, files, _ = text_files(Path(self.path))
+            return fingerprint_files(folder, files)
+        return {"clean_config_hash": read_marker(self.clean)["config_hash"], "split": self.split}
 
 
-def describe_text(path: str | None, clean_dir: Path) -> str:
-    return f"the clean stage's held-out split ({clean_dir / 'heldout'})" if path is None else str(Path(path).resolve())
+def _has_files(folder: Path) -> bool:
+    return folder.is_dir() and bool(find_raw_files(folder))
+
+
+def heldout_set(path: Optional[str], lang: str, clean: Optional[Path]) -> TextSet:
+    if path is not None:
+        return TextSet(HELDOUT, "eval.path", str(Path(path).resolve()), path=path)
+    return TextSet(HELDOUT, "held-out split", f"the held-out split of {lang}'s clean stage ({clean / HELDOUT_SPLIT})",
+                   clean=clean)
+
+
+def heldout_source_set(lang: str, clean: Optional[Path]) -> TextSet | str:
+    """The clean stage's held-out sources, or why there are none."""
+    if clean is None:
+        return f"{lang}'s clean stage is not done, so there is no held-out source (clean.heldout_sources)"
+    folder = clean / HELDOUT_SOURCE_SPLIT
+    if not _has_files(folder):
+        return (f"the clean stage held out no source ({folder} holds no shard): name raw files in "
+                f"clean.heldout_sources to score the language outside the training text's domain")
+    return TextSet(HELDOUT_SOURCE, "held-out source", f"the sources {lang}'s clean stage held out whole ({folder})",
+                   clean=clean, split=HELDOUT_SOURCE_SPLIT)
+
+
+def base_lang_clean(cfg) -> Path:
+    """The clean stage output of the base model's language, in this work folder."""
+    code = cfg.model.base_lang
+    return stage_dir(dataclasses.replace(cfg, lang=language_config(code, LANGUAGES[code])), "clean")
+
+
+def base_lang_set(cfg) -> TextSet | str:
+    """Held-out text of the base model's language, or why there is none."""
+    code = cfg.model.base_lang
+    title = f"{code} held-out"
+    if cfg.eval.base_lang_path is not None:
+        return TextSet(BASE_LANG, title, str(Path(cfg.eval.base_lang_path).resolve()), path=cfg.eval.base_lang_path)
+    if code == cfg.lang.code:
+        return f"model.base_lang is {code}, the language evaluated: its held-out text is the `{HELDOUT}` set"
+    clean = base_lang_clean(cfg)
+    if read_marker(clean) is None:
+        return (f"no held-out text of the base model's language {code} (model.base_lang): run python -m pipeline "
+                f"stage=clean lang={code} work_dir={cfg.work_dir}, or give eval.base_lang_path=<file or folder>")
+    if not _has_files(clean / HELDOUT_SPLIT):
+        return f"{code}'s clean stage ({clean}) held out no document"
+    return TextSet(BASE_LANG, title, f"the held-out split of {code}'s clean stage ({clean / HELDOUT_SPLIT})",
+                   clean=clean)
+
+
+def text_sets(cfg, clean: Optional[Path]) -> tuple[list[TextSet], dict[str, str]]:
+    """The sets to score, in the report's order, and the reason each missing one is skipped."""
+    sets, skipped = [heldout_set(cfg.eval.path, cfg.lang.code, clean)], {}
+    for name, found in ((HELDOUT_SOURCE, heldout_source_set(cfg.lang.code, clean)), (BASE_LANG, base_lang_set(cfg))):
+        if isinstance(found, TextSet):
+            sets.append(found)
+        else:
+            skipped[name] = found
+    return sets, skipped

@@ -1,11 +1,12 @@
-"""Stage `evaluate`: bits per byte of the base, warm-started and final models on held-out text of the language.
+"""Stage `evaluate`: bits per byte of the base, warm-started and final models on held-out text, per held-out set.
 
 Each model is scored with its own tokenizer (pipeline/evaluation/bits_per_byte.py), so the numbers are
 comparable although the base model's tokenizer is not the language's. The models: the base model
-(`model.base`, or the one the warmup stage started from), `work/<lang>/warmup/hf` and
-`work/<lang>/pretrain/hf`, each when it exists. The text: the clean stage's held-out split, or `eval.path`.
-Outputs: `report.json`, `report.md`, `bpb.png` and `training_curves.png` (loss and held-out BPB of warmup
-and pretrain against training tokens).
+(`model.base`, or the one the warmup stage recorded in its marker), `work/<lang>/warmup/hf` and
+`work/<lang>/pretrain/hf`, each when it exists. The sets (pipeline/evaluation/texts.py): the clean stage's held-out
+split (or `eval.path`), the sources the clean stage held out whole, and held-out text of the base model's language;
+a trained model worse than the base on any of them is flagged. Outputs: `report.json`, `report.md`, `bpb.png` and
+`training_curves.png` (loss and held-out BPB of warmup and pretrain against training tokens).
 """
 
 from __future__ import annotations
@@ -13,19 +14,20 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from pipeline.contract import MARKER, Stage, StageRun, read_marker, resolve_path, stage_dir, write_json_atomic
-from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import score_documents
-from pipeline.evaluation.report import markdown, write_plots
-from pipeline.evaluation.texts import describe_text, eval_texts, text_files
+from pipeline.evaluation.report import find_regressions, markdown, regression_line, write_plots
+from pipeline.evaluation.texts import HELDOUT, TextSet, base_lang_set, heldout_set, text_sets
 from pipeline.kernels import set_backend
 from pipeline.model.files import base_identity, check_finite, load_base
+from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from pipeline.training.outputs import EXPORT, METRICS_FILE
 
@@ -53,14 +55,17 @@ def needs_when(cfg) -> tuple[str, ...]:
 
 
 def describe_inputs(cfg) -> dict:
-    """The base model's files and `eval.path`'s files (the trained models and clean come through the contract)."""
+    """The base model's files, `eval.path`'s files and the text of the base model's language (the trained models
+    and this language's clean output come through the contract)."""
     inputs = {}
     base = base_model(cfg)
     if base is not None:
         inputs["base"] = base_identity(cfg, base)
     if cfg.eval.path is not None:
-        folder, files, _ = text_files(Path(cfg.eval.path))
-        inputs["text"] = fingerprint_files(folder, files)
+        inputs["text"] = heldout_set(cfg.eval.path, cfg.lang.code, None).identity()
+    base_lang = base_lang_set(cfg)
+    if isinstance(base_lang, TextSet):
+        inputs["base_lang_text"] = base_lang.identity()
     return inputs
 
 
@@ -76,7 +81,20 @@ def models(run: StageRun) -> dict[str, str]:
     return found
 
 
-def score_model(run: StageRun, name: str, folder: str, device) -> dict:
+@dataclass
+class LoadedModel:
+    """A model ready to score, with its own tokenizer and the windows that fit it."""
+
+    name: str
+    folder: str
+    model: Transformer
+    tokenizer: object
+    start_id: int
+    seq_len: int
+    stride: int
+
+
+def load_model(run: StageRun, name: str, folder: str, device: torch.device) -> LoadedModel:
     cfg = run.cfg
     model = load_base(folder)
     check_finite(model, f"evaluate {run.lang}: the {name} model in {folder}", "it is not scored. Train it again (or "
@@ -91,22 +109,40 @@ def score_model(run: StageRun, name: str, folder: str, device) -> dict:
                          f"eval.document_start to the token its model saw before documents (eos or bos).")
     seq_len = min(cfg.eval.seq_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
     stride = min(cfg.eval.stride or max(1, seq_len // 2), seq_len)
-    clean = run.input("clean") if run.has_input("clean") else None
-    texts = eval_texts(cfg.eval.path, run.lang, clean, run.work_dir / "scratch", cfg.eval.max_bytes)
-    with tqdm(desc=f"evaluate {name}", unit="tok", disable=None) as progress:
-        score = score_documents(model, tokenizer, texts, start_id, seq_len, stride, cfg.eval.batch_size, device,
-                                progress)
-    if score.documents == 0:
-        raise StageError(f"evaluate {run.lang}: {describe_text(cfg.eval.path, clean)} holds no text. Give "
-                         f"eval.path=<file or folder>, or raise clean.heldout_min_documents and run clean again.")
+    return LoadedModel(name, folder, model, tokenizer, start_id, seq_len, stride)
+
+
+def score_set(run: StageRun, loaded: LoadedModel, text_set: TextSet, texts: list[str], device) -> dict:
+    with tqdm(desc=f"evaluate {loaded.name} on {text_set.name}", unit="tok", disable=None) as progress:
+        score = score_documents(loaded.model, loaded.tokenizer, texts, loaded.start_id, loaded.seq_len,
+                                loaded.stride, run.cfg.eval.batch_size, device, progress)
     if not math.isfinite(score.bits_per_byte):
-        raise StageError(f"evaluate {run.lang}: the {name} model in {folder} scores {score.bits_per_byte} bits per "
-                         f"byte on {describe_text(cfg.eval.path, clean)}: its outputs overflow. No report is "
-                         f"written; check the model (and eval.seq_len against the length it was trained on).")
-    result = {**score.as_dict(), "seq_len": seq_len, "stride": stride}
-    log.info("evaluate %s: %s %.4f bits per byte (token perplexity %.2f, %d tokens over %d bytes)", run.lang, name,
-             score.bits_per_byte, score.token_perplexity, score.tokens, score.bytes)
-    return result
+        raise StageError(f"evaluate {run.lang}: the {loaded.name} model in {loaded.folder} scores "
+                         f"{score.bits_per_byte} bits per byte on {text_set.where}: its outputs overflow. No report "
+                         f"is written; check the model (and eval.seq_len against the length it was trained on).")
+    log.info("evaluate %s: %s on %s: %.4f bits per byte (token perplexity %.2f, %d tokens over %d bytes)", run.lang,
+             loaded.name, text_set.name, score.bits_per_byte, score.token_perplexity, score.tokens, score.bytes)
+    return {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
+
+
+def read_sets(run: StageRun) -> tuple[dict[str, TextSet], dict[str, list[str]], dict[str, str]]:
+    """The held-out sets with text, their documents (up to eval.max_bytes each) and why the others are skipped."""
+    cfg = run.cfg
+    clean = run.input("clean") if run.has_input("clean") else None
+    found, skipped = text_sets(cfg, clean)
+    sets, texts = {}, {}
+    for text_set in found:
+        documents = [text for text in text_set.documents(run.work_dir / "scratch", cfg.eval.max_bytes) if text]
+        if documents:
+            sets[text_set.name], texts[text_set.name] = text_set, documents
+        elif text_set.name == HELDOUT:
+            raise StageError(f"evaluate {run.lang}: {text_set.where} holds no text. Give eval.path=<file or folder>, "
+                             f"or raise clean.heldout_min_documents and run clean again.")
+        else:
+            skipped[text_set.name] = f"{text_set.where} holds no text"
+    for name, reason in skipped.items():
+        log.info("evaluate %s: the `%s` set is not scored: %s.", run.lang, name, reason)
+    return sets, texts, skipped
 
 
 def run_evaluate(run: StageRun) -> dict:
@@ -114,28 +150,47 @@ def run_evaluate(run: StageRun) -> dict:
     set_backend(cfg.kernels)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     found = models(run)
-    scores = {name: score_model(run, name, folder, device) for name, folder in found.items()}
+    sets, texts, skipped = read_sets(run)
+    scores = {}
+    for name, folder in found.items():
+        loaded = load_model(run, name, folder, device)
+        scores[name] = {set_name: score_set(run, loaded, text_set, texts[set_name], device)
+                        for set_name, text_set in sets.items()}
+        del loaded  # one model in memory at a time
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
+    bpb = {name: {set_name: score["bits_per_byte"] for set_name, score in by_set.items()}
+           for name, by_set in scores.items()}
+    regressions = find_regressions(bpb)
+    for regression in regressions:
+        log.warning("evaluate %s: %s", run.lang, regression_line(regression, sets[regression["set"]].title))
+    if "base" not in found:
+        log.info("evaluate %s: no base model to compare with (model.base), so no regression is checked.", run.lang)
     curves = {stage: run.input(stage) / METRICS_FILE for stage in TRAINED
               if stage in found and (run.input(stage) / METRICS_FILE).is_file()}
-    plots = write_plots(run.work_dir, scores, curves)
-    text = describe_text(cfg.eval.path, run.input("clean") if run.has_input("clean") else None)
-    report = {"lang": run.lang, "text": text, "models": found, "scores": scores}
+    titles = {name: text_set.title for name, text_set in sets.items()}
+    plots = write_plots(run.work_dir, bpb, titles, curves)
+    described = {name: {"title": text_set.title, "text": text_set.where, "documents": len(texts[name]),
+                        "bytes": sum(len(text.encode("utf-8")) for text in texts[name])}
+                 for name, text_set in sets.items()}
+    report = {"lang": run.lang, "models": found, "sets": described, "skipped_sets": skipped, "scores": scores,
+              "regressions": regressions}
     write_json_atomic(run.work_dir / "report.json", report)
-    (run.work_dir / "report.md").write_text(markdown(run.lang, text, scores, found, plots), encoding="utf-8")
+    (run.work_dir / "report.md").write_text(markdown(run.lang, described, skipped, scores, found, regressions, plots),
+                                            encoding="utf-8")
     log.info("evaluate %s: report in %s", run.lang, run.final_dir / "report.md")
-    return {name: {"bits_per_byte": s["bits_per_byte"], "token_perplexity": s["token_perplexity"]}
-            for name, s in scores.items()}
+    return {"bits_per_byte": bpb, "regressions": regressions}
 
 
 STAGE = Stage(
     name="evaluate",
     run=run_evaluate,
     needs_when=needs_when,
-    reads_if_done=TRAINED,
+    # clean's held-out sources are scored with eval.path too, when clean is done
+    reads_if_done=("clean", *TRAINED),
     hint="Or give eval.path=<file or folder of held-out text> instead of the clean stage's held-out split.",
     config_sections=("eval",),
-    # eval.path's files enter the hash by their content (describe_inputs), not by where they are.
-    unhashed_keys=("eval.batch_size", "eval.path"),
+    # eval.path's and eval.base_lang_path's files enter the hash by their content (describe_inputs), not by where
+    # they are.
+    unhashed_keys=("eval.batch_size", "eval.path", "eval.base_lang_path"),
     describe_inputs=describe_inputs,
 )
