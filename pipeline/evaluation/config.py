@@ -20,7 +20,7 @@ class EvalConfig:
     # takes the held-out split of `${work_dir}/<model.base_lang>/clean` when that clean stage is done; or a file or
     # folder as for `path`.
     base_lang_path: Optional[str] = None
-    # Tokens per window; null takes the model's max_seq_len.
+    # Tokens per window; null: the model's context, at most 2048, as training takes it (model/config.py).
     seq_len: Optional[int] = None
     # Tokens scored per window after the first; the rest of the window is context. Null: half the window.
     stride: Optional[int] = None

@@ -26,6 +26,7 @@ from pipeline.evaluation.bits_per_byte import score_documents
 from pipeline.evaluation.report import find_regressions, markdown, regression_line, write_plots
 from pipeline.evaluation.texts import HELDOUT, TextSet, base_lang_set, heldout_set, text_sets
 from pipeline.kernels import set_backend
+from pipeline.model.config import training_seq_len
 from pipeline.model.files import base_identity, check_finite, load_base
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import load_tokenizer, token_roles
@@ -107,7 +108,8 @@ def load_model(run: StageRun, name: str, folder: str, device: torch.device) -> L
     if start_id is None:
         raise StageError(f"evaluate: the tokenizer of {folder} has no {cfg.eval.document_start} token; set "
                          f"eval.document_start to the token its model saw before documents (eos or bos).")
-    seq_len = min(cfg.eval.seq_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
+    # null: the length the training stages train at by default, so that every model is scored as it trained
+    seq_len = min(training_seq_len(model.cfg, cfg.eval.seq_len), model.cfg.max_seq_len)
     stride = min(cfg.eval.stride or max(1, seq_len // 2), seq_len)
     return LoadedModel(name, folder, model, tokenizer, start_id, seq_len, stride)
 
