@@ -56,14 +56,18 @@ ARMS = {
 
 
 def common(args) -> tuple[str, ...]:
-    return (f"raw_dir={args.raw}", f"model.base={args.base}", f"mix.tokens={args.tokens}", f"workers={args.workers}")
+    return (f"raw_dir={args.raw}", f"model.base={args.base}", f"mix.tokens={args.tokens}", f"workers={args.workers}",
+            f"eval.max_bytes={args.eval_bytes}", *args.extra)
 
 
 def prepare(args) -> None:
-    """clean (nob, eng) once; mix, tokenizer and pack for each tokenizer set-up, in its own work folder."""
+    """clean (nob, eng) once, unless done (the clean outputs may come from another machine, which had spaCy's word
+    tokenizers for the filters); mix, tokenizer and pack for each tokenizer set-up, in its own work folder."""
     work = Path(args.work)
     first = work / "groups" / "new"
     for lang in ("eng", "nob"):
+        if (first / "work" / lang / "clean" / "_SUCCESS.json").is_file():
+            continue
         pipeline("stage=clean", f"lang={lang}", f"work_dir={first / 'work'}", *common(args),
                  log=work / "logs" / f"clean-{lang}.log")
     for group, options in GROUPS.items():
@@ -92,10 +96,11 @@ def generate(args) -> None:
     for entry in args.models.split(","):
         name, folder = entry.split("=", 1)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device).eval()
         out[name] = {}
         for prompt in PROMPTS:
-            ids = tokenizer(prompt, return_tensors="pt").input_ids.cuda()
+            ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
             with torch.no_grad():
                 new = model.generate(ids, max_new_tokens=30, do_sample=False)[0, ids.shape[1]:]
             out[name][prompt] = tokenizer.decode(new, skip_special_tokens=True)
@@ -186,10 +191,13 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/real_base")
     parser.add_argument("--tokens", type=int, default=24_000_000, help="mix.tokens: every arm's plan")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--eval-bytes", type=int, default=2_000_000, help="eval.max_bytes: text per held-out set")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--curve-points", type=int, default=8, help="held-out scores per pretrain run")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every command (a CPU smoke run: "
+                        "a small vocabulary and batch)")
     parser.add_argument("--models", help="generate: name=folder,...")
     parser.add_argument("--out", help="generate: the JSON file to write")
     args = parser.parse_args()
