@@ -27,7 +27,7 @@ def test_help_lists_every_stage_and_the_main_options(tmp_path):
 def test_cfg_job_prints_the_resolved_config_with_the_language_entry(tmp_path):
     out = run_cli("--cfg", "job", "stage=clean", "lang=nb", cwd=tmp_path).stdout
     assert "stage: clean" in out
-    assert "code: nob" in out and "language_score: 0.813" in out and "line_punct_thr: 0.2" in out
+    assert "code: nob" in out and "language_score: 0.813" in out and "line_punct_thr: 0.12" in out
     assert not (tmp_path / "work").exists()  # printing the config does no work
 
 

@@ -37,8 +37,8 @@ from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, is_heldout
 from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
 from pipeline.corpus.reader import (RAW_PATTERNS, RawCorpusReader, TaskOutputReader, find_raw_files, fingerprint_files,
                                     unreadable_names)
-from pipeline.corpus.sources import CLEAN_SPLITS
 from pipeline.corpus.source_counts import HELDOUT, HELDOUT_SOURCE, READ, SourceTally, moved_to_heldout, per_source
+from pipeline.corpus.sources import CLEAN_SPLITS
 from pipeline.corpus.stats import count, step_key, summed_stats
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 from pipeline.errors import StageError
@@ -161,7 +161,8 @@ def _minhash_config(clean):
     return MinhashConfig(n_grams=d.n_grams, num_buckets=d.num_buckets, hashes_per_bucket=d.hashes_per_bucket, seed=d.seed)
 
 
-def build_phases(run: StageRun, tasks: int, tokenizer, filters: list[tuple[str, object]]) -> list[tuple[str, list, int]]:
+def build_phases(run: StageRun, tasks: int, tokenizer,
+                 filters: list[tuple[str, object]]) -> list[tuple[str, list, int]]:
     """The phases as (name, datatrove pipeline, number of tasks), from the (name, step) pairs of `_filters`."""
     from datatrove.pipeline.dedup.minhash import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
                                                   MinhashDedupSignature)
