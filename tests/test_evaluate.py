@@ -114,6 +114,7 @@ def test_regressions_are_the_trained_models_worse_than_the_base_on_a_set():
 def _clean_output(folder: Path, splits: dict[str, list[str]]) -> Path:
     """A finished clean stage output as `clean` writes it: its marker, and gzipped JSONL shards of datatrove's
     JsonlWriter records per split (`heldout`, `heldout_source`)."""
+    folder.mkdir(parents=True, exist_ok=True)
     for split, texts in splits.items():
         write_jsonl_gz(folder / split / "000_00000.jsonl.gz",
                        [{"text": text, "id": f"{split}/{index}", "metadata": {"minhash_cluster_size": 1}}
@@ -123,11 +124,11 @@ def _clean_output(folder: Path, splits: dict[str, list[str]]) -> Path:
     return folder
 
 
-def _trained_output(work: Path, stage: str, model_folder: Path) -> None:
+def _trained_output(work: Path, stage: str, model_folder: Path, lang: str = "nob") -> None:
     """A finished warmup or pretrain output whose exported model is `model_folder`."""
-    shutil.copytree(model_folder, work / "nob" / stage / "hf")
-    (work / "nob" / stage / "_SUCCESS.json").write_text(json.dumps({"stage": stage, "lang": "nob",
-                                                                    "config_hash": f"test-{stage}", "metrics": {}}))
+    shutil.copytree(model_folder, work / lang / stage / "hf")
+    (work / lang / stage / "_SUCCESS.json").write_text(json.dumps({"stage": stage, "lang": lang,
+                                                                   "config_hash": f"test-{stage}", "metrics": {}}))
 
 
 def _variant(english_base: Path, folder: Path, noise: float) -> Path:

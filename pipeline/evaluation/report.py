@@ -94,16 +94,17 @@ def write_plots(out_dir: Path, bpb: dict[str, dict[str, float]], titles: dict[st
     return written
 
 
-def markdown(lang: str, sets: dict[str, dict], skipped: dict[str, str], scores: dict[str, dict[str, dict]],
-             models: dict[str, str], regressions: list[dict], plots: list[str]) -> str:
-    """The report: the held-out sets, bits per byte per model and set, the regressions, then each set's details."""
+def markdown(lang: str, report: dict, plots: list[str]) -> str:
+    """The report (the evaluate stage's report.json): the held-out sets, bits per byte per model and set, the
+    regressions, each set's details, then the downstream tasks."""
+    sets, scores, regressions = report["sets"], report["scores"], report["regressions"]
     lines = [f"# Evaluation: {lang}", "",
              "Bits per byte = summed negative log-likelihood (bits) over the text's UTF-8 bytes, comparable across "
              "tokenizers (lower is better); token perplexity depends on the tokenizer and is for reference only.", "",
              "## Held-out sets", "", "| set | text | documents | bytes |", "|---|---|---:|---:|"]
     lines += [f"| {about['title']} | {about['text']} | {about['documents']:,} | {about['bytes']:,} |"
               for about in sets.values()]
-    lines += [""] + [f"- not scored: `{name}`: {reason}." for name, reason in skipped.items()]
+    lines += [""] + [f"- not scored: `{name}`: {reason}." for name, reason in report["skipped_sets"].items()]
     lines += ["", "## Bits per byte", "",
               "| model | " + " | ".join(about["title"] for about in sets.values()) + " | folder |",
               "|---|" + "---:|" * len(sets) + "---|"]
@@ -111,7 +112,7 @@ def markdown(lang: str, sets: dict[str, dict], skipped: dict[str, str], scores: 
     for model, by_set in scores.items():
         cells = [f"{by_set[name]['bits_per_byte']:.4f}{' (worse than base)' * ((model, name) in flagged)}"
                  for name in sets]
-        lines.append(f"| {model} | " + " | ".join(cells) + f" | {models[model]} |")
+        lines.append(f"| {model} | " + " | ".join(cells) + f" | {report['models'][model]} |")
     lines.append("")
     if regressions:
         lines += [f"**{regression_line(regression, sets[regression['set']]['title'])}**" for regression in regressions]
@@ -129,7 +130,38 @@ def markdown(lang: str, sets: dict[str, dict], skipped: dict[str, str], scores: 
             lines.append(f"| {model} | {score['bits_per_byte']:.4f} | {score['token_perplexity']:.2f} | "
                          f"{score['tokens_per_byte']:.3f} | {score['tokens']:,} | {score['bytes']:,} |")
         lines.append("")
+    lines += task_tables(report["tasks"], report["skipped_tasks"])
     if TRAINING_STAGES & scores.keys():
         lines += [TRAINING_SCORES_NOTE, ""]
     lines.extend(f"![{plot}]({plot})" for plot in plots)
     return "\n".join(lines) + "\n"
+
+
+def _interval(result: dict) -> str:
+    low, high = result["interval_95"]
+    return f"{result['accuracy']:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def task_tables(tasks: dict[str, dict], skipped: dict[str, str]) -> list[str]:
+    """A table per task: the accuracy of each model under each scoring, with its 95% Wilson interval."""
+    if not tasks and not skipped:
+        return []
+    lines = ["## Downstream tasks", "",
+             "Accuracy on the test items [95% Wilson interval]; chance = one over the number of choices. Intervals "
+             "that overlap do not tell the models apart.", ""]
+    for name, about in tasks.items():
+        results = about["results"]
+        scorings = list(next(iter(results.values()))) if results else []
+        first = next(iter(next(iter(results.values())).values())) if results else {"chance": 0, "n": about["test"]}
+        what = (f"{len(about['labels'])} categories ({', '.join(about['labels'])}), {about['train']} train + "
+                f"{about['dev']} dev examples, majority share of test {about['majority']:.3f}"
+                if about["layout"] == "sib200" else "4 answers per question")
+        lines += [f"### {name}", "",
+                  f"{about['layout']} layout, language {about['language']}, {about['path']}: {what}; n = "
+                  f"{first['n']} test items, chance {first['chance']:.3f}.", "",
+                  "| model | " + " | ".join(scorings) + " |", "|---|" + "---:|" * len(scorings)]
+        lines += [f"| {model} | " + " | ".join(_interval(by_scoring[scoring]) for scoring in scorings) + " |"
+                  for model, by_scoring in results.items()]
+        lines.append("")
+    lines += [f"- not built: `{name}`: {reason}." for name, reason in skipped.items()]
+    return lines + ([""] if skipped else [])
