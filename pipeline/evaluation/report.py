@@ -9,13 +9,14 @@ from pathlib import Path
 BPB_PLOT = "bpb.png"
 CURVES_PLOT = "training_curves.png"
 TRAINING_STAGES = {"warmup", "pretrain"}
-# Where the training stages' own held-out numbers come from, so that nobody takes the difference for a bug.
+# Why the training stages' own held-out numbers differ from the `heldout` column, so that nobody takes it for a bug.
 TRAINING_SCORES_NOTE = (
     "The warmup and pretrain stages log held-out bits per byte too (their metrics.jsonl, markers and logs), by the "
-    "same definition (pipeline/evaluation/bits_per_byte.py), but on the first `warmup.train.eval_tokens` / "
-    "`train.eval_tokens` tokens of the held-out text in windows of their training length; this table scores up to "
-    "`eval.max_bytes` of it in windows of `eval.seq_len`. Different amounts of text give somewhat different "
-    "numbers; with eval_tokens covering the whole split and the default windows they agree.")
+    "same definition (pipeline/evaluation/bits_per_byte.py) on the same held-out split, but on other rows: the first "
+    "`warmup.train.eval_tokens` / `train.eval_tokens` tokens of it (whole documents, in the split's shard order, "
+    "which groups documents by raw file) in windows of the training sequence length, where this report takes up to "
+    "`eval.max_bytes` per set in windows of `eval.seq_len`. The training stages keep those rows (heldout.npz); the "
+    "table below scores them again with the exported model, so the stage's number and this report's meet there.")
 
 
 def read_curves(metrics_file: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
@@ -37,6 +38,18 @@ def find_regressions(bpb: dict[str, dict[str, float]]) -> list[dict]:
     return [{"model": model, "set": name, "bits_per_byte": value, "base_bits_per_byte": base[name]}
             for model, by_set in bpb.items() if model != "base"
             for name, value in by_set.items() if name in base and value > base[name]]
+
+
+def reproduction_line(model: str, result: dict) -> str:
+    """Whether the exported model gives the training stage's logged held-out score on the stage's own rows."""
+    what = (f"{model}'s exported model scores {result['rescored']:.4f} bits per byte on the {model} stage's own "
+            f"held-out rows ({result['documents']} documents, {result['tokens']:,} tokens, windows of "
+            f"{result['seq_len']}), where the stage logged {result['logged']:.4f}")
+    if result["agree"]:
+        return f"{what}: the two computations agree"
+    return (f"WARNING: {what}: the training engine and the exported model disagree on the same rows (by "
+            f"{result['rescored'] / result['logged'] - 1:+.1%}), so one of the two numbers is wrong; compare "
+            f"them with kernels=reference and on a CPU to find which")
 
 
 def regression_line(regression: dict, title: str) -> str:
@@ -132,7 +145,16 @@ def markdown(lang: str, report: dict, plots: list[str]) -> str:
         lines.append("")
     lines += task_tables(report["tasks"], report["skipped_tasks"])
     if TRAINING_STAGES & scores.keys():
-        lines += [TRAINING_SCORES_NOTE, ""]
+        lines += ["## The training stages' held-out numbers", "", TRAINING_SCORES_NOTE, ""]
+        reproduced = report["training_heldout"]
+        if reproduced:
+            lines += ["| model | logged by the stage | rescored here | documents | tokens | window |",
+                      "|---|---:|---:|---:|---:|---:|"]
+            lines += [f"| {model} | {result['logged']:.4f} | {result['rescored']:.4f} | {result['documents']:,} | "
+                      f"{result['tokens']:,} | {result['seq_len']:,} |" for model, result in reproduced.items()]
+            lines += [""] + [f"**{reproduction_line(model, result)}**" for model, result in reproduced.items()
+                             if not result["agree"]]
+            lines.append("")
     lines.extend(f"![{plot}]({plot})" for plot in plots)
     return "\n".join(lines) + "\n"
 

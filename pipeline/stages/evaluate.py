@@ -25,9 +25,10 @@ from tqdm import tqdm
 from pipeline.contract import MARKER, Stage, StageRun, read_marker, resolve_path, stage_dir, write_json_atomic
 from pipeline.errors import StageError
 from pipeline.corpus.reader import fingerprint_files
-from pipeline.evaluation.bits_per_byte import score_documents
+from pipeline.evaluation.bits_per_byte import bits_per_byte, score_documents, score_rows
 from pipeline.evaluation.config import task_name
-from pipeline.evaluation.report import find_regressions, markdown, regression_line, write_plots
+from pipeline.evaluation.report import (find_regressions, markdown, regression_line, reproduction_line,
+                                        write_plots)
 from pipeline.evaluation.task_builder import build_heldout_tasks
 from pipeline.evaluation.task_files import Task, read_task
 from pipeline.evaluation.task_scoring import ScoringModel, score_task
@@ -36,11 +37,15 @@ from pipeline.kernels import set_backend
 from pipeline.model.files import base_identity, check_finite, load_base
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import load_tokenizer, token_roles
-from pipeline.training.outputs import EXPORT, METRICS_FILE
+from pipeline.training.heldout import load_rows
+from pipeline.training.outputs import EXPORT, HELDOUT_FILE, METRICS_FILE
 
 log = logging.getLogger(__name__)
 
 TRAINED = ("warmup", "pretrain")
+# The exported model rescoring its training stage's own held-out rows may differ from the number the stage logged by
+# rounding only (bf16 on a GPU, other batches): more than this share is a disagreement between the two computations.
+REPRODUCTION_TOLERANCE = 0.02
 
 
 def base_model(cfg) -> str | None:
@@ -135,6 +140,28 @@ def score_set(run: StageRun, loaded: LoadedModel, text_set: TextSet, texts: list
     return {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
 
 
+def reproduce_training_score(run: StageRun, loaded: LoadedModel, device) -> dict | None:
+    """The training stage's own held-out rows (its heldout.npz: the same documents, windows and start token it
+    scored) scored by the exported model the way evaluate scores: the stage's logged heldout_bpb_after again, unless
+    something differs between the training engine and the exported model. None for the base, or an output without
+    the rows."""
+    if loaded.name not in TRAINED or not (run.input(loaded.name) / HELDOUT_FILE).is_file():
+        return None
+    logged = (read_marker(run.input(loaded.name)) or {}).get("metrics", {}).get("heldout_bpb_after")
+    if logged is None:
+        return None
+    rows = run.read_input(loaded.name, HELDOUT_FILE, load_rows)
+    rescored = bits_per_byte(score_rows(loaded.model, rows, run.cfg.eval.batch_size, device), rows.bytes)
+    result = {"logged": logged, "rescored": rescored, "seq_len": int(rows.inputs.shape[1]), "tokens": rows.tokens,
+              "bytes": rows.bytes, "documents": rows.documents,
+              "agree": abs(rescored - logged) <= REPRODUCTION_TOLERANCE * logged}
+    if result["agree"]:
+        log.info("evaluate %s: %s", run.lang, reproduction_line(loaded.name, result))
+    else:
+        log.warning("evaluate %s: %s", run.lang, reproduction_line(loaded.name, result))
+    return result
+
+
 def read_sets(run: StageRun) -> tuple[dict[str, TextSet], dict[str, list[tuple[str, dict]]], dict[str, str]]:
     """The held-out sets with text, their documents as (text, metadata), up to eval.max_bytes each, and why the others
     are skipped."""
@@ -206,11 +233,14 @@ def run_evaluate(run: StageRun) -> dict:
     sets, records, skipped = read_sets(run)
     tasks, skipped_tasks = read_tasks(run, records[HELDOUT])
     texts = {name: [text for text, _ in documents] for name, documents in records.items()}
-    scores, task_results = {}, {}
+    scores, task_results, reproduced = {}, {}, {}
     for name, folder in found.items():
         loaded = load_model(run, name, folder, device)
         scores[name] = {set_name: score_set(run, loaded, text_set, texts[set_name], device)
                         for set_name, text_set in sets.items()}
+        again = reproduce_training_score(run, loaded, device)
+        if again is not None:
+            reproduced[name] = again
         task_results[name] = score_tasks(run, loaded, tasks, device)
         del loaded  # one model in memory at a time
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
@@ -231,11 +261,14 @@ def run_evaluate(run: StageRun) -> dict:
     task_report = {task.name: {**describe_task(run, task), "results": {model: task_results[model][task.name]
                                                                   for model in found}} for task in tasks}
     report = {"lang": run.lang, "models": found, "sets": described, "skipped_sets": skipped, "scores": scores,
-              "regressions": regressions, "tasks": task_report, "skipped_tasks": skipped_tasks}
+              "regressions": regressions, "training_heldout": reproduced, "tasks": task_report,
+              "skipped_tasks": skipped_tasks}
     write_json_atomic(run.work_dir / "report.json", report)
     (run.work_dir / "report.md").write_text(markdown(run.lang, report, plots), encoding="utf-8")
     log.info("evaluate %s: report in %s", run.lang, run.final_dir / "report.md")
     return {"bits_per_byte": bpb, "regressions": regressions,
+            "training_heldout": {name: {key: again[key] for key in ("logged", "rescored", "agree")}
+                                 for name, again in reproduced.items()},
             "tasks": {task: {model: {scoring: result["accuracy"] for scoring, result in by_model.items()}
                              for model, by_model in about["results"].items()} for task, about in task_report.items()}}
 
