@@ -164,18 +164,21 @@ SETS = ("heldout", "heldout_source", "base_lang")
 
 
 def report(args) -> None:
-    """table.md: bits per byte of every arm's models on the three sets, and the continuations."""
-    results = {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in sorted(Path(args.results).glob("*.json"))}
-    lines = ["| arm | model | " + " | ".join(SETS) + " | tokens | seconds |", "|---|---|" + "---:|" * (len(SETS) + 2)]
+    """table.md: bits per byte of every arm's models on the three sets (the base once, from the recipe arm), the
+    tokens each trained on, the regressions evaluate flagged, and the continuations."""
+    results = {path.stem: json.loads(path.read_text(encoding="utf-8"))
+               for path in sorted(Path(args.results).glob("*.json"))}
+    lines = ["| arm | model | " + " | ".join(SETS) + " | tokens trained | flagged |",
+             "|---|---|" + "---:|" * (len(SETS) + 1) + "---|"]
     for name, result in results.items():
-        scores = result["evaluate"]["bits_per_byte"]
-        tokens = sum(report.get("tokens", 0) for report in result["training"].values())
-        for model, by_set in scores.items():
+        tokens = 0
+        for model, by_set in result["evaluate"]["scores"].items():
             if model == "base" and name != "recipe":
                 continue
-            cells = [f"{by_set[s]:.3f}" if by_set.get(s) is not None else "-" for s in SETS]
-            lines.append(f"| {name} | {model} | " + " | ".join(cells) + f" | {tokens:,} | "
-                         f"{sum(result['seconds'].values()):.0f} |")
+            tokens += result["training"].get(model, {}).get("tokens", 0)
+            cells = [f"{by_set[s]['bits_per_byte']:.3f}" if s in by_set else "-" for s in SETS]
+            flagged = ", ".join(r["set"] for r in result["evaluate"].get("regressions", []) if r["model"] == model)
+            lines.append(f"| {name} | {model} | " + " | ".join(cells) + f" | {tokens:,} | {flagged} |")
     for name, result in results.items():
         for model, texts in result.get("continuations", {}).items():
             lines += ["", f"**{model}**", ""] + [f"- {prompt} → {text}" for prompt, text in texts.items()]

@@ -12,7 +12,7 @@ from tests.conftest import copy_of, marker, run_cli
 SMALL = ("lang=nob", "workers=2", "tokenizer.vocab_size=1024", "model.max_seq_len=128",
          "demo_base.train.steps=40", "demo_base.train.eval_every=0", "demo_base.train.checkpoint_every=0",
          "warmup.train.steps=12", "warmup.train.eval_every=6", "train.steps=24", "train.eval_every=12",
-         "train.warmup_steps=4", "train.checkpoint_every=0", "eval.max_bytes=20000",
+         "train.warmup_steps=4", "train.checkpoint_every=0", "eval.max_bytes=60000",
          # the training logs' held-out scores; the evaluate stage's (eval.max_bytes) are what is compared
          "demo_base.train.eval_tokens=2048", "warmup.train.eval_tokens=4096", "train.eval_tokens=4096")
 
@@ -44,6 +44,10 @@ def test_stage_all_builds_the_demo_base_then_the_whole_recipe(tmp_path_factory, 
     assert bpb["pretrain"] < bpb["warmup"] < bpb["base"], bpb
     for plot in ("bpb.png", "training_curves.png"):
         assert (report_dir / plot).stat().st_size > 1000
+    # The tasks built from the held-out split are scored for every model; the report shows their table.
+    tasks = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))["tasks"]
+    assert list(tasks["continuation"]["results"]) == ["base", "warmup", "pretrain"]
+    assert "## Downstream tasks" in (report_dir / "report.md").read_text(encoding="utf-8")
 
     again = run_cli("stage=all", *SMALL, cwd=tmp_path)
     assert "Skipping pretrain for eng" in again.stderr and "Skipping evaluate for nob" in again.stderr

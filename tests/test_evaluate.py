@@ -12,11 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.evaluation.bits_per_byte import score_documents, windows
+from pipeline.evaluation.bits_per_byte import score_documents, scoring_rows, windows
 from pipeline.evaluation.report import find_regressions
 from pipeline.model import Transformer, to_hf
 from pipeline.model.files import load_base
 from pipeline.tokenization.folder import load_tokenizer, token_roles
+from pipeline.training.heldout import save_rows
 from tests.conftest import DATA, marker, read_jsonl_gz, run_cli, write_jsonl_gz
 
 
@@ -114,6 +115,7 @@ def test_regressions_are_the_trained_models_worse_than_the_base_on_a_set():
 def _clean_output(folder: Path, splits: dict[str, list[str]]) -> Path:
     """A finished clean stage output as `clean` writes it: its marker, and gzipped JSONL shards of datatrove's
     JsonlWriter records per split (`heldout`, `heldout_source`)."""
+    folder.mkdir(parents=True, exist_ok=True)
     for split, texts in splits.items():
         write_jsonl_gz(folder / split / "000_00000.jsonl.gz",
                        [{"text": text, "id": f"{split}/{index}", "metadata": {"minhash_cluster_size": 1}}
@@ -123,11 +125,12 @@ def _clean_output(folder: Path, splits: dict[str, list[str]]) -> Path:
     return folder
 
 
-def _trained_output(work: Path, stage: str, model_folder: Path) -> None:
+def _trained_output(work: Path, stage: str, model_folder: Path, lang: str = "nob", metrics: dict | None = None) -> None:
     """A finished warmup or pretrain output whose exported model is `model_folder`."""
-    shutil.copytree(model_folder, work / "nob" / stage / "hf")
-    (work / "nob" / stage / "_SUCCESS.json").write_text(json.dumps({"stage": stage, "lang": "nob",
-                                                                    "config_hash": f"test-{stage}", "metrics": {}}))
+    shutil.copytree(model_folder, work / lang / stage / "hf")
+    (work / lang / stage / "_SUCCESS.json").write_text(json.dumps({"stage": stage, "lang": lang,
+                                                                   "config_hash": f"test-{stage}",
+                                                                   "metrics": metrics or {}}))
 
 
 def _variant(english_base: Path, folder: Path, noise: float) -> Path:
@@ -154,8 +157,17 @@ def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(
     # base: the English model blurred by noise; warmup: the English model itself (better everywhere); pretrain: a
     # random model of that shape (worse everywhere).
     base = _variant(english_base, tmp_path / "blurred", noise=0.05)
-    _trained_output(work, "warmup", english_base)
-    _trained_output(work, "pretrain", _variant(english_base, tmp_path / "random", noise=None))
+    # The training stages' own held-out rows (short documents: one window each), as they keep them; warmup logged
+    # the true score of its model on them (transformers'), pretrain a wrong one.
+    start_id = token_roles(english_base, load_tokenizer(str(english_base)))["eos"]
+    training_texts = [text[:150] for text in nob[10:14]]
+    rows = scoring_rows(training_texts, load_tokenizer(str(english_base)), start_id, 128, 64).padded_to(4)
+    logged = _independent_bits_per_byte(english_base, training_texts, start_id)
+    _trained_output(work, "warmup", english_base, metrics={"heldout_bpb_after": logged})
+    _trained_output(work, "pretrain", _variant(english_base, tmp_path / "random", noise=None),
+                    metrics={"heldout_bpb_after": 1.0})
+    for stage in ("warmup", "pretrain"):
+        save_rows(rows, work / "nob" / stage / "heldout.npz")
     options = ("stage=evaluate", "lang=nob", f"model.base={base}")
     result = run_cli(*options, cwd=tmp_path)
 
@@ -168,7 +180,6 @@ def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(
         assert report["sets"][name]["bytes"] == sum(len(text.encode("utf-8")) for text in texts)
     assert "eng" in report["sets"]["base_lang"]["title"]
     # The held-out source's text is what was scored: the base's score is transformers' on those documents.
-    start_id = token_roles(base, load_tokenizer(str(base)))["eos"]
     assert report["scores"]["base"]["heldout_source"]["bits_per_byte"] == pytest.approx(
         _independent_bits_per_byte(base, heldout_source, start_id), rel=1e-4)
 
@@ -185,6 +196,16 @@ def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(
         line = f"WARNING: pretrain is worse than the base model on the {title} set"
         assert line in result.stderr and f"**{line}" in markdown
     assert "warmup is worse" not in markdown + result.stderr
+    # The exported models rescore their stages' own held-out rows: warmup's agrees with what it logged, pretrain's
+    # logged number is not what its model gives, and the report says so.
+    reproduced = report["training_heldout"]
+    assert reproduced["warmup"]["rescored"] == pytest.approx(logged, rel=1e-4) and reproduced["warmup"]["agree"]
+    assert reproduced["warmup"]["documents"] == 4 and reproduced["warmup"]["seq_len"] == 128
+    assert not reproduced["pretrain"]["agree"] and reproduced["pretrain"]["rescored"] > 5
+    disagreement = "WARNING: pretrain's exported model scores"
+    assert disagreement in result.stderr and f"**{disagreement}" in markdown and "warmup's exported" not in \
+        "".join(line for line in markdown.splitlines() if line.startswith("**"))
+    assert marker(work, "nob", "evaluate")["metrics"]["training_heldout"]["warmup"]["agree"] is True
 
     # The base language's text enters the stage's hash: without it the stage runs again and skips that set.
     (work / "eng" / "clean" / "_SUCCESS.json").unlink()

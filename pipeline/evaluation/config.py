@@ -1,14 +1,35 @@
-"""The typed `eval` section: which held-out text, in which windows."""
+"""The typed `eval` section: which held-out text, in which windows; which downstream tasks."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
+from omegaconf import MISSING
+
 from pipeline.errors import ConfigError
+from pipeline.languages import LANGUAGES
 
 EVAL_DOCUMENT_STARTS = ("eos", "bos")
+# sib200: topic classification, a folder of train/dev/test.tsv (index_id, category, text); belebele: multiple choice,
+# a JSONL file of flores_passage, question, mc_answer1..4, correct_answer_num.
+TASK_LAYOUTS = ("sib200", "belebele")
+
+
+@dataclass
+class TaskConfig:
+    """A downstream task from local files (pipeline/evaluation/task_files.py)."""
+
+    layout: str = MISSING
+    # sib200: the folder holding train.tsv, dev.tsv and test.tsv (or .parquet); belebele: the JSONL (or Parquet) file.
+    path: str = MISSING
+    # ISO 639-3 code of the task's text (nob; eng to see whether the base's language is kept).
+    language: str = MISSING
+    # Its name in the report; null: the folder's or file's name.
+    name: Optional[str] = None
+    # sib200: training examples shown before each test text in the prompting scoring.
+    k: int = 5
 
 
 @dataclass
@@ -29,8 +50,14 @@ class EvalConfig:
     document_start: str = "eos"
     # Cap on the UTF-8 bytes evaluated per held-out set (whole documents, in order).
     max_bytes: int = 10_000_000
-    # Windows per forward pass.
+    # Windows (and task sequences) per forward pass.
     batch_size: int = 8
+    # Downstream tasks scored for every model: [{layout: sib200, path: /data/sib200/nob_Latn, language: nob}, ...].
+    tasks: list[TaskConfig] = field(default_factory=list)
+    # Two tasks built from the clean stage's held-out split when it is there (pipeline/evaluation/task_builder.py):
+    # which source a paragraph comes from (sib200 layout) and which of four continuations of a passage is its own
+    # (belebele layout).
+    heldout_tasks: bool = True
 
 
 def validate_eval(evaluation: EvalConfig) -> None:
@@ -52,3 +79,24 @@ def validate_eval(evaluation: EvalConfig) -> None:
     for key in ("max_bytes", "batch_size"):
         if getattr(evaluation, key) < 1:
             raise ConfigError(f"eval.{key}", getattr(evaluation, key), ["an integer >= 1"])
+    names = []
+    for index, task in enumerate(evaluation.tasks):
+        key = f"eval.tasks.{index}"
+        if task.layout not in TASK_LAYOUTS:
+            raise ConfigError(f"{key}.layout", task.layout, TASK_LAYOUTS)
+        if not os.path.exists(task.path):
+            raise ConfigError(f"{key}.path", task.path, ["a folder with train.tsv, dev.tsv and test.tsv"
+                                                         if task.layout == "sib200" else "a JSONL or Parquet file"])
+        if task.language not in LANGUAGES:
+            raise ConfigError(f"{key}.language", task.language, ["an ISO 639-3 code of conf/languages.yaml"])
+        if task.k < 0:
+            raise ConfigError(f"{key}.k", task.k, ["an integer >= 0"])
+        names.append(task_name(task))
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError("eval.tasks", f"two tasks named {repeated[0]}", ["a distinct `name` for each task"])
+
+
+def task_name(task: TaskConfig) -> str:
+    """The task's name in the report: `name`, else its folder's or file's name without the extension."""
+    return task.name or os.path.basename(os.path.normpath(task.path)).split(".")[0]

@@ -9,13 +9,14 @@ from pathlib import Path
 BPB_PLOT = "bpb.png"
 CURVES_PLOT = "training_curves.png"
 TRAINING_STAGES = {"warmup", "pretrain"}
-# Where the training stages' own held-out numbers come from, so that nobody takes the difference for a bug.
+# Why the training stages' own held-out numbers differ from the `heldout` column, so that nobody takes it for a bug.
 TRAINING_SCORES_NOTE = (
     "The warmup and pretrain stages log held-out bits per byte too (their metrics.jsonl, markers and logs), by the "
-    "same definition (pipeline/evaluation/bits_per_byte.py), but on the first `warmup.train.eval_tokens` / "
-    "`train.eval_tokens` tokens of the held-out text in windows of their training length; this table scores up to "
-    "`eval.max_bytes` of it in windows of `eval.seq_len`. Different amounts of text give somewhat different "
-    "numbers; with eval_tokens covering the whole split and the default windows they agree.")
+    "same definition (pipeline/evaluation/bits_per_byte.py) on the same held-out split, but on other rows: the first "
+    "`warmup.train.eval_tokens` / `train.eval_tokens` tokens of it (whole documents, in the split's shard order, "
+    "which groups documents by raw file) in windows of the training sequence length, where this report takes up to "
+    "`eval.max_bytes` per set in windows of `eval.seq_len`. The training stages keep those rows (heldout.npz); the "
+    "table below scores them again with the exported model, so the stage's number and this report's meet there.")
 
 
 def read_curves(metrics_file: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
@@ -37,6 +38,18 @@ def find_regressions(bpb: dict[str, dict[str, float]]) -> list[dict]:
     return [{"model": model, "set": name, "bits_per_byte": value, "base_bits_per_byte": base[name]}
             for model, by_set in bpb.items() if model != "base"
             for name, value in by_set.items() if name in base and value > base[name]]
+
+
+def reproduction_line(model: str, result: dict) -> str:
+    """Whether the exported model gives the training stage's logged held-out score on the stage's own rows."""
+    what = (f"{model}'s exported model scores {result['rescored']:.4f} bits per byte on the {model} stage's own "
+            f"held-out rows ({result['documents']} documents, {result['tokens']:,} tokens, windows of "
+            f"{result['seq_len']}), where the stage logged {result['logged']:.4f}")
+    if result["agree"]:
+        return f"{what}: the two computations agree"
+    return (f"WARNING: {what}: the training engine and the exported model disagree on the same rows (by "
+            f"{result['rescored'] / result['logged'] - 1:+.1%}), so one of the two numbers is wrong; compare "
+            f"them with kernels=reference and on a CPU to find which")
 
 
 def regression_line(regression: dict, title: str) -> str:
@@ -94,16 +107,17 @@ def write_plots(out_dir: Path, bpb: dict[str, dict[str, float]], titles: dict[st
     return written
 
 
-def markdown(lang: str, sets: dict[str, dict], skipped: dict[str, str], scores: dict[str, dict[str, dict]],
-             models: dict[str, str], regressions: list[dict], plots: list[str]) -> str:
-    """The report: the held-out sets, bits per byte per model and set, the regressions, then each set's details."""
+def markdown(lang: str, report: dict, plots: list[str]) -> str:
+    """The report (the evaluate stage's report.json): the held-out sets, bits per byte per model and set, the
+    regressions, each set's details, then the downstream tasks."""
+    sets, scores, regressions = report["sets"], report["scores"], report["regressions"]
     lines = [f"# Evaluation: {lang}", "",
              "Bits per byte = summed negative log-likelihood (bits) over the text's UTF-8 bytes, comparable across "
              "tokenizers (lower is better); token perplexity depends on the tokenizer and is for reference only.", "",
              "## Held-out sets", "", "| set | text | documents | bytes |", "|---|---|---:|---:|"]
     lines += [f"| {about['title']} | {about['text']} | {about['documents']:,} | {about['bytes']:,} |"
               for about in sets.values()]
-    lines += [""] + [f"- not scored: `{name}`: {reason}." for name, reason in skipped.items()]
+    lines += [""] + [f"- not scored: `{name}`: {reason}." for name, reason in report["skipped_sets"].items()]
     lines += ["", "## Bits per byte", "",
               "| model | " + " | ".join(about["title"] for about in sets.values()) + " | folder |",
               "|---|" + "---:|" * len(sets) + "---|"]
@@ -111,7 +125,7 @@ def markdown(lang: str, sets: dict[str, dict], skipped: dict[str, str], scores: 
     for model, by_set in scores.items():
         cells = [f"{by_set[name]['bits_per_byte']:.4f}{' (worse than base)' * ((model, name) in flagged)}"
                  for name in sets]
-        lines.append(f"| {model} | " + " | ".join(cells) + f" | {models[model]} |")
+        lines.append(f"| {model} | " + " | ".join(cells) + f" | {report['models'][model]} |")
     lines.append("")
     if regressions:
         lines += [f"**{regression_line(regression, sets[regression['set']]['title'])}**" for regression in regressions]
@@ -129,7 +143,47 @@ def markdown(lang: str, sets: dict[str, dict], skipped: dict[str, str], scores: 
             lines.append(f"| {model} | {score['bits_per_byte']:.4f} | {score['token_perplexity']:.2f} | "
                          f"{score['tokens_per_byte']:.3f} | {score['tokens']:,} | {score['bytes']:,} |")
         lines.append("")
+    lines += task_tables(report["tasks"], report["skipped_tasks"])
     if TRAINING_STAGES & scores.keys():
-        lines += [TRAINING_SCORES_NOTE, ""]
+        lines += ["## The training stages' held-out numbers", "", TRAINING_SCORES_NOTE, ""]
+        reproduced = report["training_heldout"]
+        if reproduced:
+            lines += ["| model | logged by the stage | rescored here | documents | tokens | window |",
+                      "|---|---:|---:|---:|---:|---:|"]
+            lines += [f"| {model} | {result['logged']:.4f} | {result['rescored']:.4f} | {result['documents']:,} | "
+                      f"{result['tokens']:,} | {result['seq_len']:,} |" for model, result in reproduced.items()]
+            lines += [""] + [f"**{reproduction_line(model, result)}**" for model, result in reproduced.items()
+                             if not result["agree"]]
+            lines.append("")
     lines.extend(f"![{plot}]({plot})" for plot in plots)
     return "\n".join(lines) + "\n"
+
+
+def _interval(result: dict) -> str:
+    low, high = result["interval_95"]
+    return f"{result['accuracy']:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def task_tables(tasks: dict[str, dict], skipped: dict[str, str]) -> list[str]:
+    """A table per task: the accuracy of each model under each scoring, with its 95% Wilson interval."""
+    if not tasks and not skipped:
+        return []
+    lines = ["## Downstream tasks", "",
+             "Accuracy on the test items [95% Wilson interval]; chance = one over the number of choices. Intervals "
+             "that overlap do not tell the models apart.", ""]
+    for name, about in tasks.items():
+        results = about["results"]
+        scorings = list(next(iter(results.values()))) if results else []
+        first = next(iter(next(iter(results.values())).values())) if results else {"chance": 0, "n": about["test"]}
+        what = (f"{len(about['labels'])} categories ({', '.join(about['labels'])}), {about['train']} train + "
+                f"{about['dev']} dev examples, majority share of test {about['majority']:.3f}"
+                if about["layout"] == "sib200" else "4 answers per question")
+        lines += [f"### {name}", "",
+                  f"{about['layout']} layout, language {about['language']}, {about['path']}: {what}; n = "
+                  f"{first['n']} test items, chance {first['chance']:.3f}.", "",
+                  "| model | " + " | ".join(scorings) + " |", "|---|" + "---:|" * len(scorings)]
+        lines += [f"| {model} | " + " | ".join(_interval(by_scoring[scoring]) for scoring in scorings) + " |"
+                  for model, by_scoring in results.items()]
+        lines.append("")
+    lines += [f"- not built: `{name}`: {reason}." for name, reason in skipped.items()]
+    return lines + ([""] if skipped else [])

@@ -50,9 +50,8 @@ def text_files(path: Path) -> tuple[Path, list[str], bool]:
     return path, sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()), False
 
 
-def _raw(folder: Path, files: list[str], scratch: Path) -> Iterator[str]:
-    source = SourceInput("eval", folder, RAW_FOLDER, folder, tuple(files), {})
-    return (document.text for document in read_documents(source, scratch))
+def _raw(folder: Path, files: list[str], scratch: Path) -> Iterator:
+    return read_documents(SourceInput("eval", folder, RAW_FOLDER, folder, tuple(files), {}), scratch)
 
 
 @dataclass(frozen=True)
@@ -68,21 +67,22 @@ class TextSet:
     # ... or a file or folder of JSONL/Parquet, or of plain text with one document per line.
     path: Optional[str] = None
 
-    def documents(self, scratch: Path, max_bytes: int) -> list[str]:
-        """Whole documents, in a fixed order, until `max_bytes` UTF-8 bytes are reached (the one that crosses it
-        included)."""
+    def records(self, scratch: Path, max_bytes: int) -> list[tuple[str, dict]]:
+        """(text, metadata) of whole documents, in a fixed order, until `max_bytes` UTF-8 bytes are reached (the one
+        that crosses it included). Plain text has no metadata; the clean reader's records carry their raw file."""
         if self.path is None:
-            texts = (document.text for document in
+            found = ((document.text, document.metadata) for document in
                      read_documents(clean_output(self.name, self.clean, split=self.split), scratch / self.name))
         else:
             folder, files, raw = text_files(Path(self.path))
-            texts = _raw(folder, files, scratch / self.name) if raw else _plain_lines([folder / f for f in files])
+            found = (((document.text, document.metadata) for document in _raw(folder, files, scratch / self.name))
+                     if raw else ((text, {}) for text in _plain_lines([folder / name for name in files])))
         taken, chosen = 0, []
-        for text in texts:
+        for text, metadata in found:
             if taken >= max_bytes:
                 break
             taken += len(text.encode("utf-8"))
-            chosen.append(text)
+            chosen.append((text, metadata))
         return chosen
 
     def identity(self) -> dict:

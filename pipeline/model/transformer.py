@@ -154,6 +154,11 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits (batch, seq, vocab_size) for token ids (batch, seq); segment_ids (batch, seq) keep
         packed documents from attending to each other."""
+        return self.head(self.hidden_states(input_ids, segment_ids))
+
+    def hidden_states(self, input_ids: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The last hidden states (batch, seq, hidden_size), after the final norm: what the head reads (and what
+        Hugging Face models return last with output_hidden_states=True)."""
         window = self.cfg.sliding_window
         if window is not None and input_ids.shape[1] > window:
             raise ValueError(f"A sequence of {input_ids.shape[1]} tokens is longer than the model's sliding "
@@ -162,7 +167,7 @@ class Transformer(nn.Module):
         x = self.embedding(input_ids)
         for block in self.blocks:
             x = block(x, segment_ids)
-        return self.head(self.final_norm(x))
+        return self.final_norm(x)
 
 
 # The tensors with one row per vocabulary entry, padded to `pad_vocab_multiple` rows.

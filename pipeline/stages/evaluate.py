@@ -5,8 +5,10 @@ comparable although the base model's tokenizer is not the language's. The models
 (`model.base`, or the one the warmup stage recorded in its marker), `work/<lang>/warmup/hf` and
 `work/<lang>/pretrain/hf`, each when it exists. The sets (pipeline/evaluation/texts.py): the clean stage's held-out
 split (or `eval.path`), the sources the clean stage held out whole, and held-out text of the base model's language;
-a trained model worse than the base on any of them is flagged. Outputs: `report.json`, `report.md`, `bpb.png` and
-`training_curves.png` (loss and held-out BPB of warmup and pretrain against training tokens).
+a trained model worse than the base on any of them is flagged. Then the downstream tasks of `eval.tasks` and the two
+built from the held-out split (`eval.heldout_tasks`), all read and checked before any model loads. Outputs:
+`report.json`, `report.md`, `bpb.png`, `training_curves.png` (loss and held-out BPB of warmup and pretrain against
+training tokens) and the built tasks' files in `tasks/`.
 """
 
 from __future__ import annotations
@@ -22,19 +24,29 @@ from tqdm import tqdm
 
 from pipeline.contract import MARKER, Stage, StageRun, read_marker, resolve_path, stage_dir, write_json_atomic
 from pipeline.errors import StageError
-from pipeline.evaluation.bits_per_byte import score_documents
-from pipeline.evaluation.report import find_regressions, markdown, regression_line, write_plots
-from pipeline.evaluation.texts import HELDOUT, TextSet, base_lang_set, heldout_set, text_sets
+from pipeline.corpus.reader import fingerprint_files
+from pipeline.evaluation.bits_per_byte import bits_per_byte, score_documents, score_rows
+from pipeline.evaluation.config import task_name
+from pipeline.evaluation.report import (find_regressions, markdown, regression_line, reproduction_line,
+                                        write_plots)
+from pipeline.evaluation.task_builder import build_heldout_tasks
+from pipeline.evaluation.task_files import Task, read_task
+from pipeline.evaluation.task_scoring import ScoringModel, score_task
+from pipeline.evaluation.texts import HELDOUT, TextSet, base_lang_set, heldout_set, text_files, text_sets
 from pipeline.kernels import set_backend
 from pipeline.model.config import training_seq_len
 from pipeline.model.files import base_identity, check_finite, load_base
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import load_tokenizer, token_roles
-from pipeline.training.outputs import EXPORT, METRICS_FILE
+from pipeline.training.heldout import load_rows
+from pipeline.training.outputs import EXPORT, HELDOUT_FILE, METRICS_FILE
 
 log = logging.getLogger(__name__)
 
 TRAINED = ("warmup", "pretrain")
+# The exported model rescoring its training stage's own held-out rows may differ from the number the stage logged by
+# rounding only (bf16 on a GPU, other batches): more than this share is a disagreement between the two computations.
+REPRODUCTION_TOLERANCE = 0.02
 
 
 def base_model(cfg) -> str | None:
@@ -67,6 +79,9 @@ def describe_inputs(cfg) -> dict:
     base_lang = base_lang_set(cfg)
     if isinstance(base_lang, TextSet):
         inputs["base_lang_text"] = base_lang.identity()
+    if cfg.eval.tasks:
+        inputs["tasks"] = {task_name(task): fingerprint_files(*text_files(Path(task.path))[:2])
+                           for task in cfg.eval.tasks}
     return inputs
 
 
@@ -127,16 +142,39 @@ def score_set(run: StageRun, loaded: LoadedModel, text_set: TextSet, texts: list
     return {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
 
 
-def read_sets(run: StageRun) -> tuple[dict[str, TextSet], dict[str, list[str]], dict[str, str]]:
-    """The held-out sets with text, their documents (up to eval.max_bytes each) and why the others are skipped."""
+def reproduce_training_score(run: StageRun, loaded: LoadedModel, device) -> dict | None:
+    """The training stage's own held-out rows (its heldout.npz: the same documents, windows and start token it
+    scored) scored by the exported model the way evaluate scores: the stage's logged heldout_bpb_after again, unless
+    something differs between the training engine and the exported model. None for the base, or an output without
+    the rows."""
+    if loaded.name not in TRAINED or not (run.input(loaded.name) / HELDOUT_FILE).is_file():
+        return None
+    logged = (read_marker(run.input(loaded.name)) or {}).get("metrics", {}).get("heldout_bpb_after")
+    if logged is None:
+        return None
+    rows = run.read_input(loaded.name, HELDOUT_FILE, load_rows)
+    rescored = bits_per_byte(score_rows(loaded.model, rows, run.cfg.eval.batch_size, device), rows.bytes)
+    result = {"logged": logged, "rescored": rescored, "seq_len": int(rows.inputs.shape[1]), "tokens": rows.tokens,
+              "bytes": rows.bytes, "documents": rows.documents,
+              "agree": abs(rescored - logged) <= REPRODUCTION_TOLERANCE * logged}
+    if result["agree"]:
+        log.info("evaluate %s: %s", run.lang, reproduction_line(loaded.name, result))
+    else:
+        log.warning("evaluate %s: %s", run.lang, reproduction_line(loaded.name, result))
+    return result
+
+
+def read_sets(run: StageRun) -> tuple[dict[str, TextSet], dict[str, list[tuple[str, dict]]], dict[str, str]]:
+    """The held-out sets with text, their documents as (text, metadata), up to eval.max_bytes each, and why the others
+    are skipped."""
     cfg = run.cfg
     clean = run.input("clean") if run.has_input("clean") else None
     found, skipped = text_sets(cfg, clean)
-    sets, texts = {}, {}
+    sets, records = {}, {}
     for text_set in found:
-        documents = [text for text in text_set.documents(run.work_dir / "scratch", cfg.eval.max_bytes) if text]
+        documents = [record for record in text_set.records(run.work_dir / "scratch", cfg.eval.max_bytes) if record[0]]
         if documents:
-            sets[text_set.name], texts[text_set.name] = text_set, documents
+            sets[text_set.name], records[text_set.name] = text_set, documents
         elif text_set.name == HELDOUT:
             raise StageError(f"evaluate {run.lang}: {text_set.where} holds no text. Give eval.path=<file or folder>, "
                              f"or raise clean.heldout_min_documents and run clean again.")
@@ -144,7 +182,49 @@ def read_sets(run: StageRun) -> tuple[dict[str, TextSet], dict[str, list[str]], 
             skipped[text_set.name] = f"{text_set.where} holds no text"
     for name, reason in skipped.items():
         log.info("evaluate %s: the `%s` set is not scored: %s.", run.lang, name, reason)
-    return sets, texts, skipped
+    return sets, records, skipped
+
+
+def read_tasks(run: StageRun, heldout: list[tuple[str, dict]]) -> tuple[list[Task], dict[str, str]]:
+    """eval.tasks and the tasks built from the `heldout` set's documents (eval.heldout_tasks), read and checked: a
+    bad file fails here, before any model loads. Also why a built task is missing."""
+    cfg = run.cfg
+    configured, skipped = list(cfg.eval.tasks), {}
+    if cfg.eval.heldout_tasks:
+        built, skipped = build_heldout_tasks(heldout, run.lang, run.work_dir / "tasks")
+        for task in built:
+            if any(task_name(other) == task.name for other in cfg.eval.tasks):
+                raise StageError(f"evaluate {run.lang}: eval.tasks names a task `{task.name}`, like the task built "
+                                 f"from the held-out text; give it another name, or set eval.heldout_tasks=false.")
+        configured += built
+    for name, reason in skipped.items():
+        log.info("evaluate %s: the `%s` task is not built from the held-out text: %s.", run.lang, name, reason)
+    return [read_task(task, run.work_dir / "scratch" / "datasets") for task in configured], skipped
+
+
+def score_tasks(run: StageRun, loaded: LoadedModel, tasks: list[Task], device) -> dict[str, dict]:
+    scorer = ScoringModel(loaded.model, loaded.tokenizer, loaded.start_id, loaded.seq_len, run.cfg.eval.batch_size,
+                          device)
+    results = {}
+    for task in tasks:
+        accuracies = score_task(scorer, task)
+        results[task.name] = {scoring: accuracy.as_dict() for scoring, accuracy in accuracies.items()}
+        log.info("evaluate %s: %s on the %s task: %s", run.lang, loaded.name, task.name,
+                 ", ".join(f"{scoring} {accuracy.accuracy:.3f} (n={accuracy.n}, chance {accuracy.chance:.3f})"
+                           for scoring, accuracy in accuracies.items()))
+    return results
+
+
+def describe_task(run: StageRun, task: Task) -> dict:
+    path = Path(task.path)
+    if path.is_relative_to(run.work_dir):  # a task built here: where it will be once the stage is done
+        path = run.final_dir / path.relative_to(run.work_dir)
+    about = {"layout": task.layout, "language": task.language, "path": str(path)}
+    if task.layout == "sib200":
+        counts = [sum(example.label == label for example in task.test) for label in task.labels]
+        return {**about, "labels": list(task.labels), "train": len(task.train), "dev": len(task.dev),
+                "test": len(task.test), "k": task.k, "majority": max(counts) / len(task.test)}
+    return {**about, "test": len(task.questions)}
 
 
 def run_evaluate(run: StageRun) -> dict:
@@ -152,12 +232,18 @@ def run_evaluate(run: StageRun) -> dict:
     set_backend(cfg.kernels)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     found = models(run)
-    sets, texts, skipped = read_sets(run)
-    scores = {}
+    sets, records, skipped = read_sets(run)
+    tasks, skipped_tasks = read_tasks(run, records[HELDOUT])
+    texts = {name: [text for text, _ in documents] for name, documents in records.items()}
+    scores, task_results, reproduced = {}, {}, {}
     for name, folder in found.items():
         loaded = load_model(run, name, folder, device)
         scores[name] = {set_name: score_set(run, loaded, text_set, texts[set_name], device)
                         for set_name, text_set in sets.items()}
+        again = reproduce_training_score(run, loaded, device)
+        if again is not None:
+            reproduced[name] = again
+        task_results[name] = score_tasks(run, loaded, tasks, device)
         del loaded  # one model in memory at a time
     shutil.rmtree(run.work_dir / "scratch", ignore_errors=True)
     bpb = {name: {set_name: score["bits_per_byte"] for set_name, score in by_set.items()}
@@ -174,13 +260,19 @@ def run_evaluate(run: StageRun) -> dict:
     described = {name: {"title": text_set.title, "text": text_set.where, "documents": len(texts[name]),
                         "bytes": sum(len(text.encode("utf-8")) for text in texts[name])}
                  for name, text_set in sets.items()}
+    task_report = {task.name: {**describe_task(run, task), "results": {model: task_results[model][task.name]
+                                                                  for model in found}} for task in tasks}
     report = {"lang": run.lang, "models": found, "sets": described, "skipped_sets": skipped, "scores": scores,
-              "regressions": regressions}
+              "regressions": regressions, "training_heldout": reproduced, "tasks": task_report,
+              "skipped_tasks": skipped_tasks}
     write_json_atomic(run.work_dir / "report.json", report)
-    (run.work_dir / "report.md").write_text(markdown(run.lang, described, skipped, scores, found, regressions, plots),
-                                            encoding="utf-8")
+    (run.work_dir / "report.md").write_text(markdown(run.lang, report, plots), encoding="utf-8")
     log.info("evaluate %s: report in %s", run.lang, run.final_dir / "report.md")
-    return {"bits_per_byte": bpb, "regressions": regressions}
+    return {"bits_per_byte": bpb, "regressions": regressions,
+            "training_heldout": {name: {key: again[key] for key in ("logged", "rescored", "agree")}
+                                 for name, again in reproduced.items()},
+            "tasks": {task: {model: {scoring: result["accuracy"] for scoring, result in by_model.items()}
+                             for model, by_model in about["results"].items()} for task, about in task_report.items()}}
 
 
 STAGE = Stage(
@@ -191,8 +283,8 @@ STAGE = Stage(
     reads_if_done=("clean", *TRAINED),
     hint="Or give eval.path=<file or folder of held-out text> instead of the clean stage's held-out split.",
     config_sections=("eval",),
-    # eval.path's and eval.base_lang_path's files enter the hash by their content (describe_inputs), not by where
-    # they are.
-    unhashed_keys=("eval.batch_size", "eval.path", "eval.base_lang_path"),
+    # The files of eval.path, eval.base_lang_path and eval.tasks enter the hash by their content (describe_inputs), not
+    # by where they are.
+    unhashed_keys=("eval.batch_size", "eval.path", "eval.base_lang_path", "eval.tasks.*.path"),
     describe_inputs=describe_inputs,
 )
