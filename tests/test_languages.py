@@ -82,3 +82,17 @@ def test_maltese_clitics_stay_words():
 
     words = CliticWordTokenizer().word_tokenize("Fil-qalba tal-Partit, id-diskors ta' Muscat.")
     assert words == ["Fil-", "qalba", "tal-", "Partit", ",", "id-", "diskors", "ta'", "Muscat", "."]
+
+
+def test_without_spacy_the_word_tokenizer_falls_back_to_regex_words(monkeypatch):
+    # The GPU machine's image has no spaCy: Norwegian's tokenizer (spaCy's nb) cannot load, and datatrove's own
+    # fallback splits words with spaCy too; ours must still count words.
+    import sys
+
+    from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
+
+    monkeypatch.setitem(sys.modules, "spacy", None)
+    tokenizer, name = resolve_word_tokenizer(language_config("nob", LANGUAGES["nob"]))
+    assert name == "regex words (fallback)"
+    assert tokenizer.word_tokenize("Stortinget vedtok, 12. mars, lov nr. 5.") == [
+        "Stortinget", "vedtok", ",", "12", ".", "mars", ",", "lov", "nr", ".", "5", "."]

@@ -18,17 +18,29 @@ log = logging.getLogger(__name__)
 # A word, with a trailing apostrophe or a hyphen that joins it to the next word kept as part of it
 # (`tal-Partit` -> `tal-`, `Partit`; `ta'` stays whole); any other non-space character alone.
 _WORD_OR_CLITIC = regex.compile(r"\w+(?:['’]|-(?=\w))?|[^\w\s]")
+# A run of word characters, or any other non-space character alone.
+_WORD = regex.compile(r"\w+|[^\w\s]")
 
 
-class CliticWordTokenizer(WhitespaceTokenizer):
-    """Regex words that keep clitics (`il-`, `ta'`) as tokens, like Stanza's Maltese tokenizer."""
+class RegexWordTokenizer(WhitespaceTokenizer):
+    """Words and punctuation by a regex: the fallback when a language's tokenizer cannot load. (datatrove's own
+    WhitespaceTokenizer splits words with spaCy's `xx` rules, so it fails where spaCy is missing.)"""
+
+    pattern = _WORD
 
     def word_tokenize(self, text: str) -> list[str]:
-        return strip_strings(_WORD_OR_CLITIC.findall(text))
+        return strip_strings(self.pattern.findall(text))
+
+
+class CliticWordTokenizer(RegexWordTokenizer):
+    """Regex words that keep clitics (`il-`, `ta'`) as tokens, like Stanza's Maltese tokenizer."""
+
+    pattern = _WORD_OR_CLITIC
 
 
 def resolve_word_tokenizer(lang):
-    """The language's datatrove word tokenizer, or a whitespace fallback when it cannot load offline.
+    """The language's datatrove word tokenizer, or a regex fallback when it cannot load offline (its package, spaCy
+    included, missing).
 
     Returns (what the datatrove blocks take as `language`, its name for the metrics).
     """
@@ -42,7 +54,7 @@ def resolve_word_tokenizer(lang):
     except Exception as error:  # missing optional package, or a model that would need a download
         log.warning(
             "The word tokenizer for %s (%s) is not usable here (%s: %s); the filters and MinHash fall back to "
-            "whitespace/punctuation tokenization. Install its package (see README, 'Languages') for exact "
+            "regex word/punctuation tokenization. Install its package (see README, 'Languages') for exact "
             "word counts.", lang.code, lang.word_tokenizer, type(error).__name__, error,
         )
-        return WhitespaceTokenizer(), "whitespace (fallback)"
+        return RegexWordTokenizer(), "regex words (fallback)"
