@@ -8,7 +8,8 @@ exists only then), the tied embedding's module, and the topology's groups. The t
 `ds_pipe_replicated`, the mark DeepSpeed puts on a tied layer's copy so that the global gradient norm counts it
 once; checkpoint.py writes ZeRO-1's optimizer state in its elastic layout (`deepspeed.checkpoint.constants`). On a
 CPU, the training engine keeps DeepSpeed from compiling its shared-memory collective
-(`skip_cpu_shared_memory_collective`).
+(`skip_cpu_shared_memory_collective`), and its held-out loss crosses the pipeline in one shape on every stage
+(`broadcast_eval_loss_in_one_shape`).
 
 Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later DeepSpeed may
 rename any of these; the CPU tests (tests/test_tensor_parallel.py, tests/test_pretrain.py) fail if one moved.
@@ -17,6 +18,7 @@ rename any of these; the CPU tests (tests/test_tensor_parallel.py, tests/test_pr
 from __future__ import annotations
 
 import deepspeed.ops
+import torch
 from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 from torch import nn
 
@@ -67,3 +69,15 @@ def skip_cpu_shared_memory_collective() -> None:
     otherwise need. Only DeepSpeed's inference all-reduce uses it; training's collectives go through gloo anyway.
     An op marked incompatible is DeepSpeed's own switch for "not built here, fall back"."""
     deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
+def broadcast_eval_loss_in_one_shape(engine) -> None:
+    """DeepSpeed's `eval_batch` broadcasts the last pipeline stage's loss, a 0-d tensor, into a 1-element tensor on the
+    other stages (`PipelineEngine._bcast_pipe_scalar`): the same bytes, but a collective check
+    (TORCH_DISTRIBUTED_DEBUG=DETAIL) sees shapes [] and [1] and stops the run. The source sends a 1-element tensor."""
+    broadcast = engine._bcast_pipe_scalar
+
+    def in_one_shape(data, src_rank=None, dtype=torch.float32):
+        return broadcast(data.reshape(1) if data is not None else None, src_rank, dtype)  # None: not the source
+
+    engine._bcast_pipe_scalar = in_one_shape

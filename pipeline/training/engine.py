@@ -23,7 +23,8 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from pipeline.model.config import ModelConfig
 from pipeline.parallel.collectives import bound_collectives
 from pipeline.parallel.config import ParallelConfig
-from pipeline.parallel.deepspeed_internals import holds_first_layer, skip_cpu_shared_memory_collective
+from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_shape, holds_first_layer,
+                                                   skip_cpu_shared_memory_collective)
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
 from pipeline.training.config import TrainConfig, use_bf16
 from pipeline.training.schedule import lr_factor
@@ -114,6 +115,7 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
         "zero_allow_untested_optimizer": True,
     }
     engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    broadcast_eval_loss_in_one_shape(engine)
     grid = engine.grid
     return Engine(engine=engine, layers=layers,
                   dp_rank=grid.get_data_parallel_rank(), dp_world=grid.get_data_parallel_world_size())

@@ -55,7 +55,9 @@ def heldout_bpb(engine, rows: ScoringRows, micro: int, dp_rank: int, dp_world: i
     count = share // micro
     mean_loss = engine.engine.eval_batch(iter(row_batches(rows, part, micro, engine.engine.device)),
                                          num_micro_batches=count)
-    nats = torch.tensor(float(mean_loss) * count * micro * rows.inputs.shape[1], dtype=torch.float64)
+    # on the engine's device: NCCL reduces no host tensor (gloo, on a CPU, does)
+    nats = torch.tensor(float(mean_loss) * count * micro * rows.inputs.shape[1], dtype=torch.float64,
+                        device=engine.engine.device)
     if dp_world > 1:
         dist.all_reduce(nats, group=engine.engine.grid.get_data_parallel_group())
     return bits_per_byte(nats.item(), rows.bytes)
