@@ -23,8 +23,8 @@ import torch
 from tqdm import tqdm
 
 from pipeline.contract import MARKER, Stage, StageRun, read_marker, resolve_path, stage_dir, write_json_atomic
-from pipeline.errors import StageError
 from pipeline.corpus.reader import fingerprint_files
+from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import bits_per_byte, score_documents, score_rows
 from pipeline.evaluation.config import task_name
 from pipeline.evaluation.report import (find_regressions, markdown, regression_line, reproduction_line,
