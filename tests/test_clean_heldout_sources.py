@@ -3,6 +3,7 @@ clean pipeline's blocks (the run on the embedded sample is in test_clean_nob.py)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from types import SimpleNamespace
 
@@ -13,8 +14,15 @@ from omegaconf import OmegaConf
 
 from pipeline.config import PipelineConfig
 from pipeline.contract import write_json_atomic
+from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.heldout import HeldoutSourceSplit, is_heldout_source
-from pipeline.corpus.source_counts import HELDOUT, HELDOUT_SOURCE, READ, SourceTally, per_source
+from pipeline.corpus.source_counts import (
+    HELDOUT,
+    HELDOUT_SOURCE,
+    READ,
+    SourceTally,
+    per_source,
+)
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES, language_config
@@ -26,24 +34,33 @@ def _doc(doc_id: str, raw_file: str, text: str = "Tekst.") -> Document:
     return Document(text=text, id=doc_id, metadata={"raw_file": raw_file})
 
 
-def _resolved_clean(lang: str, *overrides: str):
-    cfg = OmegaConf.merge(OmegaConf.structured(PipelineConfig),
-                          {"lang": OmegaConf.structured(language_config(lang, LANGUAGES[lang]))},
-                          OmegaConf.from_dotlist(["stage=clean", *overrides]))
-    return OmegaConf.to_object(cfg).clean
+def _patterns(lang: str, *overrides: str) -> list[str]:
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PipelineConfig),
+                                              {"lang": OmegaConf.structured(language_config(lang, LANGUAGES[lang]))},
+                                              OmegaConf.from_dotlist(["stage=clean", *overrides])))
+    return heldout_source_patterns(cfg.clean, cfg.lang)
 
 
 def test_the_default_comes_from_the_language_table():
-    assert _resolved_clean("nob").heldout_sources == ["ud_*", "regjeringen_*"]
-    assert _resolved_clean("eng").heldout_sources == []  # a language without the field holds out no source
-    assert _resolved_clean("nob", "clean.heldout_sources=[stortinget_*]").heldout_sources == ["stortinget_*"]
-    assert _resolved_clean("nob", "lang.heldout_sources=[]").heldout_sources == []
+    assert _patterns("nob") == ["ud_*", "regjeringen_*"]
+    assert _patterns("eng") == []  # a language without the field holds out no source
+    assert _patterns("nob", "clean.heldout_sources=[stortinget_*]") == ["stortinget_*"]
+    assert _patterns("nob", "lang.heldout_sources=[]") == []
+    assert _patterns("nob", "clean.heldout_sources=[]") == []
+
+
+def test_the_default_follows_the_language_a_run_cleans():
+    # stage=all cleans the base's language (and the demo's) from the target's config: the patterns are the
+    # language's own, not the target's
+    nob = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PipelineConfig), {
+        "lang": OmegaConf.structured(language_config("nob", LANGUAGES["nob"]))}, {"stage": "clean"}))
+    eng = dataclasses.replace(nob, lang=language_config("eng", LANGUAGES["eng"]))
+    assert heldout_source_patterns(eng.clean, eng.lang) == []
 
 
 def test_the_command_line_shows_the_default(tmp_path):
-    shown = run_cli("--cfg", "job", "--resolve", "stage=clean", "lang=nob", cwd=tmp_path).stdout
-    clean = OmegaConf.create(shown).clean
-    assert list(clean.heldout_sources) == ["ud_*", "regjeringen_*"]
+    shown = OmegaConf.create(run_cli("--cfg", "job", "stage=clean", "lang=nob", cwd=tmp_path).stdout)
+    assert shown.clean.heldout_sources is None and list(shown.lang.heldout_sources) == ["ud_*", "regjeringen_*"]
 
 
 def test_patterns_match_a_files_path_or_its_name():
@@ -92,7 +109,8 @@ def test_tallies_give_what_each_step_took_from_each_file(tmp_path):
 
 
 def _files(cfg_patterns, files, caplog):
-    cfg = SimpleNamespace(clean=SimpleNamespace(heldout_sources=cfg_patterns), lang=SimpleNamespace(code="nob"))
+    cfg = SimpleNamespace(clean=SimpleNamespace(heldout_sources=cfg_patterns),
+                          lang=SimpleNamespace(code="nob", heldout_sources=[]))
     with caplog.at_level(logging.INFO, logger="pipeline.stages.clean"):
         return heldout_source_files(cfg, "/raw/nob", files)
 

@@ -98,7 +98,15 @@ def test_cfg_job_shows_the_base_models_shape_over_the_preset(tmp_path):
         "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4, "ffn_size": 256, "vocab_size": 512,
         "position": "alibi", "norm": "layernorm", "activation": "gelu", "embedding_norm": True, "bias": True}
     assert model["max_seq_len"] == 128  # a shorter context than the base's is the user's choice
-    assert yaml.safe_load(out)["tokenizer"]["vocab_size"] == 8192  # the preset's other defaults stay
+    # a real base replaces the demo preset's budgets and vocabulary (conf/pretrained_base.yaml) ...
+    config = yaml.safe_load(out)
+    assert config["tokenizer"]["vocab_size"] == 32768
+    assert (config["train"]["steps"], config["warmup"]["train"]["steps"]) == (None, None)
+    assert (config["train"]["lr"], config["train"]["global_batch_size"]) == (3e-4, 64)
+    # ... and the command line's own values still win
+    own = yaml.safe_load(run_cli("--cfg", "job", "stage=warmup", "lang=nob", f"model.base={base}", "train.lr=1e-5",
+                                 "tokenizer.vocab_size=4096", cwd=tmp_path).stdout)
+    assert (own["train"]["lr"], own["tokenizer"]["vocab_size"]) == (1e-5, 4096)
 
 
 def test_a_llama_3_1_base_brings_its_rope_scaling_over_a_preset_without_one(tmp_path):

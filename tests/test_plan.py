@@ -253,13 +253,20 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
 
 
 @pytest.mark.parametrize("preset, overrides, message", [
-    ("mistral-7b", [], "train.seq_len=null takes model.max_seq_len=32768, longer than the model's attention window"),
+    ("mistral-7b", ["train.seq_len=8192"], "train.seq_len=8192, longer than the model's attention window"),
     ("llama-2-13b", ["parallel.tp=3"], "parallel.tp=3 does not divide the model's num_heads, num_kv_heads (40, 40)"),
     ("tiny", ["parallel.pp=5"], "parallel.pp=5 is more pipeline stages than the model has blocks (4)"),
 ], ids=["window", "tp", "pp"])
 def test_a_layout_the_model_cannot_run_is_refused_before_planning(preset, overrides, message):
     with pytest.raises(LayoutError, match=re.escape(message)):
         plan_for_config(pipeline_config(preset, "plan.device=h100", *overrides))
+
+
+def test_every_preset_plans_with_its_own_defaults():
+    # train.seq_len null: the context within the attention window, at most 2,048 (Mistral: 32,768 with a 4,096 window)
+    for preset in sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml")):
+        plan = plan_for_config(pipeline_config(preset, "plan.device=h100"))
+        assert plan.layout.seq_len <= 2048, preset
 
 
 @pytest.mark.parametrize("hf", [

@@ -72,12 +72,18 @@ def test_the_sample_is_the_plans_training_text_and_never_the_heldout_split(train
     sample = report(cwd)["sample"]
     nob, eng = sample["sources"]
     train = read_jsonl_gz(cwd / "work" / "nob" / "clean" / "train")
-    # the default plan: nob alone (4 epochs), English not needed (0 tokens): all of nob's training text, once
+    plan = {s["name"]: s for s in json.loads((cwd / "work" / "nob" / "mix" / "plan.json").read_text())["sources"]}
+    # the default plan: nob at 4 epochs, English replayed at its share: all of nob's training text once, and each
+    # English document with the probability of its epochs against nob's
     assert nob["name"] == "nob" and nob["keep_probability"] == 1.0 and nob["folder"].endswith("nob/clean/train")
     assert nob["documents"] == len(train) and nob["bytes"] == sum(len(r["text"].encode("utf-8")) for r in train)
-    assert eng["name"] == "eng" and eng["keep_probability"] == 0.0 and eng["folder"] is None  # not even read
-    assert eng["documents"] == eng["documents_read"] == 0
-    assert sample["bytes"] == nob["bytes"] == marker(cwd / "work", "nob", "tokenizer")["metrics"]["sample_bytes"]
+    assert eng["name"] == "eng" and eng["folder"].endswith("eng/clean/train")
+    assert eng["keep_probability"] == pytest.approx(plan["eng"]["epochs"] / plan["nob"]["epochs"])
+    assert 0 < eng["documents"] < eng["documents_read"] == len(read_jsonl_gz(cwd / "work" / "eng" / "clean" / "train"))
+    assert sample["bytes"] == nob["bytes"] + eng["bytes"] == marker(cwd / "work", "nob", "tokenizer")["metrics"][
+        "sample_bytes"]
+    heldout = {r["text"] for lang in ("nob", "eng") for r in read_jsonl_gz(cwd / "work" / lang / "clean" / "heldout")}
+    assert heldout and not heldout & {r["text"] for r in read_jsonl_gz(cwd / "work" / "nob" / "clean" / "train")}
 
 
 def test_a_larger_budget_brings_english_into_the_sample_in_the_plans_proportions(trained, tmp_path):
@@ -158,7 +164,8 @@ def test_same_command_is_skipped_and_a_new_vocab_size_retrains(trained, tmp_path
 def test_keep_base_adopts_the_base_tokenizer_and_pack_and_pretrain_from_the_base_accept_it(trained, english_base,
                                                                                             tmp_path):
     cwd, _ = trained
-    shutil.copytree(cwd / "work" / "nob", tmp_path / "work" / "nob")  # its plan reads the copy's clean output
+    for lang in ("nob", "eng"):  # its plan reads the copy's clean outputs (English: the replay)
+        shutil.copytree(cwd / "work" / lang, tmp_path / "work" / lang)
     run_cli("stage=tokenizer", "lang=nob", "tokenizer.keep_base=true", f"model.base={english_base}", cwd=tmp_path)
     folder = tmp_path / "work" / "nob" / "tokenizer"
     assert (folder / "tokenizer.json").read_bytes() == (english_base / "tokenizer.json").read_bytes()
@@ -181,7 +188,8 @@ def test_keep_base_adopts_the_base_tokenizer_and_pack_and_pretrain_from_the_base
 
 def test_keep_base_takes_a_gpt2_like_bases_one_end_of_text_token_through_pack_and_pretrain(trained, tmp_path):
     cwd, _ = trained
-    shutil.copytree(cwd / "work" / "nob", tmp_path / "work" / "nob")
+    for lang in ("nob", "eng"):
+        shutil.copytree(cwd / "work" / lang, tmp_path / "work" / lang)
     # GPT-2, SmolLM2, Llama 3: one end-of-text token, no pad, no distinct unk
     end = "<|endoftext|>"
     base = Tokenizer(models.BPE())
@@ -224,22 +232,25 @@ def test_keep_base_takes_a_gpt2_like_bases_one_end_of_text_token_through_pack_an
 
 def test_a_missing_mix_plan_names_the_command_to_run(trained):
     cwd, _ = trained
-    result = run_cli("stage=tokenizer", "lang=rus", cwd=cwd, check=False)  # cleaned, never mixed
+    result = run_cli("stage=tokenizer", "lang=rus", "tokenizer.vocab_size=1024", cwd=cwd, check=False)  # never mixed
     assert result.returncode == 1
     assert "Stage `tokenizer` for rus needs the output of stage `mix`" in result.stderr
-    assert "python -m pipeline stage=mix lang=rus work_dir=work" in result.stderr
+    # the command carries the user's own overrides
+    assert "python -m pipeline stage=mix lang=rus tokenizer.vocab_size=1024" in result.stderr
     assert not (cwd / "work" / "rus" / "tokenizer").exists()
 
 
 def test_empty_training_text_names_the_source_folders(trained, tmp_path):
     cwd, _ = trained
-    shutil.copytree(cwd / "work" / "nob", tmp_path / "work" / "nob")
+    for lang in ("nob", "eng"):
+        shutil.copytree(cwd / "work" / lang, tmp_path / "work" / lang)
     plan = tmp_path / "work" / "nob" / "mix" / "plan.json"
     plan.write_text(plan.read_text().replace(str(cwd / "work"), str(tmp_path / "work")))  # the copy's own sources
     train = tmp_path / "work" / "nob" / "clean" / "train"
-    for shard in train.glob("*.jsonl.gz"):  # the shards lose their documents after the plan was made
-        with gzip.open(shard, "wt"):
-            pass
+    for lang in ("nob", "eng"):  # the shards lose their documents after the plan was made
+        for shard in (tmp_path / "work" / lang / "clean" / "train").glob("*.jsonl.gz"):
+            with gzip.open(shard, "wt"):
+                pass
     result = run_cli("stage=tokenizer", "lang=nob", "tokenizer.vocab_size=1024", cwd=tmp_path, check=False)
     assert result.returncode == 1
     assert "tokenizer nob: no training text. The mix plan's sources gave nothing:" in result.stderr

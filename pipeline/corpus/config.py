@@ -37,8 +37,9 @@ class CleanConfig:
     dedup: DedupConfig = field(default_factory=DedupConfig)
     # Glob patterns of raw files (their path below `${raw_dir}/<lang>/`, or their name): every document of a matching
     # file is cleaned alike but goes to `heldout_source/`, never to training, so that evaluate can score a source the
-    # model never saw. Default: the language table's `heldout_sources` (nob: UD and regjeringen.no text).
-    heldout_sources: List[str] = "${oc.select:lang.heldout_sources,[]}"
+    # model never saw. Null: the language table's `heldout_sources` (nob: UD and regjeringen.no text), read when the
+    # stage runs, so that a run that cleans another language (the base's, the demo's) takes that language's.
+    heldout_sources: Optional[List[str]] = None
     heldout_fraction: float = 0.02
     # Held-out documents at least (the kept ones with the smallest id hashes), however small the fraction's share:
     # a small language still gets text to evaluate on. Never more than a quarter of the kept documents.
@@ -49,12 +50,17 @@ class CleanConfig:
     tasks: Optional[int] = None
 
 
+def heldout_source_patterns(clean: CleanConfig, lang) -> List[str]:
+    """The raw-file patterns held out whole: `clean.heldout_sources`, or for null the language table's."""
+    return list(lang.heldout_sources if clean.heldout_sources is None else clean.heldout_sources)
+
+
 def validate_clean(clean: CleanConfig) -> None:
     if not 0.0 <= clean.heldout_fraction < 1.0:
         raise ConfigError("clean.heldout_fraction", clean.heldout_fraction, ["a number in [0, 1)"])
     if clean.heldout_min_documents < 0:
         raise ConfigError("clean.heldout_min_documents", clean.heldout_min_documents, ["an integer >= 0"])
-    for pattern in clean.heldout_sources:
+    for pattern in clean.heldout_sources or []:
         if not isinstance(pattern, str) or not pattern.strip():
             raise ConfigError("clean.heldout_sources", list(clean.heldout_sources),
                               ["a list of glob patterns of raw file names, e.g. [regjeringen_*]", "[] for none"])

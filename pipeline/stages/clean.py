@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pipeline.cluster import check_script_word
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
+from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.filter_report import markdown
 from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, is_heldout_source, top_up_heldout
 from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
@@ -148,7 +149,8 @@ def _split_and_write(run: StageRun) -> list:
         return JsonlWriter(str(work / split), max_file_size=clean.shard_bytes)
 
     return [
-        HeldoutSourceSplit(clean.heldout_sources, writer("heldout_source")), _tally(run, HELDOUT_SOURCE),
+        HeldoutSourceSplit(heldout_source_patterns(clean, run.cfg.lang), writer("heldout_source")),
+        _tally(run, HELDOUT_SOURCE),
         HeldoutSplit(clean.heldout_fraction, writer("heldout")), _tally(run, HELDOUT),
         writer("train"),
     ]
@@ -378,7 +380,7 @@ def _check_slurm_script(run: StageRun) -> None:
 def heldout_source_files(cfg, folder: Path, files: list[str]) -> list[str]:
     """The raw files that `clean.heldout_sources` holds out whole, saying which patterns match none; refuses to hold
     out every file, which would leave nothing to train on."""
-    patterns = cfg.clean.heldout_sources
+    patterns = heldout_source_patterns(cfg.clean, cfg.lang)
     if not patterns:
         return []
     for pattern in patterns:
