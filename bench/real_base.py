@@ -70,14 +70,17 @@ def prepare(args) -> None:
             continue
         pipeline("stage=clean", f"lang={lang}", f"work_dir={first / 'work'}", *common(args),
                  log=work / "logs" / f"clean-{lang}.log")
-    for group, options in GROUPS.items():
+    def cpu_stages(group: str) -> None:
         folder = work / "groups" / group
         if group != "new":
             for lang in ("eng", "nob"):
                 shutil.copytree(first / "work" / lang / "clean", folder / "work" / lang / "clean", dirs_exist_ok=True)
         for stage in ("mix", "tokenizer", "pack"):
-            pipeline(f"stage={stage}", "lang=nob", f"work_dir={folder / 'work'}", *common(args), *options,
+            pipeline(f"stage={stage}", "lang=nob", f"work_dir={folder / 'work'}", *common(args), *GROUPS[group],
                      log=work / "logs" / f"{group}-{stage}.log")
+
+    with ThreadPoolExecutor(len(GROUPS)) as pool:  # the set-ups share the machine's cores
+        list(pool.map(cpu_stages, GROUPS))
 
 
 def plan_steps(folder: Path) -> int:
@@ -142,10 +145,11 @@ def run_arm(args, name: str, gpu: int) -> dict:
 
 
 def run(args) -> None:
-    """The arms in order, one per GPU at a time."""
+    """The arms in order, `--slots` at a time, spread over the GPUs (a model of 135M parameters leaves most of an
+    H100 idle, so several arms share one)."""
     gpus: Queue = Queue()
-    for gpu in range(args.gpus):
-        gpus.put(gpu)
+    for slot in range(args.slots or args.gpus):
+        gpus.put(slot % args.gpus)
 
     def on_a_free_gpu(name: str) -> None:
         gpu = gpus.get()
@@ -156,7 +160,7 @@ def run(args) -> None:
         finally:
             gpus.put(gpu)
 
-    with ThreadPoolExecutor(args.gpus) as pool:
+    with ThreadPoolExecutor(args.slots or args.gpus) as pool:
         list(pool.map(on_a_free_gpu, args.arms.split(",")))
 
 
@@ -197,6 +201,7 @@ def main() -> None:
     parser.add_argument("--eval-bytes", type=int, default=2_000_000, help="eval.max_bytes: text per held-out set")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--slots", type=int, default=0, help="arms at a time (default: one per GPU)")
     parser.add_argument("--curve-points", type=int, default=8, help="held-out scores per pretrain run")
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every command (a CPU smoke run: "
