@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.warm_start import pipeline  # noqa: E402
 
-RESULTS = REPO / "bench" / "results" / "real_base"
+RESULTS = Path("/tmp/real_base/results")
 PROMPTS = ("Stortinget har i dag vedtatt", "Norge er et land i Nord-Europa med",
            "Regjeringen foreslår at kommunene")
 # The tokenizer set-ups the arms start from: their CPU stages, and the options of each.
@@ -167,27 +167,104 @@ def run(args) -> None:
 SETS = ("heldout", "heldout_source", "base_lang")
 
 
+def curve(result: dict) -> list[dict]:
+    """The arm's held-out scores during training against the tokens trained (the warm start's included) and the
+    bytes of text they stand for (tokens over the final model's tokens per byte of the held-out split: the pack
+    also holds English, so this is an estimate)."""
+    per_byte = result["evaluate"]["scores"][result["stages"][-1]]["heldout"]["tokens_per_byte"]
+    points, before = [], 0
+    for stage in result["stages"]:
+        training = result["training"][stage]
+        per_step = training["tokens"] / max(1, training["steps"])
+        for entry in result["curves"][stage]:
+            if "heldout_bpb" in entry:
+                tokens = before + entry["step"] * per_step
+                points.append({"stage": stage, "step": entry["step"], "tokens": int(tokens),
+                               "bytes": int(tokens / per_byte), "heldout_bpb": round(entry["heldout_bpb"], 4)})
+        before += training["tokens"]
+    return points
+
+
+def summary(result: dict) -> dict:
+    """What the tables cite of one arm's result, without its per-step logs."""
+    stages = [stage for stage in ("warmup", "pretrain") if stage in result["training"]]
+    result = {**result, "stages": stages}
+    return {"arm": result["arm"], "options": result["options"], "seconds": result["seconds"],
+            "finished": result["finished"], "stages": stages,
+            "scores": {model: {s: {k: by_set[s][k] for k in ("bits_per_byte", "tokens_per_byte", "bytes")}
+                               for s in SETS if s in by_set}
+                       for model, by_set in result["evaluate"]["scores"].items()},
+            "regressions": result["evaluate"].get("regressions", []),
+            "tasks": {name: {"layout": task["layout"], "test": task["test"], "results": {
+                model: {scoring: {k: by[scoring][k] for k in ("accuracy", "interval_95", "chance", "n")}
+                        for scoring in by} for model, by in task["results"].items()}}
+                      for name, task in result["evaluate"].get("tasks", {}).items()},
+            "training": {stage: {k: result["training"][stage][k] for k in
+                                 ("steps", "tokens", "tokens_per_s", "heldout_bpb_before", "heldout_bpb_after")}
+                         for stage in stages},
+            "curve": curve(result), "continuations": result.get("continuations", {})}
+
+
 def report(args) -> None:
-    """table.md: bits per byte of every arm's models on the three sets (the base once, from the recipe arm), the
-    tokens each trained on, the regressions evaluate flagged, and the continuations."""
-    results = {path.stem: json.loads(path.read_text(encoding="utf-8"))
-               for path in sorted(Path(args.results).glob("*.json"))}
-    lines = ["| arm | model | " + " | ".join(SETS) + " | tokens trained | flagged |",
-             "|---|---|" + "---:|" * (len(SETS) + 1) + "---|"]
-    for name, result in results.items():
+    """From the arms' results (`--results`), into `--out`: summary.json (what the tables cite, per arm), curves.csv
+    and curves.png (held-out bits per byte against tokens and against bytes of text) and table.md: bits per byte of
+    every arm's models on the three sets (the base once, from the recipe arm), the tokens each trained on and the
+    text they stand for, the regressions evaluate flagged, the task table and the continuations."""
+    arms = {path.stem: summary(json.loads(path.read_text(encoding="utf-8")))
+            for path in sorted(Path(args.results).glob("*.json")) if path.stem in ARMS}
+    out = Path(args.out or args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(arms, indent=1, ensure_ascii=False), encoding="utf-8")
+    lines = ["| arm | model | " + " | ".join(SETS) + " | tokens trained | text (MB, est.) | flagged |",
+             "|---|---|" + "---:|" * (len(SETS) + 2) + "---|"]
+    for name, arm in arms.items():
         tokens = 0
-        for model, by_set in result["evaluate"]["scores"].items():
+        for model, by_set in arm["scores"].items():
             if model == "base" and name != "recipe":
                 continue
-            tokens += result["training"].get(model, {}).get("tokens", 0)
+            tokens += arm["training"].get(model, {}).get("tokens", 0)
+            text = tokens / by_set["heldout"]["tokens_per_byte"] / 1e6
             cells = [f"{by_set[s]['bits_per_byte']:.3f}" if s in by_set else "-" for s in SETS]
-            flagged = ", ".join(r["set"] for r in result["evaluate"].get("regressions", []) if r["model"] == model)
-            lines.append(f"| {name} | {model} | " + " | ".join(cells) + f" | {tokens:,} | {flagged} |")
-    for name, result in results.items():
-        for model, texts in result.get("continuations", {}).items():
+            flagged = ", ".join(r["set"] for r in arm["regressions"] if r["model"] == model)
+            lines.append(f"| {name} | {model} | " + " | ".join(cells) + f" | {tokens:,} | {text:.0f} | {flagged} |")
+    lines += ["", "| arm | model | task | scoring | accuracy | 95% interval | chance |", "|---|---|---|---|---:|---|---:|"]
+    for name, arm in arms.items():
+        for task, entry in arm["tasks"].items():
+            for model, by_scoring in entry["results"].items():
+                if model == "base" and name != "recipe":
+                    continue
+                for scoring, r in by_scoring.items():
+                    low, high = r["interval_95"]
+                    lines.append(f"| {name} | {model} | {task} ({entry['layout']}, {r['n']}) | {scoring} | "
+                                 f"{r['accuracy']:.3f} | {low:.3f}-{high:.3f} | {r['chance']:.2f} |")
+    for name, arm in arms.items():
+        for model, texts in arm["continuations"].items():
             lines += ["", f"**{model}**", ""] + [f"- {prompt} → {text}" for prompt, text in texts.items()]
-    (Path(args.results) / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rows = ["arm,stage,step,tokens,bytes,heldout_bpb"] + [
+        f"{name},{p['stage']},{p['step']},{p['tokens']},{p['bytes']},{p['heldout_bpb']}"
+        for name, arm in arms.items() for p in arm["curve"]]
+    (out / "curves.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    plot_curves(arms, out / "curves.png")
     print("\n".join(lines))
+
+
+def plot_curves(arms: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for name, arm in arms.items():
+        for axis, key, scale in ((axes[0], "tokens", 1e6), (axes[1], "bytes", 1e6)):
+            axis.plot([p[key] / scale for p in arm["curve"]], [p["heldout_bpb"] for p in arm["curve"]],
+                      marker=".", label=name)
+    axes[0].set(xlabel="tokens trained (M)", ylabel="held-out bits per byte (pretrain's own score)")
+    axes[1].set(xlabel="text trained on (MB, estimated)")
+    axes[0].set_ylim(1.0, 3.2)  # the random rows start near 9 bits per byte; the arms differ below 3
+    axes[0].legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -203,11 +280,12 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--slots", type=int, default=0, help="arms at a time (default: one per GPU)")
     parser.add_argument("--curve-points", type=int, default=8, help="held-out scores per pretrain run")
-    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--results", default=str(RESULTS), help="the arms' results (run writes, report reads)")
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every command (a CPU smoke run: "
                         "a small vocabulary and batch)")
     parser.add_argument("--models", help="generate: name=folder,...")
-    parser.add_argument("--out", help="generate: the JSON file to write")
+    parser.add_argument("--out", help="generate: the JSON file to write; report: the folder for summary.json, "
+                        "table.md and the curves (default: --results)")
     args = parser.parse_args()
     {"prepare": prepare, "run": run, "generate": generate, "report": report}[args.step](args)
 
