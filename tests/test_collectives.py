@@ -294,3 +294,22 @@ def test_the_collective_timeout_is_checked():
     validate_parallel(ParallelConfig(collective_timeout_s=1))
     with pytest.raises(ConfigError, match=r"parallel\.collective_timeout_s.*seconds >= 1"):
         validate_parallel(ParallelConfig(collective_timeout_s=0))
+
+
+def test_one_rank_starts_while_another_process_holds_its_port():
+    """A stage of one rank needs no rendezvous: stages started side by side on one machine each pick a free port
+    beforehand, and one of them lost it to another (EADDRINUSE on an H200 running four arms of bench/real_base.py)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = ("from pipeline.training.engine import init_distributed\n"
+                "import deepspeed.comm as dist, torch\n"
+                "init_distributed(30)\n"
+                "t = torch.ones(2); dist.all_reduce(t); print('world', dist.get_world_size(), t.tolist())\n")
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                                env={**rank_environment(0, 1, port, 1), "PYTHONPATH": repo_pythonpath()})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "world 1 [1.0, 1.0]" in result.stdout

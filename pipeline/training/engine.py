@@ -42,7 +42,13 @@ def init_distributed(collective_timeout_s: float) -> None:
         skip_cpu_shared_memory_collective()
     timeout = bound_collectives(collective_timeout_s)
     # gloo on a CPU; NCCL (RCCL on ROCm) on GPUs.
-    deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", timeout=timeout)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # One rank meets no other: an in-memory store, where a TCP one on a port picked beforehand can lose that
+        # port to another stage starting on the same machine (EADDRINUSE). DeepSpeed adopts the group.
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1,
+                                             timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
 
 
 @dataclass
