@@ -409,6 +409,9 @@ def profile_packed(methods: dict, documents: torch.Tensor, q, k, v, grad_out, it
         kernels = [e for e in prof.key_averages() if device_time_us(e) > 0]
         kernels.sort(key=device_time_us, reverse=True)
         total = sum(device_time_us(e) for e in kernels)
+        if total == 0:
+            text.append(f"{name}: the profiler recorded no kernel\n")
+            continue
         lines = [f"{name}: {total / iterations / 1000:.3f} ms of kernels per forward+backward, "
                  f"{3.5 * 4 * head_dim * pairs / (total / iterations) / 1e6:.0f} TFLOP/s on the visible pairs", "",
                  "| kernel | calls | total ms | us per iteration | share % | TFLOP/s (visible pairs) |",
