@@ -531,7 +531,8 @@ class _DocumentBlocks:
     instead of per layer; `_document_blocks` finds the entry again)."""
 
     def __init__(self, segment_ids: torch.Tensor, keep: bool) -> None:
-        self.segments = segment_ids.to(torch.int32).contiguous()
+        # Always a copy: were it the caller's tensor (already int32), the kept entry would keep that tensor alive.
+        self.segments = segment_ids.to(torch.int32, copy=True).contiguous()
         self.keep = keep  # False while a CUDA graph is being captured: what it computes exists only in replays
         self._ranges: dict[tuple[int, int], torch.Tensor] = {}
 
