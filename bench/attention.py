@@ -73,14 +73,14 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
 
 
-def packed_segment_ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
-    """(batch, seq) document ids 0, 1, ... per row, documents of exponential lengths with mean MEAN_DOCUMENT."""
+def packed_segment_ids(batch: int, seq: int, seed: int = 0, mean: int = MEAN_DOCUMENT) -> torch.Tensor:
+    """(batch, seq) document ids 0, 1, ... per row, documents of exponential lengths with mean `mean`."""
     generator = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(batch):
         lengths = []
         while sum(lengths) < seq:
-            lengths.append(max(1, int(torch.empty(1).exponential_(1.0 / MEAN_DOCUMENT, generator=generator))))
+            lengths.append(max(1, int(torch.empty(1).exponential_(1.0 / mean, generator=generator))))
         rows.append(torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[:seq])
     return torch.stack(rows)
 
