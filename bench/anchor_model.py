@@ -121,10 +121,7 @@ class AnchorModel(nn.Module):
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.padded_vocab_size, bias=False)
         self.cached_positions = {}
         self.documents = None  # the current batch's segment ids, which the document mask_mod reads
-        self.mask_mod = self.causal_document  # one bound method for every batch: no recompiles
-
-    def causal_document(self, batch, head, q_idx, kv_idx):
-        return (q_idx >= kv_idx) & (self.documents[batch, q_idx] == self.documents[batch, kv_idx])
+        self.mask_mod = None
 
     def positions(self, seq: int, device: torch.device):
         """RoPE's cos and sin (float32) for this length, built once; None for ALiBi."""
@@ -153,7 +150,12 @@ class AnchorModel(nn.Module):
             return ((positions[:, None] >= positions[None, :])
                     & (segment_ids[:, :, None] == segment_ids[:, None, :])).unsqueeze(1)
         if self.documents is None or self.documents.shape != segment_ids.shape:
-            self.documents = segment_ids.clone()
+            self.documents = documents = segment_ids.clone()
+
+            def causal_document(batch, head, q_idx, kv_idx):
+                return (q_idx >= kv_idx) & (documents[batch, q_idx] == documents[batch, kv_idx])
+
+            self.mask_mod = causal_document  # one function for every batch of this shape: no recompiles
         else:
             self.documents.copy_(segment_ids)
         return create_block_mask(self.mask_mod, segment_ids.shape[0], None, seq, seq, device=device)
