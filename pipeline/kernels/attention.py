@@ -23,11 +23,16 @@ Which tile pairs run: causal loops run the blocks wholly on the visible side of 
 causal mask and only the diagonal blocks with one. Document masks (segment ids) are resolved per block
 before the attention kernels run (`_segment_block_ranges`, one small launch per tiling): each block gets
 the range of the other side's blocks that share a segment with it, and inside it the run of "full" blocks
-where every pair does; the kernels loop over that range only. The forward and dQ kernels apply the document
-mask to the partial blocks at the range's ends and nothing to the full ones; the dK/dV kernel masks its
-whole range (a split would spill, see there). The loops have no data-dependent branch, so Triton's
-software pipeliner streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's
-work, as this kernel had before, keeps the loads out of the pipeline (BENCHMARKS.md, packed rows).
+where every pair does; the kernels loop over that range only. The ranges are resolved once per batch: every
+layer that gets the same `segment_ids` tensor (unchanged: its version counter) reuses the int32 ids and the
+ranges of the first (`_document_blocks`). The forward and dQ kernels apply the document mask to the partial
+blocks at the range's ends and nothing to the full ones; the dK/dV kernel masks its whole range (a split
+would spill, see there), but where its key block lies inside one document a query sees all of the block's
+keys or none, so it masks per query, one select on the query's LSE, instead of per score (the diagonal
+blocks and key blocks that span documents keep the per-score mask). The loops have no data-dependent branch,
+so Triton's software pipeliner streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around
+the tile's work, as this kernel had before, keeps the loads out of the pipeline (BENCHMARKS.md, packed
+rows); the dK/dV kernel's choice between the two masks is one branch per program around whole loops.
 """
 
 from __future__ import annotations
