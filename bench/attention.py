@@ -34,7 +34,7 @@ gradients). Each table ends in the ratios ours/flex and ours/sdpa (above 1: ours
     python bench/attention.py --shapes --profile  # packed cases, then a kernel profile and block statistics of each
     python bench/attention.py --stats-only        # block statistics of the packed cases (CPU; --arch picks tiles)
 
-`--profile` runs torch.profiler over a few forward+backward iterations of ours and of FlexAttention per packed case
+`--profile` runs torch.profiler over a few forward+backward iterations of ours and of FlexAttention per case
 (eager, no CUDA graphs) and prints each kernel's calls, total and per-iteration device time, its share, and for
 our kernels the TFLOP/s on the pairs the mask keeps (forward 4, dQ 6, dK/dV 8 FLOPs x D per pair: the matrix
 products each kernel runs). Block statistics (computed on the CPU from the segment ids and the tiles of the launch
@@ -148,7 +148,7 @@ def time_forward_and_backward(attend, q, k, v, grad_out, cuda_graph: bool = Fals
     return tuple(do_bench(fn, warmup=25, rep=200, return_mode="median") for fn in (forward, forward_backward))
 
 
-def bench_shape(batch: int, heads: int, seq: int, head_dim: int) -> dict:
+def bench_shape(batch: int, heads: int, seq: int, head_dim: int, profile_iterations: int = 0) -> dict:
     slopes = alibi_slopes(heads).cuda()
     positions = torch.arange(seq, device="cuda")
     distance = (positions[None, :] - positions[:, None]).float()
@@ -170,6 +170,9 @@ def bench_shape(batch: int, heads: int, seq: int, head_dim: int) -> dict:
     for name, attend in methods.items():
         forward_ms, both_ms = time_forward_and_backward(attend, q, k, v, grad_out)
         row[name] = (flops / forward_ms / 1e9, 3.5 * flops / both_ms / 1e9)
+    if profile_iterations:
+        row["profile"] = profile_methods(methods, ("ours", "flex+alibi"), None, q, k, v, grad_out,
+                                         profile_iterations, "")
     return row
 
 
@@ -209,7 +212,8 @@ def bench_packed(batch: int, heads: int, seq: int, head_dim: int, profile_iterat
         forward_ms, both_ms = time_forward_and_backward(attend, q, k, v, grad_out, cuda_graph=True)
         row[name] = (flops / forward_ms / 1e9, 3.5 * flops / both_ms / 1e9, forward_ms, both_ms)
     if profile_iterations:
-        row["profile"] = profile_packed(methods, documents, q, k, v, grad_out, profile_iterations, arch)
+        row["profile"] = profile_methods(methods, ("ours", "ours per-score", "flex+alibi+docs"), documents, q, k, v,
+                                         grad_out, profile_iterations, arch)
     return row
 
 
@@ -380,18 +384,20 @@ def device_time_us(event) -> float:
 OUR_KERNEL_FLOPS = {"_attention_forward": 4, "_attention_backward_q": 6, "_attention_backward_kv": 8}
 
 
-def profile_packed(methods: dict, documents: torch.Tensor, q, k, v, grad_out, iterations: int, arch: str) -> str:
-    """Per-kernel device time of ours and FlexAttention over `iterations` forward+backward passes on packed rows,
-    and the block statistics of the rows."""
+def profile_methods(methods: dict, names: tuple, documents: torch.Tensor | None, q, k, v, grad_out,
+                    iterations: int, arch: str) -> str:
+    """Per-kernel device time of `names` over `iterations` forward+backward passes, and for packed rows
+    (`documents`) the block statistics of the rows."""
     from torch.profiler import ProfilerActivity, profile
 
     from pipeline.kernels import attention as triton_module
 
     batch, heads, seq, head_dim = q.shape
-    pairs = visible_pairs(documents) * heads
+    pairs = heads * (visible_pairs(documents) if documents is not None else batch * seq * (seq + 1) // 2)
     case = ",".join(map(str, (batch, heads, seq, head_dim)))
-    text = [f"\n#### Profile, packed {case} ({iterations} forward+backward iterations, eager)\n"]
-    for name in ("ours", "ours per-score", "flex+alibi+docs"):
+    kind = "packed" if documents is not None else "dense"
+    text = [f"\n#### Profile, {kind} {case} ({iterations} forward+backward iterations, eager)\n"]
+    for name in names:
         attend = methods[name]
 
         def step():
@@ -429,8 +435,9 @@ def profile_packed(methods: dict, documents: torch.Tensor, q, k, v, grad_out, it
             lines.append(f"\n{name} without its block-range launches (a model's layers share them): "
                          f"{(total - ranges_us) / iterations / 1000:.3f} ms per forward+backward")
         text.append("\n".join(lines) + "\n")
-    text.append(f"Block statistics ({arch} tiles, D={head_dim}):\n\n"
-                f"{block_statistics(documents.cpu(), arch, head_dim)}\n")
+    if documents is not None:
+        text.append(f"Block statistics ({arch} tiles, D={head_dim}):\n\n"
+                    f"{block_statistics(documents.cpu(), arch, head_dim)}\n")
     return "\n".join(text)
 
 
@@ -440,8 +447,8 @@ def main() -> None:
                         help="batch,heads,seq,head_dim of each dense case (none: skip them)")
     parser.add_argument("--packed", nargs="*", default=[",".join(map(str, s)) for s in PACKED_SHAPES],
                         help="batch,heads,seq,head_dim of each packed-rows case (none: skip them)")
-    parser.add_argument("--profile", action="store_true", help="after timing each packed case, profile ours and "
-                        "FlexAttention per kernel (torch.profiler) and print the block statistics of its rows")
+    parser.add_argument("--profile", action="store_true", help="after timing each case, profile ours and "
+                        "FlexAttention per kernel (torch.profiler); for packed cases also the block statistics")
     parser.add_argument("--profile-iterations", type=int, default=5, help="forward+backward passes per profile")
     parser.add_argument("--stats-only", action="store_true", help="print the block statistics of the packed cases "
                         "and exit (no GPU needed)")
@@ -471,10 +478,12 @@ def main() -> None:
     rows, packed_rows = [], []
     for shape in cases["dense"]:
         started = time.perf_counter()
-        row = bench_shape(*shape)
+        row = bench_shape(*shape, profile_iterations=args.profile_iterations if args.profile else 0)
         print(f"{row['shape']}: " + ", ".join(f"{m} {row[m][0]:.0f}/{row[m][1]:.0f}" for m in METHODS)
               + f" TFLOP/s (fwd/fwd+bwd); max rel err vs flex {row['max_rel_err_vs_flex']:.1e} "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
+        if "profile" in row:
+            print(row["profile"], flush=True)
         rows.append(row)
     for shape in cases["packed"]:
         started = time.perf_counter()
@@ -493,7 +502,7 @@ def main() -> None:
     if packed_rows:
         text += (f"\nPacked rows (documents of mean {MEAN_DOCUMENT} tokens), milliseconds of CUDA-graph replays; "
                  f"TFLOP/s count the pairs the document mask keeps:\n\n{packed_table(packed_rows)}\n")
-        text += "".join(row.get("profile", "") for row in packed_rows)
+    text += "".join(row.get("profile", "") for row in rows + packed_rows)
     print(text)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
