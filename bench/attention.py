@@ -18,6 +18,11 @@ at the row's end), numbered 0, 1, ... as the packer does:
 Their TFLOP/s count the pairs that a document mask keeps (2 * 2 * D per pair, times 3.5 for forward+backward), so
 `sdpa dense`'s figure is the time it spends, not its own FLOP rate.
 
+A third packed method, `ours per-score`, is ours with the dK/dV kernel masking every score of the document range
+(AttentionConfigs.row_masks=False, the kernel before per-query masks): the A/B of that change on the same rows.
+Under CUDA graphs ours resolves its block ranges in every call (a model resolves them once per batch for all its
+layers; `--profile` shows what those launches cost).
+
 Dense times are medians of triton.testing.do_bench. Packed rows take a fraction of a millisecond, where the host's
 launch overhead (Python, Triton's and torch.compile's launchers) can exceed the GPU's work, so they are timed as
 CUDA-graph replays (triton.testing.do_bench_cudagraph, median): the device time that a training step, whose host
@@ -26,12 +31,24 @@ gradients). Each table ends in the ratios ours/flex and ours/sdpa (above 1: ours
 
     python bench/attention.py                     # the five dense shapes of the issue and four packed cases
     python bench/attention.py --shapes 4,16,2048,128 --packed --out attention.md
+    python bench/attention.py --shapes --profile  # packed cases, then a kernel profile and block statistics of each
+    python bench/attention.py --stats-only        # block statistics of the packed cases (CPU; --arch picks tiles)
+
+`--profile` runs torch.profiler over a few forward+backward iterations of ours and of FlexAttention per case
+(eager, no CUDA graphs) and prints each kernel's calls, total and per-iteration device time, its share, and for
+our kernels the TFLOP/s on the pairs the mask keeps (forward 4, dQ 6, dK/dV 8 FLOPs x D per pair: the matrix
+products each kernel runs). Block statistics (computed on the CPU from the segment ids and the tiles of the launch
+table, `--arch`, default the GPU's or sm90): for each kernel's tiling, the tiles of the causal triangle whose pairs
+are all masked, partly masked or all visible, and the tiles each kernel runs without a mask, with a per-query mask
+or with a per-score mask, those it runs that hold no visible pair, and the pairs it computes per visible pair;
+the same for FlexAttention's 128 x 128 block mask (full blocks run without mask_mod, partial ones with it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -41,12 +58,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pipeline.kernels import flash_attention  # noqa: E402
+from pipeline.kernels.launch_configs import ATTENTION, attention_configs  # noqa: E402
 
 SHAPES = [(4, 16, 2048, 128), (2, 16, 4096, 128), (1, 16, 8192, 128), (8, 32, 2048, 64), (2, 32, 4096, 64)]
 PACKED_SHAPES = [(4, 16, 2048, 128), (2, 16, 4096, 128), (8, 32, 2048, 64), (4, 32, 4096, 64)]
 MEAN_DOCUMENT = 700
 METHODS = ("ours", "flex+alibi", "sdpa (no bias)", "sdpa+alibi mask")
-PACKED_METHODS = ("ours", "flex+alibi+docs", "sdpa dense")
+PACKED_METHODS = ("ours", "ours per-score", "flex+alibi+docs", "sdpa dense")
+FLEX_BLOCK = 128  # FlexAttention's BlockMask granularity (create_block_mask's default BLOCK_SIZE)
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -54,14 +73,14 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
 
 
-def packed_segment_ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
-    """(batch, seq) document ids 0, 1, ... per row, documents of exponential lengths with mean MEAN_DOCUMENT."""
+def packed_segment_ids(batch: int, seq: int, seed: int = 0, mean: int = MEAN_DOCUMENT) -> torch.Tensor:
+    """(batch, seq) document ids 0, 1, ... per row, documents of exponential lengths with mean `mean`."""
     generator = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(batch):
         lengths = []
         while sum(lengths) < seq:
-            lengths.append(max(1, int(torch.empty(1).exponential_(1.0 / MEAN_DOCUMENT, generator=generator))))
+            lengths.append(max(1, int(torch.empty(1).exponential_(1.0 / mean, generator=generator))))
         rows.append(torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[:seq])
     return torch.stack(rows)
 
@@ -129,7 +148,7 @@ def time_forward_and_backward(attend, q, k, v, grad_out, cuda_graph: bool = Fals
     return tuple(do_bench(fn, warmup=25, rep=200, return_mode="median") for fn in (forward, forward_backward))
 
 
-def bench_shape(batch: int, heads: int, seq: int, head_dim: int) -> dict:
+def bench_shape(batch: int, heads: int, seq: int, head_dim: int, profile_iterations: int = 0) -> dict:
     slopes = alibi_slopes(heads).cuda()
     positions = torch.arange(seq, device="cuda")
     distance = (positions[None, :] - positions[:, None]).float()
@@ -151,27 +170,50 @@ def bench_shape(batch: int, heads: int, seq: int, head_dim: int) -> dict:
     for name, attend in methods.items():
         forward_ms, both_ms = time_forward_and_backward(attend, q, k, v, grad_out)
         row[name] = (flops / forward_ms / 1e9, 3.5 * flops / both_ms / 1e9)
+    if profile_iterations:
+        row["profile"] = profile_methods(methods, ("ours", "flex+alibi"), None, q, k, v, grad_out,
+                                         profile_iterations, "")
     return row
 
 
-def bench_packed(batch: int, heads: int, seq: int, head_dim: int) -> dict:
-    slopes = alibi_slopes(heads).cuda()
-    documents = packed_segment_ids(batch, seq).cuda()
-    methods = {
+def packed_methods(heads: int, seq: int, head_dim: int, slopes: torch.Tensor, documents: torch.Tensor) -> dict:
+    """name -> f(q, k, v) of the packed-rows methods."""
+    import dataclasses
+
+    from pipeline.kernels.attention import flash_attention as triton_attention
+    from pipeline.kernels.launch_configs import current_arch
+
+    per_score = dataclasses.replace(attention_configs(current_arch(documents.device), head_dim, has_segments=True),
+                                    row_masks=False)
+    return {
         "ours": lambda q, k, v: flash_attention(q, k, v, causal=True, alibi_slopes=slopes, segment_ids=documents),
+        "ours per-score": lambda q, k, v: triton_attention(q, k, v, causal=True, alibi_slopes=slopes,
+                                                           segment_ids=documents, configs=per_score),
         **flex_methods(heads, seq, slopes, documents),
         "sdpa dense": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
+
+
+def bench_packed(batch: int, heads: int, seq: int, head_dim: int, profile_iterations: int = 0,
+                 arch: str = "sm90") -> dict:
+    slopes = alibi_slopes(heads).cuda()
+    documents = packed_segment_ids(batch, seq).cuda()
+    methods = packed_methods(heads, seq, head_dim, slopes, documents)
     q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     grad_out = torch.randn_like(q)
     case = (batch, heads, seq, head_dim)
     row = {"shape": case, "documents": int(documents.max(1).values.sum() + batch),
-           "max_rel_err_vs_flex": check_against_flex(methods, "flex+alibi+docs", q, k, v, grad_out, case)}
+           "max_rel_err_vs_flex": max(check_against_flex({"ours": methods[name], "flex": methods["flex+alibi+docs"]},
+                                                         "flex", q, k, v, grad_out, case)
+                                      for name in ("ours", "ours per-score"))}
     flops = 4.0 * heads * head_dim * visible_pairs(documents)
     for name, attend in methods.items():
         forward_ms, both_ms = time_forward_and_backward(attend, q, k, v, grad_out, cuda_graph=True)
         row[name] = (flops / forward_ms / 1e9, 3.5 * flops / both_ms / 1e9, forward_ms, both_ms)
+    if profile_iterations:
+        row["profile"] = profile_methods(methods, ("ours", "ours per-score", "flex+alibi+docs"), documents, q, k, v,
+                                         grad_out, profile_iterations, arch)
     return row
 
 
@@ -191,16 +233,212 @@ def table(rows: list[dict]) -> str:
 def packed_table(rows: list[dict]) -> str:
     header = ("| B,H,S,D | documents | " + " | ".join(f"{m} fwd ms | {m} fwd+bwd ms" for m in PACKED_METHODS)
               + " | ours TFLOP/s fwd | ours TFLOP/s fwd+bwd | ours/flex fwd | ours/flex fwd+bwd | ours/sdpa dense fwd"
-                " | ours/sdpa dense fwd+bwd |")
-    lines = [header, "|" + "---|" * (2 + 2 * len(PACKED_METHODS) + 6)]
+                " | ours/sdpa dense fwd+bwd | ours/ours per-score fwd | ours/ours per-score fwd+bwd |")
+    lines = [header, "|" + "---|" * (2 + 2 * len(PACKED_METHODS) + 8)]
     for row in rows:
         cells = [",".join(map(str, row["shape"])), str(row["documents"])]
         cells += [f"{row[m][i]:.3f}" for m in PACKED_METHODS for i in (2, 3)]
         cells += [f"{row['ours'][i]:.0f}" for i in (0, 1)]
         cells += [f"{row['ours'][i] / row['flex+alibi+docs'][i]:.2f}" for i in (0, 1)]
         cells += [f"{row['ours'][i] / row['sdpa dense'][i]:.2f}" for i in (0, 1)]
+        cells += [f"{row['ours'][i] / row['ours per-score'][i]:.2f}" for i in (0, 1)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# Block statistics of packed rows: CPU only, from the segment ids and the tile sizes.
+
+def visible_per_tile(segment_ids: torch.Tensor, block_q: int, block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, query tiles, key tiles) counts of the pairs a causal document mask keeps, and of all pairs (the
+    tile's area inside the sequence)."""
+    batch, seq = segment_ids.shape
+    n_q, n_k = -(-seq // block_q), -(-seq // block_k)
+    positions = torch.arange(seq)
+    counts = []
+    for ids in segment_ids.cpu():
+        keep = (ids[:, None] == ids[None, :]) & (positions[:, None] >= positions[None, :])
+        keep = F.pad(keep, (0, n_k * block_k - seq, 0, n_q * block_q - seq))
+        counts.append(keep.view(n_q, block_q, n_k, block_k).sum((1, 3)))
+    rows = torch.clamp(seq - torch.arange(n_q) * block_q, max=block_q)
+    cols = torch.clamp(seq - torch.arange(n_k) * block_k, max=block_k)
+    return torch.stack(counts), (rows[:, None] * cols[None, :]).expand(batch, n_q, n_k)
+
+
+def block_ranges(ids: torch.Tensor, outer: int, inner: int) -> torch.Tensor:
+    """(outer blocks, 4) [lo, full_lo, full_hi, hi] in inner blocks, as pipeline/kernels/attention.py's
+    `_segment_block_ranges` resolves them for one row."""
+    seq = len(ids)
+
+    def bounds(width):
+        n = -(-seq // width)
+        padded = F.pad(ids, (0, n * width - seq), value=0).view(n, width)
+        valid = F.pad(torch.ones(seq, dtype=torch.bool), (0, n * width - seq)).view(n, width)
+        big = torch.iinfo(ids.dtype).max
+        low = torch.where(valid, padded, big).min(1).values
+        high = torch.where(valid, padded, -big).max(1).values
+        return low, high, valid.all(1)
+
+    out_lo, out_hi, _ = bounds(outer)
+    in_lo, in_hi, whole = bounds(inner)
+    seen = (in_hi[None, :] >= out_lo[:, None]) & (in_lo[None, :] <= out_hi[:, None])
+    full = (seen & whole[None, :] & (in_lo == in_hi)[None, :] & (in_lo[None, :] == out_lo[:, None])
+            & (out_lo == out_hi)[:, None])
+    index = torch.arange(len(in_lo))
+    result = []
+    for o in range(len(out_lo)):
+        visible, unmasked = index[seen[o]], index[full[o]]
+        lo, hi = int(visible[0]), int(visible[-1]) + 1
+        one_run = len(unmasked) > 0 and len(unmasked) == int(unmasked[-1]) - int(unmasked[0]) + 1
+        full_lo, full_hi = (int(unmasked[0]), int(unmasked[-1]) + 1) if one_run else (lo, lo)
+        result.append((lo, full_lo, full_hi, hi))
+    return torch.tensor(result)
+
+
+def kernel_tiles(segment_ids: torch.Tensor, block_m: int, block_n: int, queries_outer: bool,
+                 row_masks: bool) -> dict:
+    """The tile pairs (block_m queries x block_n keys) a causal document-mask kernel of ours runs, by how it masks
+    them: the forward and dQ kernels (queries_outer) run their range's full run unmasked, its ends and the
+    diagonal per score; the dK/dV kernel runs the diagonal per score and its whole range per query (key block
+    inside one document, with row_masks) or per score."""
+    counts, area = visible_per_tile(segment_ids, block_m, block_n)
+    run = {"unmasked": 0, "per-query mask": 0, "per-score mask": 0}
+    empty = computed = 0
+    seq = segment_ids.shape[1]
+    for row, ids in enumerate(segment_ids.cpu()):
+        outer, inner = (block_m, block_n) if queries_outer else (block_n, block_m)
+        for block, (lo, full_lo, full_hi, hi) in enumerate(block_ranges(ids, outer, inner).tolist()):
+            anchor = block * outer
+            diagonal = range(anchor // inner, -(-min(anchor + outer, seq) // inner))
+            if queries_outer:
+                clip = lambda x: min(max(x, 0), anchor // inner)
+                lo, full_lo, full_hi, hi = (clip(x) for x in (lo, full_lo, full_hi, hi))
+                kinds = [("per-score mask", range(lo, full_lo)), ("unmasked", range(full_lo, full_hi)),
+                         ("per-score mask", range(full_hi, hi)), ("per-score mask", diagonal)]
+            else:
+                region = diagonal.stop
+                keys = ids[anchor:anchor + outer]
+                one_document = row_masks and bool((keys == keys[0]).all())
+                kinds = [("per-score mask", diagonal),
+                         ("per-query mask" if one_document else "per-score mask", range(max(lo, region), hi))]
+            for kind, inners in kinds:
+                for other in inners:
+                    q_tile, k_tile = (block, other) if queries_outer else (other, block)
+                    run[kind] += 1
+                    empty += int(counts[row, q_tile, k_tile] == 0)
+                    computed += int(area[row, q_tile, k_tile])
+    return {**run, "run, no visible pair": empty, "computed pairs": computed}
+
+
+def tile_classes(segment_ids: torch.Tensor, block_q: int, block_k: int) -> dict:
+    """Tiles of the causal triangle (a tile with any query at or after a key) whose pairs the mask keeps: none,
+    some or all."""
+    counts, area = visible_per_tile(segment_ids, block_q, block_k)
+    q_last = torch.clamp((torch.arange(counts.shape[1]) + 1) * block_q, max=segment_ids.shape[1]) - 1
+    triangle = (q_last[:, None] >= torch.arange(counts.shape[2])[None, :] * block_k).expand_as(counts)
+    return {"causal tiles": int(triangle.sum()), "all masked": int((triangle & (counts == 0)).sum()),
+            "partly masked": int((triangle & (counts > 0) & (counts < area)).sum()),
+            "all visible": int((triangle & (counts == area)).sum())}
+
+
+def block_statistics(segment_ids: torch.Tensor, arch: str, head_dim: int, row_masks: bool = True) -> str:
+    """A markdown table of the tiles of each kernel of ours (launch table of `arch`) and of FlexAttention's
+    block mask, for these rows; shares in percent of the causal tiles at that tiling."""
+    configs = attention_configs(arch, head_dim, has_segments=True)
+    pairs = visible_pairs(segment_ids)
+    lines = ["| kernel | tile (q x k) | causal tiles | all masked % | partly masked % | all visible % | run unmasked % "
+             "| run per-query mask % | run per-score mask % | run with no visible pair % | computed / visible pairs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def line(name, block_q, block_k, run):
+        classes = tile_classes(segment_ids, block_q, block_k)
+        total = classes["causal tiles"]
+        share = lambda n: f"{100 * n / total:.1f}"
+        lines.append(f"| {name} | {block_q} x {block_k} | {total} | {share(classes['all masked'])} | "
+                     f"{share(classes['partly masked'])} | {share(classes['all visible'])} | "
+                     f"{share(run['unmasked'])} | {share(run['per-query mask'])} | {share(run['per-score mask'])} | "
+                     f"{share(run['run, no visible pair'])} | {run['computed pairs'] / pairs:.2f} |")
+
+    for name, config, queries_outer in (("ours forward", configs.forward, True),
+                                         ("ours dQ", configs.backward_q, True),
+                                         ("ours dK/dV", configs.backward_kv, False)):
+        line(name, config.block_m, config.block_n,
+             kernel_tiles(segment_ids, config.block_m, config.block_n, queries_outer, row_masks))
+    flex = tile_classes(segment_ids, FLEX_BLOCK, FLEX_BLOCK)
+    counts, area = visible_per_tile(segment_ids, FLEX_BLOCK, FLEX_BLOCK)
+    line("flex block mask", FLEX_BLOCK, FLEX_BLOCK,
+         {"unmasked": flex["all visible"], "per-query mask": 0, "per-score mask": flex["partly masked"],
+          "run, no visible pair": 0, "computed pairs": int(area[counts > 0].sum())})
+    return "\n".join(lines)
+
+
+def device_time_us(event) -> float:
+    """A profiler average's own device time (microseconds), across torch versions."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0
+
+
+# FLOPs per visible pair and head dim of our kernels' matrix products: QK^T and PV; QK^T, dO V^T and dS K; QK^T,
+# P^T dO, V dO^T and dS^T Q.
+OUR_KERNEL_FLOPS = {"_attention_forward": 4, "_attention_backward_q": 6, "_attention_backward_kv": 8}
+
+
+def profile_methods(methods: dict, names: tuple, documents: torch.Tensor | None, q, k, v, grad_out,
+                    iterations: int, arch: str) -> str:
+    """Per-kernel device time of `names` over `iterations` forward+backward passes, and for packed rows
+    (`documents`) the block statistics of the rows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from pipeline.kernels import attention as triton_module
+
+    batch, heads, seq, head_dim = q.shape
+    pairs = heads * (visible_pairs(documents) if documents is not None else batch * seq * (seq + 1) // 2)
+    case = ",".join(map(str, (batch, heads, seq, head_dim)))
+    kind = "packed" if documents is not None else "dense"
+    text = [f"\n#### Profile, {kind} {case} ({iterations} forward+backward iterations, eager)\n"]
+    for name in names:
+        attend = methods[name]
+
+        def step():
+            # As under the CUDA graphs of the timing: block ranges resolved in every call (a model: once per batch).
+            triton_module._DOCUMENT_BLOCKS.clear()
+            torch.autograd.grad(attend(q, k, v), (q, k, v), grad_out)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iterations):
+                step()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.key_averages() if device_time_us(e) > 0]
+        kernels.sort(key=device_time_us, reverse=True)
+        total = sum(device_time_us(e) for e in kernels)
+        if total == 0:
+            text.append(f"{name}: the profiler recorded no kernel\n")
+            continue
+        lines = [f"{name}: {total / iterations / 1000:.3f} ms of kernels per forward+backward, "
+                 f"{3.5 * 4 * head_dim * pairs / (total / iterations) / 1e6:.0f} TFLOP/s on the visible pairs", "",
+                 "| kernel | calls | total ms | us per iteration | share % | TFLOP/s (visible pairs) |",
+                 "|---|---:|---:|---:|---:|---:|"]
+        ranges_us = 0.0
+        for event in kernels:
+            us = device_time_us(event)
+            flops = OUR_KERNEL_FLOPS.get(event.key)
+            rate = f"{flops * head_dim * pairs * event.count / us / 1e6:.0f}" if flops else ""
+            if event.key == "_segment_block_ranges":
+                ranges_us = us
+            lines.append(f"| {event.key[:90]} | {event.count} | {us / 1000:.3f} | {us / iterations:.1f} | "
+                         f"{100 * us / total:.1f} | {rate} |")
+        if ranges_us:
+            lines.append(f"\n{name} without its block-range launches (a model's layers share them): "
+                         f"{(total - ranges_us) / iterations / 1000:.3f} ms per forward+backward")
+        text.append("\n".join(lines) + "\n")
+    if documents is not None:
+        text.append(f"Block statistics ({arch} tiles, D={head_dim}):\n\n"
+                    f"{block_statistics(documents.cpu(), arch, head_dim)}\n")
+    return "\n".join(text)
 
 
 def main() -> None:
@@ -209,21 +447,53 @@ def main() -> None:
                         help="batch,heads,seq,head_dim of each dense case (none: skip them)")
     parser.add_argument("--packed", nargs="*", default=[",".join(map(str, s)) for s in PACKED_SHAPES],
                         help="batch,heads,seq,head_dim of each packed-rows case (none: skip them)")
+    parser.add_argument("--profile", action="store_true", help="after timing each case, profile ours and "
+                        "FlexAttention per kernel (torch.profiler); for packed cases also the block statistics")
+    parser.add_argument("--profile-iterations", type=int, default=5, help="forward+backward passes per profile")
+    parser.add_argument("--stats-only", action="store_true", help="print the block statistics of the packed cases "
+                        "and exit (no GPU needed)")
+    parser.add_argument("--arch", choices=sorted(ATTENTION), help="launch table whose tiles the block statistics "
+                        "use (default: this GPU's, or sm90 without one)")
     parser.add_argument("--out", type=Path, help="also write the tables (markdown) here")
     args = parser.parse_args()
+    cases = {"dense": [tuple(int(x) for x in spec.split(",")) for spec in args.shapes],
+             "packed": [tuple(int(x) for x in spec.split(",")) for spec in args.packed]}
+    for kind, shapes in cases.items():
+        for shape in shapes:
+            if len(shape) != 4:
+                raise SystemExit(f"a {kind} case is batch,heads,seq,head_dim; got {shape}")
+    arch = args.arch
+    if arch is None:
+        from pipeline.kernels.launch_configs import current_arch
+        arch = current_arch(torch.device("cuda")) if torch.cuda.is_available() else "sm90"
+    if args.stats_only:
+        for batch, heads, seq, head_dim in cases["packed"]:
+            documents = packed_segment_ids(batch, seq)
+            print(f"\nPacked {batch},{heads},{seq},{head_dim}: {int(documents.max(1).values.sum()) + batch} "
+                  f"documents, {visible_pairs(documents) / (batch * seq * (seq + 1) / 2):.1%} of the causal pairs "
+                  f"visible; {arch} tiles, D={head_dim}:\n\n{block_statistics(documents, arch, head_dim)}", flush=True)
+        return
     if not torch.cuda.is_available():
-        raise SystemExit("bench/attention.py needs a GPU (CUDA or ROCm)")
+        raise SystemExit("bench/attention.py needs a GPU (CUDA or ROCm); --stats-only runs on a CPU")
     rows, packed_rows = [], []
-    for spec in args.shapes:
-        row = bench_shape(*(int(x) for x in spec.split(",")))
+    for shape in cases["dense"]:
+        started = time.perf_counter()
+        row = bench_shape(*shape, profile_iterations=args.profile_iterations if args.profile else 0)
         print(f"{row['shape']}: " + ", ".join(f"{m} {row[m][0]:.0f}/{row[m][1]:.0f}" for m in METHODS)
-              + f" TFLOP/s (fwd/fwd+bwd); max rel err vs flex {row['max_rel_err_vs_flex']:.1e}", flush=True)
+              + f" TFLOP/s (fwd/fwd+bwd); max rel err vs flex {row['max_rel_err_vs_flex']:.1e} "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
+        if "profile" in row:
+            print(row["profile"], flush=True)
         rows.append(row)
-    for spec in args.packed:
-        row = bench_packed(*(int(x) for x in spec.split(",")))
+    for shape in cases["packed"]:
+        started = time.perf_counter()
+        row = bench_packed(*shape, profile_iterations=args.profile_iterations if args.profile else 0, arch=arch)
         print(f"packed {row['shape']}, {row['documents']} documents: "
               + ", ".join(f"{m} {row[m][2]:.3f}/{row[m][3]:.3f}" for m in PACKED_METHODS)
-              + f" ms (fwd/fwd+bwd); max rel err vs flex {row['max_rel_err_vs_flex']:.1e}", flush=True)
+              + f" ms (fwd/fwd+bwd); max rel err vs flex {row['max_rel_err_vs_flex']:.1e} "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
+        if "profile" in row:
+            print(row["profile"], flush=True)
         packed_rows.append(row)
     text = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
             f"{__import__('triton').__version__}; bf16, causal\n")
@@ -232,6 +502,7 @@ def main() -> None:
     if packed_rows:
         text += (f"\nPacked rows (documents of mean {MEAN_DOCUMENT} tokens), milliseconds of CUDA-graph replays; "
                  f"TFLOP/s count the pairs the document mask keeps:\n\n{packed_table(packed_rows)}\n")
+    text += "".join(row.get("profile", "") for row in rows + packed_rows)
     print(text)
     if args.out:
         args.out.write_text(text, encoding="utf-8")

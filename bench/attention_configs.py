@@ -8,6 +8,11 @@ A candidate is block_m,block_n,num_warps,num_stages; one that fails to compile o
 
     python bench/attention_configs.py
     python bench/attention_configs.py --shape 128=1,16,8192,128 --forward 128,128,8,3 128,64,8,4
+    python bench/attention_configs.py --packed --shape 128=4,16,2048,128   # the document-mask entries, packed rows
+
+With `--packed` the rows hold documents (bench/attention.py's packed rows, mean 700 tokens), the table is the
+document-mask entry and TFLOP/s count the pairs the document mask keeps; a dK/dV candidate must compile without
+spills in the document specialisation (tests/test_kernels_compile.py) before it goes into the table.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ def parse(candidate: str) -> KernelConfig:
     return KernelConfig(*(int(x) for x in candidate.split(",")))
 
 
-def time_candidate(shape, configs, backward: bool) -> float:
+def time_candidate(shape, configs, backward: bool, packed: bool = False) -> float:
     """TFLOP/s of the forward (or forward+backward) with these configs; NaN if it failed."""
     from triton.testing import do_bench
 
@@ -46,9 +51,16 @@ def time_candidate(shape, configs, backward: bool) -> float:
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     slopes = torch.rand(heads, device="cuda") * 0.5
     grad_out = torch.randn_like(q)
+    segment_ids = None
+    flops = 2.0 * batch * heads * seq * seq * head_dim * (3.5 if backward else 1.0)
+    if packed:
+        from bench.attention import packed_segment_ids, visible_pairs
+
+        segment_ids = packed_segment_ids(batch, seq).cuda()
+        flops = 4.0 * heads * head_dim * visible_pairs(segment_ids) * (3.5 if backward else 1.0)
 
     def run():
-        out = flash_attention(q, k, v, alibi_slopes=slopes, configs=configs)
+        out = flash_attention(q, k, v, alibi_slopes=slopes, segment_ids=segment_ids, configs=configs)
         if backward:
             torch.autograd.grad(out, (q, k, v), grad_out)
 
@@ -61,7 +73,6 @@ def time_candidate(shape, configs, backward: bool) -> float:
     except Exception as error:  # a candidate that does not compile (e.g. out of shared memory) is skipped
         print(f"    failed: {type(error).__name__}: {str(error)[:200]}")
         return float("nan")
-    flops = 2.0 * batch * heads * seq * seq * head_dim * (3.5 if backward else 1.0)
     return flops / ms / 1e9
 
 
@@ -71,17 +82,19 @@ def main() -> None:
                         help="head_dim=batch,heads,seq,head_dim")
     for kernel, candidates in CANDIDATES.items():
         parser.add_argument(f"--{kernel.replace('_', '-')}", nargs="*", default=candidates, dest=kernel)
+    parser.add_argument("--packed", action="store_true", help="packed rows with document masks: time the "
+                        "candidates against the document-mask entry of the table")
     args = parser.parse_args()
     arch = current_arch(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()} ({arch})")
     for spec in args.shape:
         shape = tuple(int(x) for x in spec.split("=")[1].split(","))
-        table = attention_configs(arch, shape[-1])
+        table = attention_configs(arch, shape[-1], has_segments=args.packed)
         print(f"shape {shape}, table: {table}")
         for kernel in CANDIDATES:
             for candidate in getattr(args, kernel):
                 configs = dataclasses.replace(table, **{kernel: parse(candidate)})
-                tflops = time_candidate(shape, configs, backward=kernel != "forward")
+                tflops = time_candidate(shape, configs, backward=kernel != "forward", packed=args.packed)
                 print(f"  {kernel:12s} {candidate:14s} {'fwd' if kernel == 'forward' else 'fwd+bwd'} "
                       f"{tflops:6.1f} TFLOP/s", flush=True)
 

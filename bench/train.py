@@ -10,7 +10,19 @@ tied head; grouped-query attention with `--kv-heads`). Three roles train them:
   (what the HF Trainer's `bf16=True` does), torch.optim.AdamW with `fused=True`;
 - hf (ALiBi model only): `transformers`' BloomForCausalLM of the same shape (SDPA attention where the installed
   version offers it for BLOOM, else its eager attention), trained as the anchor.
-All read random token ids (no packing, no segment ids) and use the same loss, clipping and AdamW settings. Each run
+All read random token ids and use the same loss, clipping and AdamW settings. Two kinds of rows (`--rows`):
+- dense: sequences without documents (causal attention over the whole row);
+- packed: the same random tokens in rows of packed documents, of exponential lengths with mean `--mean-document`
+  tokens (700; bench/attention.py's generator, seeded per step, the same rows in every run), numbered 0, 1, ... per
+  row as the pretrain stage's sampler numbers them. Ours reads them exactly as the pretrain stage does
+  (`pipeline.training.heldout.micro_batches`: ((token ids, segment ids), labels), the ids reaching every layer's
+  attention as `segment_ids`); the anchor builds FlexAttention's causal-and-same-document block mask once per
+  micro-batch (its time counted: a training loop pays it) and uses it in every layer, with the ALiBi score_mod
+  (ALiBi model) or none (RoPE model, FlexAttention instead of SDPA). transformers runs dense rows only.
+  MFU counts the same model FLOPs per token for both kinds (attention over the full sequence, as PaLM counts it),
+  so a packed row's MFU is the dense-equivalent rate: the document mask leaves about a third of the causal pairs
+  at 2048 tokens.
+Each run
 warms up, then times a fixed number of optimizer steps between two synchronizations; MFU = model FLOPs per token
 (`pipeline.model.flops_per_token`, the same count for every role) x tokens/s / GPUs / the peak of
 `pipeline.training.throughput`. The table ends in the ratios ours / anchor (issue 19's targets: >= 1.15 for the
@@ -29,6 +41,7 @@ and run with `Transformer(cfg)`); the table gives each run's losses and the larg
     python bench/train.py --models alibi --micro-batches 4,8 --no-hf --no-anchor
     python bench/train.py --layouts 1x1x1,1x1x2 --out train.md
     python bench/train.py --smoke                  # every role on a tiny model, fp32, 2 steps (runs on a CPU)
+    python bench/train.py --models alibi --rows dense,packed --no-hf --layouts 1x1x1   # issue 30's table
     python bench/train.py --models alibi --layouts 2x1x1 --no-hf --no-anchor --check-collectives --steps 1
     python bench/train.py --models alibi --layouts 1x1x1,1x1x2,2x1x1,2x1x1+sp,1x2x1 --no-hf --no-anchor
 
@@ -56,6 +69,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.anchor_model import AnchorModel, anchor_state_dict  # noqa: E402
+from bench.attention import MEAN_DOCUMENT, packed_segment_ids  # noqa: E402
 from pipeline.model.config import ModelConfig  # noqa: E402
 from pipeline.model.flops import flops_per_token  # noqa: E402
 from pipeline.parallel.config import ParallelConfig  # noqa: E402
@@ -65,8 +79,9 @@ from pipeline.training.throughput import device_peak_tflops  # noqa: E402
 
 LR = 1e-4
 MODELS = {"alibi": "ALiBi model", "rope": "RoPE model"}
-# Issue 19: ours / anchor tokens/s at the same batch.
-TARGETS = {"alibi": 1.15, "rope": 1.1}
+# ours / anchor tokens/s at the same batch: issue 19 (dense rows), issue 30 (packed rows, ALiBi model).
+ROW_KINDS = ("dense", "packed")
+TARGETS = {"dense": {"alibi": 1.15, "rope": 1.1}, "packed": {"alibi": 1.1, "rope": 1.1}}
 # The 1.3B measurement on GPUs, and --smoke: every role end to end on a tiny model (a CPU is enough).
 FULL = dict(hidden=2048, layers=24, heads=16, kv_heads=None, vocab=50304, seq_len=2048, init_std=0.02,
             micro_batches="8", hf_micro_batch=4, accumulation=8, agree_batch=16, agree_steps=3, warmup=1, steps=5,
@@ -116,6 +131,12 @@ def random_rows(step: int, rows: int, seq_len: int, vocab: int) -> torch.Tensor:
     """The global batch of one step: `rows` sequences of seq_len + 1 token ids, the same in every run."""
     generator = torch.Generator().manual_seed(1_000_003 * step + 17)
     return torch.randint(0, vocab, (rows, seq_len + 1), generator=generator)
+
+
+def document_ids(step: int, rows: int, seq_len: int, mean: int) -> torch.Tensor:
+    """Segment ids of the packed rows of one step, aligned with random_rows (seq_len + 1 per row), the same in every
+    run."""
+    return packed_segment_ids(rows, seq_len + 1, seed=1_000_003 * step + 29, mean=mean)
 
 
 def micro_batches(rows: torch.Tensor, micro: int, device):
@@ -173,8 +194,14 @@ def run_ours(args) -> dict:
     def step(index: int, rows_per_step: int, offset: int) -> torch.Tensor:
         rows = random_rows(offset + index, rows_per_step, args.seq_len, cfg.vocab_size)
         share = rows_per_step // built.dp_world
-        mine = rows[built.dp_rank * share:(built.dp_rank + 1) * share]
-        return engine.train_batch(iter(micro_batches(mine, args.micro, engine.device)))
+        part = slice(built.dp_rank * share, (built.dp_rank + 1) * share)
+        if args.row_kind == "packed":  # the pretrain stage's path from its sampler's rows to the engine
+            from pipeline.training.heldout import micro_batches as packed_micro_batches
+
+            segments = document_ids(offset + index, rows_per_step, args.seq_len, args.mean_document)
+            return engine.train_batch(iter(packed_micro_batches(rows[part].numpy(), segments[part].numpy(),
+                                                                args.micro, engine.device)))
+        return engine.train_batch(iter(micro_batches(rows[part], args.micro, engine.device)))
 
     agree = [float(step(i, args.agree_batch, 0)) for i in range(args.agree_steps)]
     global_batch = args.micro * args.accumulation * dp
@@ -198,11 +225,14 @@ def plain_trainer(model: torch.nn.Module, logits_of, train: TrainConfig, device:
                                   fused=True if device.type == "cuda" else None)
     bf16 = train.precision == "bf16"
 
-    def step(rows: torch.Tensor, micro: int) -> torch.Tensor:
+    def step(rows: torch.Tensor, micro: int, segments: torch.Tensor | None = None) -> torch.Tensor:
         total = torch.zeros((), device=device)
-        for ids, labels in micro_batches(rows, micro, device):
+        for index, (ids, labels) in enumerate(micro_batches(rows, micro, device)):
+            extra = ()
+            if segments is not None:
+                extra = (segments[index * micro:(index + 1) * micro, :-1].to(device, non_blocking=True),)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                logits = logits_of(ids)
+                logits = logits_of(ids, *extra)
             # Ours: float32 cross-entropy of the next token at every position, averaged over the micro-batches.
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) * len(ids) / len(rows)
             loss.backward()
@@ -225,17 +255,26 @@ def run_anchor(args) -> dict:
     if args.compile:
         for block in model.blocks:
             block.compile(fullgraph=True, dynamic=False)
-    step = plain_trainer(model, model, train_config(args), device)
-    agree = [float(step(random_rows(i, args.agree_batch, args.seq_len, cfg.vocab_size), args.micro))
-             for i in range(args.agree_steps)]
+    trainer = plain_trainer(model, model, train_config(args), device)
+    packed = args.row_kind == "packed"
+
+    def step(index: int, rows_per_step: int) -> torch.Tensor:
+        rows = random_rows(index, rows_per_step, args.seq_len, cfg.vocab_size)
+        segments = document_ids(index, rows_per_step, args.seq_len, args.mean_document) if packed else None
+        return trainer(rows, args.micro, segments)
+
+    agree = [float(step(i, args.agree_batch)) for i in range(args.agree_steps)]
     global_batch = args.micro * args.accumulation
     reset_peak_memory()
-    seconds, losses = timed(lambda i: step(random_rows(10_000 + i, global_batch, args.seq_len, cfg.vocab_size),
-                                           args.micro), args.warmup, args.steps)
+    seconds, losses = timed(lambda i: step(10_000 + i, global_batch), args.warmup, args.steps)
     attention = "SDPA is_causal"
     if cfg.position == "alibi":
         attention = ("FlexAttention + ALiBi score_mod" if device.type == "cuda"
                      else "ALiBi score_mod as SDPA's mask (FlexAttention has no backward on a CPU)")
+    if packed:
+        attention = (("FlexAttention + ALiBi score_mod" if cfg.position == "alibi" else "FlexAttention")
+                     + " + document block mask" if device.type == "cuda" else
+                     "SDPA with a document mask (FlexAttention has no backward on a CPU)")
     compiled = "torch.compile per block" if args.compile else "eager"
     result = throughput(f"anchor: plain PyTorch, {attention}, {compiled}", single_device(device), 1, args,
                         global_batch, seconds, cfg)
@@ -260,7 +299,7 @@ def run_hf(args) -> dict:
         model = BloomForCausalLM._from_config(config, attn_implementation="eager")
         attention = "eager"
     model = model.to(device).train()
-    step = plain_trainer(model, lambda ids: model(input_ids=ids).logits, train_config(args), device)
+    step = plain_trainer(model, lambda ids: model(input_ids=ids).logits, train_config(args), device)  # dense
     global_batch = args.micro * args.accumulation
     micro = args.micro
     while True:
@@ -297,7 +336,8 @@ def throughput(name: str, layout: str, gpus: int, args, global_batch: int, secon
     tokens_per_s = args.steps * global_batch * args.seq_len / seconds
     tflops = flops_per_token(cfg, args.seq_len) * tokens_per_s / gpus / 1e12
     peak = device_peak_tflops()
-    return {"name": name, "model": args.model, "layout": layout, "gpus": gpus, "global_batch": global_batch,
+    return {"name": name, "model": args.model, "rows": args.row_kind, "layout": layout, "gpus": gpus,
+            "global_batch": global_batch,
             "step_s": seconds / args.steps, "tokens_per_s": tokens_per_s, "tflops_per_gpu": tflops,
             "mfu": None if peak is None else tflops / peak, "memory_gib": _peak_gib(),
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU", "torch": torch.__version__}
@@ -305,7 +345,7 @@ def throughput(name: str, layout: str, gpus: int, args, global_batch: int, secon
 
 # The options that a run's own process reads, passed on from the command line.
 FORWARDED = ("hidden", "layers", "heads", "kv_heads", "vocab", "seq_len", "init_std", "accumulation", "agree_batch",
-             "agree_steps", "warmup", "steps", "seed", "precision", "compile", "collective_timeout")
+             "agree_steps", "warmup", "steps", "seed", "precision", "compile", "collective_timeout", "mean_document")
 
 
 def forwarded_options(args) -> list[str]:
@@ -351,29 +391,30 @@ def default_layouts(gpus: int) -> list[str]:
 
 def summary_row(text: str, value: str) -> str:
     """A row that holds one figure, in the tokens/s column."""
-    return f"| {text} | | | | | | {value} | | | | |"
+    return f"| {text} | | | | | | | {value} | | | | |"
 
 
 def table(results: list[dict], failures: list[str]) -> str:
-    lines = [("| run | model | layout (tp x pp x dp) | GPUs | micro x accum | global batch | tokens/s | "
+    lines = [("| run | model | rows | layout (tp x pp x dp) | GPUs | micro x accum | global batch | tokens/s | "
               "tokens/s per GPU | TFLOP/s per GPU | MFU | peak memory (GiB) |"),
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         mfu = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        lines.append(f"| {r['name']} | {MODELS[r['model']]} | {r['layout']} | {r['gpus']} | {r['micro']} x "
-                     f"{r['accumulation']} | {r['global_batch']} | {r['tokens_per_s']:,.0f} | "
+        lines.append(f"| {r['name']} | {MODELS[r['model']]} | {r.get('rows', 'dense')} | {r['layout']} | {r['gpus']} "
+                     f"| {r['micro']} x {r['accumulation']} | {r['global_batch']} | {r['tokens_per_s']:,.0f} | "
                      f"{r['tokens_per_s'] / r['gpus']:,.0f} | {r['tflops_per_gpu']:.1f} | {mfu} | "
                      f"{r['memory_gib']:.1f} |")
     agreement = []
-    for model, label in MODELS.items():
-        rows = [r for r in results if r["model"] == model]
+    kinds = sorted({r.get("rows", "dense") for r in results}, key=ROW_KINDS.index)
+    for (model, label), kind in ((m, k) for m in MODELS.items() for k in kinds):
+        rows = [r for r in results if r["model"] == model and r.get("rows", "dense") == kind]
         ours_single = [r for r in rows if r["role"] == "ours" and r["layout"] == "1x1x1"]
         hf = [r for r in rows if r["role"] == "hf"]
         for r in ours_single:
             for anchor in (a for a in rows if a["role"] == "anchor" and a["micro"] == r["micro"]):
-                ratio, target = r["tokens_per_s"] / anchor["tokens_per_s"], TARGETS[model]
-                lines.append(summary_row(f"ratio ours (1x1x1) / anchor, {label}, micro {r['micro']}, global batch "
-                                         f"{r['global_batch']} (target >= {target}: "
+                ratio, target = r["tokens_per_s"] / anchor["tokens_per_s"], TARGETS[kind][model]
+                lines.append(summary_row(f"ratio ours (1x1x1) / anchor, {label}, {kind} rows, micro {r['micro']}, "
+                                         f"global batch {r['global_batch']} (target >= {target}: "
                                          f"{'met' if ratio >= target else 'MISSED'})", f"{ratio:.3f}"))
             for other in hf:
                 lines.append(summary_row(f"ratio ours (1x1x1, micro {r['micro']}, global batch {r['global_batch']}) "
@@ -386,9 +427,9 @@ def table(results: list[dict], failures: list[str]) -> str:
             if r["role"] == "ours" and r["gpus"] > 1:
                 for base in (s for s in ours_single if s["micro"] == r["micro"]):
                     efficiency = r["tokens_per_s"] / (r["gpus"] * base["tokens_per_s"])
-                    lines.append(summary_row(f"tokens/s against {r['gpus']} single GPUs, {r['layout']}, {label} "
-                                             f"(micro {r['micro']})", f"{efficiency:.3f}"))
-        agreement += agreement_table(label, [r for r in rows if r["agree_losses"]])
+                    lines.append(summary_row(f"tokens/s against {r['gpus']} single GPUs, {r['layout']}, {label}, "
+                                             f"{kind} rows (micro {r['micro']})", f"{efficiency:.3f}"))
+        agreement += agreement_table(f"{label}, {kind} rows", [r for r in rows if r["agree_losses"]])
     return "\n".join(lines + agreement + [line for failure in failures for line in ("", failure)])
 
 
@@ -439,6 +480,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--layouts", default=None, help="tp x pp x dp of our runs, e.g. 1x1x1,1x1x4,2x1x1+sp (+sp: "
                         "with sequence parallelism) "
                         "(default: 1x1x1, DP over all GPUs, and 2x2x2 on 8 GPUs)")
+    parser.add_argument("--rows", default="dense,packed", help="row kinds: dense (no documents), packed (documents "
+                        "with segment ids), or both (comma-separated)")
+    parser.add_argument("--mean-document", type=int, default=MEAN_DOCUMENT, help="mean document length of packed "
+                        "rows (tokens; exponential lengths)")
     parser.add_argument("--agree-steps", type=int)
     parser.add_argument("--agree-batch", type=int, help="sequences per agreement step (a multiple of micro x dp of "
                         "every layout)")
@@ -462,6 +507,7 @@ def parse_args() -> argparse.Namespace:
     # Internal: one measurement, in the process that runs it.
     parser.add_argument("--role", choices=("ours", "anchor", "hf"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=tuple(MODELS), default="alibi", help=argparse.SUPPRESS)
+    parser.add_argument("--row-kind", choices=ROW_KINDS, default="dense", help=argparse.SUPPRESS)
     parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--layout", default="1x1x1", help=argparse.SUPPRESS)
     parser.add_argument("--micro", type=int, default=4, help=argparse.SUPPRESS)
@@ -485,6 +531,10 @@ def main() -> None:
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         sys.exit(f"--models: unknown {', '.join(unknown)}; allowed: {', '.join(MODELS)} (comma-separated)")
+    row_kinds = args.rows.split(",")
+    unknown = sorted(set(row_kinds) - set(ROW_KINDS))
+    if unknown:
+        sys.exit(f"--rows: unknown {', '.join(unknown)}; allowed: {', '.join(ROW_KINDS)} (comma-separated)")
     gpus = torch.cuda.device_count()
     if gpus == 0 and not args.smoke:
         sys.exit("bench/train.py measures bf16 training throughput on CUDA GPUs, and none is visible. "
@@ -503,24 +553,28 @@ def main() -> None:
             started = time.perf_counter()
             write_init(model_config(args), init, args.seed)
             print(f"{model}: initial weights written in {time.perf_counter() - started:.0f} s", flush=True)
-            runs = [("ours", layout, micro) for layout in layouts for micro in micros]
-            if not args.no_anchor:
-                runs += [("anchor", "1x1x1", micro) for micro in micros]
-            if not args.no_hf and model == "alibi":
-                runs.append(("hf", "1x1x1", args.hf_micro_batch))
-            for role, layout, micro in runs:
+            runs = []
+            for kind in row_kinds:
+                runs += [("ours", layout, micro, kind) for layout in layouts for micro in micros]
+                if not args.no_anchor:
+                    runs += [("anchor", "1x1x1", micro, kind) for micro in micros]
+            if not args.no_hf and model == "alibi" and "dense" in row_kinds:
+                runs.append(("hf", "1x1x1", args.hf_micro_batch, "dense"))
+            for role, layout, micro, kind in runs:
                 tp, pp, dp, _ = parse_layout(layout)
                 world = tp * pp * dp
                 if world > devices:
                     failures.append(f"{role} {model} {layout}: needs {world} GPUs, this machine has {gpus}; not run.")
                     continue
-                result_file = Path(scratch, f"{role}-{model}-{layout}-micro{micro}.json")
-                extra = [f"--model={model}", f"--layout={layout}", f"--micro={micro}", f"--init={init}"]
+                result_file = Path(scratch, f"{role}-{model}-{kind}-{layout}-micro{micro}.json")
+                extra = [f"--model={model}", f"--layout={layout}", f"--micro={micro}", f"--init={init}",
+                         f"--row-kind={kind}"]
                 started = time.perf_counter()
                 result, error = launch(args, role, result_file, extra, gpus=world)
-                print(f"{role} {model} {layout} micro {micro}: {time.perf_counter() - started:.0f} s", flush=True)
+                print(f"{role} {model} {kind} rows {layout} micro {micro}: {time.perf_counter() - started:.0f} s",
+                      flush=True)
                 if result is None:
-                    failures.append(f"{role} {model} {layout} micro {micro} FAILED:\n```\n{error}\n```")
+                    failures.append(f"{role} {model} {kind} rows {layout} micro {micro} FAILED:\n```\n{error}\n```")
                     print(failures[-1], flush=True)
                 else:
                     results.append(result)
@@ -529,7 +583,10 @@ def main() -> None:
     report = table(results, failures)
     device_names = sorted({r["device"] for r in results})
     checked = "; collectives checked (TORCH_DISTRIBUTED_DEBUG=DETAIL: slower)" if args.check_collectives else ""
-    header = (f"device: {', '.join(device_names) or '?'} x{devices}; seq {args.seq_len}, {args.precision}{checked}; "
+    packed_note = (f"; packed rows: documents of mean {args.mean_document} tokens (exponential)"
+                   if "packed" in row_kinds else "")
+    header = (f"device: {', '.join(device_names) or '?'} x{devices}; seq {args.seq_len}, {args.precision}{checked}"
+              f"{packed_note}; "
               f"{'; '.join(shapes)}; "
               f"{args.steps} timed steps after {args.warmup} warm-up steps")
     print("\n" + header + "\n\n" + report)

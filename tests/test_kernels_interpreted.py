@@ -11,6 +11,7 @@ only: the interpreter mishandles bfloat16 (tests/test_kernels_gpu.py checks bf16
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -73,8 +74,13 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def assert_close(actual, expected, dtype, what):
+    """Relative error below the dtype's tolerance; where the expected tensor is exactly zero (dQ and dK when every
+    query sees itself only), the root mean square of the actual one instead."""
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    error = relative_error(actual, expected)
+    if expected.count_nonzero() == 0:
+        error = actual.double().square().mean().sqrt().item()
+    else:
+        error = relative_error(actual, expected)
     assert error < TOLERANCE[dtype], f"{what}: relative error {error:.2e} >= {TOLERANCE[dtype]}"
 
 
@@ -127,15 +133,17 @@ def check_attention_matches_reference(interpreted, batch, heads, kv_heads, seq, 
 
 @pytest.mark.parametrize("arch", sorted(ATTENTION))
 def check_attention_with_each_architecture_tiles(interpreted, arch):
-    """The tile sizes of every table entry give the same result (the interpreter ignores warps and stages); the
-    document-mask entries run with documents where their tiles differ from the dense ones."""
+    """The tile sizes of every table entry give the same result (the interpreter ignores warps and stages), dense
+    and with documents: the document-mask entries of head dim 64 and those whose tiles differ from the dense ones
+    (with 128-key dK/dV blocks the first key block spans two documents and the second lies inside one, so both of
+    the kernel's masking paths run)."""
     torch.manual_seed(1)
     slopes = torch.tensor([0.25, 0.0625])
     tiles = lambda configs: [(c.block_m, c.block_n) for c in (configs.forward, configs.backward_kv, configs.backward_q)]
     for head_dim, dense in ATTENTION[arch].items():
         documents = dense.specialised(True)
         cases = [(dense, None)] + ([(documents, packed_documents(1, 160, [50, 110]))]
-                                   if tiles(documents) != tiles(dense) else [])
+                                   if head_dim == 64 or tiles(documents) != tiles(dense) else [])
         for configs, segment_ids in cases:
             q = torch.randn(1, 2, 160, head_dim)
             k, v = (torch.randn(1, 1, 160, head_dim) for _ in range(2))
@@ -144,6 +152,107 @@ def check_attention_with_each_architecture_tiles(interpreted, arch):
             reference_attend = lambda q, k, v, segment_ids=segment_ids: reference.attention(
                 q, k, v, alibi_slopes=slopes.double(), segment_ids=segment_ids)
             compare_with_reference(attend, reference_attend, [q, k, v], torch.float32)
+
+
+def document_ids(seq: int, boundaries: list[int]) -> torch.Tensor:
+    """Segment ids 0, 1, ... of one row whose documents start at these positions (and at 0)."""
+    return (torch.arange(seq)[:, None] >= torch.tensor(boundaries)[None, :]).sum(1)
+
+
+# One row of many documents (the interpreter's tiles are 64 and 32 wide): one-token documents at the row's start and
+# end and on each side of 32- and 64-token block edges, the others starting inside blocks.
+MANY_DOCUMENTS = [1, 3, 31, 32, 33, 63, 64, 65, 96, 127, 128, 149]
+LAYOUTS = {
+    # a row that is one document beside a row of many: every block full in the first, few in the second
+    "one and many": lambda seq: torch.stack([torch.zeros(seq, dtype=torch.long), document_ids(seq, MANY_DOCUMENTS)]),
+    # every document starts and ends inside a block, none a multiple of a tile
+    "inside blocks": lambda seq: torch.stack([document_ids(seq, [45, 115, 135]), document_ids(seq, [20, 90])]),
+    # every token its own document: each query sees itself only
+    "one-token documents": lambda seq: torch.arange(seq).repeat(2, 1),
+}
+
+
+@pytest.mark.parametrize("layout, causal, kv_heads, dtype", [
+    ("one and many", True, 2, torch.float32),
+    ("one and many", False, 1, torch.float16),
+    ("inside blocks", True, 1, torch.float16),
+    ("inside blocks", False, 2, torch.float32),
+    ("one-token documents", True, 2, torch.float32),
+])
+def check_attention_document_layouts(interpreted, layout, causal, kv_heads, dtype):
+    """Outputs and dQ, dK, dV against the reference for rows of one document and of many, one-token documents and
+    documents that start inside a block, with ALiBi, causal and bidirectional."""
+    seq, heads, head_dim = 150, 2, 32
+    torch.manual_seed(seq)
+    q = torch.randn(2, heads, seq, head_dim, dtype=dtype)
+    k, v = (torch.randn(2, kv_heads, seq, head_dim, dtype=dtype) for _ in range(2))
+    compare_with_reference(kernels.flash_attention, reference.attention, [q, k, v], dtype, causal=causal,
+                           alibi_slopes=torch.tensor([0.3, 0.05]), segment_ids=LAYOUTS[layout](seq))
+
+
+def check_row_masks_equal_element_wise_masks(interpreted):
+    """The dK/dV kernel's per-query document mask (key blocks inside one document) gives what the per-score mask
+    gives; the layout has key blocks of both kinds."""
+    attention = interpreted["attention"]
+    seq = 150
+    segment_ids = LAYOUTS["one and many"](seq)
+    configs = ATTENTION["default"][64]
+    keys = configs.backward_kv.block_n
+    blocks = torch.nn.functional.pad(segment_ids, (0, -seq % keys), value=-1).unflatten(1, (-1, keys))
+    one_document = [len(set(block[block >= 0].tolist())) == 1 for row in blocks for block in row]
+    assert any(one_document) and not all(one_document)
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 1, seq, 16, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(2, 1, seq, 16)
+    results = []
+    for row_masks in (True, False):
+        out = attention.flash_attention(q, k, v, alibi_slopes=torch.tensor([0.3]), segment_ids=segment_ids,
+                                        configs=dataclasses.replace(configs, row_masks=row_masks))
+        results.append([out, *torch.autograd.grad(out, (q, k, v), grad_out)])
+    for name, with_rows, per_score in zip(("output", "dq", "dk", "dv"), *results):
+        assert torch.allclose(with_rows, per_score, rtol=1e-6, atol=1e-6), name
+
+
+def check_document_blocks_are_resolved_once_per_batch(interpreted, monkeypatch):
+    """Layers that get the same segment_ids tensor share its int32 copy and block ranges: one range launch per
+    tiling for a forward and backward through two layers, with the same outputs and gradients as layers that each
+    get a copy of the ids (resolved per call); ids changed in place are resolved again; an entry leaves with its
+    tensor."""
+    attention = interpreted["attention"]
+    launches = []
+    resolve = attention._segment_ranges
+    monkeypatch.setattr(attention, "_segment_ranges", lambda *args: launches.append(args[1:]) or resolve(*args))
+    seq = 100
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 1, seq, 16, requires_grad=True) for _ in range(3))
+    slopes = torch.tensor([0.3])
+
+    def two_layers(ids_of_layer):
+        x = q
+        for layer in range(2):
+            x = kernels.flash_attention(x, k, v, alibi_slopes=slopes, segment_ids=ids_of_layer(layer))
+        return [x, *torch.autograd.grad(x.square().sum(), (q, k, v))]
+
+    segment_ids = LAYOUTS["inside blocks"](seq).to(torch.int32)  # int32: what the kernels read, yet a copy is kept
+    shared = two_layers(lambda layer, ids=segment_ids: ids)
+    configs = ATTENTION["default"][64]
+    tilings = {(configs.forward.block_m, configs.forward.block_n), (configs.backward_q.block_m,
+               configs.backward_q.block_n), (configs.backward_kv.block_n, configs.backward_kv.block_m)}
+    assert sorted(launches) == sorted(tilings), launches
+    launches.clear()
+    separate = two_layers(lambda layer, ids=segment_ids: ids.clone())
+    assert len(launches) == 2 * len(tilings)
+    for name, a, b in zip(("output", "dq", "dk", "dv"), shared, separate):
+        assert torch.equal(a, b), name
+
+    segment_ids.copy_(LAYOUTS["one and many"](seq))  # in place: the version counter moves
+    out = kernels.flash_attention(q, k, v, alibi_slopes=slopes, segment_ids=segment_ids)
+    expected = reference.attention(q.double(), k.double(), v.double(), alibi_slopes=slopes.double(),
+                                   segment_ids=segment_ids)
+    assert_close(out, expected, torch.float32, "output after the ids changed in place")
+    entries = len(attention._DOCUMENT_BLOCKS)
+    del segment_ids
+    assert len(attention._DOCUMENT_BLOCKS) == entries - 1
 
 
 @pytest.mark.parametrize("outer, inner", [(64, 32), (32, 64)])

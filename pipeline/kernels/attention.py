@@ -23,16 +23,22 @@ Which tile pairs run: causal loops run the blocks wholly on the visible side of 
 causal mask and only the diagonal blocks with one. Document masks (segment ids) are resolved per block
 before the attention kernels run (`_segment_block_ranges`, one small launch per tiling): each block gets
 the range of the other side's blocks that share a segment with it, and inside it the run of "full" blocks
-where every pair does; the kernels loop over that range only. The forward and dQ kernels apply the document
-mask to the partial blocks at the range's ends and nothing to the full ones; the dK/dV kernel masks its
-whole range (a split would spill, see there). The loops have no data-dependent branch, so Triton's
-software pipeliner streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's
-work, as this kernel had before, keeps the loads out of the pipeline (BENCHMARKS.md, packed rows).
+where every pair does; the kernels loop over that range only. The ranges are resolved once per batch: every
+layer that gets the same `segment_ids` tensor (unchanged: its version counter) reuses the int32 ids and the
+ranges of the first (`_document_blocks`). The forward and dQ kernels apply the document mask to the partial
+blocks at the range's ends and nothing to the full ones; the dK/dV kernel masks its whole range (a split
+would spill, see there), but where its key block lies inside one document a query sees all of the block's
+keys or none, so it masks per query, one select on the query's LSE, instead of per score (the diagonal
+blocks and key blocks that span documents keep the per-score mask). The loops have no data-dependent branch,
+so Triton's software pipeliner streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around
+the tile's work, as this kernel had before, keeps the loads out of the pipeline (BENCHMARKS.md, packed
+rows); the dK/dV kernel's choice between the two masks is one branch per program around whole loops.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional
 
 import torch
@@ -46,6 +52,9 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E): the kernels work in the 
 # garbage that the next real maximum rescales to exactly 0 (no inf - inf = NaN); the backward subtracts
 # a finite LSE from it and gets exp2(-1e30) = 0.
 MASKED = tl.constexpr(-1.0e30)
+# A row's LSE where a whole tile row is masked at once (the dK/dV kernel's per-query document mask): scores minus
+# it are -1e30 and exp2 gives exactly 0, as for MASKED scores.
+UNSEEN = tl.constexpr(1.0e30)
 INT32_MAX = tl.constexpr(2147483647)
 INT32_MIN = tl.constexpr(-2147483648)
 
@@ -292,23 +301,28 @@ def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr,
 @triton.jit
 def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_ptr, delta_ptr,
                               seg_row_ptr, seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len,
-                              head_dim, lo, hi,
+                              head_dim, lo, hi, block_segment,
                               BLOCK_M: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                              CHECK_QUERIES: tl.constexpr, SEGMENT_MASK: tl.constexpr, CHECK_D: tl.constexpr):
-    """dK, dV of one key block from the query blocks [lo, hi) of one query head (keys x queries)."""
+                              CHECK_QUERIES: tl.constexpr, SEGMENT_MASK: tl.constexpr, ROW_MASK: tl.constexpr,
+                              CHECK_D: tl.constexpr):
+    """dK, dV of one key block from the query blocks [lo, hi) of one query head (keys x queries). With ROW_MASK
+    the key block lies in one document, `block_segment`: a query sees all of its keys or none, so the document
+    mask is one select per query on the LSE (UNSEEN: p = 0) instead of one per score."""
     for start_m in tl.range(lo, hi, BLOCK_M):
         queries = start_m + offs_m
         seg_q = queries
-        if SEGMENT_MASK:
+        if SEGMENT_MASK or ROW_MASK:
             seg_q = tl.load(seg_row_ptr + queries, mask=queries < seq_len, other=-1)
         q = _load_tile(q_ptrs + start_m * stride_qs, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
         lse = _load_rows(lse_ptr + queries, queries, seq_len, CHECK_QUERIES)
         delta = _load_rows(delta_ptr + queries, queries, seq_len, CHECK_QUERIES)
         if HAS_ALIBI:  # into this kernel's frame, anchored at the key block
             lse = lse + alibi_slope2 * (queries - anchor).to(tl.float32)
+        if ROW_MASK:
+            lse = tl.where(seg_q == block_segment, lse, UNSEEN)
         scores_t = _masked_scores(k, q, offs_n, queries, seg_k, seg_q, alibi_slope2, anchor, qk_scale, seq_len,
                                   QUERIES_FIRST=False, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL_MASK,
-                                  CHECK_B=CHECK_QUERIES, SEGMENT_MASK=SEGMENT_MASK)
+                                  CHECK_B=CHECK_QUERIES, SEGMENT_MASK=SEGMENT_MASK and not ROW_MASK)
         p_t = tl.math.exp2(scores_t - lse[None, :])
         do = _load_tile(do_ptrs + start_m * stride_dos, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
@@ -327,7 +341,7 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
                            heads, kv_heads, group, seq_len, head_dim, qk_scale, sm_scale,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                            CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
-                           CHECK_SEQ: tl.constexpr, CHECK_D: tl.constexpr):
+                           CHECK_SEQ: tl.constexpr, CHECK_D: tl.constexpr, ROW_MASKS: tl.constexpr):
     block = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
     batch = batch_kv_head // kv_heads
@@ -347,6 +361,16 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
     region_lo = diagonal_end if CAUSAL else 0
     lo, _, _, hi, seg_k = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_n, seq_len, region_lo, seq_len,
                                          HAS_SEGMENTS=HAS_SEGMENTS)
+    # Most key blocks of packed rows lie inside one document (all but about one in mean length / BLOCK_N): those
+    # mask per query, the others per score. One branch per program, around whole loops, so that each loop stays
+    # free of data-dependent branches (and software-pipelined).
+    block_segment = 0
+    one_document = False
+    if HAS_SEGMENTS:
+        if ROW_MASKS:
+            keys_valid = offs_n < seq_len
+            block_segment = tl.min(tl.where(keys_valid, seg_k, INT32_MAX), 0)
+            one_document = block_segment == tl.max(tl.where(keys_valid, seg_k, INT32_MIN), 0)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -364,15 +388,23 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
             dk, dv = _backward_kv_query_blocks(
                 dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr,
                 seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, anchor,
-                diagonal_end, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True, CHECK_QUERIES=CHECK_SEQ,
-                SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
+                diagonal_end, block_segment, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True,
+                CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=HAS_SEGMENTS, ROW_MASK=False, CHECK_D=CHECK_D)
         # Not split into partial and full blocks like the forward: the dK/dV program already holds K, V, dK and dV
-        # of its keys, and the extra loops would spill on sm90; every block of the document range is masked.
-        dk, dv = _backward_kv_query_blocks(
-            dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr, seg_k,
-            offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
-            BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_QUERIES=CHECK_SEQ,
-            SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
+        # of its keys, and the extra loops would spill on sm90; every block of the document range is masked, per
+        # query where the key block lies inside one document, else per score.
+        if one_document:
+            dk, dv = _backward_kv_query_blocks(
+                dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr,
+                seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
+                block_segment, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_QUERIES=CHECK_SEQ,
+                SEGMENT_MASK=HAS_SEGMENTS, ROW_MASK=True, CHECK_D=CHECK_D)
+        else:
+            dk, dv = _backward_kv_query_blocks(
+                dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr,
+                seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
+                block_segment, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_QUERIES=CHECK_SEQ,
+                SEGMENT_MASK=HAS_SEGMENTS, ROW_MASK=False, CHECK_D=CHECK_D)
 
     dk = dk * sm_scale
     _store_tile(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
@@ -497,6 +529,57 @@ def _segment_ranges(segments: torch.Tensor, outer: int, inner: int) -> torch.Ten
     return ranges
 
 
+class _DocumentBlocks:
+    """One batch's segment ids as the kernels read them (int32, contiguous) and their block ranges per tiling,
+    each resolved on first use and then kept: a model hands the same `segment_ids` tensor to every layer, and
+    every layer's forward and backward reuse what the first one resolved (one small launch per tiling and batch
+    instead of per layer; `_document_blocks` finds the entry again)."""
+
+    def __init__(self, segment_ids: torch.Tensor, keep: bool) -> None:
+        # Always a copy: were it the caller's tensor (already int32), the kept entry would keep that tensor alive.
+        self.segments = segment_ids.to(torch.int32, copy=True).contiguous()
+        self.keep = keep  # False while a CUDA graph is being captured: what it computes exists only in replays
+        self._ranges: dict[tuple[int, int], torch.Tensor] = {}
+
+    def ranges(self, outer: int, inner: int) -> torch.Tensor:
+        ranges = self._ranges.get((outer, inner))
+        if ranges is None:
+            ranges = _segment_ranges(self.segments, outer, inner)
+            if self.keep and not _capturing(self.segments):
+                self._ranges[outer, inner] = ranges
+        return ranges
+
+
+def _capturing(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+# id(segment_ids) -> (weak reference to it, its version counter then, its blocks); entries leave with their tensor.
+_DOCUMENT_BLOCKS: dict[int, tuple[weakref.ref, int, _DocumentBlocks]] = {}
+
+
+def _document_blocks(segment_ids: torch.Tensor) -> _DocumentBlocks:
+    """The blocks of `segment_ids`, shared by every call that passes this very tensor unchanged: its version counter,
+    which every in-place torch op on it bumps, must not have moved (ids changed behind torch's back, through a
+    numpy view or `.data`, are not seen: pass a new tensor instead). Inference tensors have no version counter and
+    nothing is kept while a CUDA graph is captured; both are resolved per call."""
+    if segment_ids.is_inference() or _capturing(segment_ids):
+        return _DocumentBlocks(segment_ids, keep=False)
+    key, version = id(segment_ids), segment_ids._version
+    entry = _DOCUMENT_BLOCKS.get(key)
+    if entry is not None and entry[0]() is segment_ids and entry[1] == version:
+        return entry[2]
+    blocks = _DocumentBlocks(segment_ids, keep=True)
+
+    def forget(_, key=key):
+        current = _DOCUMENT_BLOCKS.get(key)
+        if current is not None and current[0]() is None:
+            del _DOCUMENT_BLOCKS[key]
+
+    _DOCUMENT_BLOCKS[key] = (weakref.ref(segment_ids, forget), version, blocks)
+    return blocks
+
+
 def _check_inputs(q, k, v, alibi_slopes, segment_ids) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"flash_attention: q, k, v must be (batch, heads, seq, head_dim); got {tuple(q.shape)}, "
@@ -531,9 +614,10 @@ class _FlashAttention(torch.autograd.Function):
         sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         has_alibi, has_segments = alibi_slopes is not None, segment_ids is not None
         slopes2 = alibi_slopes.to(torch.float32) * LOG2E if has_alibi else q  # q: an unused pointer
-        segments = segment_ids.to(torch.int32).contiguous() if has_segments else q.new_empty((1, 1), dtype=torch.int32)
+        blocks = _document_blocks(segment_ids) if has_segments else None
+        segments = blocks.segments if has_segments else q.new_empty((1, 1), dtype=torch.int32)
         cfg = configs.forward
-        ranges = _segment_ranges(segments, cfg.block_m, cfg.block_n) if has_segments else segments
+        ranges = blocks.ranges(cfg.block_m, cfg.block_n) if has_segments else segments
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
         _attention_forward[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
@@ -543,14 +627,17 @@ class _FlashAttention(torch.autograd.Function):
             heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi,
             HAS_SEGMENTS=has_segments, CHECK_SEQ=check_seq, CHECK_D=check_d, **cfg.launch_options(arch))
-        ctx.save_for_backward(q, k, v, out, lse, slopes2, segments, ranges)
+        ctx.save_for_backward(q, k, v, out, lse, slopes2)
         ctx.settings = (causal, has_alibi, has_segments, sm_scale, configs)
+        ctx.blocks = blocks  # integer tensors, shared by the layers of a batch: not saved per layer
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, slopes2, segments, forward_ranges = ctx.saved_tensors
+        q, k, v, out, lse, slopes2 = ctx.saved_tensors
         causal, has_alibi, has_segments, sm_scale, configs = ctx.settings
+        blocks = ctx.blocks
+        segments = blocks.segments if has_segments else q.new_empty((1, 1), dtype=torch.int32)
         batch, heads, seq_len, head_dim = q.shape
         kv_heads = k.shape[1]
         arch = current_arch(q.device)
@@ -558,11 +645,7 @@ class _FlashAttention(torch.autograd.Function):
         grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
 
         def ranges_for(outer: int, inner: int) -> torch.Tensor:
-            if not has_segments:
-                return segments
-            if (outer, inner) == (configs.forward.block_m, configs.forward.block_n):
-                return forward_ranges
-            return _segment_ranges(segments, outer, inner)
+            return blocks.ranges(outer, inner) if has_segments else segments
 
         delta = torch.empty_like(lse)
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -585,7 +668,8 @@ class _FlashAttention(torch.autograd.Function):
             v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), segments.stride(0),
             heads, kv_heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROW_MASKS=configs.row_masks, **flags,
+            **cfg.launch_options(arch))
         return dq, dk, dv, None, None, None, None, None
 
 
