@@ -210,6 +210,8 @@ def run_ours(args) -> dict:
     seconds, losses = timed(lambda i: step(i, global_batch, 10_000), args.warmup, args.steps)
     result = throughput("ours", args.layout, dist.get_world_size(), args, global_batch, seconds, cfg)
     result.update(role="ours", agree_losses=agree, losses=losses, micro=args.micro, accumulation=args.accumulation)
+    if args.profile:
+        result["profile"] = profile_steps(lambda i: step(i, global_batch, 20_000), args.profile)
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -345,7 +347,42 @@ def throughput(name: str, layout: str, gpus: int, args, global_batch: int, secon
 
 # The options that a run's own process reads, passed on from the command line.
 FORWARDED = ("hidden", "layers", "heads", "kv_heads", "vocab", "seq_len", "init_std", "accumulation", "agree_batch",
-             "agree_steps", "warmup", "steps", "seed", "precision", "compile", "collective_timeout", "mean_document")
+             "agree_steps", "warmup", "steps", "seed", "precision", "compile", "collective_timeout", "mean_document",
+             "profile")
+
+
+def profile_steps(step, steps: int) -> dict:
+    """Rank 0's GPU kernels over `steps` steps (torch.profiler): per step, the time of all kernels, of NCCL's, and
+    the kernels that take most, so that a layout's communication shows against its computation."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = torch.cuda.is_available()  # on a CPU (--smoke) the operators' own CPU time stands in
+    times = ("self_device_time_total", "self_cuda_time_total") if on_gpu else ("self_cpu_time_total",)
+    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+        for index in range(steps):
+            step(index)
+        synchronize()
+    kernels = {}
+    for event in prof.key_averages():
+        own = next((float(getattr(event, name)) for name in times if hasattr(event, name)), 0.0)
+        if own > 0:
+            kernels[event.key] = kernels.get(event.key, 0.0) + own / 1000 / steps
+    top = sorted(kernels.items(), key=lambda item: -item[1])[:12]
+    return {"steps": steps, "kernel_ms_per_step": sum(kernels.values()),
+            "nccl_ms_per_step": sum(ms for name, ms in kernels.items() if "nccl" in name.lower()),
+            "top": [[name[:90], ms] for name, ms in top]}
+
+
+def profile_table(results: list[dict]) -> list[str]:
+    lines = []
+    for r in (r for r in results if r.get("profile")):
+        p = r["profile"]
+        lines += ["", f"Profile, {r['name']} {r['layout']} ({r.get('rows', 'dense')} rows, rank 0, {p['steps']} steps): "
+                  f"{p['kernel_ms_per_step']:.1f} ms of kernels per step, of which NCCL {p['nccl_ms_per_step']:.1f} ms "
+                  f"({100 * p['nccl_ms_per_step'] / max(p['kernel_ms_per_step'], 1e-9):.1f}%); step "
+                  f"{1000 * r['step_s']:.1f} ms", "", "| kernel | ms per step |", "|---|---:|"]
+        lines += [f"| `{name}` | {ms:.2f} |" for name, ms in p["top"]]
+    return lines
 
 
 def forwarded_options(args) -> list[str]:
@@ -430,7 +467,8 @@ def table(results: list[dict], failures: list[str]) -> str:
                     lines.append(summary_row(f"tokens/s against {r['gpus']} single GPUs, {r['layout']}, {label}, "
                                              f"{kind} rows (micro {r['micro']})", f"{efficiency:.3f}"))
         agreement += agreement_table(f"{label}, {kind} rows", [r for r in rows if r["agree_losses"]])
-    return "\n".join(lines + agreement + [line for failure in failures for line in ("", failure)])
+    return "\n".join(lines + agreement + profile_table(results)
+                     + [line for failure in failures for line in ("", failure)])
 
 
 def agreement_table(label: str, runs: list[dict]) -> list[str]:
@@ -502,6 +540,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--check-collectives", action="store_true", help="run our layouts with "
                         "TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective checked to be the same on all ranks "
                         "first, a mismatch fails at once naming both; slower, so its timings are not the benchmark's")
+    parser.add_argument("--profile", type=int, default=0, help="profile this many steps of each of our layouts "
+                        "after the timed ones (rank 0's kernels: computation against NCCL)")
     parser.add_argument("--log-dir", default=None, help="write each run's full output here")
     parser.add_argument("--out", default=None, help="also write the table and results (JSON) here")
     # Internal: one measurement, in the process that runs it.
