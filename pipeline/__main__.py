@@ -13,7 +13,7 @@ from pipeline.config import CONF_DIR, register_configs, validate
 from pipeline.errors import ConfigError, StageError, StageInterrupted
 from pipeline.languages import UnknownLanguageError
 from pipeline.overrides import OverrideError, preflight
-from pipeline.planning import print_plan
+from pipeline.memory_fit import print_plan
 from pipeline.targets import PLAN_TARGET, WORKFLOW_TARGETS, check_target
 
 log = logging.getLogger("pipeline")

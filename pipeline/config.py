@@ -26,12 +26,11 @@ from pipeline.evaluation.config import EvalConfig, validate_eval
 from pipeline.languages import LANGUAGES, LanguageConfig, language_config
 from pipeline.mixing.config import MixConfig, validate_mix
 from pipeline.model.base_shape import check_base_shape
-from pipeline.model.config import ModelConfig, validate_model
-from pipeline.model.export_config import ExportConfig, validate_export
+from pipeline.model.config import ExportConfig, ModelConfig, validate_export, validate_model
 from pipeline.packing.config import PackConfig, validate_pack
 from pipeline.parallel.config import ParallelConfig, validate_parallel
 from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
-from pipeline.planning.config import PlanConfig, validate_plan
+from pipeline.memory_fit.config import PlanConfig, validate_plan
 from pipeline.tokenization.config import TokenizerConfig, validate_tokenizer
 from pipeline.training.config import TrainConfig, validate_training
 from pipeline.warmstart.config import WarmupConfig, validate_warmup

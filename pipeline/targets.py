@@ -2,7 +2,7 @@
 
 The recipe's stages in order (each a module of pipeline/stages/ under the stage contract), `all` for the
 whole chain of one language, the Slurm targets of pipeline/workflow/, which take several languages, and `plan`
-(pipeline/planning/), which takes none.
+(pipeline/memory_fit/), which takes none.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pipeline.errors import ConfigError
 STAGE_NAMES: tuple[str, ...] = ("clean", "mix", "tokenizer", "pack", "warmup", "pretrain", "evaluate")
 # stage=workflow submits the chain to Slurm for one or many languages; stage=status shows how far it got.
 WORKFLOW_TARGETS: tuple[str, ...] = ("workflow", "status")
-# stage=plan prints whether the training layout fits the device (pipeline/planning/); it needs no language.
+# stage=plan prints whether the training layout fits the device (pipeline/memory_fit/); it needs no language.
 PLAN_TARGET = "plan"
 TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", *WORKFLOW_TARGETS, PLAN_TARGET)
 

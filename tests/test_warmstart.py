@@ -20,8 +20,7 @@ from pipeline.tokenization.surfaces import spelling, token_bytes
 from pipeline.tokenization.trained import TrainedTokenizer
 from pipeline.tokenization.training import train_tokenizer
 from pipeline.warmstart.focus import sparsemax
-from pipeline.warmstart.freezing import warmup_trainable
-from pipeline.warmstart.initialise import transfer_plan, warm_started
+from pipeline.warmstart.initialise import transfer_plan, warm_started, warmup_trainable
 from pipeline.warmstart.transfer import build_matrix, plan_rows
 
 ENGLISH = ["the king had three daughters and a house by the sea"] * 50 + ["she walked home in the rain"] * 50

@@ -39,7 +39,7 @@ from pipeline.model.files import base_identity, check_finite, load_base
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from pipeline.training.heldout import load_rows
-from pipeline.training.outputs import EXPORT, HELDOUT_FILE, METRICS_FILE
+from pipeline.training.job import EXPORT, HELDOUT_FILE, METRICS_FILE
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pipeline.model.config import ModelConfig
 from pipeline.model.flops import parameter_count
-from pipeline.planning.devices import GIB
-from pipeline.planning.plan import Plan
+from pipeline.memory_fit.devices import GIB
+from pipeline.memory_fit.plan import Plan
 
 _COLUMNS = ("stage", "blocks", "weights", "grads", "optimizer", "activations", "{other}", "head+loss", "buffers",
             "peak", "at", "of usable")

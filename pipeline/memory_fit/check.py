@@ -7,11 +7,11 @@ import logging
 
 from pipeline.errors import StageError
 from pipeline.model.config import ModelConfig, training_seq_len
-from pipeline.planning.devices import GIB, resolve_device
-from pipeline.planning.layout import Layout
-from pipeline.planning.plan import Plan, make_plan, numerics_for
-from pipeline.planning.report import describe_layout, render
-from pipeline.planning.search import smallest_fitting
+from pipeline.memory_fit.devices import GIB, resolve_device
+from pipeline.memory_fit.layout import Layout
+from pipeline.memory_fit.plan import Plan, make_plan, numerics_for
+from pipeline.memory_fit.report import describe_layout, render
+from pipeline.memory_fit.search import smallest_fitting
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ does.
 
 from __future__ import annotations
 
-from pipeline.planning.check import LayoutError, check_layout, plan_for_config, print_plan
-from pipeline.planning.config import PlanConfig, validate_plan
+from pipeline.memory_fit.check import LayoutError, check_layout, plan_for_config, print_plan
+from pipeline.memory_fit.config import PlanConfig, validate_plan
 
 __all__ = ["LayoutError", "PlanConfig", "check_layout", "plan_for_config", "print_plan", "validate_plan"]

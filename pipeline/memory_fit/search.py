@@ -6,10 +6,10 @@ import dataclasses
 from typing import Optional
 
 from pipeline.model.config import ModelConfig
-from pipeline.planning.devices import Device
-from pipeline.planning.layout import Layout
-from pipeline.planning.memory import stage_memory
-from pipeline.planning.plan import Plan, with_layout
+from pipeline.memory_fit.devices import Device
+from pipeline.memory_fit.layout import Layout
+from pipeline.memory_fit.memory import stage_memory
+from pipeline.memory_fit.plan import Plan, with_layout
 
 
 def tensor_parallel_choices(model: ModelConfig, device: Device) -> list[int]:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.model.config import ModelConfig
-from pipeline.planning.devices import Device
-from pipeline.planning.layout import Layout
-from pipeline.planning.memory import Numerics, StageMemory, stage_memory
+from pipeline.memory_fit.devices import Device
+from pipeline.memory_fit.layout import Layout
+from pipeline.memory_fit.memory import Numerics, StageMemory, stage_memory
 
 
 @dataclass(frozen=True)
