@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.anchor_model import AnchorModel, anchor_state_dict  # noqa: E402
 from pipeline.model.config import ModelConfig  # noqa: E402
-from pipeline.model.flops import flops_per_token  # noqa: E402
+from pipeline.model.config import flops_per_token  # noqa: E402
 from pipeline.parallel.config import ParallelConfig  # noqa: E402
 from pipeline.training.config import TrainConfig  # noqa: E402
 from pipeline.training.peak_memory import peak_memory  # noqa: E402

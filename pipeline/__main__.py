@@ -9,12 +9,11 @@ import hydra
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import CONF_DIR, register_configs, validate
+from pipeline.config import CONF_DIR, PLAN_TARGET, WORKFLOW_TARGETS, check_target, register_configs, validate
 from pipeline.errors import ConfigError, StageError, StageInterrupted
 from pipeline.languages import UnknownLanguageError
-from pipeline.overrides import OverrideError, preflight
 from pipeline.memory_fit import print_plan
-from pipeline.targets import PLAN_TARGET, WORKFLOW_TARGETS, check_target
+from pipeline.overrides import OverrideError, preflight
 
 log = logging.getLogger("pipeline")
 

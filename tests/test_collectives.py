@@ -12,7 +12,7 @@ with sequence parallelism an all-gather and a reduce-scatter instead.
 
 A collective that does not match, or that one rank never joins, must fail loudly, naming the rank, within
 `parallel.collective_timeout_s`, also in a group made without a timeout of its own, as DeepSpeed makes its groups
-(pipeline/parallel/collectives.py).
+(pipeline/parallel/ranks.py).
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ def test_tokenizer_files_and_special_token_ids_travel_with_the_model(checkpoints
     if form == "folder":
         from pipeline.tokenization.config import SpecialTokens
         from pipeline.tokenization.folder import write_tokenizer_folder
-        from pipeline.tokenization.trained import TrainedTokenizer
+        from pipeline.tokenization.folder import TrainedTokenizer
 
         (tmp_path / "tok").mkdir()
         write_tokenizer_folder(tmp_path / "tok", TrainedTokenizer(tokenizer), SpecialTokens())

@@ -19,13 +19,11 @@ from omegaconf import OmegaConf
 from pipeline import memory_fit as planning
 from pipeline.config import CONF_DIR, PipelineConfig, validate
 from pipeline.errors import ConfigError
-from pipeline.model.config import ModelConfig
-from pipeline.model.flops import parameter_count
 from pipeline.memory_fit import LayoutError, devices, memory, plan_for_config, print_plan
 from pipeline.memory_fit.layout import Layout, blocks_per_stage
 from pipeline.memory_fit.memory import Numerics, block_activations, stage_parameters
-from pipeline.memory_fit.plan import with_layout
-from pipeline.memory_fit.search import tensor_parallel_choices
+from pipeline.memory_fit.plan import tensor_parallel_choices, with_layout
+from pipeline.model.config import ModelConfig, parameter_count
 from tests.conftest import REPO, run_cli
 
 GIB = 2**30

@@ -15,9 +15,8 @@ from pipeline.languages import LANGUAGES, language_config
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.model_tensors import ModuleTensors, build_model
 from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
-from pipeline.tokenization.folder import write_tokenizer_folder
+from pipeline.tokenization.folder import TrainedTokenizer, write_tokenizer_folder
 from pipeline.tokenization.surfaces import spelling, token_bytes
-from pipeline.tokenization.trained import TrainedTokenizer
 from pipeline.tokenization.training import train_tokenizer
 from pipeline.warmstart.focus import sparsemax
 from pipeline.warmstart.initialise import transfer_plan, warm_started, warmup_trainable

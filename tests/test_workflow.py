@@ -15,12 +15,11 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 
+from pipeline.config import BASE_SHAPE_OVERRIDE, STAGE_NAMES
 from pipeline.contract import MARKER, Stage, execute, is_current
 from pipeline.languages import LANGUAGES, UnknownLanguageError
-from pipeline.config import BASE_SHAPE_OVERRIDE
 from pipeline.overrides import OverrideError, preflight
 from pipeline.stages import STAGES
-from pipeline.targets import STAGE_NAMES
 from pipeline.workflow.plan import Existing, plan
 from pipeline.workflow.progress import DONE, NOT_STARTED, QUEUED, Cell
 from pipeline.workflow.state import Task

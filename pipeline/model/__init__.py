@@ -18,9 +18,9 @@ _LAZY = {
     "to_hf": "pipeline.model.hf_export",
     "CheckpointError": "pipeline.model.hf_config",
     "SUPPORTED_ARCHITECTURES": "pipeline.model.hf_config",
-    "alibi_slopes": "pipeline.model.positions",
-    "flops_per_token": "pipeline.model.flops",
-    "parameter_count": "pipeline.model.flops",
+    "alibi_slopes": "pipeline.model.transformer",
+    "flops_per_token": "pipeline.model.config",
+    "parameter_count": "pipeline.model.config",
 }
 
 __all__ = ["ModelConfig", "RopeScaling", "validate_model", *_LAZY]

@@ -27,13 +27,12 @@ from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 from pipeline.errors import StageError
 from pipeline.short_numbers import bytes_text
-from pipeline.tokenization.folder import (TOKENIZER_FILE, adopt_base_tokenizer, base_tokenizer_file, load_tokenizer,
-                                          write_tokenizer_folder)
+from pipeline.tokenization.folder import (TOKENIZER_FILE, TrainedTokenizer, TrainingError, adopt_base_tokenizer,
+                                          base_tokenizer_file, load_tokenizer, write_tokenizer_folder)
 from pipeline.tokenization.metrics import Scores, evaluate
 from pipeline.tokenization.report import (METRICS, comparison, kept_section, markdown, metrics_table, sample_section,
                                           tokenizer_section)
 from pipeline.tokenization.sample import SampledSource, read_sample, write_sample
-from pipeline.tokenization.trained import TrainedTokenizer, TrainingError
 from pipeline.tokenization.training import padded_vocab_size, train_tokenizer
 
 log = logging.getLogger(__name__)

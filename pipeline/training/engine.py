@@ -21,7 +21,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
-from pipeline.parallel.collectives import bound_collectives
+from pipeline.parallel.ranks import bound_collectives
 from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_shape, holds_first_layer,
                                                    skip_cpu_shared_memory_collective)

@@ -22,7 +22,7 @@ from pipeline.contract import write_json_atomic
 from pipeline.errors import StageInterrupted
 from pipeline.kernels import set_backend
 from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config
-from pipeline.model.flops import flops_per_token
+from pipeline.model.config import flops_per_token
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.packing.sampler import PackedSampler
 from pipeline.parallel.ranks import slurm_ranks

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.warmstart.static_vectors import fasttext_vectors
-from pipeline.warmstart.transfer import TransferPlan
+from pipeline.warmstart.transfer import TransferPlan, fasttext_vectors
 
 # New tokens compared with the shared ones at a time: bounds the similarity block's memory for large vocabularies.
 CHUNK = 1024

@@ -12,14 +12,11 @@ import dataclasses
 import os
 from pathlib import Path
 
-from pipeline.choices import closest_first
-from pipeline.config import PipelineConfig, register_base_shape
-from pipeline.demo_base import demo_base_folder
-from pipeline.errors import ConfigError
+from pipeline.config import STAGE_NAMES, PipelineConfig, register_base_shape
+from pipeline.errors import ConfigError, closest_first
 from pipeline.languages import LANGUAGES, language_config, resolve_languages
 from pipeline.overrides import shape_of_overrides
-from pipeline.stages import STAGES
-from pipeline.targets import STAGE_NAMES
+from pipeline.stages import STAGES, demo_base_folder
 from pipeline.workflow.command import work_dir_override
 from pipeline.workflow.resources import check_resources
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.demo_base import with_demo_base
+from pipeline.stages import with_demo_base
 from pipeline.languages import LANGUAGES
 from pipeline.workflow import selection, slurm
 from pipeline.workflow.command import passed_on, work_dir_override
