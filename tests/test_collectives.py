@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.model import ModelConfig
+from pipeline.model.config import ModelConfig
 from pipeline.parallel.config import ParallelConfig, validate_parallel
 from pipeline.parallel.ranks import free_port, rank_environment
 from tests.conftest import REPO, repo_pythonpath

@@ -44,7 +44,7 @@ def test_a_language_name_suggests_the_languages_it_names_first(typed, first):
 def test_the_lid176_column_names_labels_of_the_bundled_model():
     from fasttext.FastText import _FastText
 
-    from pipeline.corpus.language_id import bundled_lid176
+    from pipeline.corpus.filters import bundled_lid176
 
     known = {label.removeprefix("__label__") for label in _FastText(str(bundled_lid176())).get_labels()}
     covered = {code: language_config(code, entry).lid176 for code, entry in LANGUAGES.items()}
@@ -78,7 +78,7 @@ def test_every_word_tokenizer_is_known_to_datatrove():
 
 
 def test_maltese_clitics_stay_words():
-    from pipeline.corpus.word_tokenizers import CliticWordTokenizer
+    from pipeline.corpus.filters import CliticWordTokenizer
 
     words = CliticWordTokenizer().word_tokenize("Fil-qalba tal-Partit, id-diskors ta' Muscat.")
     assert words == ["Fil-", "qalba", "tal-", "Partit", ",", "id-", "diskors", "ta'", "Muscat", "."]
@@ -89,7 +89,7 @@ def test_without_spacy_the_word_tokenizer_falls_back_to_regex_words(monkeypatch)
     # fallback splits words with spaCy too; ours must still count words.
     import sys
 
-    from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
+    from pipeline.corpus.filters import resolve_word_tokenizer
 
     monkeypatch.setitem(sys.modules, "spacy", None)
     tokenizer, name = resolve_word_tokenizer(language_config("nob", LANGUAGES["nob"]))

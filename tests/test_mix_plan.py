@@ -12,7 +12,7 @@ from pipeline.mixing.planner import (FILLER, FIXED_RATIO, R_STAR, TARGET, PlanEr
                                      effective_tokens, epoch_values, plan_mixture)
 from pipeline.mixing.rehydration import rehydrate, weight_for
 from pipeline.mixing.report import plan_verdict, verdict
-from pipeline.short_numbers import bytes_text, tokens_text
+from pipeline.corpus.report import bytes_text, tokens_text
 
 FINEWEB2_TABLE = [(1, 1.0), (2, 2.0), (3, 3.0), (5, 5.0), (100, 8.0)]
 

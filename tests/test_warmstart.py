@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from pipeline.config import REPO_ROOT, PipelineConfig, validate
 from pipeline.errors import ConfigError, StageError
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.model import ModelConfig, Transformer
+from pipeline.model.config import ModelConfig
+from pipeline.model.transformer import Transformer
 from pipeline.model.model_tensors import ModuleTensors, build_model
 from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import TrainedTokenizer, write_tokenizer_folder

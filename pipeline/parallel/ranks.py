@@ -2,7 +2,7 @@
 
 - on a machine of its own: local processes with torch.distributed's environment (RANK, LOCAL_RANK,
   WORLD_SIZE, MASTER_ADDR, MASTER_PORT), gloo on a CPU and NCCL/RCCL with one process per GPU;
-- inside a Slurm allocation with `cluster.executor=slurm`: `srun` with one task per rank (one per
+- inside a Slurm allocation with `cluster.executor=slurm`: `srun` (pipeline/slurm.py) with one task per rank (one per
   GPU/GCD), the cluster's srun options, container and environment; each rank reads Slurm's task ids
   (`slurm_ranks`).
 A rank that fails stops the others; SIGUSR1/SIGTERM are passed on, so that every rank can checkpoint. No shell
@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch.distributed.distributed_c10d as c10d
 
+from pipeline import slurm
 from pipeline.errors import StageError, StageInterrupted
 
 log = logging.getLogger(__name__)
@@ -65,21 +66,11 @@ def rank_environment(rank: int, world_size: int, port: int, threads: int) -> dic
     return {**os.environ, **distributed_environment(rank, world_size, port), "OMP_NUM_THREADS": str(threads)}
 
 
-def srun_command(cluster, world_size: int, command: list[str]) -> list[str]:
-    container = shlex.split(cluster.container) if cluster.container else []
-    return ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", *map(str, cluster.srun_args),
-            *container, *command]
-
-
-def inside_slurm_allocation() -> bool:
-    return "SLURM_JOB_ID" in os.environ
-
-
 def run_ranks(argv: list[str], world_size: int, cluster, logs: Path) -> None:
     """Run `python <argv>` as `world_size` ranks; ranks 1.. log to `logs/rank<N>.log`, rank 0 to this console."""
     command = [sys.executable, *argv]
     if cluster.executor == "slurm":
-        if not inside_slurm_allocation():
+        if not slurm.inside_allocation():
             raise StageError(f"cluster.executor=slurm starts the {world_size} ranks with srun inside a Slurm "
                              f"allocation, and this process is not in one. Submit the command as a job (e.g. "
                              f"sbatch --ntasks={world_size} --gpus-per-task=1 --wrap 'python -m pipeline ...'), or "
@@ -100,13 +91,12 @@ def run_ranks(argv: list[str], world_size: int, cluster, logs: Path) -> None:
 
 def slurm_ranks() -> None:
     """Under srun, torch.distributed's rank variables from Slurm's task ids (each rank calls it first)."""
-    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
-        os.environ.update(RANK=os.environ["SLURM_PROCID"], LOCAL_RANK=os.environ["SLURM_LOCALID"],
-                          WORLD_SIZE=os.environ["SLURM_NTASKS"])
+    if "RANK" not in os.environ:
+        os.environ.update(slurm.task_ranks())
 
 
 def _run_srun(command: list[str], cluster, world_size: int, logs: Path) -> None:
-    command = srun_command(cluster, world_size, command)
+    command = slurm.srun_command(world_size, cluster.srun_args, cluster.container, command)
     # Rank 0 may be on another node than this batch step, but the first node of the allocation is this one.
     env = {**os.environ, "MASTER_ADDR": socket.gethostname(), "MASTER_PORT": str(free_port()),
            **{key: os.path.expandvars(str(value)) for key, value in cluster.env.items()}}

@@ -44,7 +44,7 @@ class _Stages(Mapping[str, Stage]):
 STAGES = _Stages()
 
 
-def run_target(cfg) -> None:
+def run_target(cfg: PipelineConfig) -> None:
     """`stage=all` (the whole recipe for one language) or one stage."""
     if cfg.stage == "all":
         run_all(cfg)
@@ -52,7 +52,7 @@ def run_target(cfg) -> None:
         run_chain(cfg, (cfg.stage,))
 
 
-def clean_base_language(cfg) -> None:
+def clean_base_language(cfg: PipelineConfig) -> None:
     """The clean stage for `model.base_lang`, whose output the default mix replays (conf/mix/default.yaml), when the
     raw folder has that language; without it the mix goes on without replay, as it says."""
     if cfg.model.base_lang == cfg.lang.code:
@@ -67,7 +67,7 @@ def clean_base_language(cfg) -> None:
     run_chain(base_lang, ("clean",))
 
 
-def run_chain(cfg, names: tuple[str, ...]) -> bool:
+def run_chain(cfg: PipelineConfig, names: tuple[str, ...]) -> bool:
     """Run `names` in order; False if one went to Slurm (the rest must wait for it)."""
     for name in names:
         later = STAGE_NAMES[STAGE_NAMES.index(name) + 1:]
@@ -79,7 +79,7 @@ def run_chain(cfg, names: tuple[str, ...]) -> bool:
     return True
 
 
-def run_all(cfg) -> None:
+def run_all(cfg: PipelineConfig) -> None:
     """The whole recipe for one language; without `model.base`, first the demo's own base model, with it, first the
     clean text of the base's language, which the mix replays."""
     if cfg.model.base is not None:

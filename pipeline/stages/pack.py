@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.contract import Stage, StageRun, read_json
+from pipeline.corpus.report import bytes_text, tokens_text
 from pipeline.errors import StageError
 from pipeline.mixing.planner import TARGET, Allocation, Plan, PlanError, exact_plan
 from pipeline.mixing.rehydration import Rehydration
@@ -28,7 +29,6 @@ from pipeline.packing.output import packed_bytes, source_folder, tokenizer_entry
 from pipeline.packing.packed import rehydrated_epochs
 from pipeline.packing.shards import token_dtype
 from pipeline.packing.tokenize import TokenizedSource, tokenize_source
-from pipeline.short_numbers import bytes_text, tokens_text
 from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 
 log = logging.getLogger(__name__)

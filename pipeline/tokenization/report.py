@@ -7,7 +7,7 @@ from typing import Optional
 
 from tokenizers import Tokenizer
 
-from pipeline.short_numbers import bytes_text
+from pipeline.corpus.report import bytes_text
 from pipeline.tokenization.folder import SENTENCEPIECE_FILE, TOKENIZER_FILE, TrainedTokenizer
 from pipeline.tokenization.metrics import Scores
 from pipeline.tokenization.sample import SampledSource

@@ -17,8 +17,7 @@ from pipeline.errors import ConfigError, closest_first
 from pipeline.languages import LANGUAGES, language_config, resolve_languages
 from pipeline.overrides import shape_of_overrides
 from pipeline.stages import STAGES, demo_base_folder
-from pipeline.workflow.command import work_dir_override
-from pipeline.workflow.resources import check_resources
+from pipeline.workflow.jobs import check_resources, work_dir_override
 
 TABLE_INDEX: dict[str, int] = {code: index for index, code in enumerate(LANGUAGES)}
 
