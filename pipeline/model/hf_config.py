@@ -1,7 +1,7 @@
 """Hugging Face's BLOOM, Llama and Mistral `config.json` in the project's terms (ModelConfig), both ways.
 
 Torch-free, so that the command line reads a base model's shape (`model.base`, pipeline/model/base_shape.py)
-in a moment; the tensor names of the same architectures are in hf_architectures.py.
+in a moment; the tensor names of the same architectures are below.
 
 Hugging Face's BLOOM, Llama and Mistral tensor names in the project's terms (their config.json keys are in
 hf_config.py).

@@ -3,8 +3,8 @@
 Reads everything from the job (pipeline/training/job.py) and the files the launching process wrote into the
 job's folder: the starting model in `init/` and the held-out rows in `heldout.npz`.
 
-One rank of a training stage: `python -m pipeline.training.rank <job.yaml>`, started by
-pipeline/training/launch.py through pipeline/parallel/ranks.py.
+Each rank is `python -m pipeline.training.rank <job.yaml>` (`main`), started by pipeline/training/run.py through
+pipeline/parallel/ranks.py; with one rank outside Slurm, run.py calls `train_rank` in its own process.
 """
 
 from __future__ import annotations

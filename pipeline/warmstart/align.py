@@ -2,7 +2,7 @@
 (TokAlign, Li, Zhang & Zong 2025, arXiv 2506.03523).
 
 The target text is tokenized both ways and each vocabulary gets co-occurrence embeddings of its own
-(cooccurrence.py). The two spaces are learnt apart, so they are compared through the tokens both
+(below). The two spaces are learnt apart, so they are compared through the tokens both
 vocabularies share: a token's *relative* representation is its cosine similarity to each anchor (shared
 tokens frequent in both tokenizations), which means the same on both sides. A new token is mapped to the
 old token with the nearest relative representation, by CSLS (Conneau et al. 2018) rather than plain cosine,

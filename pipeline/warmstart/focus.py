@@ -1,7 +1,7 @@
 """`focus`: a new token's row as a sparse, similarity-weighted sum of the rows of shared tokens (FOCUS,
 Dobler & de Melo 2023, arXiv 2305.14481).
 
-Static vectors learnt on the target text (static_vectors.py) tell which shared tokens a new token is used
+Static vectors learnt on the target text (transfer.py) tell which shared tokens a new token is used
 and spelt like. Sparsemax turns its cosine similarities to them into weights that are zero for all but the
 closest few, so a new row mixes a handful of old rows instead of blurring many. New tokens without a vector
 (rarer than the vectors' minimum count) keep their `mean` row.

@@ -1,6 +1,6 @@
 """The sbatch script of one stage of a workflow.
 
-The script holds the stage's resources (`#SBATCH`, resources.py), maps the array task id to its language (the
+The script holds the stage's resources (`#SBATCH`, below), maps the array task id to its language (the
 language's index in the table), runs cluster.env_command and then the stage's command line. GPU stages run the
 command in the background so that the shell can pass Slurm's warning signal on and, when the stage stops with
 exit code 75 after saving a checkpoint, requeue the task, which then resumes from the checkpoint.
@@ -143,7 +143,7 @@ def work_dir_override(work_dir: Path) -> str:
 
 def python_command(workflow, container: str | None, gpu: bool) -> list[str]:
     """The Python a job runs its stage with: in the container for CPU stages (training stages run the
-    container around each rank instead, through srun: pipeline/parallel/launch.py)."""
+    container around each rank instead, through srun: pipeline/parallel/ranks.py)."""
     python = shlex.split(workflow.python) if workflow.python else [sys.executable]
     return python if gpu or not container else [*shlex.split(container), *python]
 
