@@ -1,6 +1,6 @@
-"""The errors a user sees: each says what was wrong, where, and what to do. The ground floor: imports nothing.
-
-Ordering valid choices by how close they are to what the user typed, for error messages."""
+"""The errors a user sees: each says what was wrong, where, and what to do; and the valid choices ordered by how
+close they are to what the user typed, for their messages. The ground floor: imports nothing of the project.
+"""
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""The clean stage's `report.md`: where each raw file's documents and characters went (training, held out, held-out
-source, or which filter removed them), from the marker's metrics.
-
-Reading datatrove's per-task statistics back, summed over tasks.
+"""The clean stage's statistics and `report.md`: datatrove's per-task statistics read back and summed, and where each
+raw file's documents and characters went (training, held out, held-out source, or which filter removed them).
 
 datatrove writes `<logging_dir>/stats/<rank>.json` for every finished task (a list with one entry per
 pipeline step: its name and counters). Summing the per-task files, rather than trusting the merged
 `stats.json`, gives the right totals when a run was resumed or ran as Slurm jobs.
 
-Numbers for reports and logs: three significant digits and a unit prefix (2.63M tokens, 2.63 MB).
+Numbers in reports and logs (the mix and tokenizer reports use them too) have three significant digits and a unit
+prefix (2.63M tokens, 2.63 MB).
 """
 
 from __future__ import annotations

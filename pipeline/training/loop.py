@@ -1,26 +1,19 @@
 """The training loop: take a batch from the sampler, step the engine, log, score held-out text, checkpoint.
 
 Shared by `warmup` and `pretrain`. A step whose loss or gradient is not finite is skipped by DeepSpeed
-(the model and optimizer stay as they were) and counted; too many of them, in a row or among the recent
-steps (pipeline/training/loop.py), stop the run with the last good checkpoint in place. A skipped step
+(the model and optimizer stay as they were) and counted in the run's state (`RunState`), which the checkpoints
+carry: a run stops, with the last good checkpoint in place, when `train.max_bad_steps` steps in a row were
+skipped, or when more than `train.max_skipped_fraction` of the last `train.skipped_window` steps were (scattered
+skips that never come in a row still mean a run that is not learning from a good part of its data). A skipped step
 still moves the learning-rate schedule on, as it moves the step counter and the data: the rate stays a
-function of the step, whatever was skipped before and across a resume. On SIGUSR1/SIGTERM every rank
-finishes its step, a checkpoint is written and `StageInterrupted` is raised (exit code 75: run the same
-command again).
+function of the step, whatever was skipped before and across a resume.
 
-What the training loop carries across steps and checkpoints, and when skipped steps stop a run.
+Slurm asks a run to stop with SIGUSR1 before the time limit and SIGTERM on preemption or scancel. A signal only
+sets a flag (`StopRequest`); the loop asks every rank at the end of each step (one all-reduce), so that all ranks
+finish the step, write the same checkpoint and stop together, raising `StageInterrupted` (exit code 75: run the
+same command again).
 
-A step whose loss or gradient is not finite is skipped (DeepSpeed leaves the model and optimizer as they were).
-A run stops when `train.max_bad_steps` steps in a row were skipped, or when more than `train.max_skipped_fraction`
-of the last `train.skipped_window` steps were: scattered skips that never come in a row still mean a run that
-is not learning from a good part of its data.
-
-Stop requests from Slurm (SIGUSR1 before the time limit, SIGTERM on preemption or scancel).
-
-A signal only sets a flag; the loop asks every rank at the end of each step (one all-reduce), so that all
-ranks write the same checkpoint and stop together.
-
-Model TFLOP/s per device and MFU, against a table of peak bf16 dense TFLOP/s per device.
+Throughput is logged as model TFLOP/s per device and MFU, against a table of peak bf16 dense TFLOP/s per device.
 """
 
 from __future__ import annotations
