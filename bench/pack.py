@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.corpus.sources import raw_folder
 
-from pipeline.mixing.sources import read_documents  # noqa: E402
-from pipeline.packing import PackedSampler  # noqa: E402
+from pipeline.corpus.sources import read_documents  # noqa: E402
+from pipeline.packing.sampler import PackedSampler  # noqa: E402
 from pipeline.packing.output import source_folder, tokenizer_entry, write_packed, write_source  # noqa: E402
 from pipeline.packing.tokenize import tokenize_source  # noqa: E402
 from pipeline.tokenization.config import TokenizerConfig  # noqa: E402

@@ -1,4 +1,4 @@
-"""Benchmark: the planner's memory estimate (`pipeline.planning`) against real training steps of the engine.
+"""Benchmark: the planner's memory estimate (`pipeline.memory_fit`) against real training steps of the engine.
 
 Each case starts its ranks (tp x pp processes, dp = 1) as fresh processes. Every rank builds
 `pipeline.training.engine.build_engine`, the stages' own engine (DeepSpeed's PipelineEngine, ZeRO-1), trains two
@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pipeline.model.config import ModelConfig  # noqa: E402
-from pipeline.planning.layout import Layout  # noqa: E402
-from pipeline.planning.memory import Numerics, stage_memory  # noqa: E402
+from pipeline.memory_fit.layout import Layout  # noqa: E402
+from pipeline.memory_fit.memory import Numerics, stage_memory  # noqa: E402
 
 MIB = 2**20
 TINY = ModelConfig(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, ffn_size=384, vocab_size=8192,

@@ -92,7 +92,7 @@ def main() -> None:
         results = [json.loads((Path(folder) / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(world)]
     sys.path.insert(0, args.repo)
     from pipeline.model.config import ModelConfig
-    from pipeline.model.flops import parameter_count
+    from pipeline.model.config import parameter_count
 
     full_bytes = 4 * parameter_count(ModelConfig(**SHAPE))
     print(f"package: {args.repo}; tp={args.tp} x pp={args.pp}; full model {full_bytes / MIB:,.0f} MiB in fp32")

@@ -9,12 +9,12 @@ import hydra
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import CONF_DIR, register_configs, validate
+from pipeline.config import (CONF_DIR, PLAN_TARGET, WORKFLOW_TARGETS, PipelineConfig, check_target, register_configs,
+                             validate)
 from pipeline.errors import ConfigError, StageError, StageInterrupted
 from pipeline.languages import UnknownLanguageError
+from pipeline.memory_fit import print_plan
 from pipeline.overrides import OverrideError, preflight
-from pipeline.planning import print_plan
-from pipeline.targets import PLAN_TARGET, WORKFLOW_TARGETS, check_target
 
 log = logging.getLogger("pipeline")
 
@@ -22,7 +22,7 @@ log = logging.getLogger("pipeline")
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> None:
     try:
-        config = OmegaConf.to_object(cfg)
+        config: PipelineConfig = OmegaConf.to_object(cfg)
         validate(config)
         check_target(config)
         if config.stage in WORKFLOW_TARGETS:

@@ -7,6 +7,12 @@ and its checks (`corpus/config.py` has `clean`, `mixing/config.py` has `mix` ...
 them together. Each language of `conf/languages.yaml` becomes an option of the `lang` group, so `lang=nob` puts
 the whole entry, filter thresholds included, into the config where `--cfg job` shows it and overrides can change
 it (`lang.filters.line_punct_thr=0.15`).
+
+What `stage=` accepts, torch-free so that the command line checks it in a moment.
+
+The recipe's stages in order (each a module of pipeline/stages/ under the stage contract), `all` for the
+whole chain of one language, the Slurm targets of pipeline/workflow/, which take several languages, and `plan`
+(pipeline/memory_fit/), which takes none.
 """
 
 from __future__ import annotations
@@ -18,20 +24,17 @@ from typing import Iterable, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from pipeline.choices import closest_first
 from pipeline.cluster import ClusterConfig, WorkflowConfig, validate_cluster
 from pipeline.corpus.config import CleanConfig, validate_clean
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, closest_first
 from pipeline.evaluation.config import EvalConfig, validate_eval
 from pipeline.languages import LANGUAGES, LanguageConfig, language_config
+from pipeline.memory_fit.config import PlanConfig, validate_plan
 from pipeline.mixing.config import MixConfig, validate_mix
 from pipeline.model.base_shape import check_base_shape
-from pipeline.model.config import ModelConfig, validate_model
-from pipeline.model.export_config import ExportConfig, validate_export
+from pipeline.model.config import ExportConfig, ModelConfig, validate_export, validate_model
 from pipeline.packing.config import PackConfig, validate_pack
-from pipeline.parallel.config import ParallelConfig, validate_parallel
-from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
-from pipeline.planning.config import PlanConfig, validate_plan
+from pipeline.parallel.config import ParallelConfig, check_tensor_parallel, validate_parallel
 from pipeline.tokenization.config import TokenizerConfig, validate_tokenizer
 from pipeline.training.config import TrainConfig, validate_training
 from pipeline.warmstart.config import WarmupConfig, validate_warmup
@@ -161,3 +164,20 @@ def validate(cfg: PipelineConfig) -> None:
         raise ConfigError("model.base_lang", cfg.model.base_lang, closest_first(cfg.model.base_lang, list(LANGUAGES)))
     if cfg.kernels not in KERNEL_BACKENDS:
         raise ConfigError("kernels", cfg.kernels, KERNEL_BACKENDS)
+
+
+STAGE_NAMES: tuple[str, ...] = ("clean", "mix", "tokenizer", "pack", "warmup", "pretrain", "evaluate")
+# stage=workflow submits the chain to Slurm for one or many languages; stage=status shows how far it got.
+WORKFLOW_TARGETS: tuple[str, ...] = ("workflow", "status")
+# stage=plan prints whether the training layout fits the device (pipeline/memory_fit/); it needs no language.
+PLAN_TARGET = "plan"
+TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", *WORKFLOW_TARGETS, PLAN_TARGET)
+
+
+def check_target(cfg) -> None:
+    """`stage=` is a target; a stage (or `all`) runs for one language, the workflow targets for several."""
+    if cfg.stage not in TARGETS:
+        raise ConfigError("stage", cfg.stage, closest_first(cfg.stage, TARGETS))
+    if cfg.stage not in (*WORKFLOW_TARGETS, PLAN_TARGET) and (cfg.lang is None or cfg.langs is not None):
+        raise ConfigError("lang", cfg.langs, ["one ISO 639-3 code such as lang=nob (langs= is for stage=workflow "
+                                              "and stage=status; sweep a stage with -m lang=nob,nno)"])

@@ -15,7 +15,7 @@ from typing import List, Optional
 import yaml
 from omegaconf import MISSING, OmegaConf
 
-from pipeline.choices import closest_first
+from pipeline.errors import closest_first
 
 TABLE_PATH = Path(__file__).resolve().parent.parent / "conf" / "languages.yaml"
 

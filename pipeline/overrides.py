@@ -16,12 +16,12 @@ from typing import Any, Optional
 from omegaconf.errors import ValidationError
 from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
-from pipeline.choices import closest_first
-from pipeline.config import BASE_SHAPE_GROUP, BASE_SHAPE_OVERRIDE, PipelineConfig
+from pipeline.config import (BASE_SHAPE_GROUP, BASE_SHAPE_OVERRIDE, PLAN_TARGET, TARGETS, WORKFLOW_TARGETS,
+                             PipelineConfig)
+from pipeline.errors import closest_first
 from pipeline.languages import resolve_language, resolve_languages
 from pipeline.model.base_shape import base_shape
 from pipeline.model.hf_config import CheckpointError
-from pipeline.targets import PLAN_TARGET, TARGETS, WORKFLOW_TARGETS
 
 # Hydra flags that take the next argument as their value.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",

@@ -18,7 +18,7 @@ from filelock import FileLock
 REPO = Path(__file__).resolve().parent.parent
 
 # Every multi-rank run a test starts (its own ranks, or a training stage's through the CLI) checks its collectives:
-# a rank that runs another collective than the others fails at once, naming both (pipeline/parallel/collectives.py).
+# a rank that runs another collective than the others fails at once, naming both (pipeline/parallel/ranks.py).
 os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
 DATA = REPO / "data"
 

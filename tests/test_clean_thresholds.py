@@ -12,9 +12,9 @@ from datatrove.data import Document
 from omegaconf import OmegaConf
 
 from pipeline.config import PipelineConfig
-from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
+from pipeline.corpus.filters import resolve_word_tokenizer
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.stages.clean import _filters
+from pipeline.corpus.phases import quality_filters as _filters
 from tests.conftest import DATA
 
 # FineWeb-2's nob values that the table replaced (the study's "before")

@@ -7,8 +7,7 @@ import json
 import pytest
 import yaml
 
-from pipeline.config import CONF_DIR
-from pipeline.targets import TARGETS
+from pipeline.config import CONF_DIR, TARGETS
 from tests.conftest import run_cli
 
 

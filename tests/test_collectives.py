@@ -12,7 +12,7 @@ with sequence parallelism an all-gather and a reduce-scatter instead.
 
 A collective that does not match, or that one rank never joins, must fail loudly, naming the rank, within
 `parallel.collective_timeout_s`, also in a group made without a timeout of its own, as DeepSpeed makes its groups
-(pipeline/parallel/collectives.py).
+(pipeline/parallel/ranks.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.model import ModelConfig
+from pipeline.model.config import ModelConfig
 from pipeline.parallel.config import ParallelConfig, validate_parallel
 from pipeline.parallel.ranks import free_port, rank_environment
 from tests.conftest import REPO, repo_pythonpath

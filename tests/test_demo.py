@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.targets import STAGE_NAMES
+from pipeline.config import STAGE_NAMES
 from tests.conftest import copy_of, marker, run_cli
 
 # The demo's budgets cut down to seconds; the order of the results must already show.

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from pipeline.evaluation.bits_per_byte import score_documents, scoring_rows, windows
 from pipeline.evaluation.report import find_regressions
-from pipeline.model import Transformer, to_hf
+from pipeline.model.hf_export import to_hf
+from pipeline.model.transformer import Transformer
 from pipeline.model.files import load_base
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from pipeline.training.heldout import save_rows

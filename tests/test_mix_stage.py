@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pipeline.mixing.scaling import effective_tokens
+from pipeline.mixing.planner import effective_tokens
 from tests.conftest import DATA, copy_of, marker, read_jsonl_gz, run_cli, write_jsonl_gz
 
 

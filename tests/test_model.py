@@ -11,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.config import CONF_DIR
 from pipeline.errors import ConfigError
-from pipeline.model import (ModelConfig, RopeScaling, Transformer, alibi_slopes, flops_per_token, parameter_count,
-                            validate_model)
+from pipeline.model.config import ModelConfig, RopeScaling, flops_per_token, parameter_count, validate_model
+from pipeline.model.transformer import Transformer, alibi_slopes
 
 PRESETS = ("tiny", "bloom-560m", "bloom-1b7", "bloom-7b1", "mistral-7b", "llama-3.2-1b", "llama-3.1-8b", "llama-2-13b",
            "poro-34b", "llama-3.1-70b", "megatron-146b", "bloom-176b")

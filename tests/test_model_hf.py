@@ -13,7 +13,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, BloomConfig, BloomForCausalLM, GPT2Config,
                           GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM)
 
-from pipeline.model import CheckpointError, ModelConfig, Transformer, from_hf, to_hf
+from pipeline.model.config import ModelConfig
+from pipeline.model.hf_config import CheckpointError
+from pipeline.model.hf_export import to_hf
+from pipeline.model.hf_import import from_hf
+from pipeline.model.transformer import Transformer
 
 VOCAB = 1000  # not a multiple of 128: the project's model pads it to 1024 rows
 # A larger initialisation than transformers' 0.02 so that every part (positions, scaling, norms) moves the logits.
@@ -174,7 +178,7 @@ def test_tokenizer_files_and_special_token_ids_travel_with_the_model(checkpoints
     if form == "folder":
         from pipeline.tokenization.config import SpecialTokens
         from pipeline.tokenization.folder import write_tokenizer_folder
-        from pipeline.tokenization.trained import TrainedTokenizer
+        from pipeline.tokenization.folder import TrainedTokenizer
 
         (tmp_path / "tok").mkdir()
         write_tokenizer_folder(tmp_path / "tok", TrainedTokenizer(tokenizer), SpecialTokens())

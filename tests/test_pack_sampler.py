@@ -22,10 +22,11 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from pipeline.corpus.sources import raw_folder
 from pipeline.mixing.rehydration import weight_for
-from pipeline.packing import PackedDataError, PackedSampler, SamplerStateError
-from pipeline.packing.blend import Blend
+from pipeline.packing.sampler import PackedSampler, SamplerStateError
+from pipeline.packing.shards import PackedDataError
+from pipeline.packing.sampler import Blend
 from pipeline.packing.output import source_folder, tokenizer_entry, write_packed, write_source
-from pipeline.packing.repetition import rehydrated_epochs
+from pipeline.packing.packed import rehydrated_epochs
 from pipeline.packing.tokenize import tokenize_source
 from tests.conftest import REPO, write_jsonl_gz
 
@@ -178,7 +179,7 @@ def test_segment_ids_start_a_new_document_after_each_eos(packed):
 RESUME = """
 import json, sys
 import numpy as np
-from pipeline.packing import PackedSampler
+from pipeline.packing.sampler import PackedSampler
 folder, state_file, world, rank, steps, out = sys.argv[1:]
 s = PackedSampler(folder, seq_len={seq_len}, global_batch_size={batch}, seed=7, rank=int(rank), world=int(world))
 s.load_state_dict(json.loads(open(state_file).read()))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from pipeline.packing import PackedSampler
+from pipeline.packing.sampler import PackedSampler
 from tests.conftest import DATA, marker, read_jsonl_gz, run_cli
 
 VOCAB = "tokenizer.vocab_size=1024"

@@ -30,7 +30,8 @@ import pytest
 import torch
 
 from pipeline.cluster import ClusterConfig
-from pipeline.model import ModelConfig, Transformer
+from pipeline.model.config import ModelConfig
+from pipeline.model.transformer import Transformer
 from pipeline.model.files import save_checkpoint
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.parallel.config import ParallelConfig

@@ -1,4 +1,4 @@
-"""stage=plan and pretrain's layout check (pipeline/planning/): the step's arithmetic, the memory terms against what
+"""stage=plan and pretrain's layout check (pipeline/memory_fit/): the step's arithmetic, the memory terms against what
 autograd really saves, the devices, LUMI's rules of thumb, the refusal with the smallest layout that fits, and
 pretrain refusing a layout before any rank starts."""
 
@@ -16,16 +16,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pipeline import planning
+from pipeline import memory_fit as planning
 from pipeline.config import CONF_DIR, PipelineConfig, validate
 from pipeline.errors import ConfigError
-from pipeline.model.config import ModelConfig
-from pipeline.model.flops import parameter_count
-from pipeline.planning import LayoutError, devices, memory, plan_for_config, print_plan
-from pipeline.planning.layout import Layout, blocks_per_stage
-from pipeline.planning.memory import Numerics, block_activations, stage_parameters
-from pipeline.planning.plan import with_layout
-from pipeline.planning.search import tensor_parallel_choices
+from pipeline.memory_fit import LayoutError, devices, memory, plan_for_config, print_plan
+from pipeline.memory_fit.layout import Layout, blocks_per_stage
+from pipeline.memory_fit.memory import Numerics, block_activations, stage_parameters
+from pipeline.memory_fit.plan import tensor_parallel_choices, with_layout
+from pipeline.model.config import ModelConfig, parameter_count
 from tests.conftest import REPO, run_cli
 
 GIB = 2**30
@@ -238,10 +236,11 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
     from types import SimpleNamespace
 
     from pipeline.stages import pretrain
+    from pipeline.training import run as training_run
 
     started = []
-    monkeypatch.setattr(pretrain, "launch", lambda *args: started.append(args))
-    monkeypatch.setattr(pretrain, "write_initial_model", lambda *args: started.append(args))
+    monkeypatch.setattr(training_run, "launch", lambda *args: started.append(args))
+    monkeypatch.setattr(pretrain, "pretrain_start", lambda *args: started.append(args))
     cfg = pipeline_config("llama-3.1-70b", "plan.device=mi250x", "train.seq_len=4096")
     with pytest.raises(LayoutError) as refused:
         pretrain.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
@@ -297,5 +296,5 @@ def test_the_planner_knows_whether_the_engine_fuses_the_head_with_the_loss():
 
 
 def test_the_planner_imports_no_torch():
-    code = "import sys, pipeline.planning; assert 'torch' not in sys.modules, 'torch was imported'"
+    code = "import sys, pipeline.memory_fit; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)

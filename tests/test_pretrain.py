@@ -26,7 +26,7 @@ from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.model.transformer import Transformer
 from pipeline.tensor_files import new_file_mode
 from pipeline.tokenization.folder import load_tokenizer
-from pipeline.training.schedule import lr_factor
+from pipeline.training.config import lr_factor
 from tests.conftest import CHAIN_OPTIONS, cli_env, marker, run_cli
 
 # A small held-out sample: scoring it before and after is a good part of a tiny run on a CPU.

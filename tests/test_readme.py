@@ -59,3 +59,13 @@ def test_relative_links_point_at_existing_files_and_headings():
             elif fragment and file.suffix == ".md" and fragment not in {anchor(h) for h in HEADING.findall(prose(file))}:
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert broken == []
+
+
+def test_every_module_path_named_in_the_docs_and_the_code_exists():
+    """`pipeline/...py` in README.md, docs/ and the package's own docstrings and comments names a module that is
+    there: a module that moved or was merged takes its mentions with it."""
+    path = re.compile(r"(?<![\w/.])pipeline/[\w/]+\.py\b")
+    texts = [README, *sorted(DOCS.rglob("*.md")), *sorted((REPO / "pipeline").rglob("*.py"))]
+    missing = sorted({f"{text.relative_to(REPO)}: {name}" for text in texts
+                      for name in path.findall(text.read_text(encoding="utf-8")) if not (REPO / name).is_file()})
+    assert missing == []

@@ -21,7 +21,7 @@ from pipeline.tensor_files import save_tensors
 from pipeline.training.checkpoint_files import (FILES_KEY, STATE_FILE, checkpoint_dir, checkpoints, checksum_problem,
                                                 file_entry, size_problem)
 from pipeline.training.config import TrainConfig
-from pipeline.training.run_state import RunState
+from pipeline.training.loop import RunState
 from tests.conftest import CHAIN_OPTIONS, cli_env, marker, run_cli
 
 PRETRAIN = ("stage=pretrain", *CHAIN_OPTIONS, "model.num_layers=2", "model.max_seq_len=128", "init=scratch",

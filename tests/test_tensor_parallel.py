@@ -26,12 +26,12 @@ from safetensors.torch import load_file
 
 from pipeline.cluster import ClusterConfig
 from pipeline.errors import ConfigError
-from pipeline.model import ModelConfig, Transformer
+from pipeline.model.config import ModelConfig
+from pipeline.model.transformer import Transformer
 from pipeline.model.files import save_checkpoint
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
-from pipeline.parallel.config import ParallelConfig
+from pipeline.parallel.config import ParallelConfig, check_tensor_parallel
 from pipeline.parallel.ranks import free_port, rank_environment, run_ranks
-from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
 from pipeline.training.config import TrainConfig
 from tests.conftest import REPO, repo_pythonpath
 

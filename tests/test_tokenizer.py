@@ -13,8 +13,7 @@ from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import adopt_base_tokenizer, token_roles, write_tokenizer_folder
 from pipeline.tokenization.metrics import evaluate, tokens_per_word, word_spans
 from pipeline.tokenization.sample import keeps, shares
-from pipeline.tokenization.sentencepiece_training import MAX_SENTENCE_BYTES, sentences
-from pipeline.tokenization.training import padded_vocab_size, train_tokenizer
+from pipeline.tokenization.training import MAX_SENTENCE_BYTES, padded_vocab_size, sentences, train_tokenizer
 from tests.conftest import TRICKY_TEXTS
 
 VOCAB = 2000  # rounded up to 2048

@@ -12,7 +12,7 @@ import pytest
 import sentencepiece as spm
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from pipeline.packing import PackedSampler
+from pipeline.packing.sampler import PackedSampler
 from tests.conftest import TRICKY_TEXTS, copy_of, marker, read_jsonl_gz, run_cli
 
 VOCAB = "tokenizer.vocab_size=2048"

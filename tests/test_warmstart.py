@@ -12,16 +12,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from pipeline.config import REPO_ROOT, PipelineConfig, validate
 from pipeline.errors import ConfigError, StageError
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.model import ModelConfig, Transformer
+from pipeline.model.config import ModelConfig
+from pipeline.model.transformer import Transformer
 from pipeline.model.model_tensors import ModuleTensors, build_model
 from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
-from pipeline.tokenization.folder import write_tokenizer_folder
+from pipeline.tokenization.folder import TrainedTokenizer, write_tokenizer_folder
 from pipeline.tokenization.surfaces import spelling, token_bytes
-from pipeline.tokenization.trained import TrainedTokenizer
 from pipeline.tokenization.training import train_tokenizer
 from pipeline.warmstart.focus import sparsemax
-from pipeline.warmstart.freezing import warmup_trainable
-from pipeline.warmstart.initialise import transfer_plan, warm_started
+from pipeline.warmstart.initialise import transfer_plan, warm_started, warmup_trainable
 from pipeline.warmstart.transfer import build_matrix, plan_rows
 
 ENGLISH = ["the king had three daughters and a house by the sea"] * 50 + ["she walked home in the rain"] * 50

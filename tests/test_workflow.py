@@ -15,15 +15,13 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 
+from pipeline.config import BASE_SHAPE_OVERRIDE, STAGE_NAMES
 from pipeline.contract import MARKER, Stage, execute, is_current
 from pipeline.languages import LANGUAGES, UnknownLanguageError
-from pipeline.config import BASE_SHAPE_OVERRIDE
 from pipeline.overrides import OverrideError, preflight
 from pipeline.stages import STAGES
-from pipeline.targets import STAGE_NAMES
-from pipeline.workflow.plan import Existing, plan
-from pipeline.workflow.progress import DONE, NOT_STARTED, QUEUED, Cell
-from pipeline.workflow.state import Task
+from pipeline.workflow.arrays import Existing, plan
+from pipeline.workflow.progress import DONE, NOT_STARTED, QUEUED, Cell, Task
 from tests.conftest import run_cli
 
 GRAPH_LINE = re.compile(r"^(\S+): stage=(\S+) array=(\S+) tasks=(\d+) after=(\S+)$", re.MULTILINE)
@@ -183,8 +181,8 @@ def test_plan_waits_for_queued_tasks_and_groups_languages_by_what_they_wait_for(
 
 def test_status_table_lists_failures_with_their_logs():
     from pipeline.workflow.progress import FAILED, RUNNING
-    from pipeline.workflow.slurm import TaskState
-    from pipeline.workflow.status import table
+    from pipeline.slurm import TaskState
+    from pipeline.workflow.progress import table
 
     log = Path("/work/.workflow/logs/mix_12_29.log")
     cells = {("isl", "clean"): Cell(DONE), ("isl", "mix"): Cell(FAILED, Task("12", 29, log), TaskState("FAILED")),

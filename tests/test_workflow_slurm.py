@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.targets import STAGE_NAMES
+from pipeline.config import STAGE_NAMES
 from tests.conftest import marker, run_cli
 
 # Faroese (table index 75) runs through; Icelandic (29) is cancelled at `mix`.

@@ -4,15 +4,30 @@ The order (issue 3): sources with a fixed ratio first (each gets ratio x budget,
 its epoch cap); then the target language, up to its cap; then the other sources by priority (lower
 first, ties in the configured order), each up to its own cap. What is still missing is the shortfall:
 the plan never repeats a source beyond its cap to hide it.
+
+The mix plan again, with exact token counts in place of the mix stage's estimates.
+
+The planner (pipeline/mixing/planner.py) is a pure function of the sources' unique tokens and the
+mix settings that `plan.json` records (budget, epoch caps, priorities, fixed ratios), so the exact plan
+is the same call with the counted tokens. A budget the mix stage derived from the target (no
+`mix.tokens`) is derived again from the target's exact tokens. Unique tokens are the tokens stored,
+EOS included: what training reads.
+
+What repeated data is worth: the data-constrained scaling law of Muennighoff et al. 2023.
+
+"Scaling Data-Constrained Language Models" (arXiv:2305.16264, eq. 5) fits the value of U unique
+tokens seen for `epochs` passes as the effective data D' = U + U*R*(1 - exp(-R/R*)), with R =
+epochs - 1 repetitions and R* = 15.39. The second epoch is worth 97% of new data and each later one
+exp(-1/R*) ~ 94% of the one before: up to ~4 epochs repetition is nearly as good as new data, and
+however long one trains D' stays below U*(1 + R*).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from pipeline.mixing import scaling
 
 FIXED_RATIO, TARGET, FILLER = "fixed ratio", "target", "filler"
 
@@ -51,7 +66,7 @@ class Allocation:
 
     @property
     def effective_tokens(self) -> float:
-        return scaling.effective_tokens(self.source.unique_tokens, self.epochs)
+        return effective_tokens(self.source.unique_tokens, self.epochs)
 
     @property
     def at_cap(self) -> bool:
@@ -145,3 +160,46 @@ def plan_mixture(budget: int, target: Source, others: Sequence[Source]) -> Plan:
         fillers.append(Allocation(source, FILLER, min(source.capacity, remaining)))
         remaining -= fillers[-1].tokens
     return Plan(budget, (target_allocation, *fixed, *fillers))
+
+
+# plan.json's `budget_from` when the user fixed the budget (pipeline/stages/mix.py).
+FIXED_BUDGET = "mix.tokens"
+
+
+def exact_plan(plan: dict, unique_tokens: Mapping[str, int]) -> Plan:
+    """The plan of `plan.json` with `unique_tokens` (by source name) replacing the estimates it has them for.
+
+    Raises the planner's PlanError when a fixed ratio no longer fits the exact counts.
+    """
+    sources = [Source(s["name"], unique_tokens.get(s["name"], s["unique_tokens_est"]), s["max_epochs"],
+                      s["priority"], s["ratio"]) for s in plan["sources"]]
+    target, others = sources[0], sources[1:]
+    budget = plan["budget_tokens"] if plan["budget_from"] == FIXED_BUDGET else default_budget(target, others)
+    return plan_mixture(budget, target, others)
+
+
+# The paper's fitted decay constant for repeated data (R*_D).
+R_STAR = 15.39
+FORMULA = "D' = U + U*R*(1 - exp(-R/R*)), R = epochs - 1, R* = 15.39"
+REFERENCE = "Muennighoff et al. 2023, Scaling Data-Constrained Language Models (arXiv:2305.16264)"
+
+
+def effective_tokens(unique: float, epochs: float) -> float:
+    """D' for `unique` tokens seen `epochs` times; up to one epoch nothing repeats, so D' = D."""
+    if epochs <= 1:
+        return unique * epochs
+    repetitions = epochs - 1
+    return unique + unique * R_STAR * (1 - math.exp(-repetitions / R_STAR))
+
+
+def epoch_values(epochs: float) -> list[float]:
+    """What each epoch adds, per token, relative to new data: 1.0 for the first, then less and less.
+
+    A last partial epoch (epochs = 4.5) is valued per token of that part.
+    """
+    values, done = [], 0.0
+    while epochs - done > 1e-9:
+        part = min(1.0, epochs - done)
+        values.append((effective_tokens(1.0, done + part) - effective_tokens(1.0, done)) / part)
+        done += part
+    return values

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from pipeline.mixing import scaling
+from pipeline.mixing.planner import effective_tokens
 
 
 def row_for(cluster_size: int, table: Sequence[tuple[int, float]]) -> int:
@@ -47,7 +47,7 @@ class Bucket:
         return f"{self.min_cluster_size}-{self.max_cluster_size}"
 
     def effective_tokens(self, bytes_per_token: float) -> float:
-        return scaling.effective_tokens(self.bytes / bytes_per_token, self.epochs)
+        return effective_tokens(self.bytes / bytes_per_token, self.epochs)
 
 
 @dataclass(frozen=True)

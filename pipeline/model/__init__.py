@@ -1,32 +1,4 @@
-"""The transformer (BLOOM- and Llama/Mistral-style) and its Hugging Face import and export.
-
-`ModelConfig` comes without torch, so that the command line checks configs quickly; the rest loads
-torch on first use:
-
-    from pipeline.model import from_hf, to_hf, Transformer, flops_per_token
-"""
-
-from __future__ import annotations
-
-import importlib
-
-from pipeline.model.config import ModelConfig, RopeScaling, validate_model
-
-_LAZY = {
-    "Transformer": "pipeline.model.transformer",
-    "from_hf": "pipeline.model.hf_import",
-    "to_hf": "pipeline.model.hf_export",
-    "CheckpointError": "pipeline.model.hf_config",
-    "SUPPORTED_ARCHITECTURES": "pipeline.model.hf_config",
-    "alibi_slopes": "pipeline.model.positions",
-    "flops_per_token": "pipeline.model.flops",
-    "parameter_count": "pipeline.model.flops",
-}
-
-__all__ = ["ModelConfig", "RopeScaling", "validate_model", *_LAZY]
-
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'pipeline.model' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+"""The transformer (BLOOM- and Llama/Mistral-style) and its files: config.py (the `model` and `export` sections and
+the FLOP count, torch-free), transformer.py (the model, ALiBi and RoPE), model_tensors.py (its tensors one at a
+time), files.py (base models and checkpoints), base_shape.py, hf_config.py, hf_import.py and hf_export.py (Hugging
+Face folders both ways)."""

@@ -3,10 +3,15 @@
 One dataclass covers the two families the recipe starts from: BLOOM (ALiBi, LayerNorm, embedding
 LayerNorm, GELU, biases, tied head) and Llama/Mistral (RoPE, RMSNorm, SwiGLU, grouped-query attention).
 This module imports no torch, so that the command line can check a config without loading it.
+
+The typed `export` section: how the training stages write their transformers folder `hf/` (torch-free).
+
+The model's size and compute, from its config alone (no weights allocated): parameters and FLOPs per token.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -130,3 +135,63 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
             raise ConfigError(f"{prefix}.rope_scaling", scaling, [
                 "factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_seq_len > 0 (Llama 3.1: "
                 "factor 8, low_freq_factor 1, high_freq_factor 4, original_max_seq_len 8192)"])
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+          "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+
+
+@dataclass
+class ExportConfig:
+    # The largest weights file of `hf/` ("5GB", "500MB", "2GiB" or bytes), as transformers' save_pretrained takes
+    # it: above it the weights go into model-00001-of-0000N.safetensors shards with model.safetensors.index.json.
+    # Not part of the stages' hash: it changes the files, not the model.
+    max_shard_size: str = "5GB"
+
+
+def shard_bytes(export: ExportConfig) -> int:
+    match = _SIZE.fullmatch(str(export.max_shard_size))
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < 1:
+        raise ConfigError("export.max_shard_size", export.max_shard_size, ["a size such as 5GB, 500MB or 2GiB"])
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def validate_export(export: ExportConfig) -> None:
+    shard_bytes(export)
+
+
+def _matmul_parameters_per_block(cfg: ModelConfig) -> int:
+    """Weights of the matrix multiplications in one block: attention q, k, v, out and the MLP."""
+    attention = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+    mlp = (3 if cfg.activation == "swiglu" else 2) * cfg.hidden_size * cfg.ffn_size
+    return attention + mlp
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Parameters as Hugging Face counts them: the real vocabulary (no padding), a tied head counted once."""
+    h = cfg.hidden_size
+    norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
+    attention_biases = cfg.head_dim * (cfg.num_heads + 2 * cfg.num_kv_heads) + h
+    mlp_biases = cfg.ffn_size * (2 if cfg.activation == "swiglu" else 1) + h
+    biases = attention_biases + mlp_biases if cfg.bias else 0
+    block = _matmul_parameters_per_block(cfg) + biases + 2 * norm
+    embedding = cfg.vocab_size * h + (norm if cfg.embedding_norm else 0)
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
+    return embedding + cfg.num_layers * block + norm + head
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs per token (forward + backward = 3 x forward), for MFU.
+
+    Counts the matrix multiplications, as PaLM (Chowdhery et al. 2022, appendix B) and Megatron do:
+    2 FLOPs per weight per token in the forward pass for every linear layer and the LM head (the real
+    vocabulary, not the padding), plus attention's two products QK^T and AV, 2 * 2 * seq_len *
+    num_heads * head_dim per layer and token. Attention is counted over the full seq_len x seq_len
+    score matrix, *not* halved for the causal mask, as PaLM's 6N + 12 L H Q T does, so the numbers
+    compare with published MFU. Norms, activations, softmax and the embedding lookup are left out.
+    """
+    matmul_weights = cfg.num_layers * _matmul_parameters_per_block(cfg) + cfg.vocab_size * cfg.hidden_size
+    attention = cfg.num_layers * 2 * 2 * seq_len * cfg.num_heads * cfg.head_dim
+    return 3 * (2 * matmul_weights + attention)

@@ -16,8 +16,8 @@ from typing import Optional
 import torch
 
 from pipeline.model.config import ModelConfig
-from pipeline.model.hf_architectures import hf_tensor_name, split_bloom_fused, tensor_names
-from pipeline.model.hf_config import CheckpointError, read_config, read_json
+from pipeline.model.hf_config import (CheckpointError, hf_tensor_name, read_config, read_json, split_bloom_fused,
+                                      tensor_names)
 from pipeline.model.model_tensors import ModelTensors, build_model, model_shapes
 from pipeline.model.transformer import VOCAB_TENSORS, Transformer
 from pipeline.tensor_files import TensorFileReader

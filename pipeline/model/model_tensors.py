@@ -12,6 +12,7 @@ vocabulary rows, under `cfg`.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import hashlib
 import json
 from pathlib import Path
@@ -124,6 +125,16 @@ class ReplacedTensors(ModelTensors):
 
     def read(self, name: str) -> torch.Tensor:
         return self.replaced[name] if name in self.replaced else self.base.read(name)
+
+
+@dataclass
+class StartingModel:
+    """The model a training stage's ranks start from, read a tensor at a time, and what to tell the user if it holds
+    non-finite values."""
+
+    tensors: ModelTensors
+    what: str  # "warmup: the base model ...", naming it in the message
+    advice: str
 
 
 def opened_checkpoint(folder: Path) -> CheckpointTensors:

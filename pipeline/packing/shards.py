@@ -12,7 +12,7 @@ input file:
 the token file holds a whole number of tokens of the recorded width, the index is strictly increasing
 (every document has at least its EOS) and ends at the file's last token, and the metadata and
 `packed.json` agree on the counts. Reading a document checks that it ends with EOS and that its ids
-are inside the vocabulary (pipeline/packing/stream.py). Each failure raises `PackedDataError`, naming
+are inside the vocabulary (pipeline/packing/sampler.py). Each failure raises `PackedDataError`, naming
 the file, what is wrong and how to pack the data again. There is no checksum of the content: that
 would mean reading every shard whole whenever training starts.
 """

@@ -1,2 +1,3 @@
-"""Parallel training: starting the ranks (launch.py, worker.py), the transformer as DeepSpeed pipeline layers
-(pipeline_model.py) and tensor parallelism (tensor_parallel.py, tensor_parallel_fit.py)."""
+"""Parallel training: starting the ranks and bounding their collectives (ranks.py), the transformer as DeepSpeed
+pipeline layers (pipeline_model.py, with deepspeed_internals.py), tensor parallelism (tensor_parallel.py) and the
+torch-free `parallel` section with its tensor-parallel fit check (config.py)."""

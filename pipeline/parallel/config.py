@@ -1,10 +1,15 @@
-"""The typed `parallel` section: tensor x pipeline x data parallelism (torch-free)."""
+"""The typed `parallel` section: tensor x pipeline x data parallelism (torch-free).
+
+Whether a model can be cut into `parallel.tp` tensor-parallel shards; torch-free, so that a config check can
+use it before any rank starts.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from pipeline.errors import ConfigError
+from pipeline.model.config import ModelConfig
 
 
 @dataclass
@@ -18,7 +23,7 @@ class ParallelConfig:
     # length must be a multiple of tp.
     sequence_parallel: bool = False
     # Seconds a collective of the training ranks may wait for the others; past it, the rank fails with an error
-    # that names it and the operation (pipeline/parallel/collectives.py), instead of the job hanging.
+    # that names it and the operation (pipeline/parallel/ranks.py), instead of the job hanging.
     collective_timeout_s: int = 600
 
     @property
@@ -34,3 +39,14 @@ def validate_parallel(parallel: ParallelConfig) -> None:
         raise ConfigError("parallel.collective_timeout_s", parallel.collective_timeout_s,
                           ["seconds >= 1 that a collective may wait for the other ranks (default 600; raise it "
                            "when a rank's checkpoint save or held-out scoring makes the others wait longer)"])
+
+
+def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
+    """Refuse a model whose query heads, key/value heads or feed-forward width do not split into `tp` equal parts."""
+    for key in ("num_heads", "num_kv_heads", "ffn_size"):
+        value = getattr(model, key)
+        if value % tp:
+            why = " (multi-query attention has a single key/value head)" if key == "num_kv_heads" and value == 1 else ""
+            raise ConfigError(f"model.{key}", value, [
+                f"a multiple of parallel.tp={tp}: tensor parallelism gives each rank an equal share of it{why}; "
+                f"choose a parallel.tp that divides model.{key}={value}"])

@@ -2,11 +2,32 @@
 
 - on a machine of its own: local processes with torch.distributed's environment (RANK, LOCAL_RANK,
   WORLD_SIZE, MASTER_ADDR, MASTER_PORT), gloo on a CPU and NCCL/RCCL with one process per GPU;
-- inside a Slurm allocation with `cluster.executor=slurm`: `srun` with one task per rank (one per
+- inside a Slurm allocation with `cluster.executor=slurm`: `srun` (pipeline/slurm.py) with one task per rank (one per
   GPU/GCD), the cluster's srun options, container and environment; each rank reads Slurm's task ids
   (`slurm_ranks`).
 A rank that fails stops the others; SIGUSR1/SIGTERM are passed on, so that every rank can checkpoint. No shell
 is involved: every argument goes to srun or Python as it is.
+
+Bounded collectives: a collective of the training ranks that waits longer than `parallel.collective_timeout_s`
+fails with an error naming the rank and the operation, instead of holding every rank (and the Slurm allocation)
+forever; the launcher then stops the other ranks (pipeline/parallel/ranks.py).
+
+`bound_collectives` runs in each rank before its process group starts, and returns the timeout to start it with:
+- `init_process_group(timeout=...)` bounds the world group only. A group made later by `new_group` without a
+  timeout of its own, as DeepSpeed makes the tensor, pipeline and data-parallel groups, gets torch's default
+  instead (10 minutes on NCCL, 30 on gloo), which torch reads from two attributes of
+  `torch.distributed.distributed_c10d` when the group is made: they are set to the same timeout (private names,
+  checked on torch 2.13; tests/test_collectives.py fails if they move).
+- NCCL: with TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (torch's default, set unless the user chose another), a collective
+  past its timeout aborts the rank after the watchdog logs `[Rank N] Watchdog caught collective operation
+  timeout: WorkNCCL(SeqNum=.., OpType=ALLREDUCE, NumelIn=..) ran for .. milliseconds before timing out`.
+- gloo raises the timeout in the waiting rank's collective, whose traceback names it.
+- TORCH_DISTRIBUTED_DEBUG=DETAIL, which the tests set and a user may set for a run: before each collective, the
+  ranks of its group check that they all run the same one (kind, shapes, dtypes). A mismatch then fails at once,
+  naming what each rank runs ("Detected mismatch between collectives on ranks. Rank 1 is running collective:
+  CollectiveFingerPrint(OpType=ALLREDUCE, TensorShape=[5349] ..."), and a rank that does not arrive is named
+  within the timeout ("Rank 1 failed to pass monitoredBarrier"). It costs a gloo round trip per collective, so
+  runs that are timed go without it.
 """
 
 from __future__ import annotations
@@ -19,8 +40,12 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
+import torch.distributed.distributed_c10d as c10d
+
+from pipeline import slurm
 from pipeline.errors import StageError, StageInterrupted
 
 log = logging.getLogger(__name__)
@@ -41,21 +66,11 @@ def rank_environment(rank: int, world_size: int, port: int, threads: int) -> dic
     return {**os.environ, **distributed_environment(rank, world_size, port), "OMP_NUM_THREADS": str(threads)}
 
 
-def srun_command(cluster, world_size: int, command: list[str]) -> list[str]:
-    container = shlex.split(cluster.container) if cluster.container else []
-    return ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", *map(str, cluster.srun_args),
-            *container, *command]
-
-
-def inside_slurm_allocation() -> bool:
-    return "SLURM_JOB_ID" in os.environ
-
-
 def run_ranks(argv: list[str], world_size: int, cluster, logs: Path) -> None:
     """Run `python <argv>` as `world_size` ranks; ranks 1.. log to `logs/rank<N>.log`, rank 0 to this console."""
     command = [sys.executable, *argv]
     if cluster.executor == "slurm":
-        if not inside_slurm_allocation():
+        if not slurm.inside_allocation():
             raise StageError(f"cluster.executor=slurm starts the {world_size} ranks with srun inside a Slurm "
                              f"allocation, and this process is not in one. Submit the command as a job (e.g. "
                              f"sbatch --ntasks={world_size} --gpus-per-task=1 --wrap 'python -m pipeline ...'), or "
@@ -76,13 +91,12 @@ def run_ranks(argv: list[str], world_size: int, cluster, logs: Path) -> None:
 
 def slurm_ranks() -> None:
     """Under srun, torch.distributed's rank variables from Slurm's task ids (each rank calls it first)."""
-    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
-        os.environ.update(RANK=os.environ["SLURM_PROCID"], LOCAL_RANK=os.environ["SLURM_LOCALID"],
-                          WORLD_SIZE=os.environ["SLURM_NTASKS"])
+    if "RANK" not in os.environ:
+        os.environ.update(slurm.task_ranks())
 
 
 def _run_srun(command: list[str], cluster, world_size: int, logs: Path) -> None:
-    command = srun_command(cluster, world_size, command)
+    command = slurm.srun_command(world_size, cluster.srun_args, cluster.container, command)
     # Rank 0 may be on another node than this batch step, but the first node of the allocation is this one.
     env = {**os.environ, "MASTER_ADDR": socket.gethostname(), "MASTER_PORT": str(free_port()),
            **{key: os.path.expandvars(str(value)) for key, value in cluster.env.items()}}
@@ -133,3 +147,24 @@ def _wait_all(processes: list[subprocess.Popen], logs: Path) -> None:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+# torch's defaults for a group made without a timeout (see above).
+_GROUP_DEFAULT_TIMEOUTS = ("default_pg_timeout", "default_pg_nccl_timeout")
+
+
+def bound_collectives(timeout_s: float) -> timedelta:
+    """Every process group this rank makes from now on, the world's included, times out after `timeout_s`; the
+    timeout for `init_process_group` (or deepspeed.init_distributed) is returned."""
+    timeout = timedelta(seconds=timeout_s)
+    missing = [name for name in _GROUP_DEFAULT_TIMEOUTS if not hasattr(c10d, name)]
+    if missing:
+        raise RuntimeError(f"torch.distributed.distributed_c10d has no {', '.join(missing)} in this torch version: "
+                           f"parallel.collective_timeout_s cannot bound the process groups DeepSpeed makes. "
+                           f"Update pipeline/parallel/ranks.py for torch's new name.")
+    for name in _GROUP_DEFAULT_TIMEOUTS:
+        # None where torch was built without NCCL (its default is then never read).
+        if getattr(c10d, name) is not None:
+            setattr(c10d, name, timeout)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    return timeout

@@ -53,7 +53,7 @@ from torch import nn
 from pipeline.model.config import ModelConfig
 from pipeline.kernels import layer_norm, rms_norm
 from pipeline.model.transformer import MLP, Attention, Block, Embedding, Head, LayerNorm, RMSNorm
-from pipeline.parallel.tensor_parallel_fit import check_tensor_parallel
+from pipeline.parallel.config import check_tensor_parallel
 
 
 class _CopyToTensorParallel(torch.autograd.Function):

@@ -1,28 +1,30 @@
-"""The stages, in the order the recipe runs them. Each module exposes `STAGE` (a contract.Stage)."""
+"""The stages, in the order the recipe runs them. Each module exposes `STAGE` (a contract.Stage).
+
+The demo's base model, for `stage=all` without `model.base`: nothing is downloaded, so the pipeline
+pretrains a small one itself, from scratch, on the embedded text of `model.base_lang` (English), with the
+run's own model shape, tokenizer settings and `demo_base.train` budget. It lives in
+`${work_dir}/<model.base_lang>/pretrain/hf` like any pretrain output, so the stage contract caches it: the
+next run finds it up to date and goes straight on.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import logging
+from pathlib import Path
 from typing import Iterator, Mapping
 
+from pipeline.config import STAGE_NAMES, PipelineConfig
 from pipeline.contract import Stage, execute, stage_dir
-from pipeline.demo_base import (
-    BASE_STAGES,
-    demo_base_config,
-    demo_base_folder,
-    with_demo_base,
-)
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.targets import STAGE_NAMES
 
 log = logging.getLogger(__name__)
 
 
 class _Stages(Mapping[str, Stage]):
-    """Each stage by name (pipeline/targets.py's order), its module imported when first asked for: the data stages
+    """Each stage by name (pipeline/config.py's order), its module imported when first asked for: the data stages
     need no torch, so that `stage=clean` starts in under a second rather than three."""
 
     def __getitem__(self, name: str) -> Stage:
@@ -42,7 +44,7 @@ class _Stages(Mapping[str, Stage]):
 STAGES = _Stages()
 
 
-def run_target(cfg) -> None:
+def run_target(cfg: PipelineConfig) -> None:
     """`stage=all` (the whole recipe for one language) or one stage."""
     if cfg.stage == "all":
         run_all(cfg)
@@ -50,7 +52,7 @@ def run_target(cfg) -> None:
         run_chain(cfg, (cfg.stage,))
 
 
-def clean_base_language(cfg) -> None:
+def clean_base_language(cfg: PipelineConfig) -> None:
     """The clean stage for `model.base_lang`, whose output the default mix replays (conf/mix/default.yaml), when the
     raw folder has that language; without it the mix goes on without replay, as it says."""
     if cfg.model.base_lang == cfg.lang.code:
@@ -65,7 +67,7 @@ def clean_base_language(cfg) -> None:
     run_chain(base_lang, ("clean",))
 
 
-def run_chain(cfg, names: tuple[str, ...]) -> bool:
+def run_chain(cfg: PipelineConfig, names: tuple[str, ...]) -> bool:
     """Run `names` in order; False if one went to Slurm (the rest must wait for it)."""
     for name in names:
         later = STAGE_NAMES[STAGE_NAMES.index(name) + 1:]
@@ -77,7 +79,7 @@ def run_chain(cfg, names: tuple[str, ...]) -> bool:
     return True
 
 
-def run_all(cfg) -> None:
+def run_all(cfg: PipelineConfig) -> None:
     """The whole recipe for one language; without `model.base`, first the demo's own base model, with it, first the
     clean text of the base's language, which the mix replays."""
     if cfg.model.base is not None:
@@ -94,3 +96,25 @@ def run_all(cfg) -> None:
         report = stage_dir(cfg, "evaluate") / "report.md"
         log.info("The whole recipe for %s is done.", cfg.lang.code)
         print(f"Report: {report}")
+
+
+# The stages that make the base: everything up to pretrain, which starts from random weights.
+BASE_STAGES = ("clean", "mix", "tokenizer", "pack", "pretrain")
+
+
+def demo_base_config(cfg: PipelineConfig) -> PipelineConfig:
+    lang = cfg.model.base_lang
+    return dataclasses.replace(cfg, lang=language_config(lang, LANGUAGES[lang]), init="scratch",
+                               train=cfg.demo_base.train)
+
+
+def demo_base_folder(cfg: PipelineConfig) -> Path:
+    """The Hugging Face folder of the demo base (with its tokenizer), for `model.base`."""
+    return stage_dir(demo_base_config(cfg), "pretrain") / "hf"
+
+
+def with_demo_base(cfg: PipelineConfig) -> PipelineConfig:
+    """`cfg` as `stage=all` runs it: without `model.base`, the demo base is the base."""
+    if cfg.model.base is not None:
+        return cfg
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=str(demo_base_folder(cfg))))

@@ -1,24 +1,17 @@
 """Stage `clean`: raw web text of one language -> filtered, deduplicated JSONL shards.
 
-Built from datatrove blocks in four phases, each a datatrove executor (local processes or Slurm jobs):
-
-1. read (bad records counted, never fatal) -> language ID -> Gopher repetition -> Gopher quality
-   -> C4 (off by default) -> FineWeb quality -> intermediate shards + MinHash signatures;
-2. MinHash buckets;  3. MinHash clusters (with cluster sizes, for the mix stage's rehydration);
-4. drop near-duplicates (keeping one per cluster, annotated with its cluster size) -> the documents of the raw files
-   that `clean.heldout_sources` names to `heldout_source/` -> held-out split by document-id hash -> `train/` and
-   `heldout/` shards.
-
-Every rejected document is written under `rejected/<filter>/` with its reason in its metadata; a tally after the
-reader and after each step that removes or routes documents counts them per raw file (pipeline/corpus/source_counts.py).
-A last step sums the statistics into the marker's metrics and `report.md` and commits the output: here, in this
-process; on Slurm, as a one-task job that depends on the others. Raw files whose names are not valid UTF-8
-are bad records of their own (`file_name_not_utf8`), the files beside them are read.
+The datatrove pipeline (language ID, quality and repetition filters, MinHash deduplication, the held-out splits) is
+pipeline/corpus/phases.py's; this stage lists the raw files, holds out the sources `clean.heldout_sources` names,
+and runs the phases: here, one after the other, or as Slurm jobs that depend on each other. A last step sums the
+statistics into the marker's metrics and `report.md` and commits the output: here, in this process; on Slurm, as a
+one-task job that depends on the others. Raw files whose names are not valid UTF-8 are bad records of their own
+(`file_name_not_utf8`), the files beside them are read.
 
 On Slurm, datatrove pickles each phase's executor into the work folder (`logs/<phase>/executor.pik`, which its
 jobs load) and writes the folder paths unquoted into the batch script: those paths are checked to hold no shell
 syntax (pipeline/cluster.py) before anything is submitted. The submitted job ids are kept in
-`slurm_jobs.json`, so that a second submission while they are queued or running is refused.
+`slurm_jobs.json`, so that a second submission while they are queued or running is refused (pipeline/slurm.py asks
+squeue).
 """
 
 from __future__ import annotations
@@ -27,51 +20,28 @@ import json
 import logging
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import slurm
 from pipeline.cluster import check_script_word
+from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.config import heldout_source_patterns
-from pipeline.corpus.filter_report import markdown
-from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, is_heldout_source, top_up_heldout
-from pipeline.corpus.language_id import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
-from pipeline.corpus.reader import (RAW_PATTERNS, RawCorpusReader, TaskOutputReader, find_raw_files, fingerprint_files,
-                                    unreadable_names)
-from pipeline.corpus.source_counts import HELDOUT, HELDOUT_SOURCE, READ, SourceTally, moved_to_heldout, per_source
-from pipeline.corpus.sources import CLEAN_SPLITS
-from pipeline.corpus.stats import count, step_key, summed_stats
-from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
+from pipeline.corpus.filters import choose_language_id, resolve_word_tokenizer
+from pipeline.corpus.heldout import is_heldout_source
+from pipeline.corpus.phases import (BAD_FILE_NAME, BUCKETS_PHASE, CLUSTER_PHASE, FILTER_PHASE, SPLIT_PHASE,
+                                    CommitWhenDone, build_phases, executor, quality_filters, raw_language_folder)
+from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files, unreadable_names
+from pipeline.corpus.report import step_key
 from pipeline.errors import StageError
 
 log = logging.getLogger(__name__)
 
-FILTER_PHASE, BUCKETS_PHASE = "1_filter", "2_minhash_buckets"
-CLUSTER_PHASE, SPLIT_PHASE = "3_minhash_clusters", "4_dedup_split"
-TALLIES = "source_counts"
-INTERMEDIATE_DIRS = ("filtered", "minhash", TALLIES)
 SLURM_JOBS = "slurm_jobs.json"
-BAD_FILE_NAME = "file_name_not_utf8"
-DUPLICATES = "minhash_duplicate"
 
 
-def raw_folder(cfg) -> Path:
-    """`${raw_dir}/<lang>/`, accepting any of the language's codes as the folder name (HPLT uses `nb`)."""
-    lang = cfg.lang
-    root = Path(cfg.raw_dir)
-    names = [lang.code, lang.hplt_code, lang.iso639_1, *lang.aliases]
-    for name in filter(None, names):
-        if (root / name).is_dir():
-            return root / name
-    raise StageError(
-        f"No raw input for {lang.code}: none of {', '.join(str(root / n) for n in dict.fromkeys(filter(None, names)))} "
-        f"is a directory. Put {', '.join(RAW_PATTERNS)} files in {root / lang.code}/ or point raw_dir= at "
-        f"a folder with a {lang.code}/ subfolder."
-    )
-
-
-def describe_inputs(cfg) -> dict:
-    folder = raw_folder(cfg)
+def describe_inputs(cfg: PipelineConfig) -> dict:
+    folder = raw_language_folder(cfg)
     files = find_raw_files(folder)
     if not files:
         raise StageError(
@@ -81,241 +51,6 @@ def describe_inputs(cfg) -> dict:
     inputs = {"raw": {**fingerprint_files(folder, files), "unreadable_names": len(unreadable_names(folder))}}
     lid_model = choose_language_id(cfg.lang, cfg.clean.lid).fingerprint()
     return inputs if lid_model is None else {**inputs, "language_id_model": lid_model}
-
-
-# -- the datatrove phases ---------------------------------------------------------------------------
-
-
-def _rejected(work: Path, name: str):
-    from datatrove.pipeline.writers import JsonlWriter
-
-    return JsonlWriter(str(work / "rejected" / name))
-
-
-def _filters(run: StageRun, tokenizer) -> list[tuple[str, object]]:
-    """(name, datatrove filter) pairs; the name keys `rejected/<name>/` and `metrics.rejected`."""
-    from datatrove.pipeline.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
-                                            GopherRepetitionFilter)
-
-
-    cfg, clean, work = run.cfg, run.cfg.clean, run.work_dir
-    lang, limits = cfg.lang, cfg.lang.filters
-    chosen = []
-    language_id = choose_language_id(lang, clean.lid)
-    if language_id.model is not None:
-        chosen.append(("language_id", LocalLanguageFilter, dict(model_path=str(language_id.model),
-                                                                 labels=list(language_id.labels),
-                                                                 threshold=language_id.threshold)))
-    else:
-        chosen.append(("declared_language", DeclaredLanguageFilter, dict(lang=lang)))
-    if clean.gopher_repetition:
-        chosen.append(("gopher_repetition", GopherRepetitionFilter, dict(
-            dup_line_frac=limits.dup_line_frac,
-            top_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.top_n_grams),
-            dup_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.dup_n_grams),
-            language=tokenizer,
-        )))
-    if clean.gopher_quality:
-        chosen.append(("gopher_quality", GopherQualityFilter, dict(
-            min_doc_words=clean.gopher_min_doc_words,
-            min_avg_word_length=limits.min_avg_word_length,
-            max_avg_word_length=limits.max_avg_word_length,
-            max_non_alpha_words_ratio=limits.max_non_alpha_words_ratio,
-            stop_words=list(limits.stopwords) if limits.stopwords else None,
-            min_stop_words=2 if limits.stopwords else None,
-            language=tokenizer,
-        )))
-    if clean.c4:
-        chosen.append(("c4_quality", C4QualityFilter, dict(language=tokenizer)))
-    if clean.fineweb_quality:
-        chosen.append(("fineweb_quality", FineWebQualityFilter, dict(
-            line_punct_thr=limits.line_punct_thr, new_line_ratio=limits.new_line_ratio,
-            char_duplicates_ratio=limits.char_duplicates_ratio, language=tokenizer,
-        )))
-    return [(name, cls(exclusion_writer=_rejected(work, name), **kwargs)) for name, cls, kwargs in chosen]
-
-
-def _tally(run: StageRun, label: str) -> SourceTally:
-    return SourceTally(run.work_dir / TALLIES, label)
-
-
-def _split_and_write(run: StageRun) -> list:
-    from datatrove.pipeline.writers import JsonlWriter
-
-
-    work, clean = run.work_dir, run.cfg.clean
-
-    def writer(split: str):
-        return JsonlWriter(str(work / split), max_file_size=clean.shard_bytes)
-
-    return [
-        HeldoutSourceSplit(heldout_source_patterns(clean, run.cfg.lang), writer("heldout_source")),
-        _tally(run, HELDOUT_SOURCE),
-        HeldoutSplit(clean.heldout_fraction, writer("heldout")), _tally(run, HELDOUT),
-        writer("train"),
-    ]
-
-
-def _minhash_config(clean):
-    from datatrove.pipeline.dedup.minhash import MinhashConfig
-
-    d = clean.dedup
-    return MinhashConfig(n_grams=d.n_grams, num_buckets=d.num_buckets, hashes_per_bucket=d.hashes_per_bucket, seed=d.seed)
-
-
-def build_phases(run: StageRun, tasks: int, tokenizer,
-                 filters: list[tuple[str, object]]) -> list[tuple[str, list, int]]:
-    """The phases as (name, datatrove pipeline, number of tasks), from the (name, step) pairs of `_filters`."""
-    from datatrove.pipeline.dedup.minhash import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
-                                                  MinhashDedupSignature)
-    from datatrove.pipeline.writers import JsonlWriter
-
-
-    work, clean = run.work_dir, run.cfg.clean
-    reader = RawCorpusReader(str(raw_folder(run.cfg)), str(work / "raw_files.txt"), str(work / "bad_records"))
-    filtering = [reader, _tally(run, READ)]
-    for name, step in filters:
-        filtering += [step, _tally(run, name)]
-    if not clean.dedup.enabled:
-        return [(FILTER_PHASE, filtering + _split_and_write(run), tasks)]
-
-    minhash = _minhash_config(clean)
-    signatures, buckets, clusters = (str(work / "minhash" / part) for part in ("signatures", "buckets", "clusters"))
-    return [
-        (FILTER_PHASE, filtering + [
-            JsonlWriter(str(work / "filtered")),
-            MinhashDedupSignature(signatures, config=minhash, language=tokenizer),
-        ], tasks),
-        (BUCKETS_PHASE, [MinhashDedupBuckets(signatures, buckets, config=minhash)], minhash.num_buckets),
-        (CLUSTER_PHASE, [MinhashDedupCluster(buckets, clusters, config=minhash, save_cluster_size=True)], 1),
-        (SPLIT_PHASE, [
-            TaskOutputReader(str(work / "filtered")),
-            MinhashDedupFilter(clusters, exclusion_writer=_rejected(work, DUPLICATES), load_cluster_sizes=True),
-            _tally(run, DUPLICATES),
-            *_split_and_write(run),
-        ], tasks),
-    ]
-
-
-# -- metrics and commit ------------------------------------------------------------------------------
-
-
-def collect_metrics(run: StageRun) -> dict:
-    from datatrove.pipeline.dedup.minhash import MinhashDedupFilter
-
-
-    logs = run.work_dir / "logs"
-    stats = summed_stats(logs / FILTER_PHASE)
-    split_stats = stats if not run.cfg.clean.dedup.enabled else summed_stats(logs / SPLIT_PHASE)
-    reader = stats.get(step_key(RawCorpusReader), {})
-    settings = json.loads((run.work_dir / "settings.json").read_text())
-
-    rejected, reasons = {}, {}
-    for name, key in settings["filters"]:
-        rejected[key] = int(stats.get(name, {}).get("dropped", 0))
-        for counter, value in stats.get(name, {}).items():
-            if counter.startswith("dropped_"):
-                reasons[f"{key}.{counter.removeprefix('dropped_')}"] = int(value)
-    duplicates = count(split_stats, MinhashDedupFilter, "dropped")
-    if run.cfg.clean.dedup.enabled:
-        rejected[DUPLICATES] = duplicates
-
-    bad_by_reason = {k.removeprefix("bad_records."): int(v) for k, v in reader.items() if k.startswith("bad_records.")}
-    if settings["unreadable_names"]:
-        bad_by_reason[BAD_FILE_NAME] = len(settings["unreadable_names"])
-    metrics = {
-        "docs_in": int(reader.get("docs_in", 0)),
-        "docs_out": count(split_stats, HeldoutSplit, "train"),
-        "docs_heldout": count(split_stats, HeldoutSplit, "heldout"),
-        "bad_records": int(reader.get("bad_records", 0)) + len(settings["unreadable_names"]),
-        "bad_records_by_reason": bad_by_reason,
-        "rejected": rejected,
-        "rejected_by_reason": reasons,
-        "duplicates_removed": duplicates,
-        "chars_in": int(reader.get("chars_in", 0)),
-        "chars_out": count(split_stats, HeldoutSplit, "train_chars"),
-        "chars_heldout": count(split_stats, HeldoutSplit, "heldout_chars"),
-        "docs_heldout_source": count(split_stats, HeldoutSourceSplit, "heldout_source"),
-        "chars_heldout_source": count(split_stats, HeldoutSourceSplit, "heldout_source_chars"),
-        "heldout_source_files": settings["heldout_source_files"],
-        "language_id": settings["language_id"],
-        "word_tokenizer": settings["word_tokenizer"],
-        "input_files": len(settings["input_files"]),
-        "sources": per_source(run.work_dir / TALLIES, list(rejected), settings["input_files"]),
-    }
-    accounted = metrics["docs_out"] + metrics["docs_heldout"] + metrics["docs_heldout_source"] + sum(rejected.values())
-    if accounted != metrics["docs_in"]:
-        log.warning("clean: %d documents read but %d accounted for (kept + held out + held-out source + rejected).",
-                    metrics["docs_in"], accounted)
-    return metrics
-
-
-def guarantee_heldout(run: StageRun, metrics: dict) -> dict:
-    """Top the held-out split up to `clean.heldout_min_documents` (at most a quarter of the kept documents), warning
-    when the corpus is too small for it; the metrics with the documents moved."""
-    minimum, kept, heldout = run.cfg.clean.heldout_min_documents, metrics["docs_out"], metrics["docs_heldout"]
-    wanted = min(minimum, (kept + heldout) // 4)
-    moved = top_up_heldout(run.work_dir / "train", run.work_dir / "heldout", wanted - heldout)
-    docs, chars = sum(d for d, _ in moved.values()), sum(c for _, c in moved.values())
-    if docs:
-        log.warning("clean %s: clean.heldout_fraction=%g of %d kept documents held out %d; %d more are held out "
-                    "(those with the smallest id hashes) to reach %d.", run.lang, run.cfg.clean.heldout_fraction,
-                    kept + heldout, heldout, docs, wanted)
-    if heldout + docs < minimum:
-        log.warning("clean %s: only %d documents kept, too few for clean.heldout_min_documents=%d: %d held out (a "
-                    "quarter), so held-out scores will be noisy. Add text to %s if you can.", run.lang, kept + heldout,
-                    minimum, heldout + docs, raw_folder(run.cfg))
-    return {**metrics, "docs_out": kept - docs, "docs_heldout": heldout + docs,
-            "chars_out": metrics["chars_out"] - chars, "chars_heldout": metrics["chars_heldout"] + chars,
-            "heldout_added_for_minimum": docs, "sources": moved_to_heldout(metrics["sources"], moved)}
-
-
-@dataclass
-class CommitWhenDone:
-    """The last step: turns the statistics into the marker. A datatrove pipeline step, for Slurm."""
-
-    run: StageRun
-
-    def __call__(self, data=None, rank: int = 0, world_size: int = 1):
-        metrics = guarantee_heldout(self.run, collect_metrics(self.run))
-        for name in INTERMEDIATE_DIRS:
-            shutil.rmtree(self.run.work_dir / name, ignore_errors=True)
-        for split in CLEAN_SPLITS:  # an empty split is an empty folder, which the later stages read as no documents
-            (self.run.work_dir / split).mkdir(exist_ok=True)
-        (self.run.work_dir / "report.md").write_text(markdown(self.run.lang, metrics), encoding="utf-8")
-        self.run.commit(metrics)
-        log.info(
-            "clean %s: %d documents in, %d kept, %d held out, %d in held-out sources, %d rejected, %d bad records "
-            "(per source: %s)", self.run.lang, metrics["docs_in"], metrics["docs_out"], metrics["docs_heldout"],
-            metrics["docs_heldout_source"], sum(metrics["rejected"].values()), metrics["bad_records"],
-            self.run.final_dir / "report.md",
-        )
-        return data
-
-
-# -- running -----------------------------------------------------------------------------------------
-
-
-def _executor(cfg, pipeline: list, tasks: int, logging_dir: Path, depends, job_name: str):
-    if cfg.cluster.executor == "slurm":
-        from datatrove.executor.slurm import SlurmPipelineExecutor
-
-        # datatrove writes `--option` for an empty value, `--option=True` for true.
-        sbatch_args = {key: "" if value is True else value for key, value in cfg.cluster.sbatch_args.items()}
-        if cfg.cluster.account:
-            sbatch_args["account"] = cfg.cluster.account
-        return SlurmPipelineExecutor(
-            pipeline=pipeline, tasks=tasks, time=cfg.cluster.cpu_time, partition=cfg.cluster.partition,
-            cpus_per_task=cfg.cluster.cpus_per_task, mem_per_cpu_gb=cfg.cluster.mem_per_cpu_gb, qos=cfg.cluster.qos,
-            job_name=job_name, logging_dir=str(logging_dir), depends=depends, sbatch_args=sbatch_args,
-            env_command=cfg.cluster.env_command, slurm_logs_folder=str(logging_dir / "slurm"),
-        )
-    from datatrove.executor.local import LocalPipelineExecutor
-
-    return LocalPipelineExecutor(
-        pipeline=pipeline, tasks=tasks, workers=min(cfg.workers, tasks), logging_dir=str(logging_dir),
-        depends=depends,
-    )
 
 
 def _prepare_work_dir(run: StageRun, files: list[str], tasks: int) -> None:
@@ -334,13 +69,7 @@ def _live_jobs(partial: Path) -> list[str]:
     """The Slurm jobs that an earlier submission of the run in `partial` left queued or running."""
     if not (partial / SLURM_JOBS).is_file():
         return []
-    ids = [str(job) for job in read_json(partial / SLURM_JOBS)["job_ids"]]
-    try:
-        queue = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True,
-                               timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return []  # no Slurm here, so nothing of it runs here either
-    return queue.stdout.split()  # empty also when Slurm no longer knows them (finished)
+    return slurm.live_jobs(read_json(partial / SLURM_JOBS)["job_ids"])
 
 
 def kept_state(partial: Path) -> str:
@@ -377,7 +106,7 @@ def _check_slurm_script(run: StageRun) -> None:
         check_script_word("lang", f"clean-{run.lang}-{phase}")
 
 
-def heldout_source_files(cfg, folder: Path, files: list[str]) -> list[str]:
+def heldout_source_files(cfg: PipelineConfig, folder: Path, files: list[str]) -> list[str]:
     """The raw files that `clean.heldout_sources` holds out whole, saying which patterns match none; refuses to hold
     out every file, which would leave nothing to train on."""
     patterns = heldout_source_patterns(cfg.clean, cfg.lang)
@@ -402,7 +131,7 @@ def heldout_source_files(cfg, folder: Path, files: list[str]) -> list[str]:
 
 
 def run_clean(run: StageRun):
-    cfg = run.cfg
+    cfg: PipelineConfig = run.cfg
     if cfg.cluster.executor == "slurm":
         _check_slurm_script(run)
     live = _live_jobs(run.work_dir)
@@ -410,14 +139,14 @@ def run_clean(run: StageRun):
         raise StageError(f"clean {run.lang} was submitted to Slurm already and its jobs are still queued or running "
                          f"({', '.join(live[:10])}; {run.work_dir / SLURM_JOBS}). Wait for them (the marker appears "
                          f"in {run.final_dir}), or scancel them before submitting again.")
-    folder = raw_folder(cfg)
+    folder = raw_language_folder(cfg)
     files = find_raw_files(folder)
     tasks = min(cfg.clean.tasks or cfg.workers, len(files))
     _prepare_work_dir(run, files, tasks)
     bad_names = unreadable_names(folder)
     _write_bad_names(run, bad_names)
     tokenizer, tokenizer_name = resolve_word_tokenizer(cfg.lang)
-    filters = _filters(run, tokenizer)
+    filters = quality_filters(run, tokenizer)
     phases = build_phases(run, tasks, tokenizer, filters)
     language_id = choose_language_id(cfg.lang, cfg.clean.lid)
     # Falling back to the records' own label is worth a warning: web crawls get it wrong for small languages.
@@ -436,14 +165,14 @@ def run_clean(run: StageRun):
         # Locally the phases run one after the other; on Slurm each job depends on the one before.
         depends = executors[-1] if on_slurm and executors else None
         job_name = f"clean-{cfg.lang.code}-{name}"
-        executors.append(_executor(cfg, pipeline, phase_tasks, run.work_dir / "logs" / name, depends, job_name))
+        executors.append(executor(cfg, pipeline, phase_tasks, run.work_dir / "logs" / name, depends, job_name))
         if not on_slurm:
             log.info("clean %s: phase %s (%d tasks)", cfg.lang.code, name, phase_tasks)
             executors[-1].run()
     if not on_slurm:
         CommitWhenDone(run)()
         return None
-    executors.append(_executor(cfg, [CommitWhenDone(run)], 1, _commit_logs(run), executors[-1],
+    executors.append(executor(cfg, [CommitWhenDone(run)], 1, _commit_logs(run), executors[-1],
                                f"clean-{cfg.lang.code}-commit"))
     try:
         executors[-1].run()  # submits the phases it depends on first

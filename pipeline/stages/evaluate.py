@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from pipeline.config import PipelineConfig
 from pipeline.contract import MARKER, Stage, StageRun, read_marker, resolve_path, stage_dir, write_json_atomic
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import bits_per_byte, score_documents, score_rows
 from pipeline.evaluation.config import task_name
-from pipeline.evaluation.report import (find_regressions, markdown, regression_line, reproduction_line,
-                                        write_plots)
+from pipeline.evaluation.report import find_regressions, markdown, regression_line, reproduction_line, write_plots
 from pipeline.evaluation.task_builder import build_heldout_tasks
 from pipeline.evaluation.task_files import Task, read_task
 from pipeline.evaluation.task_scoring import ScoringModel, score_task
@@ -39,7 +39,7 @@ from pipeline.model.files import base_identity, check_finite, load_base
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from pipeline.training.heldout import load_rows
-from pipeline.training.outputs import EXPORT, HELDOUT_FILE, METRICS_FILE
+from pipeline.training.job import EXPORT, HELDOUT_FILE, METRICS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ TRAINED = ("warmup", "pretrain")
 REPRODUCTION_TOLERANCE = 0.02
 
 
-def base_model(cfg) -> str | None:
+def base_model(cfg: PipelineConfig) -> str | None:
     """`model.base`, else the base the warmup stage recorded in its marker (in this work folder, wherever it is)."""
     if cfg.model.base is not None:
         return cfg.model.base
@@ -57,7 +57,7 @@ def base_model(cfg) -> str | None:
     return str(resolve_path(cfg.work_dir, marker["metrics"]["base"])) if marker is not None else None
 
 
-def needs_when(cfg) -> tuple[str, ...]:
+def needs_when(cfg: PipelineConfig) -> tuple[str, ...]:
     """The clean stage's held-out split is the text unless eval.path gives one. Without any model to score, the
     text does not matter: that is said first."""
     if base_model(cfg) is None and not any(read_marker(stage_dir(cfg, stage)) is not None for stage in TRAINED):
@@ -67,7 +67,7 @@ def needs_when(cfg) -> tuple[str, ...]:
     return ("clean",) if cfg.eval.path is None else ()
 
 
-def describe_inputs(cfg) -> dict:
+def describe_inputs(cfg: PipelineConfig) -> dict:
     """The base model's files, `eval.path`'s files and the text of the base model's language (the trained models
     and this language's clean output come through the contract)."""
     inputs = {}
@@ -111,7 +111,7 @@ class LoadedModel:
 
 
 def load_model(run: StageRun, name: str, folder: str, device: torch.device) -> LoadedModel:
-    cfg = run.cfg
+    cfg: PipelineConfig = run.cfg
     model = load_base(folder)
     check_finite(model, f"evaluate {run.lang}: the {name} model in {folder}", "it is not scored. Train it again (or "
                  "give model.base a sound model).")
@@ -167,7 +167,7 @@ def reproduce_training_score(run: StageRun, loaded: LoadedModel, device) -> dict
 def read_sets(run: StageRun) -> tuple[dict[str, TextSet], dict[str, list[tuple[str, dict]]], dict[str, str]]:
     """The held-out sets with text, their documents as (text, metadata), up to eval.max_bytes each, and why the others
     are skipped."""
-    cfg = run.cfg
+    cfg: PipelineConfig = run.cfg
     clean = run.input("clean") if run.has_input("clean") else None
     found, skipped = text_sets(cfg, clean)
     sets, records = {}, {}
@@ -188,7 +188,7 @@ def read_sets(run: StageRun) -> tuple[dict[str, TextSet], dict[str, list[tuple[s
 def read_tasks(run: StageRun, heldout: list[tuple[str, dict]]) -> tuple[list[Task], dict[str, str]]:
     """eval.tasks and the tasks built from the `heldout` set's documents (eval.heldout_tasks), read and checked: a
     bad file fails here, before any model loads. Also why a built task is missing."""
-    cfg = run.cfg
+    cfg: PipelineConfig = run.cfg
     configured, skipped = list(cfg.eval.tasks), {}
     if cfg.eval.heldout_tasks:
         built, skipped = build_heldout_tasks(heldout, run.lang, run.work_dir / "tasks")
@@ -228,7 +228,7 @@ def describe_task(run: StageRun, task: Task) -> dict:
 
 
 def run_evaluate(run: StageRun) -> dict:
-    cfg = run.cfg
+    cfg: PipelineConfig = run.cfg
     set_backend(cfg.kernels)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     found = models(run)

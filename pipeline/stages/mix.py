@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, portable_path, write_json_atomic
 from pipeline.corpus.sources import clean_output
 from pipeline.errors import StageError
@@ -21,7 +22,7 @@ from pipeline.mixing.sources import Measurement, locate_sources, measure
 log = logging.getLogger(__name__)
 
 
-def describe_inputs(cfg) -> dict:
+def describe_inputs(cfg: PipelineConfig) -> dict:
     """The sources besides the target (whose clean hash the contract adds), by content: a changed source reruns
     the plan, a moved one does not (their paths are not hashed)."""
     found, skipped = locate_sources(cfg)

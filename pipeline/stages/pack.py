@@ -3,10 +3,10 @@
 Tokenizes each source the plan reads with the tokenizer stage's `tokenizer.json` (datatrove's
 `DocumentTokenizer`, one shard per input file, `workers` files at a time: pipeline/packing/tokenize.py),
 every document ending with EOS. The exact token counts then replace the mix stage's estimates in the
-same planner (pipeline/packing/exact_plan.py): epochs, shares and, with rehydration, the per-document
+same planner (pipeline/mixing/planner.py): epochs, shares and, with rehydration, the per-document
 weights are derived again. A source the estimated plan gave no tokens is tokenized only if the exact
 plan gives it some. Repetition is an index, never a copy: `repeats.npy` says how many times each
-document is read per pass (pipeline/packing/repetition.py), so the packed size is the unique tokens
+document is read per pass (pipeline/packing/packed.py), so the packed size is the unique tokens
 x 2 (or 4) bytes whatever the epochs. `packed.json` records the exact plan next to the estimates and
 is what `pipeline.packing.PackedSampler` reads.
 """
@@ -20,16 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.contract import Stage, StageRun, read_json
+from pipeline.corpus.report import bytes_text, tokens_text
 from pipeline.errors import StageError
-from pipeline.mixing.planner import TARGET, Allocation, Plan, PlanError
+from pipeline.mixing.planner import TARGET, Allocation, Plan, PlanError, exact_plan
 from pipeline.mixing.rehydration import Rehydration
 from pipeline.mixing.sources import planned_source
-from pipeline.packing.exact_plan import exact_plan
 from pipeline.packing.output import packed_bytes, source_folder, tokenizer_entry, write_packed, write_source
-from pipeline.packing.repetition import rehydrated_epochs
+from pipeline.packing.packed import rehydrated_epochs
 from pipeline.packing.shards import token_dtype
 from pipeline.packing.tokenize import TokenizedSource, tokenize_source
-from pipeline.short_numbers import bytes_text, tokens_text
 from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 
 log = logging.getLogger(__name__)

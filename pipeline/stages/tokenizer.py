@@ -22,37 +22,37 @@ from typing import Iterator, Optional
 from datatrove.utils.word_tokenizers import load_word_tokenizer
 from tokenizers import Tokenizer
 
+from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
+from pipeline.corpus.filters import resolve_word_tokenizer
+from pipeline.corpus.report import bytes_text
 from pipeline.corpus.sources import clean_output, read_documents
-from pipeline.corpus.word_tokenizers import resolve_word_tokenizer
 from pipeline.errors import StageError
-from pipeline.short_numbers import bytes_text
-from pipeline.tokenization.folder import (TOKENIZER_FILE, adopt_base_tokenizer, base_tokenizer_file, load_tokenizer,
-                                          write_tokenizer_folder)
+from pipeline.tokenization.folder import (TOKENIZER_FILE, TrainedTokenizer, TrainingError, adopt_base_tokenizer,
+                                          base_tokenizer_file, load_tokenizer, write_tokenizer_folder)
 from pipeline.tokenization.metrics import Scores, evaluate
 from pipeline.tokenization.report import (METRICS, comparison, kept_section, markdown, metrics_table, sample_section,
                                           tokenizer_section)
 from pipeline.tokenization.sample import SampledSource, read_sample, write_sample
-from pipeline.tokenization.trained import TrainedTokenizer, TrainingError
 from pipeline.tokenization.training import padded_vocab_size, train_tokenizer
 
 log = logging.getLogger(__name__)
 
 
-def base_source(cfg) -> Optional[str]:
+def base_source(cfg: PipelineConfig) -> Optional[str]:
     """The base tokenizer, to compare with (or, kept, to adopt): `tokenizer.base`, else `model.base`'s. The demo
     (`stage=all` without model.base) gives its own English base model as model.base."""
     return cfg.tokenizer.base if cfg.tokenizer.base is not None else cfg.model.base
 
 
-def base_file(cfg) -> Optional[Path]:
+def base_file(cfg: PipelineConfig) -> Optional[Path]:
     """The base tokenizer's tokenizer.json; None when there is no base, or model.base holds none (nothing to
     compare with: a stage that needs the base's tokenizer says so itself)."""
     source = base_source(cfg)
     return None if source is None else base_tokenizer_file(source)
 
 
-def describe_inputs(cfg) -> dict:
+def describe_inputs(cfg: PipelineConfig) -> dict:
     """The base tokenizer's content: a changed base file reruns the report (or, kept, the stage)."""
     path = base_file(cfg)
     if path is None and cfg.tokenizer.keep_base:  # tokenizer.base is checked with the config

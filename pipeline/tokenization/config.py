@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from pipeline.choices import closest_first
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, closest_first
 
 # GPT-4's split pattern (cl100k, as in Llama 3) with two changes for many languages: combining marks
 # (\p{M}: Devanagari vowel signs, decomposed accents) stay inside words, and the English contractions

@@ -4,6 +4,8 @@
 `transformers.PreTrainedTokenizerFast(tokenizer_file=...)`); `tokenizer_config.json` and
 `special_tokens_map.json` make the folder an offline `transformers.AutoTokenizer.from_pretrained`
 folder; `tokenizer.model` is the SentencePiece model it was converted from, when there is one.
+
+What a tokenizer trainer gives back, and how it fails.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from tokenizers import Tokenizer
 
 from pipeline.errors import StageError
-from pipeline.tokenization.trained import TrainedTokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
@@ -150,3 +152,14 @@ def token_roles(folder: Path, tokenizer: Tokenizer) -> dict[str, Optional[int]]:
     if roles["pad"] is None:
         roles["pad"] = roles["eos"]
     return roles
+
+
+class TrainingError(RuntimeError):
+    """The trainer could not build the vocabulary from this text; the message says why."""
+
+
+@dataclass(frozen=True)
+class TrainedTokenizer:
+    tokenizer: Tokenizer
+    # The SentencePiece model (`tokenizer.model`) the tokenizer was converted from; None for byte-level BPE.
+    sentencepiece_model: Optional[bytes] = None

@@ -7,11 +7,10 @@ from typing import Optional
 
 from tokenizers import Tokenizer
 
-from pipeline.short_numbers import bytes_text
-from pipeline.tokenization.folder import SENTENCEPIECE_FILE, TOKENIZER_FILE
+from pipeline.corpus.report import bytes_text
+from pipeline.tokenization.folder import SENTENCEPIECE_FILE, TOKENIZER_FILE, TrainedTokenizer
 from pipeline.tokenization.metrics import Scores
 from pipeline.tokenization.sample import SampledSource
-from pipeline.tokenization.trained import TrainedTokenizer
 
 METRICS = ("fertility", "bytes_per_token", "continued_words", "vocab_used", "roundtrip_rate")
 _LABELS = {"fertility": "fertility (tokens per word)", "bytes_per_token": "bytes per token",

@@ -1,14 +1,16 @@
-"""The typed `train` section (torch-free, so the command line checks them quickly)."""
+"""The typed `train` section (torch-free, so the command line checks them quickly).
+
+Learning-rate schedules: a linear warm-up, then constant, cosine, linear or warmup-stable-decay."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.errors import ConfigError
 from pipeline.parallel.config import ParallelConfig
-from pipeline.training.schedule import SCHEDULES
 
 PRECISIONS = ("auto", "bf16", "fp32")
 
@@ -125,3 +127,26 @@ def planned(train: TrainConfig, seq_len: int, plan_tokens: int, pack: str, prefi
             "and stage=pack again"])
     warmup = train.warmup_steps if train.warmup_steps is not None else max(1, round(WARMUP_SHARE * steps))
     return dataclasses.replace(train, steps=steps, warmup_steps=warmup)
+
+
+SCHEDULES = ("constant", "cosine", "linear", "wsd")
+
+
+def lr_factor(step: int, schedule: str, steps: int, warmup_steps: int, min_lr_ratio: float,
+              decay_fraction: float = 0.1) -> float:
+    """The multiplier of the peak learning rate at `step` (0-based; step 0 is the first update)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    if schedule == "cosine":
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - (1 - min_lr_ratio) * progress
+    # wsd: stable at the peak, then a linear decay over the last `decay_fraction` of the steps.
+    decay_start = steps - max(1, round(decay_fraction * steps))
+    if step < decay_start:
+        return 1.0
+    return 1.0 - (1 - min_lr_ratio) * min(1.0, (step - decay_start) / max(1, steps - decay_start))

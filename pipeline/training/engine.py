@@ -21,13 +21,12 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
-from pipeline.parallel.collectives import bound_collectives
+from pipeline.parallel.ranks import bound_collectives
 from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_shape, holds_first_layer,
                                                    skip_cpu_shared_memory_collective)
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
-from pipeline.training.config import TrainConfig, use_bf16
-from pipeline.training.schedule import lr_factor
+from pipeline.training.config import TrainConfig, lr_factor, use_bf16
 from pipeline.training.weights import load_layers
 
 log = logging.getLogger(__name__)

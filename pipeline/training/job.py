@@ -2,6 +2,8 @@
 
 The stage (warmup, pretrain) decides what to train and where everything is; the ranks (pipeline/training/rank.py)
 only read the job, so they never need the whole pipeline config nor an import of the stage.
+
+The files of a training stage's work folder, shared by the launching process and the ranks.
 """
 
 from __future__ import annotations
@@ -48,3 +50,12 @@ def write_job(job: TrainingJob) -> Path:
 
 def read_job(path: Path) -> TrainingJob:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainingJob), OmegaConf.load(path)))
+
+
+INIT = "init"                  # the starting model (single-model names), written before the ranks start
+HELDOUT_FILE = "heldout.npz"   # the held-out rows every rank scores
+CHECKPOINTS = "checkpoints"    # resumable training states (pretrain)
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "train_result.json"
+TRAINED = "checkpoint"         # the trained model as a pipeline checkpoint (what pretrain's init=warmup reads)
+EXPORT = "hf"                  # the trained model as a transformers folder

@@ -1,12 +1,19 @@
 """The training loop: take a batch from the sampler, step the engine, log, score held-out text, checkpoint.
 
 Shared by `warmup` and `pretrain`. A step whose loss or gradient is not finite is skipped by DeepSpeed
-(the model and optimizer stay as they were) and counted; too many of them, in a row or among the recent
-steps (pipeline/training/run_state.py), stop the run with the last good checkpoint in place. A skipped step
+(the model and optimizer stay as they were) and counted in the run's state (`RunState`), which the checkpoints
+carry: a run stops, with the last good checkpoint in place, when `train.max_bad_steps` steps in a row were
+skipped, or when more than `train.max_skipped_fraction` of the last `train.skipped_window` steps were (scattered
+skips that never come in a row still mean a run that is not learning from a good part of its data). A skipped step
 still moves the learning-rate schedule on, as it moves the step counter and the data: the rate stays a
-function of the step, whatever was skipped before and across a resume. On SIGUSR1/SIGTERM every rank
-finishes its step, a checkpoint is written and `StageInterrupted` is raised (exit code 75: run the same
-command again).
+function of the step, whatever was skipped before and across a resume.
+
+Slurm asks a run to stop with SIGUSR1 before the time limit and SIGTERM on preemption or scancel. A signal only
+sets a flag (`StopRequest`); the loop asks every rank at the end of each step (one all-reduce), so that all ranks
+finish the step, write the same checkpoint and stop together, raising `StageInterrupted` (exit code 75: run the
+same command again).
+
+Throughput is logged as model TFLOP/s per device and MFU, against a table of peak bf16 dense TFLOP/s per device.
 """
 
 from __future__ import annotations
@@ -14,11 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import torch
+import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -28,9 +38,6 @@ from pipeline.training.config import TrainConfig
 from pipeline.training.engine import Engine
 from pipeline.training.heldout import heldout_bpb, micro_batches
 from pipeline.training.peak_memory import peak_memory
-from pipeline.training.run_state import RunState
-from pipeline.training.signals import StopRequest
-from pipeline.training.throughput import device_peak_tflops, tflops_per_device
 
 log = logging.getLogger(__name__)
 
@@ -136,3 +143,77 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
     if board is not None:
         board.close()  # with the last held-out score on disk
     return summary
+
+
+@dataclass
+class RunState:
+    step: int = 0
+    tokens: int = 0
+    bad_in_a_row: int = 0
+    skipped_steps: int = 0
+    # The skipped steps among the last `train.skipped_window`.
+    recent_skips: list[int] = field(default_factory=list)
+    heldout_bpb_before: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "recent_skips": list(self.recent_skips)}
+
+    def count_step(self, skipped: bool, train: TrainConfig) -> Optional[str]:
+        """Count the step just taken (`self.step`); returns why the run must stop, or None."""
+        if skipped:
+            self.bad_in_a_row += 1
+            self.skipped_steps += 1
+            self.recent_skips.append(self.step)
+        else:
+            self.bad_in_a_row = 0
+        self.recent_skips = [step for step in self.recent_skips if step > self.step - train.skipped_window]
+        if self.bad_in_a_row >= train.max_bad_steps:
+            return f"{self.bad_in_a_row} steps in a row had a non-finite loss or gradient (train.max_bad_steps)"
+        # Against the whole window from the start, so that the first few steps of a run do not count double.
+        if len(self.recent_skips) > train.max_skipped_fraction * train.skipped_window:
+            return (f"{len(self.recent_skips)} of the last {train.skipped_window} steps had a non-finite loss or "
+                    f"gradient, more than train.max_skipped_fraction={train.max_skipped_fraction}")
+        return None
+
+
+SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class StopRequest:
+    def __init__(self) -> None:
+        self.received: str | None = None
+        for number in SIGNALS:
+            signal.signal(number, self._handle)
+
+    def _handle(self, number, frame) -> None:
+        self.received = signal.Signals(number).name
+
+    def agreed(self, device) -> bool:
+        """True on every rank if any rank received a signal."""
+        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def restore(self) -> None:
+        for number in SIGNALS:
+            signal.signal(number, signal.SIG_DFL)
+
+
+# Peak dense bf16 TFLOP/s of one device as torch sees it: an MI250X module (383) shows as two GCDs of 191.5.
+PEAK_TFLOPS = {"MI250X": 191.5, "H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+def device_peak_tflops() -> Optional[float]:
+    """The peak of this process's GPU, None on a CPU or an unknown GPU (then MFU is not reported)."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    gcn = getattr(torch.cuda.get_device_properties(0), "gcnArchName", "")
+    if "gfx90a" in gcn:
+        return PEAK_TFLOPS["MI250X"]
+    return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
+
+
+def tflops_per_device(flops_per_token: int, tokens_per_s: float, devices: int) -> float:
+    return flops_per_token * tokens_per_s / devices / 1e12

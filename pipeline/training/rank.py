@@ -2,30 +2,37 @@
 
 Reads everything from the job (pipeline/training/job.py) and the files the launching process wrote into the
 job's folder: the starting model in `init/` and the held-out rows in `heldout.npz`.
+
+Each rank is `python -m pipeline.training.rank <job.yaml>` (`main`), started by pipeline/training/run.py through
+pipeline/parallel/ranks.py; with one rank outside Slurm, run.py calls `train_rank` in its own process.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch.distributed as dist
 
 from pipeline.contract import write_json_atomic
+from pipeline.errors import StageInterrupted
 from pipeline.kernels import set_backend
 from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config
-from pipeline.model.flops import flops_per_token
+from pipeline.model.config import flops_per_token
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.packing.sampler import PackedSampler
+from pipeline.parallel.ranks import slurm_ranks
 from pipeline.training import checkpoint
 from pipeline.training.engine import build_engine, init_distributed
 from pipeline.training.heldout import load_rows
-from pipeline.training.job import TrainingJob
-from pipeline.training.loop import Checkpointing, train_loop
-from pipeline.training.outputs import CHECKPOINTS, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED
+from pipeline.training.job import (CHECKPOINTS, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED, TrainingJob,
+                                   read_job)
+from pipeline.training.loop import Checkpointing, RunState, train_loop
 from pipeline.training.peak_memory import peaks_of_all_ranks, return_large_blocks_to_the_system
-from pipeline.training.run_state import RunState
 from pipeline.training.weights import join_parts, save_part
 
 log = logging.getLogger(__name__)
@@ -86,3 +93,31 @@ def _save_trained(engine, folder: Path) -> None:
         join_parts(sorted(parts.glob("stage*.safetensors")), trained / CHECKPOINT_WEIGHTS)
         shutil.copyfile(folder / INIT / CHECKPOINT_CONFIG, trained / CHECKPOINT_CONFIG)
         shutil.rmtree(parts)
+
+
+def main() -> None:
+    slurm_ranks()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("job", type=Path, help="the job file the launching process wrote")
+    args = parser.parse_args()
+    rank = os.environ.get("RANK", "?")
+    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][rank {rank}][%(name)s] %(message)s")
+    try:
+        train_rank(read_job(args.job))
+    except StageInterrupted as stop:
+        log.warning("%s", stop)
+        sys.exit(StageInterrupted.exit_code)
+    except Exception:
+        log.exception("This rank failed")
+        sys.exit(1)
+    # Every output is written (train_rank's last barrier saw to it). Leave without the interpreter's teardown: with
+    # gloo, objects of DeepSpeed's process groups destroyed there can abort the process (SIGABRT, "terminate called
+    # without an active exception"), which srun reports as a failed rank and answers by killing the others.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,28 +1,45 @@
-"""A training stage's launching side: the held-out rows, the ranks, and the trained model as a transformers
-folder. The rank side is pipeline/training/rank.py; the files they share are named in outputs.py."""
+"""The one entry of a training stage's launching process: `prepare_training` reads what the stage trains on
+(the pack, its tokenizer, the held-out text) and fixes the ranks' job within the mix plan's budget; `train_stage`
+writes the starting model and the held-out rows, runs the ranks, exports the trained model as a transformers folder
+and writes the stage's report. `warmup` and `pretrain` only say what differs: the starting model, the `train`
+section and which parameters train. The rank side is pipeline/training/rank.py; the files they share are named in
+pipeline/training/job.py.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
-from pipeline.contract import MARKER
+import torch
+from tokenizers import Tokenizer
+
+from pipeline.cluster import ClusterConfig
+from pipeline.contract import MARKER, StageRun, read_json, write_json_atomic
+from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import scoring_rows
-from pipeline.model.files import refuse_non_finite
+from pipeline.model.config import ExportConfig, shard_bytes, training_seq_len
+from pipeline.model.files import base_identity, base_tensors, check_fit, refuse_non_finite
 from pipeline.model.hf_export import TOKENIZER_FILES, NonFiniteWeights, to_hf
-from pipeline.model.model_tensors import CheckpointTensors
+from pipeline.model.model_tensors import (CheckpointTensors, ScratchTensors, StartingModel, model_shapes,
+                                          opened_checkpoint, write_checkpoint)
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.parallel.ranks import distributed_environment, free_port, run_ranks
-from pipeline.tokenization.folder import tokenizer_digest
+from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer, token_roles, tokenizer_digest
+from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
+from pipeline.training.config import TrainConfig, planned, use_bf16
 from pipeline.training.heldout import save_rows
-from pipeline.training.job import TrainingJob, write_job
-from pipeline.training.outputs import EXPORT, HELDOUT_FILE, METRICS_FILE, RESULT_FILE, TRAINED
+from pipeline.training.job import (CHECKPOINTS, EXPORT, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED,
+                                   TrainingJob, write_job)
+from pipeline.training.peak_memory import peak_memory, return_large_blocks_to_the_system
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +88,7 @@ def launch(job: TrainingJob, cluster) -> dict:
         os.environ.update(distributed_environment(0, 1, free_port()))
         train_rank(job)
     else:
-        run_ranks(["-m", "pipeline.training.worker", str(write_job(job))], world_size, cluster, folder / "rank_logs")
+        run_ranks(["-m", "pipeline.training.rank", str(write_job(job))], world_size, cluster, folder / "rank_logs")
     result = json.loads((folder / RESULT_FILE).read_text(encoding="utf-8"))
     # last_loss is None when a resumed run had no step left to take.
     bad = {key: result[key] for key in ("last_loss", "heldout_bpb_after")
@@ -99,3 +116,150 @@ def export_trained(folder: Path, tokenizer_dir: Path, max_shard_bytes: int) -> N
         shutil.rmtree(folder / EXPORT, ignore_errors=True)
         refuse_non_finite(error.names, f"The trained model in {trained_dir}", "it is neither exported nor marked "
                           "done. Lower the learning rate or check the data and the starting model, then run again.")
+
+
+# Where the launching process unpacks the clean stage's held-out shards while it reads them.
+SCRATCH = "scratch"
+
+
+@dataclass
+class StageTraining:
+    """A training stage's job and what it reads from the stages before it."""
+
+    job: TrainingJob
+    packed: dict  # the pack's packed.json
+    tokenizer_dir: Path
+    tokenizer: Tokenizer
+    tokenizer_file: Path
+    heldout: Iterable[str]  # the clean stage's held-out documents, read when the rows are written
+
+
+def prepare_training(run: StageRun, train: TrainConfig, *, prefix: str = "train", share: float = 1.0,
+                     trainable: Optional[list[str]] = None, resume: Optional[str] = None) -> StageTraining:
+    """Read the pack, its tokenizer and the held-out text; the ranks' job, its step budget within the mix plan
+    (`train.steps` null: `share` of one pass of the pack), refused before any work when it is beyond it."""
+    return_large_blocks_to_the_system()  # the model passes through this process a tensor at a time
+    cfg = run.cfg
+    packed = run.read_input("pack", PACKED_FILE, read_json)
+    seq_len = training_seq_len(cfg.model, train.seq_len)
+    pack = str(run.input("pack"))
+    job = TrainingJob(stage=run.stage, folder=str(run.work_dir), pack=pack, seq_len=seq_len,
+                      train=planned(train, seq_len, packed["pass_tokens"], pack, prefix=prefix, share=share),
+                      parallel=cfg.parallel, kernels=cfg.kernels, trainable=trainable, resume=resume)
+    tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
+    heldout = clean_output(run.lang, run.input("clean"), split="heldout")
+    texts = (document.text for document in read_documents(heldout, run.work_dir / SCRATCH))
+    return StageTraining(job, packed, run.input("tokenizer"), tokenizer, run.input_file("tokenizer", TOKENIZER_FILE),
+                         texts)
+
+
+def train_stage(training: StageTraining, start: StartingModel, cluster: ClusterConfig, export: ExportConfig,
+                about: dict) -> dict:
+    """Train `start` as the job says and export the result; writes `report.json` (`about`, then what training
+    measured) and returns it.
+
+    The launching process writes the starting model to `init/` a tensor at a time, and the held-out rows; the ranks
+    train (pipeline/training/rank.py); the trained model in `checkpoint/` becomes a transformers folder `hf/`. A job
+    that trains only some parameters (warmup) must have left every other tensor as it was. The resumable checkpoints
+    and the starting model go once the run is complete."""
+    job, folder = training.job, Path(training.job.folder)
+    if job.resume is None or not checkpoints(folder / CHECKPOINTS):
+        # A fresh start: no metrics of an attempt that left no checkpoint.
+        (folder / METRICS_FILE).unlink(missing_ok=True)
+        shutil.rmtree(folder / "tensorboard", ignore_errors=True)
+    # Written a tensor at a time: this process never holds the model.
+    refuse_non_finite(write_checkpoint(start.tensors, folder / INIT), start.what, start.advice)
+    check_pack_tokenizer(job, training.packed, training.tokenizer_file, training.tokenizer.get_vocab_size())
+    eos = token_roles(training.tokenizer_dir, training.tokenizer)["eos"]
+    scored = write_heldout(job, training.heldout, training.tokenizer, eos)
+    shutil.rmtree(folder / SCRATCH, ignore_errors=True)
+    result = launch(job, cluster)
+    export_trained(folder, training.tokenizer_dir, shard_bytes(export))
+    frozen = {}
+    if job.trainable is not None:
+        held = torch.bfloat16 if use_bf16(job.train) else torch.float32
+        names, values = _check_frozen_unchanged(folder / INIT, folder / TRAINED, job, held)
+        frozen = {"trained_tensors": names, "trained_parameters": values}
+    # The run is complete: the final model is in checkpoint/ and hf/; the resumable states are not needed.
+    shutil.rmtree(folder / CHECKPOINTS, ignore_errors=True)
+    shutil.rmtree(folder / INIT)
+    report = {**about, **frozen, "heldout_scored": scored, **result,
+              # this process: the starting model, the export (and the training, with one rank started here)
+              "peak_memory_stage_process": peak_memory()}
+    write_json_atomic(folder / "report.json", report)
+    return report
+
+
+def pretrain_start(run: StageRun, tokenizer: Tokenizer) -> StartingModel:
+    """Where continued pretraining starts (`init`): the warmup stage's checkpoint, `model.base` (which must use the
+    pack's tokenizer), or random weights, each tensor drawn from its own seed so that every layout starts from the
+    same model."""
+    cfg = run.cfg
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if cfg.init == "scratch":
+        tensors = ScratchTensors(dataclasses.replace(cfg.model, vocab_size=vocab), cfg.train.seed)
+        source = f"a random initialisation with model.init_std={cfg.model.init_std}"
+    elif cfg.init == "warmup":
+        source = run.input("warmup") / TRAINED
+        tensors = run.read_input("warmup", TRAINED, opened_checkpoint)
+    else:
+        source = Path(cfg.model.base)
+        tensors = base_tensors(cfg.model.base)
+        if load_tokenizer(cfg.model.base).get_vocab() != tokenizer.get_vocab():
+            raise StageError(f"pretrain init=hf: the tokenizer of {source} is not the one the data was packed with "
+                             f"({run.input('tokenizer') / TOKENIZER_FILE}). Continue from a model that uses "
+                             f"it (the warmup stage's output: init=warmup, or its hf/ folder), or warm-start "
+                             f"this base model first: python -m pipeline stage=warmup lang={run.lang} "
+                             f"model.base={source}")
+    check_fit(cfg.model, tensors.cfg, str(source), tokenizer)
+    if tensors.cfg.vocab_size != vocab:
+        raise StageError(f"pretrain: the model of {source} has {tensors.cfg.vocab_size} vocabulary rows, the pack's "
+                         f"tokenizer {vocab}; they must be the same (run warmup for this tokenizer).")
+    return StartingModel(tensors, f"pretrain: the starting model ({source})", "every training step would be "
+                         "skipped. Start from a sound model: run the stage that made it again, or check model.init_std.")
+
+
+def describe_start(cfg) -> dict:
+    """Where pretraining's weights start when not from the warmup stage, for the stage contract: the base model's
+    files (init=hf)."""
+    if cfg.init == "hf":
+        if cfg.model.base is None:
+            raise StageError("pretrain init=hf needs model.base=<local Hugging Face folder> whose tokenizer is the "
+                             "pack's (e.g. work/<lang>/warmup/hf).")
+        return {"base_model": base_identity(cfg, cfg.model.base)}
+    return {}
+
+
+def check_resume(partial: Path, cfg) -> list[str]:
+    """An interrupted run continues with another train.steps only if the budget lies at or past its newest
+    checkpoint (fewer steps would end before where it already is)."""
+    newest = max((checkpoint_step(path) for path in checkpoints(partial / CHECKPOINTS)), default=0)
+    if cfg.train.steps is not None and cfg.train.steps < newest:
+        return [f"its newest checkpoint is at step {newest}, past train.steps={cfg.train.steps}"]
+    return []
+
+
+def kept_checkpoints(partial: Path) -> str:
+    """The resumable checkpoints an interrupted run left, for the contract's messages."""
+    return describe(partial / CHECKPOINTS)
+
+
+def _check_frozen_unchanged(initial: Path, trained: Path, job: TrainingJob,
+                            held: torch.dtype) -> tuple[list[str], int]:
+    """Fail if training moved any frozen tensor of the checkpoint `trained` away from the starting one `initial`
+    (for warmup the base's body, and with warmup.train_head=false the transferred head), as the engine held it
+    (`held`: bf16 on a GPU, where a frozen float32 tensor is rounded once and never updated); compared a tensor at a
+    time. Returns the trained tensors' names and their number of values."""
+    moved, trained_names, trained_values = [], [], 0
+    with CheckpointTensors(initial) as before, CheckpointTensors(trained) as after:
+        for name in model_shapes(after.cfg):
+            tensor = after.read(name)
+            if job.trains(name):
+                trained_names.append(name)
+                trained_values += tensor.numel()
+            elif not torch.equal(tensor, before.read(name).to(held).to(tensor.dtype)):
+                moved.append(name)
+    if moved:
+        raise StageError(f"{job.stage}: frozen tensors changed during training: {moved[:5]}. This is a bug; please "
+                         f"report it.")
+    return sorted(trained_names), trained_values

@@ -26,7 +26,7 @@ class WarmupConfig:
     init: str = "mean"
     # The text `focus` and `align` learn from: this many bytes from the start of the clean stage's training text.
     transfer_bytes: int = 16_000_000
-    # What trains besides the input embeddings (pipeline/warmstart/freezing.py): the untied LM head; every norm's
+    # What trains besides the input embeddings (pipeline/warmstart/initialise.py): the untied LM head; every norm's
     # weights (blocks, final norm, BLOOM's embedding LayerNorm); or BLOOM's LayerNorm after the embedding alone.
     train_head: bool = True
     train_norms: bool = False

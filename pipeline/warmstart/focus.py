@@ -1,7 +1,7 @@
 """`focus`: a new token's row as a sparse, similarity-weighted sum of the rows of shared tokens (FOCUS,
 Dobler & de Melo 2023, arXiv 2305.14481).
 
-Static vectors learnt on the target text (static_vectors.py) tell which shared tokens a new token is used
+Static vectors learnt on the target text (transfer.py) tell which shared tokens a new token is used
 and spelt like. Sparsemax turns its cosine similarities to them into weights that are zero for all but the
 closest few, so a new row mixes a handful of old rows instead of blurring many. New tokens without a vector
 (rarer than the vectors' minimum count) keep their `mean` row.
@@ -15,8 +15,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.warmstart.static_vectors import fasttext_vectors
-from pipeline.warmstart.transfer import TransferPlan
+from pipeline.warmstart.transfer import TransferPlan, fasttext_vectors
 
 # New tokens compared with the shared ones at a time: bounds the similarity block's memory for large vocabularies.
 CHUNK = 1024

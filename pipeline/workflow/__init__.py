@@ -6,24 +6,24 @@ language's index in conf/languages.yaml) that waits for the same language's task
 again at any time. `stage=status` prints languages x stages. The pieces:
 
 - selection.py: the languages, stages and per-language configs a workflow covers, and its checks;
-- command.py: the command line a job runs (the user's overrides passed on, shell- and Hydra-quoted);
-- resources.py: each stage's Slurm resources from the `cluster` section;
-- render.py: the sbatch script of a stage;
-- state.py: `${work_dir}/.workflow/`, the record of what was submitted;
-- slurm.py: sbatch, squeue, scancel, sacct;
-- progress.py: what each (language, stage) is at: done, running, queued, failed, not started;
-- plan.py: what to submit, grouped into arrays, and what each array waits for;
-- submit.py and status.py: the two targets.
+- jobs.py: a stage's job: the command line it runs (the user's overrides passed on, shell- and Hydra-quoted), its
+  Slurm resources from the `cluster` section, and its sbatch script;
+- progress.py: `${work_dir}/.workflow/`, the record of what was submitted; what each (language, stage) is at (done,
+  running, queued, failed, not started); and stage=status's table;
+- arrays.py: what to submit, grouped into job arrays, and what each array waits for;
+- submit.py: stage=workflow.
+Slurm's own commands (sbatch, squeue, scancel, sacct) are pipeline/slurm.py's.
 """
 
 from __future__ import annotations
 
+from pipeline.config import PipelineConfig
+from pipeline.workflow.progress import print_status
 from pipeline.workflow.selection import validate_workflow
-from pipeline.workflow.status import print_status
 from pipeline.workflow.submit import submit_workflow
 
 
-def run_workflow_target(cfg) -> None:
+def run_workflow_target(cfg: PipelineConfig) -> None:
     validate_workflow(cfg)
     if cfg.stage == "workflow":
         submit_workflow(cfg)

@@ -5,17 +5,40 @@
 - failed: that task ended without a matching marker and left a log (the reason is in it);
 - not started: never submitted, or its task ended before it ran (cancelled, or its predecessor failed), or
   it is stuck: queued behind a predecessor that is neither done nor queued nor running, so it can never start.
+
+The workflow's record under `${work_dir}/.workflow/`: which Slurm array task runs which (language, stage).
+
+Slurm knows a task by its array job id and index only; `state.json` maps them back to languages and keeps each
+submission's script and log paths, so that a later stage=workflow waits for tasks already queued instead of
+submitting them again, and stage=status finds a failed task's log. Scripts are in `scripts/`, logs in `logs/`.
+
+stage=status: a table languages x stages of a workflow (done, running, queued, failed, not started).
+
+The markers are checked against the options of this command line, or, when it gives none besides the
+languages, against those of the last stage=workflow command in this work folder (recorded in
+.workflow/state.json), so that `stage=status langs=...` alone answers for the workflow that was submitted.
+Where no workflow was submitted, the markers are `stage=all`'s: without `model.base`, the demo base is the base.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Optional
 
-from pipeline.contract import is_current
-from pipeline.stages import STAGES
-from pipeline.workflow.slurm import TaskState
-from pipeline.workflow.state import Task
+from pipeline import slurm
+from pipeline.config import PipelineConfig
+from pipeline.contract import is_current, write_json_atomic
+from pipeline.languages import LANGUAGES
+from pipeline.slurm import TaskState
+from pipeline.stages import STAGES, with_demo_base
+from pipeline.workflow import selection
+from pipeline.workflow.jobs import passed_on, work_dir_override
 
 DONE, RUNNING, QUEUED, FAILED, NOT_STARTED = "done", "running", "queued", "failed", "not started"
 
@@ -63,3 +86,132 @@ def _status(done: bool, task: Optional[Task], slurm: Optional[TaskState], stuck:
     if task is not None and task.log.is_file() and (slurm is None or slurm.state != "COMPLETED"):
         return FAILED
     return NOT_STARTED
+
+
+STATE_DIR = ".workflow"
+STATE_FILE = "state.json"
+
+
+def state_dir(work_dir: Path) -> Path:
+    return Path(work_dir) / STATE_DIR
+
+
+@dataclass(frozen=True)
+class Task:
+    """One array task: a (language, stage) of one submission."""
+
+    job_id: str
+    index: int
+    log: Path
+
+    @property
+    def slurm_id(self) -> str:
+        return f"{self.job_id}_{self.index}"
+
+
+@dataclass
+class Submission:
+    job_id: str
+    stage: str
+    tasks: dict[int, str]  # array index -> language code
+    script: str
+    # sbatch's --output pattern: %A is the array's job id, %a the task's index.
+    log: str
+    dependency: str | None
+    submitted_at: str = field(default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds"))
+
+    def task(self, index: int) -> Task:
+        return Task(self.job_id, index, Path(self.log.replace("%A", self.job_id).replace("%a", str(index))))
+
+
+@dataclass
+class WorkflowState:
+    path: Path
+    submissions: list[Submission] = field(default_factory=list)
+    # The overrides of the last stage=workflow command, which stage=status checks the markers with by default.
+    overrides: list[str] | None = None
+
+    @classmethod
+    def load(cls, work_dir: Path) -> "WorkflowState":
+        path = state_dir(work_dir) / STATE_FILE
+        if not path.is_file():
+            return cls(path)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        submissions = [Submission(**{**entry, "tasks": {int(i): code for i, code in entry["tasks"].items()}})
+                       for entry in data["submissions"]]
+        return cls(path, submissions, data.get("overrides"))
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path, {"overrides": self.overrides,
+                                      "submissions": [asdict(submission) for submission in self.submissions]})
+
+    def latest_tasks(self) -> dict[tuple[str, str], Task]:
+        """(language, stage) -> the task of its latest submission."""
+        latest = {}
+        for submission in self.submissions:
+            for index, code in submission.tasks.items():
+                latest[code, submission.stage] = submission.task(index)
+        return latest
+
+    def job_ids(self) -> list[str]:
+        return [submission.job_id for submission in self.submissions]
+
+
+@contextlib.contextmanager
+def locked(work_dir: Path):
+    """One stage=workflow at a time per work folder: two would both submit what neither sees queued yet."""
+    folder = state_dir(work_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+log = logging.getLogger(__name__)
+
+# Short words, so that 75 languages x 7 stages stay one screen wide.
+_SHOWN = {DONE: "done", RUNNING: "running", QUEUED: "queued", FAILED: "FAILED", NOT_STARTED: "-"}
+
+
+def print_status(cfg: PipelineConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    work = Path(cfg.work_dir).absolute()
+    codes, chain = selection.languages(cfg), selection.stages(cfg)
+    state = WorkflowState.load(work)
+    overrides = passed_on(list(HydraConfig.get().overrides.task))
+    if not overrides and state.overrides:
+        overrides = state.overrides
+        log.info("Checking the markers with the options of the last stage=workflow here: %s", " ".join(overrides))
+    configs = selection.language_configs(cfg, [*overrides, work_dir_override(work)], codes)
+    if not state.overrides:  # no stage=workflow here: the markers are stage=all's, whose base is the demo's without one
+        configs = {code: with_demo_base(config) for code, config in configs.items()}
+    states = slurm.task_states(state.job_ids()) if slurm.available() else {}
+    cells = observe(configs, chain, state.latest_tasks(), states)
+    print(table(codes, chain, cells, work))
+
+
+def table(codes: list[str], chain: tuple[str, ...], cells: dict, work: Path) -> str:
+    names = {code: LANGUAGES[code]["name"][:14] for code in codes}
+    header = ["language", *chain]
+    rows = [[f"{code} {names[code]}", *(_SHOWN[cells[code, stage].status] for stage in chain)] for code in codes]
+    rows.append(["done", *(f"{sum(cells[code, stage].status == DONE for code in codes)}/{len(codes)}"
+                           for stage in chain)])
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [f"Workflow in {work}: {len(codes)} language(s) x {len(chain)} stage(s); - = not started", ""]
+    for row in [header, *rows[:-1], ["-" * w for w in widths], rows[-1]]:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    counts = {status: sum(cell.status == status for cell in cells.values()) for status in _SHOWN}
+    lines += ["", ", ".join(f"{counts[status]} {status}" for status in _SHOWN)]
+    failed = [(code, stage) for code in codes for stage in chain if cells[code, stage].status == FAILED]
+    if failed:
+        lines += ["", "Failed (the log says why; fix it, then run the same stage=workflow command again):"]
+        for code, stage in failed:
+            cell = cells[code, stage]
+            slurm_state = f" (Slurm: {cell.slurm.state})" if cell.slurm else ""
+            lines.append(f"  {code} {stage}: {cell.task.log}{slurm_state}")
+    return "\n".join(lines)

@@ -12,16 +12,12 @@ import dataclasses
 import os
 from pathlib import Path
 
-from pipeline.choices import closest_first
-from pipeline.config import PipelineConfig, register_base_shape
-from pipeline.demo_base import demo_base_folder
-from pipeline.errors import ConfigError
+from pipeline.config import STAGE_NAMES, PipelineConfig, register_base_shape
+from pipeline.errors import ConfigError, closest_first
 from pipeline.languages import LANGUAGES, language_config, resolve_languages
 from pipeline.overrides import shape_of_overrides
-from pipeline.stages import STAGES
-from pipeline.targets import STAGE_NAMES
-from pipeline.workflow.command import work_dir_override
-from pipeline.workflow.resources import check_resources
+from pipeline.stages import STAGES, demo_base_folder
+from pipeline.workflow.jobs import check_resources, work_dir_override
 
 TABLE_INDEX: dict[str, int] = {code: index for index, code in enumerate(LANGUAGES)}
 

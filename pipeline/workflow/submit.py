@@ -9,21 +9,20 @@ import os
 import shlex
 from pathlib import Path
 
+from pipeline import slurm
+from pipeline.config import PipelineConfig
 from pipeline.errors import StageError
 from pipeline.stages import STAGES
-from pipeline.workflow import selection, slurm
-from pipeline.workflow.command import job_argv, passed_on, work_dir_override
-from pipeline.workflow.plan import Planned, array_spec, dependency, plan
-from pipeline.workflow.progress import DONE, observe
-from pipeline.workflow.render import render_script
-from pipeline.workflow.resources import cpu_stage_cpus, sbatch_options
+from pipeline.workflow import selection
+from pipeline.workflow.arrays import Planned, array_spec, dependency, plan
+from pipeline.workflow.jobs import cpu_stage_cpus, job_argv, passed_on, render_script, sbatch_options, work_dir_override
+from pipeline.workflow.progress import DONE, Submission, WorkflowState, locked, observe, state_dir
 from pipeline.workflow.selection import TABLE_INDEX
-from pipeline.workflow.state import Submission, WorkflowState, locked, state_dir
 
 log = logging.getLogger(__name__)
 
 
-def submit_workflow(cfg) -> None:
+def submit_workflow(cfg: PipelineConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
 

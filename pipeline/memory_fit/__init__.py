@@ -8,15 +8,15 @@ does.
 `check_layout(cfg)` is the same check for `stage=pretrain`. The pieces:
 
 - devices.py: the devices and their memory (MI250X GCD, H100, H200, the host's memory for CPU ranks);
-- layout.py: tp x pp x dp, micro-batches, bubble, DeepSpeed's split of the blocks over the stages;
+- layout.py: tp x pp x dp, micro-batches, bubble, DeepSpeed's split of the blocks over the pipeline-parallel stages;
 - memory.py: the memory of one rank, term by term (its docstring has the formulas; docs/plan.md explains them);
-- plan.py: every stage of a layout and the rules of thumb; search.py: the smallest layout that fits;
-- report.py: the table; check.py: the entry points (model.base's shape comes from pipeline/model/base_shape.py).
+- plan.py: every pipeline-parallel stage of a layout, the rules of thumb, and the smallest layout that fits;
+- check.py: the entry points and the table (model.base's shape comes from pipeline/model/base_shape.py).
 """
 
 from __future__ import annotations
 
-from pipeline.planning.check import LayoutError, check_layout, plan_for_config, print_plan
-from pipeline.planning.config import PlanConfig, validate_plan
+from pipeline.memory_fit.check import LayoutError, check_layout, plan_for_config, print_plan
+from pipeline.memory_fit.config import PlanConfig, validate_plan
 
 __all__ = ["LayoutError", "PlanConfig", "check_layout", "plan_for_config", "print_plan", "validate_plan"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.errors import ConfigError
-from pipeline.planning.devices import DEVICE_CHOICES
+from pipeline.memory_fit.devices import DEVICE_CHOICES
 
 
 @dataclass

@@ -1,9 +1,19 @@
-"""The clean stage's `report.md`: where each raw file's documents and characters went (training, held out, held-out
-source, or which filter removed them), from the marker's metrics."""
+"""The clean stage's statistics and `report.md`: datatrove's per-task statistics read back and summed, and where each
+raw file's documents and characters went (training, held out, held-out source, or which filter removed them).
+
+datatrove writes `<logging_dir>/stats/<rank>.json` for every finished task (a list with one entry per
+pipeline step: its name and counters). Summing the per-task files, rather than trusting the merged
+`stats.json`, gives the right totals when a run was resumed or ran as Slurm jobs.
+
+Numbers in reports and logs (the mix and tokenizer reports use them too) have three significant digits and a unit
+prefix (2.63M tokens, 2.63 MB).
+"""
 
 from __future__ import annotations
 
-from pipeline.short_numbers import tokens_text
+import json
+from collections import defaultdict
+from pathlib import Path
 
 _SPLITS = (("train", "out"), ("held out", "heldout"), ("held-out source", "heldout_source"))
 
@@ -71,3 +81,39 @@ def markdown(lang: str, metrics: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def summed_stats(logging_dir: Path) -> dict[str, dict[str, float]]:
+    """{step name: {counter: total over all tasks}} for one datatrove run."""
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for task_file in sorted(Path(logging_dir, "stats").glob("*.json")):
+        for step in json.loads(task_file.read_text(encoding="utf-8")):
+            for counter, value in step.get("stats", {}).items():
+                totals[step["name"]][counter] += value["total"] if isinstance(value, dict) else value
+    return {name: dict(counters) for name, counters in totals.items()}
+
+
+def step_key(step) -> str:
+    """How datatrove names a step (class or instance) in its statistics."""
+    return f"{step.type}: {step.name}"
+
+
+def count(stats: dict[str, dict[str, float]], step, counter: str) -> int:
+    return int(stats.get(step_key(step), {}).get(counter, 0))
+
+
+def _scaled(n: float, prefixes: tuple[tuple[str, float], ...], ones: str) -> str:
+    for prefix, size in prefixes:
+        if abs(n) >= size:
+            return f"{n / size:.3g}{prefix}"
+    return f"{n:.0f}{ones}"
+
+
+def tokens_text(n: float) -> str:
+    """1234567 -> '1.23M' (B for billions, as token budgets are written)."""
+    return _scaled(n, (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)), "")
+
+
+def bytes_text(n: float) -> str:
+    """2627032 -> '2.63 MB'."""
+    return _scaled(n, ((" TB", 1e12), (" GB", 1e9), (" MB", 1e6), (" kB", 1e3)), " B")

@@ -1,6 +1,10 @@
-"""The Slurm commands of the workflow: sbatch, squeue, scancel, and sacct where accounting exists.
+"""Slurm's commands, for every part of the pipeline that talks to Slurm: sbatch, squeue, scancel and sacct (where
+accounting exists) for the workflow (pipeline/workflow/), squeue for the clean stage's datatrove jobs, and the
+`srun` command line that starts a training stage's ranks (pipeline/parallel/ranks.py). The ground floor: it imports
+nothing of the project but its errors.
 
-Arguments go to the commands as lists, never through a shell. squeue shows a finished job for MinJobAge
+Arguments go to the commands as lists, never through a shell; the values that end up in a batch script are checked
+by the `cluster` section (pipeline/cluster.py) and quoted by the workflow's script (pipeline/workflow/jobs.py). squeue shows a finished job for MinJobAge
 (300 s by default) only; older ones are found with sacct when the cluster keeps accounting, and otherwise not at
 all (the workflow then goes by the markers and the logs).
 """
@@ -8,6 +12,8 @@ all (the workflow then goes by the markers and the logs).
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -104,3 +110,37 @@ def _accounting_states(job_ids: set[str], known: dict) -> dict[tuple[str, int], 
 def cancel(slurm_ids: list[str]) -> None:
     if slurm_ids:
         _run(["scancel", *slurm_ids])
+
+
+def live_jobs(job_ids: Iterable[str]) -> list[str]:
+    """Those of `job_ids` that are still queued or running; none where Slurm is not installed (nothing of it runs
+    here either) or does not answer in time."""
+    ids = [str(job) for job in job_ids]
+    if not ids:
+        return []
+    try:
+        queue = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True,
+                               timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return queue.stdout.split()  # empty also when Slurm no longer knows them (finished)
+
+
+def srun_command(ntasks: int, srun_args: Iterable, container: str | None, command: list[str]) -> list[str]:
+    """`srun` with one task per rank, the cluster's srun options and container (`cluster.container`, split as a
+    shell would, but run without one), then `command`; a rank that fails ends the step."""
+    wrapper = shlex.split(container) if container else []
+    return ["srun", f"--ntasks={ntasks}", "--kill-on-bad-exit=1", *map(str, srun_args), *wrapper, *command]
+
+
+def inside_allocation() -> bool:
+    """Whether this process runs inside a Slurm allocation (a batch job or salloc)."""
+    return "SLURM_JOB_ID" in os.environ
+
+
+def task_ranks() -> dict[str, str]:
+    """Under srun, torch.distributed's rank variables from Slurm's task ids; {} outside srun."""
+    if "SLURM_PROCID" not in os.environ:
+        return {}
+    return {"RANK": os.environ["SLURM_PROCID"], "LOCAL_RANK": os.environ["SLURM_LOCALID"],
+            "WORLD_SIZE": os.environ["SLURM_NTASKS"]}
