@@ -69,6 +69,12 @@ def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.Comple
 CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "workers=2")
 
 
+# Markers by folder (registered in pyproject.toml; tests/README.md): stages/, e2e/ and slurm/ run pipeline stages
+# through the CLI, and the multi-rank unit modules start training ranks: `slow`; slurm/ needs a Slurm, gpu/ CUDA.
+SLOW_FOLDERS = ("stages", "e2e", "slurm")
+SLOW_MODULES = ("test_tensor_parallel", "test_collectives", "test_kernels_interpreted", "test_kernels_compile")
+TESTS = Path(__file__).resolve().parent
+
 # The suite runs in two processes (pytest-xdist, `addopts` in pyproject.toml), a whole module in one, so that
 # module fixtures are built once. The longest modules go first (on 2 cores, minutes each), so that the last minutes
 # are not one process running a long module alone; the Slurm modules are spread out (they take turns: slurm_cluster).
@@ -77,7 +83,15 @@ LONGEST_FIRST = ("test_rank_memory", "test_pretrain", "test_workflow_slurm", "te
                  "test_clean_languages", "test_evaluate", "test_clean_slurm")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+        if folder in SLOW_FOLDERS or path.stem in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+        if folder in ("slurm", "gpu"):
+            item.add_marker(getattr(pytest.mark, folder))
     rank = {module: place for place, module in enumerate(LONGEST_FIRST)}
     # stable: each module keeps its order
     items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))

@@ -199,7 +199,7 @@ def check_block_activations_of_the_triton_kernels(interpreted):
 def interpreted():
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through the test below"
     from pipeline.kernels import kernel_backend
-    from tests.test_kernels_interpreted import _fix_interpreter_scalar_index
+    from tests.unit.kernels.test_kernels_interpreted import _fix_interpreter_scalar_index
 
     restore = _fix_interpreter_scalar_index()
     try:

@@ -24,7 +24,7 @@ import pipeline.kernels as kernels
 from pipeline.kernels import reference
 from pipeline.kernels.launch_configs import ATTENTION
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3}
 
 

@@ -211,7 +211,7 @@ def mismatch_rank_entry(work_dir: Path) -> None:
 def _run_two_ranks(entry: str, work_dir: Path, limit_s: float) -> tuple[list[int], list[str]]:
     """`entry(work_dir)` of this module in two gloo ranks with collectives checked; their exit codes and outputs.
     Ranks still running after `limit_s` are killed (exit code None): a hang fails the test instead of stalling it."""
-    code = f"from pathlib import Path; from tests.test_collectives import {entry}; {entry}(Path({str(work_dir)!r}))"
+    code = f"from pathlib import Path; from tests.unit.parallel.test_collectives import {entry}; {entry}(Path({str(work_dir)!r}))"
     port = free_port()
     logs = [work_dir / f"rank{rank}.log" for rank in range(2)]
     processes = []

@@ -4,7 +4,7 @@ stage's training text reaches it, its cost lands in the report, and `warmup.trai
 from __future__ import annotations
 
 from tests.conftest import CHAIN_OPTIONS, marker, run_cli
-from tests.test_warmup import WARMUP_OPTIONS
+from tests.stages.test_warmup import WARMUP_OPTIONS
 
 
 def test_focus_learns_from_the_clean_text_and_the_norms_train_on_request(nob_packed, english_base):

@@ -8,7 +8,7 @@ import sys
 import time
 
 from tests.conftest import REPO, marker, packed_copy
-from tests.test_pretrain import SCRATCH
+from tests.stages.test_pretrain import SCRATCH
 
 
 def test_inside_a_slurm_allocation_the_ranks_start_with_srun(nob_packed, slurm_cluster, tmp_path):

@@ -128,7 +128,7 @@ def rank_entry(work_dir: Path) -> None:
 def launch(work_dir: Path, world_size: int, runs: list, shapes: dict, train: dict) -> dict:
     """Run `runs` [(model, layout)] on `world_size` ranks, one per GPU; their results."""
     (work_dir / JOB_FILE).write_text(json.dumps({"runs": runs, "shapes": shapes, "train": train}), encoding="utf-8")
-    argv = ["-c", f"from pathlib import Path; from tests.test_parallel_gpu import rank_entry; "
+    argv = ["-c", f"from pathlib import Path; from tests.gpu.test_parallel_gpu import rank_entry; "
                   f"rank_entry(Path({str(work_dir)!r}))"]
     if world_size == 1:
         subprocess.run([sys.executable, *argv], env=rank_environment(0, 1, free_port(), os.cpu_count() or 1),

@@ -21,7 +21,7 @@ from pipeline.evaluation.task_scoring import (ScoringModel, continuation_log_lik
 from pipeline.model.files import load_base
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from tests.conftest import DATA, marker, read_jsonl_gz, run_cli, write_jsonl_gz
-from tests.test_evaluate import _clean_output, _trained_output, _variant
+from tests.stages.test_evaluate import _clean_output, _trained_output, _variant
 
 
 def test_wilson_interval_matches_the_published_values():

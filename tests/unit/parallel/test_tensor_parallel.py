@@ -263,7 +263,7 @@ def rank_entry(work_dir: Path) -> None:
 
 def _launch(work_dir: Path, world_size: int, runs: list, layer_checks: bool = False) -> dict:
     (work_dir / JOB_FILE).write_text(json.dumps({"runs": runs, "layer_checks": layer_checks}), encoding="utf-8")
-    argv = ["-c", f"from pathlib import Path; from tests.test_tensor_parallel import rank_entry; "
+    argv = ["-c", f"from pathlib import Path; from tests.unit.parallel.test_tensor_parallel import rank_entry; "
                   f"rank_entry(Path({str(work_dir)!r}))"]
     if world_size == 1:  # one rank in its own process, with torch.distributed's environment
         subprocess.run([sys.executable, *argv], env=rank_environment(0, 1, free_port(), os.cpu_count() or 1),
