@@ -1,7 +1,7 @@
 """The Triton kernels on a real GPU in bf16 against the references (upcast to float32): outputs and gradients.
 
 CI has no GPU, so this file runs only where one is (the CPU suite covers the same kernels under the Triton
-interpreter in tests/test_kernels_interpreted.py): `PYTHONPATH=. python -m pytest -q tests/test_kernels_gpu.py`.
+interpreter in tests/unit/kernels/test_kernels_interpreted.py): `PYTHONPATH=. python -m pytest -q tests/gpu/test_kernels_gpu.py`.
 """
 
 from __future__ import annotations

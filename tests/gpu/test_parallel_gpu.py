@@ -1,6 +1,6 @@
 """Tensor, pipeline and data parallelism on real GPUs (NCCL, bf16, the Triton kernels): each layout trains like one
 GPU. Skipped unless 2 CUDA devices or more are present; the CPU suite checks the same layouts on gloo ranks in
-fp32 (tests/test_tensor_parallel.py).
+fp32 (tests/unit/parallel/test_tensor_parallel.py).
 
 A small model with a realistic vocabulary (50,257 ids, GPT-2's: under tp=2 the two shards of 25,216 rows hold
 25,216 and 25,041 real ids, so the fused head's chunks must be cut alike on ranks of unequal use) trains a few steps
@@ -10,7 +10,7 @@ the ALiBi model with a tied head and the RoPE model with grouped-query attention
 loss must agree with one GPU's within bf16 rounding. Collectives are checked (TORCH_DISTRIBUTED_DEBUG=DETAIL, set by
 tests/conftest.py) and bounded (parallel.collective_timeout_s), so that a hang fails the launch.
 
-    PARALLEL_GPU_RESULTS=bench/results/parallel_gpu python -m pytest -q -n 0 tests/test_parallel_gpu.py
+    PARALLEL_GPU_RESULTS=bench/results/parallel_gpu python -m pytest -q -n 0 tests/gpu/test_parallel_gpu.py
 
 writes each layout's losses, gradient norms and step times to `$PARALLEL_GPU_RESULTS/layouts.json` and a table to
 `layouts.md` there.

@@ -1,6 +1,6 @@
 """Long runs you can trust: checkpoints that prove they are whole, skipped steps that stop a run, outputs that follow
 the umask, one run per stage, work folders that can move, and inputs checked on read (the packed Norwegian sample).
-The pretrain-specific cases (resuming with another budget, NaN weights) are in tests/test_pretrain.py."""
+The pretrain-specific cases (resuming with another budget, NaN weights) are in tests/stages/test_pretrain.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The LM head fused with the cross-entropy (pipeline/kernels/fused_head.py), the training loss, against the
 plain cross-entropy of whole logits on CPU: loss and gradients, mean and sum, chunks, ignored targets. The Triton
-primitives run the same code under the interpreter (tests/test_kernels_interpreted.py); tensor-parallel shards
-are checked on gloo ranks (tests/test_tensor_parallel.py)."""
+primitives run the same code under the interpreter (tests/unit/kernels/test_kernels_interpreted.py); tensor-parallel shards
+are checked on gloo ranks (tests/unit/parallel/test_tensor_parallel.py)."""
 
 from __future__ import annotations
 

@@ -4,9 +4,9 @@
 other test files import Triton normally, so the checks run in a child pytest with the variable set: the one
 test collected in the suite, `test_kernels_under_the_triton_interpreter`, runs this file again in a child
 process that collects the `check_*` functions below (and prints their failures if any). float32 and float16
-only: the interpreter mishandles bfloat16 (tests/test_kernels_gpu.py checks bf16 on a GPU).
+only: the interpreter mishandles bfloat16 (tests/gpu/test_kernels_gpu.py checks bf16 on a GPU).
 
-    TRITON_INTERPRET=1 python -m pytest -o python_functions='check_*' tests/test_kernels_interpreted.py
+    TRITON_INTERPRET=1 python -m pytest -o python_functions='check_*' tests/unit/kernels/test_kernels_interpreted.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A rank loads and joins only its share: shards read from the stored tensor by slice, stage parts joined into one
-file a tensor at a time (the multi-rank runs of tests/test_tensor_parallel.py check the training around them); a
+file a tensor at a time (the multi-rank runs of tests/unit/parallel/test_tensor_parallel.py check the training around them); a
 random model drawn a tensor at a time, and the transformers export written in shards a tensor at a time
-(tests/test_rank_memory.py measures the memory of whole runs)."""
+(tests/e2e/test_rank_memory.py measures the memory of whole runs)."""
 
 from __future__ import annotations
 

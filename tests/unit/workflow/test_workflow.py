@@ -1,5 +1,5 @@
 """stage=workflow without Slurm: the 75-language dry run, quoting of every value a job gets, the checks on
-language codes, the side-effect-free marker check and the plan's grouping (tests/test_workflow_slurm.py runs
+language codes, the side-effect-free marker check and the plan's grouping (tests/slurm/test_workflow_slurm.py runs
 the workflow on a real Slurm)."""
 
 from __future__ import annotations
