@@ -20,6 +20,11 @@ REPO = Path(__file__).resolve().parent.parent
 # Every multi-rank run a test starts (its own ranks, or a training stage's through the CLI) checks its collectives:
 # a rank that runs another collective than the others fails at once, naming both (pipeline/parallel/collectives.py).
 os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+# Each test process's share of the cores (2 on CI: one each), for torch here and in every process a test starts (the
+# stages' ranks split it further: pipeline/parallel/ranks.py). With a thread per core in each of the two processes,
+# the cores are oversubscribed and OpenMP's threads wait on each other: a small model's forward ran 6x slower.
+os.environ.setdefault("OMP_NUM_THREADS",
+                      str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 DATA = REPO / "data"
 
 # Text that a tokenizer mangles if it normalises, strips or drops anything: combining accents next to
@@ -76,11 +81,27 @@ SLOW_MODULES = ("test_tensor_parallel", "test_collectives", "test_kernels_interp
 TESTS = Path(__file__).resolve().parent
 
 # The suite runs in two processes (pytest-xdist, `addopts` in pyproject.toml), a whole module in one, so that
-# module fixtures are built once. The longest modules go first (on 2 cores, minutes each), so that the last minutes
-# are not one process running a long module alone; the Slurm modules are spread out (they take turns: slurm_cluster).
-LONGEST_FIRST = ("test_rank_memory", "test_pretrain", "test_workflow_slurm", "test_tokenizer_stage", "test_warmup",
-                 "test_demo", "test_tensor_parallel", "test_base_models", "test_pretrain_slurm", "test_pack_stage",
-                 "test_clean_languages", "test_evaluate", "test_clean_slurm")
+# module fixtures are built once. The longest modules go first (on 2 cores, minutes each; `--durations` of a whole
+# run), so that the last minutes are not one process running a long module alone: the first two build the shared
+# fixtures side by side (test_pretrain: nob_packed; test_evaluate_tasks: english_base); the Slurm modules are spread
+# out (they take turns: slurm_cluster). xdist keeps this order only with --no-loadscope-reorder (pyproject.toml).
+LONGEST_FIRST = ("test_pretrain", "test_evaluate_tasks", "test_tokenizer_stage", "test_warmup", "test_rank_memory",
+                 "test_workflow_slurm", "test_pack_stage", "test_demo", "test_tensor_parallel", "test_base_models",
+                 "test_clean_languages", "test_pretrain_slurm", "test_training_budget", "test_clean_nob",
+                 "test_workflow", "test_mix_stage", "test_clean_slurm", "test_evaluate", "test_safety",
+                 "test_clean_bad_input", "test_small_languages", "test_collectives", "test_warmup_transfer")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_datatrove_availability_checks():
+    """datatrove caches whether a package is importable (lru_cache); a test that hides one (spaCy, by
+    monkeypatching sys.modules) must not leave that answer to the tests after it in the same process."""
+    yield
+    checks = sys.modules.get("datatrove.utils._import_utils")
+    for name in ("_is_package_available", "_is_distribution_available"):
+        cached = getattr(checks, name, None)
+        if cached is not None and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

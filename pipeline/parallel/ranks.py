@@ -91,7 +91,11 @@ def _run_srun(command: list[str], cluster, world_size: int, logs: Path) -> None:
 
 
 def _threads(world_size: int) -> int:
-    return max(1, (os.cpu_count() or 1) // world_size)
+    """Each rank's share of the cores this process was given: OMP_NUM_THREADS where it is set (a Slurm job's
+    script sets it to the task's CPUs; the tests to their process's share), else the machine's cores."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    cores = int(given) if given.isdigit() and int(given) > 0 else (os.cpu_count() or 1)
+    return max(1, cores // world_size)
 
 
 def _forward_signals(processes: list[subprocess.Popen]) -> dict:

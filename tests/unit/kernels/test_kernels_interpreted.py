@@ -30,7 +30,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3}
 
 def test_kernels_under_the_triton_interpreter():
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_functions=check_*", __file__],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-o", "python_functions=check_*", __file__],
         cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
         text=True, timeout=600)
     assert result.returncode == 0 and " passed" in result.stdout, (

@@ -212,7 +212,7 @@ def interpreted():
 def test_block_activations_of_the_triton_kernels_under_the_interpreter():
     # The child collects only `check_*` functions: nothing imported here may have such a name.
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_functions=check_*", __file__],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-o", "python_functions=check_*", __file__],
         cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
         text=True, timeout=600, check=False)
     assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-6000:] + result.stderr[-2000:]
