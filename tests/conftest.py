@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
 # Each test process's share of the cores (2 on CI: one each), for torch here and in every process a test starts (the
 # stages' ranks split it further: pipeline/parallel/ranks.py). With a thread per core in each of the two processes,
-# the cores are oversubscribed and OpenMP's threads wait on each other: a small model's forward ran 6x slower.
+# the cores are oversubscribed and OpenMP's threads wait on each other (a small model's forward ran 6x slower with
+# 2 threads than with 1 on a busy 2-core machine; about even on an idle one).
 os.environ.setdefault("OMP_NUM_THREADS",
                       str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 DATA = REPO / "data"
