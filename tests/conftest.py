@@ -93,16 +93,23 @@ LONGEST_FIRST = ("test_pretrain", "test_evaluate_tasks", "test_tokenizer_stage",
                  "test_clean_bad_input", "test_small_languages", "test_collectives", "test_warmup_transfer")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_datatrove_availability_checks():
-    """datatrove caches whether a package is importable (lru_cache); a test that hides one (spaCy, by
-    monkeypatching sys.modules) must not leave that answer to the tests after it in the same process."""
-    yield
+def _clear_datatrove_caches() -> None:
     checks = sys.modules.get("datatrove.utils._import_utils")
-    for name in ("_is_package_available", "_is_distribution_available"):
-        cached = getattr(checks, name, None)
+    words = sys.modules.get("datatrove.utils.word_tokenizers")
+    for cached in (getattr(checks, "_is_package_available", None), getattr(checks, "_is_distribution_available", None),
+                   getattr(words, "load_word_tokenizer", None)):
         if cached is not None and hasattr(cached, "cache_clear"):
             cached.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_datatrove_caches():
+    """datatrove caches whether a package is importable and the word tokenizers it built (lru_cache): a test that
+    hides a package (spaCy, by monkeypatching sys.modules) must neither find a tokenizer built before it nor leave
+    its 'no spaCy' to the tests after it in the same process."""
+    _clear_datatrove_caches()
+    yield
+    _clear_datatrove_caches()
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
