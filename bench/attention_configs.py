@@ -12,7 +12,7 @@ A candidate is block_m,block_n,num_warps,num_stages; one that fails to compile o
 
 With `--packed` the rows hold documents (bench/attention.py's packed rows, mean 700 tokens), the table is the
 document-mask entry and TFLOP/s count the pairs the document mask keeps; a dK/dV candidate must compile without
-spills in the document specialisation (tests/test_kernels_compile.py) before it goes into the table.
+spills in the document specialisation (tests/unit/kernels/test_kernels_compile.py) before it goes into the table.
 """
 
 from __future__ import annotations

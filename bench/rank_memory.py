@@ -1,5 +1,5 @@
 """Benchmark: the host memory of every process of `stage=warmup` and `stage=pretrain init=hf` at tp=2 x pp=2 on a
-CPU (gloo), for a random Llama-style Hugging Face folder of about 0.8B parameters: tests/test_rank_memory.py's
+CPU (gloo), for a random Llama-style Hugging Face folder of about 0.8B parameters: tests/e2e/test_rank_memory.py's
 procedure at the size its acceptance names (the suite runs it with ~100M parameters, for time and memory).
 
 Each stage reports the peak resident set (VmHWM) of its launching process and of every rank in its marker; an

@@ -45,7 +45,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def usage() -> str:
     """The `--help` text of conf/config.yaml. Hydra would compose the config and list every config group's options
-    first (seconds) although the text shows none of them: it names no `$` variable of Hydra's (tests/test_cli.py)."""
+    first (seconds) although the text shows none of them: it names no `$` variable of Hydra's (tests/unit/test_cli.py)."""
     with open(CONF_DIR / "config.yaml", encoding="utf-8") as handle:
         return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["hydra"]["help"]["template"]
 

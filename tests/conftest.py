@@ -20,6 +20,12 @@ REPO = Path(__file__).resolve().parent.parent
 # Every multi-rank run a test starts (its own ranks, or a training stage's through the CLI) checks its collectives:
 # a rank that runs another collective than the others fails at once, naming both (pipeline/parallel/ranks.py).
 os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+# Each test process's share of the cores (2 on CI: one each), for torch here and in every process a test starts (the
+# stages' ranks split it further: pipeline/parallel/ranks.py). With a thread per core in each of the two processes,
+# the cores are oversubscribed and OpenMP's threads wait on each other (a small model's forward ran 6x slower with
+# 2 threads than with 1 on a busy 2-core machine; about even on an idle one).
+os.environ.setdefault("OMP_NUM_THREADS",
+                      str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 DATA = REPO / "data"
 
 # Text that a tokenizer mangles if it normalises, strips or drops anything: combining accents next to
@@ -69,15 +75,52 @@ def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.Comple
 CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "workers=2")
 
 
+# Markers by folder (registered in pyproject.toml; tests/README.md): stages/, e2e/ and slurm/ run pipeline stages
+# through the CLI, and the multi-rank unit modules start training ranks: `slow`; slurm/ needs a Slurm, gpu/ CUDA.
+SLOW_FOLDERS = ("stages", "e2e", "slurm")
+SLOW_MODULES = ("test_tensor_parallel", "test_collectives", "test_kernels_interpreted", "test_kernels_compile")
+TESTS = Path(__file__).resolve().parent
+
 # The suite runs in two processes (pytest-xdist, `addopts` in pyproject.toml), a whole module in one, so that
-# module fixtures are built once. The longest modules go first (on 2 cores, minutes each), so that the last minutes
-# are not one process running a long module alone; the Slurm modules are spread out (they take turns: slurm_cluster).
-LONGEST_FIRST = ("test_rank_memory", "test_pretrain", "test_workflow_slurm", "test_tokenizer_stage", "test_warmup",
-                 "test_demo", "test_tensor_parallel", "test_base_models", "test_pretrain_slurm", "test_pack_stage",
-                 "test_clean_languages", "test_evaluate", "test_clean_slurm")
+# module fixtures are built once. The longest modules go first (on 2 cores, minutes each; `--durations` of a whole
+# run), so that the last minutes are not one process running a long module alone: the first two build the shared
+# fixtures side by side (test_pretrain: nob_packed; test_evaluate_tasks: english_base); the Slurm modules are spread
+# out (they take turns: slurm_cluster). xdist keeps this order only with --no-loadscope-reorder (pyproject.toml).
+LONGEST_FIRST = ("test_pretrain", "test_evaluate_tasks", "test_tokenizer_stage", "test_warmup", "test_rank_memory",
+                 "test_workflow_slurm", "test_pack_stage", "test_demo", "test_tensor_parallel", "test_base_models",
+                 "test_clean_languages", "test_pretrain_slurm", "test_training_budget", "test_clean_nob",
+                 "test_workflow", "test_mix_stage", "test_clean_slurm", "test_evaluate", "test_safety",
+                 "test_clean_bad_input", "test_small_languages", "test_collectives", "test_warmup_transfer")
 
 
+def _clear_datatrove_caches() -> None:
+    checks = sys.modules.get("datatrove.utils._import_utils")
+    words = sys.modules.get("datatrove.utils.word_tokenizers")
+    for cached in (getattr(checks, "_is_package_available", None), getattr(checks, "_is_distribution_available", None),
+                   getattr(words, "load_word_tokenizer", None)):
+        if cached is not None and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_datatrove_caches():
+    """datatrove caches whether a package is importable and the word tokenizers it built (lru_cache): a test that
+    hides a package (spaCy, by monkeypatching sys.modules) must neither find a tokenizer built before it nor leave
+    its 'no spaCy' to the tests after it in the same process."""
+    _clear_datatrove_caches()
+    yield
+    _clear_datatrove_caches()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+        if folder in SLOW_FOLDERS or path.stem in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+        if folder in ("slurm", "gpu"):
+            item.add_marker(getattr(pytest.mark, folder))
     rank = {module: place for place, module in enumerate(LONGEST_FIRST)}
     # stable: each module keeps its order
     items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))

@@ -1,7 +1,7 @@
 """Launch configurations of every Triton kernel, one explicit table per GPU architecture.
 
 No autotuning: the configurations are fixed, so that the ahead-of-time compile test
-(tests/test_kernels_compile.py) can build every one of them for gfx90a and sm90 on a CPU machine and
+(tests/unit/kernels/test_kernels_compile.py) can build every one of them for gfx90a and sm90 on a CPU machine and
 check that it uses the matrix units and does not spill, and so that a run's speed does not depend on
 a tuning pass. Architectures:
 
@@ -74,7 +74,7 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
         # dK/dV accumulators (fp32) in registers while query blocks stream by: 16 queries x 128 keys with 8 warps
         # and 3 stages (224 registers); 32 x 128 with 2 stages was 1-3% slower in three H100 runs (2026-11-21 and
         # -23), 64x64 with 4 warps ran ~10% faster but spills. dQ: 128 queries, 64-key blocks. Every entry compiles
-        # without spills (tests/test_kernels_compile.py).
+        # without spills (tests/unit/kernels/test_kernels_compile.py).
         # With document masks the dK/dV kernel takes 2 stages to stay spill-free (3 spill 4 bytes).
         128: AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
                               backward_kv=KernelConfig(16, 128, 8, 3),

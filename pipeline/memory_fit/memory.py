@@ -44,11 +44,11 @@ REDUCE_BUCKET = 500_000_000
 # and two gradients of that size alive at once in its backward.
 LOSS_BYTES_PER_LOGIT = 12
 # Whether the engine's last pipeline layer hands the hidden states and the head's weight to a loss that applies the
-# head itself, a chunk of rows at a time (pipeline/kernels/fused_head.py); tests/test_plan.py checks that this says
+# head itself, a chunk of rows at a time (pipeline/kernels/fused_head.py); tests/unit/memory_fit/test_plan.py checks that this says
 # what pipeline/parallel/pipeline_model.py does.
 HEAD_FUSED_WITH_LOSS = True
 # Logits per chunk of that fused loss (pipeline/kernels/fused_head.py: CHUNK_LOGIT_ELEMENTS; the planner stays
-# torch-free, so tests/test_plan.py checks that the two agree).
+# torch-free, so tests/unit/memory_fit/test_plan.py checks that the two agree).
 FUSED_LOSS_CHUNK_LOGITS = 1024 * 131072
 
 

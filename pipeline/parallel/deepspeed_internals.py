@@ -12,7 +12,7 @@ CPU, the training engine keeps DeepSpeed from compiling its shared-memory collec
 (`broadcast_eval_loss_in_one_shape`).
 
 Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later DeepSpeed may
-rename any of these; the CPU tests (tests/test_tensor_parallel.py, tests/test_pretrain.py) fail if one moved.
+rename any of these; the CPU tests (tests/unit/parallel/test_tensor_parallel.py, tests/stages/test_pretrain.py) fail if one moved.
 """
 
 from __future__ import annotations

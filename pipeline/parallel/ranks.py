@@ -17,7 +17,7 @@ forever; the launcher then stops the other ranks (pipeline/parallel/ranks.py).
   timeout of its own, as DeepSpeed makes the tensor, pipeline and data-parallel groups, gets torch's default
   instead (10 minutes on NCCL, 30 on gloo), which torch reads from two attributes of
   `torch.distributed.distributed_c10d` when the group is made: they are set to the same timeout (private names,
-  checked on torch 2.13; tests/test_collectives.py fails if they move).
+  checked on torch 2.13; tests/unit/parallel/test_collectives.py fails if they move).
 - NCCL: with TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (torch's default, set unless the user chose another), a collective
   past its timeout aborts the rank after the watchdog logs `[Rank N] Watchdog caught collective operation
   timeout: WorkNCCL(SeqNum=.., OpType=ALLREDUCE, NumelIn=..) ran for .. milliseconds before timing out`.
@@ -105,7 +105,11 @@ def _run_srun(command: list[str], cluster, world_size: int, logs: Path) -> None:
 
 
 def _threads(world_size: int) -> int:
-    return max(1, (os.cpu_count() or 1) // world_size)
+    """Each rank's share of the cores this process was given: OMP_NUM_THREADS where it is set (a Slurm job's
+    script sets it to the task's CPUs; the tests to their process's share), else the machine's cores."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    cores = int(given) if given.isdigit() and int(given) > 0 else (os.cpu_count() or 1)
+    return max(1, cores // world_size)
 
 
 def _forward_signals(processes: list[subprocess.Popen]) -> dict:

@@ -1,0 +1,127 @@
+"""The Triton kernels on a real GPU in bf16 against the references (upcast to float32): outputs and gradients.
+
+CI has no GPU, so this file runs only where one is (the CPU suite covers the same kernels under the Triton
+interpreter in tests/unit/kernels/test_kernels_interpreted.py): `PYTHONPATH=. python -m pytest -q tests/gpu/test_kernels_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.kernels import (flash_attention, kernel_backend, layer_norm, linear_cross_entropy, rms_norm,
+                              vocab_shard_statistics)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+
+# bf16 has an 8-bit mantissa (relative rounding 2^-9 ~ 2e-3); a kernel's bf16 outputs and gradients land
+# within a few of those from the float32 reference, an indexing or masking bug lands far outside.
+BF16_TOLERANCE = 2e-2
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    assert torch.isfinite(actual).all(), "non-finite values in the kernel's result"
+    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+def compare_with_reference(function, inputs: list[torch.Tensor], **kwargs) -> None:
+    """Run `function` with the Triton kernels on bf16 inputs and with the references on their float32 copies."""
+    inputs = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+    expected_inputs = [x.detach().float().requires_grad_(x.is_floating_point()) if x.is_floating_point() else x
+                       for x in inputs]
+    out = function(*inputs, **kwargs)
+    grad_out = torch.randn_like(out)
+    differentiable = [x for x in inputs if x.requires_grad]
+    grads = torch.autograd.grad(out, differentiable, grad_out)
+    with kernel_backend("reference"):
+        expected = function(*expected_inputs, **kwargs)
+    expected_grads = torch.autograd.grad(expected, [x for x in expected_inputs if x.requires_grad], grad_out.float())
+    for name, actual, reference in zip(["output"] + [f"grad {i}" for i in range(len(grads))], [out, *grads],
+                                       [expected, *expected_grads]):
+        error = relative_error(actual, reference)
+        assert error < BF16_TOLERANCE, f"{name}: relative error {error:.2e} >= {BF16_TOLERANCE}"
+
+
+def packed_rows(batch: int, seq: int, mean: int = 700) -> torch.Tensor:
+    """Document ids 0, 1, ... of documents of exponential lengths (mean `mean`); the first row is one document and
+    the second ends in one-token documents, where the batch has two rows or more."""
+    generator = torch.Generator().manual_seed(seq)
+    lengths = (torch.empty(batch * seq).exponential_(1.0 / mean, generator=generator).long() + 1).cumsum(0)
+    ids = torch.searchsorted(lengths, torch.arange(batch * seq), right=True).view(batch, seq)
+    ids = ids - ids[:, :1]
+    if batch > 1:
+        ids[0] = 0
+        ids[1, -40:] = ids[1, -41] + 1 + torch.arange(40)
+    return ids
+
+
+@pytest.mark.parametrize("batch, heads, kv_heads, seq, head_dim, causal, alibi, segments", [
+    (2, 8, 8, 1024, 128, True, True, None),
+    (2, 8, 2, 1000, 64, True, True, "random"),
+    (1, 4, 1, 777, 80, True, False, "random"),
+    (1, 4, 4, 513, 96, False, True, None),
+    (2, 16, 16, 2048, 128, True, False, None),
+    (4, 8, 8, 2048, 128, True, True, "packed"),  # the benchmark's rows, with the sm90 document tiles
+    (4, 8, 4, 2048, 64, True, True, "packed"),
+])
+def test_attention_matches_reference_in_bf16(batch, heads, kv_heads, seq, head_dim, causal, alibi, segments):
+    torch.manual_seed(seq)
+    q = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, kv_heads, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    slopes = torch.rand(heads, device="cuda") * 0.3 if alibi else None
+    segment_ids = None
+    if segments == "random":
+        segment_ids = torch.randint(0, 4, (batch, seq), device="cuda").sort(dim=1).values
+    elif segments == "packed":
+        segment_ids = packed_rows(batch, seq).cuda()
+    compare_with_reference(flash_attention, [q, k, v], causal=causal, alibi_slopes=slopes, segment_ids=segment_ids)
+
+
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_row_masks_equal_element_wise_masks(head_dim):
+    """The dK/dV kernel's per-query document mask gives the gradients of the per-score one (bf16, packed rows)."""
+    import dataclasses
+
+    from pipeline.kernels.attention import flash_attention as triton_attention
+    from pipeline.kernels.launch_configs import attention_configs, current_arch
+
+    torch.manual_seed(head_dim)
+    q, k, v = (torch.randn(4, 8, 2048, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    grad_out = torch.randn_like(q)
+    slopes = torch.rand(8, device="cuda") * 0.3
+    segment_ids = packed_rows(4, 2048).cuda()
+    configs = attention_configs(current_arch(q.device), head_dim, has_segments=True)
+    grads = []
+    for row_masks in (True, False):
+        out = triton_attention(q, k, v, alibi_slopes=slopes, segment_ids=segment_ids,
+                               configs=dataclasses.replace(configs, row_masks=row_masks))
+        grads.append(torch.autograd.grad(out, (q, k, v), grad_out))
+    for name, with_rows, per_score in zip(("dq", "dk", "dv"), *grads):
+        error = relative_error(with_rows, per_score)
+        assert error < 1e-3, f"{name}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("shape", [(4, 1000, 4096), (3000, 5120), (77, 8191)])
+def test_norms_match_reference_in_bf16(shape):
+    torch.manual_seed(shape[-1])
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 2 + 0.5
+    weight, bias = (torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    compare_with_reference(lambda x, w: rms_norm(x, w, 1e-5), [x, weight])
+    compare_with_reference(lambda x, w, b: layer_norm(x, w, b, 1e-5), [x, weight, bias])
+
+
+def test_linear_cross_entropy_matches_reference_in_bf16():
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 1500, 512, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(32007, 512, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5
+    targets = torch.randint(0, 32007, (2, 1500), device="cuda")
+    targets[:, :100] = -100
+    compare_with_reference(lambda h, w: linear_cross_entropy(h, w, targets, chunk_size=700), [hidden, weight])
+
+
+def test_vocab_shard_statistics_match_reference_in_bf16():
+    torch.manual_seed(0)
+    logits = torch.randn(3000, 20000, device="cuda", dtype=torch.bfloat16) * 3
+    targets = torch.randint(0, 60000, (3000,), device="cuda")
+    compare_with_reference(lambda x: torch.stack(vocab_shard_statistics(x, targets, 20000)), [logits])

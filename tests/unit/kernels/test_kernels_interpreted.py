@@ -1,0 +1,344 @@
+"""Every Triton kernel against its plain PyTorch reference on CPU, under the Triton interpreter: forward and gradients.
+
+`TRITON_INTERPRET=1` must be set before Triton is first imported (its own library kernels are built then), and
+other test files import Triton normally, so the checks run in a child pytest with the variable set: the one
+test collected in the suite, `test_kernels_under_the_triton_interpreter`, runs this file again in a child
+process that collects the `check_*` functions below (and prints their failures if any). float32 and float16
+only: the interpreter mishandles bfloat16 (tests/gpu/test_kernels_gpu.py checks bf16 on a GPU).
+
+    TRITON_INTERPRET=1 python -m pytest -o python_functions='check_*' tests/unit/kernels/test_kernels_interpreted.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pipeline.kernels as kernels
+from pipeline.kernels import reference
+from pipeline.kernels.launch_configs import ATTENTION
+
+REPO = Path(__file__).resolve().parents[3]
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3}
+
+
+def test_kernels_under_the_triton_interpreter():
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-o", "python_functions=check_*", __file__],
+        cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
+        text=True, timeout=600)
+    assert result.returncode == 0 and " passed" in result.stdout, (
+        f"the interpreted kernel checks failed ({result.returncode}):\n{result.stdout[-8000:]}\n{result.stderr[-3000:]}")
+
+
+def _fix_interpreter_scalar_index():
+    """Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds with int(array),
+    which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted"); convert through .item() instead.
+    Returns the function to restore."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return lambda: setattr(interpreter, "_patch_lang_tensor", original)
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """The Triton kernel modules, interpreted, with the `triton` backend forced for CPU tensors."""
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_kernels_under_the_triton_interpreter"
+    from pipeline.kernels import attention, cross_entropy, norms
+
+    restore_interpreter = _fix_interpreter_scalar_index()
+    try:
+        with kernels.kernel_backend("triton"):
+            yield {"attention": attention, "norms": norms, "cross_entropy": cross_entropy}
+    finally:
+        restore_interpreter()
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    assert torch.isfinite(actual).all(), "non-finite values in the kernel's result"
+    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def assert_close(actual, expected, dtype, what):
+    """Relative error below the dtype's tolerance; where the expected tensor is exactly zero (dQ and dK when every
+    query sees itself only), the root mean square of the actual one instead."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if expected.count_nonzero() == 0:
+        error = actual.double().square().mean().sqrt().item()
+    else:
+        error = relative_error(actual, expected)
+    assert error < TOLERANCE[dtype], f"{what}: relative error {error:.2e} >= {TOLERANCE[dtype]}"
+
+
+def compare_with_reference(triton_fn, reference_fn, inputs, dtype, **kwargs):
+    """Outputs and every input gradient of the Triton path vs the reference on float64 copies of the inputs."""
+    leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+    reference_leaves = [x.detach().double().requires_grad_() if x.is_floating_point() else x for x in inputs]
+    out = triton_fn(*leaves, **kwargs)
+    expected = reference_fn(*reference_leaves, **kwargs)
+    assert_close(out, expected, dtype, "output")
+    grad_out = torch.randn_like(expected)
+    differentiable = [i for i, x in enumerate(leaves) if x.requires_grad]
+    grads = torch.autograd.grad(out, [leaves[i] for i in differentiable], grad_out.to(out.dtype))
+    expected_grads = torch.autograd.grad(expected, [reference_leaves[i] for i in differentiable], grad_out)
+    for i, actual, wanted in zip(differentiable, grads, expected_grads):
+        assert_close(actual, wanted, dtype, f"gradient of input {i}")
+
+
+def packed_documents(batch: int, seq: int, lengths: list[int]) -> torch.Tensor:
+    """Segment ids 0, 1, ... of documents with these lengths, repeated to fill each row, shifted per row."""
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    return torch.stack([ids.roll(row * 37)[:seq].sort().values for row in range(batch)])
+
+
+@pytest.mark.parametrize("batch, heads, kv_heads, seq, head_dim, causal, alibi, segments, dtype", [
+    (1, 2, 2, 150, 32, True, True, None, torch.float32),  # several query and key blocks, causal split
+    (2, 4, 2, 97, 80, True, True, "short", torch.float32),  # GQA, odd length, padded head dim, documents
+    (1, 4, 1, 130, 64, False, True, "short", torch.float32),  # MQA, bidirectional
+    (1, 2, 2, 77, 96, True, False, None, torch.float16),
+    (1, 4, 2, 130, 32, True, True, "short", torch.float16),
+    (2, 2, 1, 260, 32, True, True, "long", torch.float32),  # documents spanning whole blocks: unmasked runs
+    (1, 1, 1, 260, 32, False, False, "long", torch.float16),
+])
+def check_attention_matches_reference(interpreted, batch, heads, kv_heads, seq, head_dim, causal, alibi, segments,
+                                     dtype):
+    torch.manual_seed(seq + head_dim)
+    q = torch.randn(batch, heads, seq, head_dim, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype) for _ in range(2))
+    kwargs = dict(causal=causal, softmax_scale=0.7 / head_dim ** 0.5 if segments else None)
+    if alibi:
+        kwargs["alibi_slopes"] = torch.rand(heads) * 0.5
+    if segments == "short":  # documents of random lengths, plus one token that matches no neighbour
+        ids = torch.randint(0, 4, (batch, seq)).sort(dim=1).values
+        ids[:, seq // 2] = 99
+        kwargs["segment_ids"] = ids
+    elif segments == "long":
+        kwargs["segment_ids"] = packed_documents(batch, seq, [40, 170, 60, 140])
+    compare_with_reference(kernels.flash_attention, reference.attention, [q, k, v], dtype, **kwargs)
+
+
+@pytest.mark.parametrize("arch", sorted(ATTENTION))
+def check_attention_with_each_architecture_tiles(interpreted, arch):
+    """The tile sizes of every table entry give the same result (the interpreter ignores warps and stages), dense
+    and with documents: the document-mask entries of head dim 64 and those whose tiles differ from the dense ones
+    (with 128-key dK/dV blocks the first key block spans two documents and the second lies inside one, so both of
+    the kernel's masking paths run)."""
+    torch.manual_seed(1)
+    slopes = torch.tensor([0.25, 0.0625])
+    tiles = lambda configs: [(c.block_m, c.block_n) for c in (configs.forward, configs.backward_kv, configs.backward_q)]
+    for head_dim, dense in ATTENTION[arch].items():
+        documents = dense.specialised(True)
+        cases = [(dense, None)] + ([(documents, packed_documents(1, 160, [50, 110]))]
+                                   if head_dim == 64 or tiles(documents) != tiles(dense) else [])
+        for configs, segment_ids in cases:
+            q = torch.randn(1, 2, 160, head_dim)
+            k, v = (torch.randn(1, 1, 160, head_dim) for _ in range(2))
+            attend = lambda q, k, v, configs=configs, segment_ids=segment_ids: interpreted["attention"].flash_attention(
+                q, k, v, alibi_slopes=slopes, segment_ids=segment_ids, configs=configs)
+            reference_attend = lambda q, k, v, segment_ids=segment_ids: reference.attention(
+                q, k, v, alibi_slopes=slopes.double(), segment_ids=segment_ids)
+            compare_with_reference(attend, reference_attend, [q, k, v], torch.float32)
+
+
+def document_ids(seq: int, boundaries: list[int]) -> torch.Tensor:
+    """Segment ids 0, 1, ... of one row whose documents start at these positions (and at 0)."""
+    return (torch.arange(seq)[:, None] >= torch.tensor(boundaries)[None, :]).sum(1)
+
+
+# One row of many documents (the interpreter's tiles are 64 and 32 wide): one-token documents at the row's start and
+# end and on each side of 32- and 64-token block edges, the others starting inside blocks.
+MANY_DOCUMENTS = [1, 3, 31, 32, 33, 63, 64, 65, 96, 127, 128, 149]
+LAYOUTS = {
+    # a row that is one document beside a row of many: every block full in the first, few in the second
+    "one and many": lambda seq: torch.stack([torch.zeros(seq, dtype=torch.long), document_ids(seq, MANY_DOCUMENTS)]),
+    # every document starts and ends inside a block, none a multiple of a tile
+    "inside blocks": lambda seq: torch.stack([document_ids(seq, [45, 115, 135]), document_ids(seq, [20, 90])]),
+    # every token its own document: each query sees itself only
+    "one-token documents": lambda seq: torch.arange(seq).repeat(2, 1),
+}
+
+
+@pytest.mark.parametrize("layout, causal, kv_heads, dtype", [
+    ("one and many", True, 2, torch.float32),
+    ("one and many", False, 1, torch.float16),
+    ("inside blocks", True, 1, torch.float16),
+    ("inside blocks", False, 2, torch.float32),
+    ("one-token documents", True, 2, torch.float32),
+])
+def check_attention_document_layouts(interpreted, layout, causal, kv_heads, dtype):
+    """Outputs and dQ, dK, dV against the reference for rows of one document and of many, one-token documents and
+    documents that start inside a block, with ALiBi, causal and bidirectional."""
+    seq, heads, head_dim = 150, 2, 32
+    torch.manual_seed(seq)
+    q = torch.randn(2, heads, seq, head_dim, dtype=dtype)
+    k, v = (torch.randn(2, kv_heads, seq, head_dim, dtype=dtype) for _ in range(2))
+    compare_with_reference(kernels.flash_attention, reference.attention, [q, k, v], dtype, causal=causal,
+                           alibi_slopes=torch.tensor([0.3, 0.05]), segment_ids=LAYOUTS[layout](seq))
+
+
+def check_row_masks_equal_element_wise_masks(interpreted):
+    """The dK/dV kernel's per-query document mask (key blocks inside one document) gives what the per-score mask
+    gives; the layout has key blocks of both kinds."""
+    attention = interpreted["attention"]
+    seq = 150
+    segment_ids = LAYOUTS["one and many"](seq)
+    configs = ATTENTION["default"][64]
+    keys = configs.backward_kv.block_n
+    blocks = torch.nn.functional.pad(segment_ids, (0, -seq % keys), value=-1).unflatten(1, (-1, keys))
+    one_document = [len(set(block[block >= 0].tolist())) == 1 for row in blocks for block in row]
+    assert any(one_document) and not all(one_document)
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 1, seq, 16, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(2, 1, seq, 16)
+    results = []
+    for row_masks in (True, False):
+        out = attention.flash_attention(q, k, v, alibi_slopes=torch.tensor([0.3]), segment_ids=segment_ids,
+                                        configs=dataclasses.replace(configs, row_masks=row_masks))
+        results.append([out, *torch.autograd.grad(out, (q, k, v), grad_out)])
+    for name, with_rows, per_score in zip(("output", "dq", "dk", "dv"), *results):
+        assert torch.allclose(with_rows, per_score, rtol=1e-6, atol=1e-6), name
+
+
+def check_document_blocks_are_resolved_once_per_batch(interpreted, monkeypatch):
+    """Layers that get the same segment_ids tensor share its int32 copy and block ranges: one range launch per
+    tiling for a forward and backward through two layers, with the same outputs and gradients as layers that each
+    get a copy of the ids (resolved per call); ids changed in place are resolved again; an entry leaves with its
+    tensor."""
+    attention = interpreted["attention"]
+    launches = []
+    resolve = attention._segment_ranges
+    monkeypatch.setattr(attention, "_segment_ranges", lambda *args: launches.append(args[1:]) or resolve(*args))
+    seq = 100
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 1, seq, 16, requires_grad=True) for _ in range(3))
+    slopes = torch.tensor([0.3])
+
+    def two_layers(ids_of_layer):
+        x = q
+        for layer in range(2):
+            x = kernels.flash_attention(x, k, v, alibi_slopes=slopes, segment_ids=ids_of_layer(layer))
+        return [x, *torch.autograd.grad(x.square().sum(), (q, k, v))]
+
+    segment_ids = LAYOUTS["inside blocks"](seq).to(torch.int32)  # int32: what the kernels read, yet a copy is kept
+    shared = two_layers(lambda layer, ids=segment_ids: ids)
+    configs = ATTENTION["default"][64]
+    tilings = {(configs.forward.block_m, configs.forward.block_n), (configs.backward_q.block_m,
+               configs.backward_q.block_n), (configs.backward_kv.block_n, configs.backward_kv.block_m)}
+    assert sorted(launches) == sorted(tilings), launches
+    launches.clear()
+    separate = two_layers(lambda layer, ids=segment_ids: ids.clone())
+    assert len(launches) == 2 * len(tilings)
+    for name, a, b in zip(("output", "dq", "dk", "dv"), shared, separate):
+        assert torch.equal(a, b), name
+
+    segment_ids.copy_(LAYOUTS["one and many"](seq))  # in place: the version counter moves
+    out = kernels.flash_attention(q, k, v, alibi_slopes=slopes, segment_ids=segment_ids)
+    expected = reference.attention(q.double(), k.double(), v.double(), alibi_slopes=slopes.double(),
+                                   segment_ids=segment_ids)
+    assert_close(out, expected, torch.float32, "output after the ids changed in place")
+    entries = len(attention._DOCUMENT_BLOCKS)
+    del segment_ids
+    assert len(attention._DOCUMENT_BLOCKS) == entries - 1
+
+
+@pytest.mark.parametrize("outer, inner", [(64, 32), (32, 64)])
+def check_document_block_ranges_are_exact(interpreted, outer, inner):
+    """For ascending segment ids, the range of blocks each block visits is exactly the blocks sharing a segment
+    with it, and its unmasked run exactly those where every pair does (brute force over positions)."""
+    seq = 300
+    segment_ids = packed_documents(2, seq, [40, 170, 60, 3, 1, 90]).to(torch.int32)
+    ranges = interpreted["attention"]._segment_ranges(segment_ids, outer, inner)
+    for row in range(2):
+        ids = segment_ids[row]
+        for block in range(ranges.shape[1]):
+            mine = ids[block * outer:(block + 1) * outer]
+            visible, full = [], []
+            for start in range(0, seq, inner):
+                theirs = ids[start:start + inner]
+                shared = mine[:, None] == theirs[None, :]
+                if shared.any():
+                    visible.append(start)
+                if shared.all() and len(theirs) == inner:
+                    full.append(start)
+            lo, full_lo, full_hi, hi = ranges[row, block].tolist()
+            assert (lo, hi) == (visible[0], visible[-1] + inner), (row, block, ranges[row, block], visible)
+            assert list(range(full_lo, full_hi, inner)) == full, (row, block, ranges[row, block], full)
+
+
+@pytest.mark.parametrize("shape, dtype", [((37, 300), torch.float32), ((2, 5, 1000), torch.float16)])
+def check_rms_norm_matches_reference(interpreted, shape, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype) * 3 + 1
+    weight = torch.randn(shape[-1], dtype=dtype)
+    compare_with_reference(kernels.rms_norm, reference.rms_norm, [x, weight], dtype, eps=1e-5)
+
+
+@pytest.mark.parametrize("shape, dtype, bias", [((37, 300), torch.float32, True), ((2, 5, 1000), torch.float16, True),
+                                                ((19, 64), torch.float32, False)])
+def check_layer_norm_matches_reference(interpreted, shape, dtype, bias):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype) * 3 + 1
+    weight = torch.randn(shape[-1], dtype=dtype)
+    inputs = [x, weight, torch.randn(shape[-1], dtype=dtype) if bias else None]
+    triton_fn = lambda x, w, *b: kernels.layer_norm(x, w, b[0] if b else None, eps=1e-5)
+    reference_fn = lambda x, w, *b: reference.layer_norm(x, w, b[0] if b else None, eps=1e-5)
+    compare_with_reference(triton_fn, reference_fn, [t for t in inputs if t is not None], dtype)
+
+
+def check_linear_cross_entropy_matches_reference(interpreted):
+    """Vocab wider than one block (1024 in the interpreter) with a ragged tail; chunks of 8 rows; ignored targets."""
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 11, 48)
+    weight = torch.randn(2500, 48) / 4
+    targets = torch.randint(0, 2500, (3, 11))
+    targets[0, :4] = -100
+    targets[2, 7] = -100
+    compare_with_reference(lambda h, w: kernels.linear_cross_entropy(h, w, targets, chunk_size=8),
+                            lambda h, w: reference.linear_cross_entropy(h, w, targets), [hidden, weight],
+                            torch.float32)
+
+
+def check_vocab_shards_compose_to_the_full_cross_entropy(interpreted):
+    """Per-shard log-sum-exp and target logits, combined as a vocab-parallel all-reduce would, give the loss of
+    the whole vocabulary and its gradient."""
+    torch.manual_seed(0)
+    logits = (torch.randn(21, 2500) * 3).requires_grad_()
+    targets = torch.randint(0, 2500, (21,))
+    targets[3] = -100
+    bounds = [0, 700, 1800, 2500]  # unequal shards, each target in exactly one of them
+    shard_lse, shard_target = zip(*(kernels.vocab_shard_statistics(logits[:, lo:hi], targets, lo)
+                                    for lo, hi in zip(bounds, bounds[1:])))
+    lse = torch.stack(shard_lse).logsumexp(0)
+    target_logit = torch.stack(shard_target).sum(0)
+    valid = targets != -100
+    loss = (lse - target_logit)[valid].mean()
+    expected_logits = logits.detach().double().requires_grad_()
+    expected = F.cross_entropy(expected_logits, targets, ignore_index=-100)
+    assert_close(loss, expected, torch.float32, "loss")
+    assert_close(torch.autograd.grad(loss, logits)[0], torch.autograd.grad(expected, expected_logits)[0],
+                 torch.float32, "gradient of the logits")
+
+
+def check_shard_statistics_in_half_precision(interpreted):
+    torch.manual_seed(0)
+    logits = torch.randn(9, 1500, dtype=torch.float16) * 4
+    targets = torch.randint(0, 3000, (9,))  # about half of them outside this shard
+    lse, target_logit = kernels.vocab_shard_statistics(logits, targets, 1000)
+    expected_lse, expected_target = reference.vocab_shard_statistics(logits.double(), targets, 1000)
+    assert_close(lse, expected_lse, torch.float16, "log-sum-exp")
+    assert_close(target_logit, expected_target, torch.float16, "target logits")
+    assert (target_logit[(targets < 1000) | (targets >= 2500)] == 0).all()

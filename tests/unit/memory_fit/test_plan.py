@@ -1,0 +1,300 @@
+"""stage=plan and pretrain's layout check (pipeline/memory_fit/): the step's arithmetic, the memory terms against what
+autograd really saves, the devices, LUMI's rules of thumb, the refusal with the smallest layout that fits, and
+pretrain refusing a layout before any rank starts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from pipeline import memory_fit as planning
+from pipeline.config import CONF_DIR, PipelineConfig, validate
+from pipeline.errors import ConfigError
+from pipeline.memory_fit import LayoutError, devices, memory, plan_for_config, print_plan
+from pipeline.memory_fit.layout import Layout, blocks_per_stage
+from pipeline.memory_fit.memory import Numerics, block_activations, stage_parameters
+from pipeline.memory_fit.plan import tensor_parallel_choices, with_layout
+from pipeline.model.config import ModelConfig, parameter_count
+from tests.conftest import REPO, run_cli
+
+GIB = 2**30
+MISTRAL_ON_LUMI = ("model=mistral-7b", "cluster=lumi", "train.seq_len=4096", "parallel.tp=2", "parallel.pp=4",
+                   "parallel.dp=4", "train.micro_batch_size=1", "train.global_batch_size=64")
+SMALL_ROPE = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=128, vocab_size=256)
+SMALL_ALIBI = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4, ffn_size=256, vocab_size=300,
+                          position="alibi", norm="layernorm", activation="gelu", embedding_norm=True, bias=True)
+
+
+def pipeline_config(preset: str, *overrides: str) -> PipelineConfig:
+    """The typed config of `stage=plan model=<preset> <overrides>`, as Hydra composes it (without a language)."""
+    model = OmegaConf.load(CONF_DIR / "model" / f"{preset}.yaml")
+    merged = OmegaConf.merge(OmegaConf.structured(PipelineConfig),
+                             {"stage": "plan", "model": model.get("model", model)},
+                             OmegaConf.from_dotlist(list(overrides)))
+    return OmegaConf.to_object(merged)
+
+
+def lumi(preset: str, *overrides: str) -> PipelineConfig:
+    return pipeline_config(preset, "cluster.name=lumi", "cluster.gpus_per_node=8", *overrides)
+
+
+def test_mistral_7b_on_lumi_prints_a_table_per_gcd(tmp_path):
+    out = run_cli("stage=plan", *MISTRAL_ON_LUMI, cwd=tmp_path).stdout
+    rows = {int(line.split()[0]): line.split() for line in out.splitlines() if re.match(r"^\d+\s+\d+\s", line)}
+    assert sorted(rows) == [0, 1, 2, 3] and [int(row[1]) for row in rows.values()] == [8, 8, 8, 8]
+    # Stage 0's weights in bf16 at tp=2: half of the embedding and of 8 blocks (Mistral-7B's shape, counted here).
+    block = 4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336 + 2 * 4096
+    assert float(rows[0][2]) == pytest.approx(2 * (32000 * 4096 + 8 * block) / 2 / GIB, abs=0.005)
+    # The head and the loss: on the last stage only.
+    assert rows[3][7] != "-" and all(row[7] == "-" for stage, row in rows.items() if stage < 3)
+    assert "MI250X GCD, 64.0 GiB per rank" in out
+    assert "dp 4 x micro 1 x accumulation 16 = global batch 64 = 262,144 tokens" in out
+    assert "(pp - 1) / (m + pp - 1) = 3 / 19 = 15.8%" in out
+    assert "Fits:" in out and "!!" not in out
+
+
+def test_a_34b_shape_at_1x1x1_is_refused_with_the_smallest_layout_that_fits(tmp_path):
+    result = run_cli("stage=plan", "model=poro-34b", "cluster=lumi", cwd=tmp_path, check=False)
+    assert result.returncode == 1
+    assert "Does not fit" in result.stdout and "does not fit" in result.stderr
+    tp, pp = map(int, re.search(r"parallel\.tp=(\d+) parallel\.pp=(\d+)", result.stderr).groups())
+
+    plan = plan_for_config(lumi("poro-34b"))
+    assert not plan.fits
+    suggested = with_layout(plan, tp=tp, pp=pp)
+    assert suggested.fits and suggested.keeps_rules()
+    for other_tp in tensor_parallel_choices(plan.model, plan.device):
+        for other_pp in range(1, plan.model.num_layers + 1):
+            other = with_layout(plan, tp=other_tp, pp=other_pp)
+            if other_tp * other_pp < tp * pp and other.keeps_rules():
+                assert not other.fits, f"tp={other_tp} pp={other_pp} fits and is smaller"
+
+
+def test_bubble_tokens_and_accumulation_arithmetic():
+    plan = plan_for_config(lumi("mistral-7b", *MISTRAL_ON_LUMI[2:]))
+    layout = plan.layout
+    assert (layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.accumulation) == (2, 4, 4, 1, 16)
+    assert layout.global_batch == 64 and layout.tokens_per_step == 64 * 4096 and layout.ranks == 32
+    assert layout.bubble == pytest.approx(3 / 19)
+    assert [layout.in_flight(stage) for stage in range(4)] == [4, 3, 2, 1]
+    few = Layout(tp=1, pp=8, dp=2, micro_batch=2, accumulation=3, seq_len=2048)
+    assert few.bubble == pytest.approx(7 / 10) and [few.in_flight(s) for s in (0, 5, 7)] == [3, 3, 1]
+    # The first stage holds more micro-batches in flight than the last: its activations are the largest.
+    activations = [stage.activations for stage in plan.stages]
+    assert activations == sorted(activations, reverse=True)
+
+
+@pytest.mark.parametrize("layers, pp", [(30, 8), (54, 8), (80, 8), (32, 3), (4, 2), (24, 5), (3, 2), (5, 4)])
+def test_blocks_per_stage_are_deepspeeds_partition(layers, pp):
+    from deepspeed.runtime.utils import partition_balanced
+
+    weights = [0] + [1] * layers + [0, 0]  # embedding, blocks, final norm, head: the `type:BlockLayer` weights
+    parts = partition_balanced(weights, pp)
+    assert blocks_per_stage(layers, pp) == [sum(weights[parts[i]:parts[i + 1]]) for i in range(pp)]
+
+
+def test_lumi_rules_of_thumb(caplog):
+    wide = plan_for_config(lumi("mistral-7b", "train.seq_len=4096", "parallel.tp=4", "parallel.pp=2",
+                                "train.micro_batch_size=1", "train.global_batch_size=16"))
+    broken = [rule.text for rule in wide.rules() if not rule.kept]
+    assert broken == [("hidden / tp = 4096 / 4 = 1024 < 1280 on MI250X GCD: its matrix products are too small to "
+                       "keep the device busy; lower tp")]
+    with caplog.at_level(logging.WARNING):
+        planning.check_layout(lumi("mistral-7b", "train.seq_len=4096", "parallel.tp=4", "parallel.pp=2",
+                          "train.micro_batch_size=1", "train.global_batch_size=16"))
+    assert "1024 < 1280" in caplog.text
+
+    across = plan_for_config(lumi("bloom-176b", "parallel.tp=16", "parallel.pp=8", "train.micro_batch_size=1",
+                                  "train.global_batch_size=8"))
+    assert any("tp=16 spans nodes (8 MI250X GCDs per node)" in rule.text and not rule.kept for rule in across.rules())
+    # The hidden-size rule is LUMI's, for MI250X: an H100 plan has none.
+    h100 = plan_for_config(pipeline_config("mistral-7b", "plan.device=h100", "train.seq_len=4096", "parallel.tp=4",
+                                           "train.micro_batch_size=1", "train.global_batch_size=16"))
+    assert h100.keeps_rules() and not any("hidden" in rule.text for rule in h100.rules())
+
+
+def test_devices_by_name_and_auto(monkeypatch, tmp_path):
+    def device(*overrides):
+        return plan_for_config(pipeline_config("tiny", *overrides)).device
+
+    assert device("plan.device=mi250x").memory_gib == 64.0
+    assert device("plan.device=h100").memory_gib == pytest.approx(79.65, abs=0.01)
+    assert device("plan.device=h200").memory_gib == pytest.approx(140.4, abs=0.05)
+    assert device("plan.device=h100", "plan.memory_gib=40").memory_gib == 40
+    assert device("cluster.name=lumi").name == "mi250x"
+    monkeypatch.setattr(devices, "_NVIDIA_INFO", str(tmp_path / "gpus" / "*" / "information"))
+    host = device()  # no GPU listed: CPU ranks share the host's memory
+    assert host.name == "cpu" and not host.accelerator
+    assert host.memory_per_rank(4) == pytest.approx(host.memory_gib * GIB / 4)
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir(parents=True)
+    info = tmp_path / "gpus" / "0000:01:00.0" / "information"
+    info.write_text("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: 0\n")
+    assert device().name == "h100"
+    info.write_text("Model: \t\t NVIDIA L40S\n")
+    assert device().memory_gib is None
+    with pytest.raises(LayoutError, match="plan.memory_gib"):
+        print_plan(pipeline_config("tiny"))
+    with pytest.raises(ConfigError, match="plan.device"):
+        validate(pipeline_config("tiny", "plan.device=a100"))
+
+
+def _saved_bytes(module: torch.nn.Module, x: torch.Tensor, segment_ids: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves for the backward of module(x), parameters left out."""
+    parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        module(x, segment_ids)
+    return sum(saved.values())
+
+
+def _block_activation_check(cfg: ModelConfig, dtype: torch.dtype, numerics: Numerics) -> None:
+    from pipeline.model.transformer import Block
+
+    torch.manual_seed(0)
+    batch, seq = 2, 32
+    block = Block(cfg).to(dtype)
+    x = torch.randn(batch, seq, cfg.hidden_size, dtype=dtype, requires_grad=True)
+    segments = torch.zeros(batch, seq, dtype=torch.long)
+    segments[:, 20:] = 1  # two packed documents, as training passes them
+    saved = _saved_bytes(block, x, segments)
+    if numerics.flash:  # exact but for the kernel's few bytes of index tensors (ALiBi slopes, document ranges)
+        assert block_activations(cfg, batch, seq, 1, numerics) == pytest.approx(saved, rel=1e-3)
+    else:
+        assert block_activations(cfg, batch, seq, 1, numerics) == saved
+
+
+@pytest.mark.parametrize("cfg", [SMALL_ROPE, SMALL_ALIBI], ids=["rope-gqa-swiglu", "alibi-gelu-bias"])
+def test_block_activations_are_what_autograd_saves_with_the_reference_kernels(cfg):
+    from pipeline.kernels import kernel_backend
+
+    with kernel_backend("reference"):
+        _block_activation_check(cfg, torch.float32, Numerics(value_bytes=4, flash=False, host=True))
+
+
+def check_block_activations_of_the_triton_kernels(interpreted):
+    """Run under the Triton interpreter by the test below (float16 stands for bf16: the interpreter mishandles it)."""
+    for cfg in (SMALL_ROPE, SMALL_ALIBI):
+        _block_activation_check(cfg, torch.float16, Numerics(value_bytes=2, flash=True, host=False))
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through the test below"
+    from pipeline.kernels import kernel_backend
+    from tests.unit.kernels.test_kernels_interpreted import _fix_interpreter_scalar_index
+
+    restore = _fix_interpreter_scalar_index()
+    try:
+        with kernel_backend("triton"):
+            yield
+    finally:
+        restore()
+
+
+def test_block_activations_of_the_triton_kernels_under_the_interpreter():
+    # The child collects only `check_*` functions: nothing imported here may have such a name.
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-o", "python_functions=check_*", __file__],
+        cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
+        text=True, timeout=600, check=False)
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-6000:] + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cfg", [SMALL_ROPE, SMALL_ALIBI, ModelConfig(vocab_size=200, tie_embeddings=False)],
+                         ids=["rope-tied", "alibi-tied", "rope-untied"])
+def test_stage_parameters_are_the_models(cfg):
+    from pipeline.model.transformer import Transformer
+
+    whole = sum(p.numel() for p in Transformer(cfg).parameters())  # the padded vocabulary, a tied head once
+    assert stage_parameters(cfg, tp=1, pp=1, stage=0) == (whole, whole)
+    first, last = (stage_parameters(cfg, tp=1, pp=2, stage=stage) for stage in (0, 1))
+    copy = cfg.padded_vocab_size * cfg.hidden_size if cfg.tie_embeddings else 0
+    embedding_norm = cfg.hidden_size * 2 if cfg.embedding_norm else 0
+    assert first[0] + last[0] == whole + copy + embedding_norm
+    assert first[1] + last[1] == whole + copy  # the last stage's copy of the embedding norm is frozen
+    if cfg.vocab_size % cfg.pad_vocab_multiple == 0:
+        assert stage_parameters(cfg, 1, 1, 0)[0] == parameter_count(cfg)
+
+
+def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkeypatch):
+    from types import SimpleNamespace
+
+    from pipeline.stages import pretrain
+    from pipeline.training import run as training_run
+
+    started = []
+    monkeypatch.setattr(training_run, "launch", lambda *args: started.append(args))
+    monkeypatch.setattr(pretrain, "pretrain_start", lambda *args: started.append(args))
+    cfg = pipeline_config("llama-3.1-70b", "plan.device=mi250x", "train.seq_len=4096")
+    with pytest.raises(LayoutError) as refused:
+        pretrain.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
+    message = str(refused.value)
+    assert "tp=1 x pp=1 x dp=1" in message and "does not fit" in message
+    tp, pp = map(int, re.search(r"parallel\.tp=(\d+) parallel\.pp=(\d+)", message).groups())
+    assert with_layout(plan_for_config(cfg), tp=tp, pp=pp).fits
+    assert not started
+
+
+@pytest.mark.parametrize("preset, overrides, message", [
+    ("mistral-7b", ["train.seq_len=8192"], "train.seq_len=8192, longer than the model's attention window"),
+    ("llama-2-13b", ["parallel.tp=3"], "parallel.tp=3 does not divide the model's num_heads, num_kv_heads (40, 40)"),
+    ("tiny", ["parallel.pp=5"], "parallel.pp=5 is more pipeline stages than the model has blocks (4)"),
+], ids=["window", "tp", "pp"])
+def test_a_layout_the_model_cannot_run_is_refused_before_planning(preset, overrides, message):
+    with pytest.raises(LayoutError, match=re.escape(message)):
+        plan_for_config(pipeline_config(preset, "plan.device=h100", *overrides))
+
+
+def test_every_preset_plans_with_its_own_defaults():
+    # train.seq_len null: the context within the attention window, at most 2,048 (Mistral: 32,768 with a 4,096 window)
+    for preset in sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml")):
+        plan = plan_for_config(pipeline_config(preset, "plan.device=h100"))
+        assert plan.layout.seq_len <= 2048, preset
+
+
+@pytest.mark.parametrize("hf", [
+    {"model_type": "bloom", "architectures": ["BloomForCausalLM"], "hidden_size": 256, "n_layer": 3, "n_head": 8,
+     "vocab_size": 1000, "seq_length": 1024},
+    {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 3,
+     "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 640, "vocab_size": 1000,
+     "max_position_embeddings": 4096, "tie_word_embeddings": True},
+    {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 256, "num_hidden_layers": 3,
+     "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 640, "vocab_size": 1000},
+], ids=["bloom", "llama", "mistral"])
+def test_a_model_folder_is_planned_from_its_config_json(tmp_path, hf):
+    """model.base's config.json gives the shape (pipeline/model/base_shape.py) before the planner sees the config."""
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    result = run_cli("stage=plan", f"model.base={tmp_path}", "plan.device=h100", "train.seq_len=1024", cwd=tmp_path)
+    assert f"hidden {hf['hidden_size']}, 3 layers" in result.stdout
+
+
+def test_the_planner_knows_whether_the_engine_fuses_the_head_with_the_loss():
+    from pipeline.parallel.pipeline_model import HeadLayer
+
+    output = HeadLayer(SMALL_ROPE)(torch.zeros(1, 2, SMALL_ROPE.hidden_size))
+    # A fused loss gets the hidden states and the head's weight; otherwise the head's output is the logits.
+    assert memory.HEAD_FUSED_WITH_LOSS == isinstance(output, tuple)
+    from pipeline.kernels.fused_head import CHUNK_LOGIT_ELEMENTS
+
+    assert memory.FUSED_LOSS_CHUNK_LOGITS == CHUNK_LOGIT_ELEMENTS
+
+
+def test_the_planner_imports_no_torch():
+    code = "import sys, pipeline.memory_fit; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)

@@ -1,0 +1,114 @@
+"""The import layering of `pipeline/` (docs: DESIGN's layer picture, README's layout): imports run one way.
+
+A unit is a subpackage (`pipeline/training/`) or a top-level module (`pipeline/config.py`); every import of one
+unit by another counts, function-local ones included (a local import never dodges a cycle), read from the source
+with `ast` (nothing is imported)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "pipeline"
+# The ground floor imports nothing above it; the units above it, by name (a unit that no longer exists is no harm).
+GROUND_FLOOR = ("kernels", "contract", "errors", "languages", "slurm")
+ABOVE_GROUND = ("__main__", "overrides", "config", "workflow", "stages", "training", "evaluation", "parallel",
+                "warmstart", "packing", "mixing", "tokenization", "model", "corpus", "memory_fit")
+
+
+def module_name(path: Path) -> list[str]:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The dotted names of the modules `path` imports (`from a import b` may name module a.b)."""
+    names, here = set(), module_name(path)
+    package = here if path.name == "__init__.py" else here[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def unit_graph() -> dict[str, set[str]]:
+    """unit -> the other units it imports."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = module_name(path)
+        unit = parts[1] if len(parts) > 1 else "__init__"
+        targets = graph.setdefault(unit, set())
+        for name in imported_modules(path):
+            dotted = name.split(".")
+            if dotted[0] == "pipeline" and len(dotted) > 1 and dotted[1] != unit and \
+                    ((PACKAGE / dotted[1]).is_dir() or (PACKAGE / f"{dotted[1]}.py").is_file()):
+                targets.add(dotted[1])
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one unit (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(unit: str) -> None:
+        index[unit] = low[unit] = len(index)
+        stack.append(unit)
+        for target in sorted(graph.get(unit, ())):
+            if target not in index:
+                visit(target)
+                low[unit] = min(low[unit], low[target])
+            elif target in stack:
+                low[unit] = min(low[unit], index[target])
+        if low[unit] == index[unit]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == unit:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for unit in sorted(graph):
+        if unit not in index:
+            visit(unit)
+    return found
+
+
+def test_the_graph_holds_the_units_and_their_imports():
+    graph = unit_graph()
+    assert {"stages", "training", "model", "errors"} <= graph.keys()
+    assert "errors" in graph["stages"] and "model" in graph["training"]
+
+
+def test_relative_and_local_imports_are_read_too(tmp_path, monkeypatch):
+    folder = tmp_path / "pipeline" / "alpha"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("from ..beta import thing\n", encoding="utf-8")
+    (tmp_path / "pipeline" / "beta.py").write_text("def f():\n    import pipeline.alpha.x\n", encoding="utf-8")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "pipeline")
+    graph = unit_graph()
+    assert graph["alpha"] == {"beta"} and graph["beta"] == {"alpha"}
+    assert cycles(graph) == [["alpha", "beta"]]
+
+
+def test_no_import_cycle_between_the_units_of_pipeline():
+    assert cycles(unit_graph()) == []
+
+
+def test_the_ground_floor_imports_nothing_above_it():
+    graph = unit_graph()
+    upward = {unit: sorted(graph[unit] & set(ABOVE_GROUND)) for unit in GROUND_FLOOR if unit in graph}
+    assert upward and not any(upward.values()), upward
