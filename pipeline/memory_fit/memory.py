@@ -152,8 +152,9 @@ def block_activations(model: ModelConfig, micro_batch: int, seq_len: int, tp: in
     norms = 2 * (_norm_activations(model, rows, nx) + e * rows * h)  # each norm's output feeds a linear layer
     reshaped = e * rows * heads * d  # the attention output made contiguous for the output projection
     if nx.flash:
-        # q, k, v, the output, the float32 log-sum-exp and an int32 copy of the segment ids.
-        attention = e * rows * d * (2 * heads + 2 * kv_heads) + 4 * rows * heads + 4 * rows + reshaped
+        # q, k, v, the output and the float32 log-sum-exp (the int32 copy of the segment ids is made once per batch
+        # and shared by the layers: pipeline/kernels/attention.py).
+        attention = e * rows * d * (2 * heads + 2 * kv_heads) + 4 * rows * heads + reshaped
     else:
         # float32 q and k, v repeated to every query head, the softmax, and the causal/document mask.
         attention = 4 * b * heads * s * (3 * d + s) + b * s * s + reshaped
