@@ -23,6 +23,9 @@ whitespace, whatever the tokenizer's own spelling), one document per line.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,11 +156,36 @@ class TokenVectors:
     vectors: np.ndarray  # (len(ids), dim), unit length
 
 
+# fastText's skip-gram in a child process: the wheel's training leaves its large matrices uninitialised, which is
+# harmless on the fresh (zeroed) pages of a new process but gives other vectors, or a NaN, in a process whose
+# heap holds freed memory (measured: memory filled with garbage, freed, then training: "Encountered NaN").
+# The child takes every allocation of 64 KiB or more from fresh pages (glibc's MALLOC_MMAP_THRESHOLD_).
+_TRAIN_IN_CHILD = """
+import sys, fasttext, numpy as np
+corpus, out, dim, epoch, min_count, buckets = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+model = fasttext.train_unsupervised(corpus, model="skipgram", dim=dim, epoch=epoch, minCount=min_count,
+                                    bucket=buckets, thread=1, verbose=0)
+words = list(model.words)
+vectors = np.stack([model.get_word_vector(w) for w in words]) if words else np.zeros((0, dim), np.float32)
+np.savez(out, words=np.asarray(words, dtype=str), vectors=vectors)
+"""
+
+
+def _train_skipgram(corpus: Path, out: Path) -> tuple[list[str], np.ndarray]:
+    """(words, vectors) of fastText skip-gram on `corpus`, trained in a child process (see above)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
+    done = subprocess.run([sys.executable, "-c", _TRAIN_IN_CHILD, str(corpus), str(out), str(DIM), str(EPOCHS),
+                           str(MIN_COUNT), str(BUCKETS)], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise StageError(f"fastText's training of the focus vectors failed (exit {done.returncode}) on {corpus}:\n"
+                         f"{done.stderr[-2000:]}\nwarmup.init=mean needs no vectors.")
+    with np.load(out, allow_pickle=False) as saved:
+        return saved["words"].tolist(), saved["vectors"]
+
+
 def fasttext_vectors(sequences: list[np.ndarray], tokenizer: Tokenizer, scratch: Path) -> TokenVectors:
     """On one thread with fastText's fixed seed (its Python API takes none for unsupervised training), so the
     same text always gives the same vectors; Hogwild threads would not."""
-    import fasttext  # optional: only warmup.init=focus needs it (datatrove's `processing` extra installs it)
-
     counts = np.bincount(np.concatenate(sequences), minlength=tokenizer.get_vocab_size(with_added_tokens=True)) \
         if sequences else np.zeros(0, dtype=np.int64)
     if not (counts >= MIN_COUNT).any():  # fastText refuses an empty vocabulary
@@ -169,12 +197,12 @@ def fasttext_vectors(sequences: list[np.ndarray], tokenizer: Tokenizer, scratch:
     with corpus.open("w", encoding="utf-8") as handle:
         for sequence in sequences:
             handle.write(" ".join(words[token_id] for token_id in sequence.tolist() if token_id in words) + "\n")
-    model = fasttext.train_unsupervised(str(corpus), model="skipgram", dim=DIM, epoch=EPOCHS, minCount=MIN_COUNT,
-                                        bucket=BUCKETS, thread=1, verbose=0)
+    learnt, learnt_vectors = _train_skipgram(corpus, scratch / "vectors.npz")
     corpus.unlink()
     by_word = {word: token_id for token_id, word in words.items()}
-    ids = np.asarray(sorted(by_word[word] for word in model.words if word in by_word), dtype=np.int64)
-    vectors = np.stack([model.get_word_vector(words[token_id]) for token_id in ids.tolist()]) if len(ids) else \
+    row_of = {word: row for row, word in enumerate(learnt)}
+    ids = np.asarray(sorted(by_word[word] for word in learnt if word in by_word), dtype=np.int64)
+    vectors = learnt_vectors[[row_of[words[token_id]] for token_id in ids.tolist()]] if len(ids) else \
         np.zeros((0, DIM), dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return TokenVectors(ids, vectors / np.maximum(norms, 1e-12))

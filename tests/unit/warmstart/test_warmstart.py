@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import json
 
@@ -20,8 +21,8 @@ from pipeline.tokenization.folder import TrainedTokenizer, write_tokenizer_folde
 from pipeline.tokenization.surfaces import spelling, token_bytes
 from pipeline.tokenization.training import train_tokenizer
 from pipeline.warmstart.focus import sparsemax
-from pipeline.warmstart.initialise import transfer_plan, warm_started, warmup_trainable
-from pipeline.warmstart.transfer import build_matrix, plan_rows
+from pipeline.warmstart.initialise import token_sequences, transfer_plan, warm_started, warmup_trainable
+from pipeline.warmstart.transfer import build_matrix, fasttext_vectors, plan_rows
 
 ENGLISH = ["the king had three daughters and a house by the sea"] * 50 + ["she walked home in the rain"] * 50
 NORWEGIAN = ["kongen hadde tre døtre og et hus ved sjøen"] * 50 + ["hun gikk hjem i regnet, the end"] * 50
@@ -188,6 +189,26 @@ def test_a_base_tokenizer_that_shares_nothing_fails_clearly_unless_random(transf
             transfer_plan(tmp_path, cyrillic, transfer["new_dir"], transfer["new"], method, 1, transfer["texts"])
     plan, _ = transfer_plan(tmp_path, cyrillic, transfer["new_dir"], transfer["new"], "random", 1, None)
     assert plan is None
+
+
+def test_focus_vectors_do_not_depend_on_memory_the_process_freed_before(transfer, tmp_path):
+    """fastText's training leaves large matrices uninitialised: in a process whose heap holds freed garbage it gave
+    other vectors or a NaN (seen in the full suite). Fill the heap with large floats, free it, train again."""
+    sequences = token_sequences(transfer["new"], transfer["texts"])
+    before = fasttext_vectors(sequences, transfer["new"], tmp_path / "before")
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    # sizes of 16 B to 2 MB: freeing the mmapped ones raises glibc's mmap threshold, so the heap keeps the rest
+    sizes = torch.randint(16, 2_000_000, (3000,), generator=torch.Generator().manual_seed(0)).tolist()
+    blocks = [libc.malloc(size) for size in sizes]
+    for block, size in zip(blocks, sizes):
+        ctypes.memset(block, 0x7F, size)  # 0x7f7f7f7f: a float of 3.4e38
+    for block in blocks:
+        libc.free(block)
+    after = fasttext_vectors(sequences, transfer["new"], tmp_path / "after")
+    assert len(before.ids) > 500
+    assert torch.equal(torch.from_numpy(before.ids), torch.from_numpy(after.ids))
+    assert torch.equal(torch.from_numpy(before.vectors), torch.from_numpy(after.vectors))
 
 
 @pytest.mark.parametrize("method", ("focus", "align"))
