@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from pipeline.model.config import ModelConfig, RopeScaling, validate_model
 
 BLOOM, LLAMA, MISTRAL = "BloomForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"
@@ -227,13 +225,3 @@ def hf_tensor_name(architecture: str, name: str) -> tuple[str, Optional[int]]:
         return f"{names.prefix}{names.layers}.{index}.{names.block[module]}.{kind}", None
     module, kind = _TOP_NAME.fullmatch(name).groups()
     return f"{names.prefix}{names.top[module]}.{kind}", None
-
-
-def split_bloom_fused(fused: torch.Tensor, num_heads: int) -> list[torch.Tensor]:
-    """BLOOM's (3 * hidden, ...) query_key_value -> [q, k, v], each (hidden, ...)."""
-    per_head = fused.reshape(num_heads, 3, -1, *fused.shape[1:])
-    return [per_head[:, part].reshape(-1, *fused.shape[1:]) for part in range(3)]
-
-
-def fuse_bloom(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> torch.Tensor:
-    return torch.stack([t.reshape(num_heads, -1, *t.shape[1:]) for t in (q, k, v)], dim=1).reshape(-1, *q.shape[1:])

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from pipeline.model.config import ModelConfig
-from pipeline.model.hf_config import (CheckpointError, hf_tensor_name, read_config, read_json, split_bloom_fused,
+from pipeline.model.hf_config import (CheckpointError, hf_tensor_name, read_config, read_json,
                                       tensor_names)
 from pipeline.model.model_tensors import ModelTensors, build_model, model_shapes
 from pipeline.model.transformer import VOCAB_TENSORS, Transformer
@@ -136,3 +136,9 @@ def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     if tensor.shape[0] == rows:
         return tensor
     return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
+
+
+def split_bloom_fused(fused: torch.Tensor, num_heads: int) -> list[torch.Tensor]:
+    """BLOOM's (3 * hidden, ...) query_key_value -> [q, k, v], each (hidden, ...)."""
+    per_head = fused.reshape(num_heads, 3, -1, *fused.shape[1:])
+    return [per_head[:, part].reshape(-1, *fused.shape[1:]) for part in range(3)]

@@ -7,6 +7,7 @@ with `ast` (nothing is imported)."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -112,3 +113,13 @@ def test_the_ground_floor_imports_nothing_above_it():
     graph = unit_graph()
     upward = {unit: sorted(graph[unit] & set(ABOVE_GROUND)) for unit in GROUND_FLOOR if unit in graph}
     assert upward and not any(upward.values()), upward
+
+
+def test_the_command_line_and_the_data_stages_start_without_torch():
+    """`python -m pipeline stage=clean|mix|tokenizer|pack` (and --help, stage=status) import no torch: three
+    seconds of every such command on a CPU (pipeline/stages/__init__.py imports a stage's module when asked)."""
+    code = ("import importlib, sys; import pipeline.__main__; "
+            "[importlib.import_module(f'pipeline.stages.{name}') for name in ('clean', 'mix', 'tokenizer', 'pack')]; "
+            "print(sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout[-2000:]
