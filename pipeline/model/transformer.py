@@ -116,7 +116,10 @@ class Embedding(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
+        # an uninitialised matrix: Transformer.reset_parameters draws it (nn.Embedding's own normal_ would be drawn
+        # for nothing, and on the meta device it imports torch._dynamo: 3 s)
+        self.tokens = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size,
+                                   _weight=torch.empty(cfg.padded_vocab_size, cfg.hidden_size))
         self.norm = make_norm(cfg) if cfg.embedding_norm else None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -186,6 +189,8 @@ def initialise(cfg: ModelConfig, name: str, tensor: torch.Tensor, generator: Opt
     The projections that write into the residual stream (attention out, MLP down) get init_std / sqrt(2 *
     num_layers), as in GPT-2 and Megatron, so the stream's variance does not grow with depth.
     """
+    if tensor.is_meta:  # shapes only (model_shapes): no values to draw, and torch's meta normal_ takes 15 ms a call
+        return
     std = cfg.init_std
     if name.endswith("bias"):
         tensor.zero_()
