@@ -172,7 +172,7 @@ def exact_plan(plan: dict, unique_tokens: Mapping[str, int]) -> Plan:
     Raises the planner's PlanError when a fixed ratio no longer fits the exact counts.
     """
     sources = [Source(s["name"], unique_tokens.get(s["name"], s["unique_tokens_est"]), s["max_epochs"],
-                      s["priority"], s["ratio"]) for s in plan["sources"]]
+                      s["priority"], s["ratio"], s.get("optional", False)) for s in plan["sources"]]
     target, others = sources[0], sources[1:]
     budget = plan["budget_tokens"] if plan["budget_from"] == FIXED_BUDGET else default_budget(target, others)
     return plan_mixture(budget, target, others)

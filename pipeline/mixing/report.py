@@ -78,6 +78,7 @@ def plan_document(lang: str, plan: Plan, facts: dict[str, dict], budget_from: st
             "priority": source.priority,
             "max_epochs": source.max_epochs,
             "ratio": source.ratio,
+            "optional": source.optional,
             "epochs": allocation.epochs,
             "tokens": allocation.tokens,
             "share": plan.share(allocation),

@@ -14,7 +14,7 @@ from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, portable_path, write_json_atomic
 from pipeline.corpus.sources import clean_output
 from pipeline.errors import StageError
-from pipeline.mixing.planner import Allocation, PlanError, Source, default_budget, plan_mixture
+from pipeline.mixing.planner import FIXED_BUDGET, Allocation, PlanError, Source, default_budget, plan_mixture
 from pipeline.mixing.rehydration import rehydrate
 from pipeline.mixing.report import markdown, plan_document, rehydration_section, summary_table
 from pipeline.mixing.sources import Measurement, locate_sources, measure
@@ -56,7 +56,7 @@ def run_mix(run: StageRun) -> dict:
     others = [Source(s.name, unique_tokens(s.name), configured[s.name].max_epochs, configured[s.name].priority,
                      configured[s.name].ratio, configured[s.name].optional) for s in found]
     if mix.tokens is not None:
-        budget, budget_from = round(mix.tokens), "mix.tokens"
+        budget, budget_from = round(mix.tokens), FIXED_BUDGET
     else:
         budget = default_budget(target, others)
         budget_from = "mix.tokens not set: the target's unique tokens x mix.max_epochs, plus the fixed ratios"

@@ -44,11 +44,18 @@ def _tokenizer(run: StageRun) -> dict:
     return tokenizer_entry(path, tokenizer.get_vocab_size(), eos, tokenizer.token_to_id(eos))
 
 
+def _exact(run: StageRun, plan_document: dict, unique_tokens: dict[str, int]) -> Plan:
+    try:
+        return exact_plan(plan_document, unique_tokens)
+    except PlanError as error:
+        raise StageError(f"pack {run.lang}: with exact token counts, {error}") from None
+
+
 def _tokenize_planned(run: StageRun, plan_document: dict, tokenizer: dict) -> tuple[Plan, dict[str, TokenizedSource]]:
     """Tokenize what the plan reads until the exact plan reads nothing untokenized; the exact plan."""
     entries = {s["name"]: s for s in plan_document["sources"]}
     tokenized: dict[str, TokenizedSource] = {}
-    plan = exact_plan(plan_document, {})
+    plan = _exact(run, plan_document, {})
     while needed := [a.source.name for a in plan.allocations if a.tokens > 0 and a.source.name not in tokenized]:
         for name in needed:
             source, reading = planned_source(entries[name], run.cfg.work_dir), run.work_dir / READING / name
@@ -59,10 +66,7 @@ def _tokenize_planned(run: StageRun, plan_document: dict, tokenizer: dict) -> tu
                             tokenized[name].bad_records, name, reading / "bad_records")
             else:
                 shutil.rmtree(reading / "bad_records", ignore_errors=True)  # one empty log per file read
-        try:
-            plan = exact_plan(plan_document, {name: t.tokens for name, t in tokenized.items()})
-        except PlanError as error:
-            raise StageError(f"pack {run.lang}: with exact token counts, {error}") from None
+        plan = _exact(run, plan_document, {name: t.tokens for name, t in tokenized.items()})
     if plan.allocations[0].source.unique_tokens == 0:
         raise StageError(f"pack {run.lang}: the target's training text {entries[run.lang]['path']} gave no tokens. "
                          f"Check it and run python -m pipeline stage=clean lang={run.lang} and stage=mix again.")

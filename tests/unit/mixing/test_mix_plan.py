@@ -9,9 +9,9 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.mixing.config import MixConfig, MixSource, RehydrationConfig, RehydrationRow, validate_mix
 from pipeline.mixing.planner import (FILLER, FIXED_RATIO, R_STAR, TARGET, PlanError, Source, default_budget,
-                                     effective_tokens, epoch_values, plan_mixture)
+                                     effective_tokens, epoch_values, exact_plan, plan_mixture)
 from pipeline.mixing.rehydration import rehydrate, weight_for
-from pipeline.mixing.report import plan_verdict, verdict
+from pipeline.mixing.report import plan_document, plan_verdict, verdict
 from pipeline.corpus.report import bytes_text, tokens_text
 
 FINEWEB2_TABLE = [(1, 1.0), (2, 2.0), (3, 3.0), (5, 5.0), (100, 8.0)]
@@ -155,6 +155,16 @@ def test_an_optional_source_too_small_for_its_ratio_gives_its_cap_and_the_target
     assert [a.tokens for a in plan.allocations] == [4000, 1333] and plan.budget == 5333
     with pytest.raises(PlanError, match="cannot give its fixed ratio 0.25"):
         plan_mixture(4040, target, [Source("eng", 10, 4, ratio=0.25)])  # a required one fails instead
+
+
+def test_pack_replans_plan_json_with_an_optional_source_at_its_cap():
+    """plan.json keeps each source's `optional`: pack's exact plan of a replay capped below its ratio is the mix's."""
+    target, replay = Source("nob", 1000, 4), Source("eng", 10, 4, ratio=0.25, optional=True)
+    plan = plan_mixture(default_budget(target, [replay]), target, [replay])
+    facts = {"nob": {}, "eng": {}}
+    document = plan_document("nob", plan, facts, "mix.tokens not set", [], {})
+    again = exact_plan(document, {"nob": 1000, "eng": 10})
+    assert [a.tokens for a in again.allocations] == [a.tokens for a in plan.allocations] == [4000, 40]
 
 
 def test_tokens_are_shown_with_three_digits_and_a_unit():
