@@ -8,7 +8,7 @@ same tokenizer.json) on the same texts, already in memory, in batches of the sam
 decompressing, EOS and writing. Both run on one core (RAYON_NUM_THREADS=1); the stage is also run with
 `--workers` processes, reported per core. Each measurement is the best of `--runs`, taken in turn.
 
-The sampler (`pipeline.packing.PackedSampler`, seq_len 2048, global batch 256, both sources blended,
+The sampler (`pipeline.packing.sampler.PackedSampler`, seq_len 2048, global batch 256, both sources blended,
 nob 4 epochs and eng 1.5) builds `--steps` global batches with segment ids. The anchor reads the same
 number of 2049-token windows as contiguous slices of one memory-mapped shard into an int64 array:
 what the sampler adds is the blend, the shuffled document order and the boundaries.

@@ -24,7 +24,7 @@ All read random token ids and use the same loss, clipping and AdamW settings. Tw
   at 2048 tokens.
 Each run
 warms up, then times a fixed number of optimizer steps between two synchronizations; MFU = model FLOPs per token
-(`pipeline.model.flops_per_token`, the same count for every role) x tokens/s / GPUs / the peak of
+(`pipeline.model.config.flops_per_token`, the same count for every role) x tokens/s / GPUs / the peak of
 `pipeline.training.loop`. The table ends in the ratios ours / anchor (issue 19's targets: >= 1.15 for the
 ALiBi model, >= 1.1 for the RoPE model) and ours / transformers, at the same micro-batch and global batch.
 

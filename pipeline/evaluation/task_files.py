@@ -27,7 +27,6 @@ SIB_COLUMNS = ("index_id", "category", "text")
 ANSWER_COLUMNS = ("mc_answer1", "mc_answer2", "mc_answer3", "mc_answer4")
 BELEBELE_COLUMNS = ("flores_passage", "question", *ANSWER_COLUMNS, "correct_answer_num")
 TABLE_SUFFIXES = (".tsv", ".parquet")
-RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class Accuracy:
 class ScoringModel:
     """A model, its own tokenizer and how it reads text: what every scoring needs."""
 
-    model: torch.nn.Module  # pipeline.model.Transformer: hidden_states() and head
+    model: torch.nn.Module  # pipeline.model.transformer.Transformer: hidden_states() and head
     tokenizer: object
     start_id: int
     seq_len: int

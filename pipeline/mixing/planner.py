@@ -5,9 +5,8 @@ its epoch cap); then the target language, up to its cap; then the other sources 
 first, ties in the configured order), each up to its own cap. What is still missing is the shortfall:
 the plan never repeats a source beyond its cap to hide it.
 
-The mix plan again, with exact token counts in place of the mix stage's estimates.
-
-The planner (pipeline/mixing/planner.py) is a pure function of the sources' unique tokens and the
+The mix plan again (`exact_plan`, for pack), with exact token counts in place of the mix stage's estimates:
+the planner is a pure function of the sources' unique tokens and the
 mix settings that `plan.json` records (budget, epoch caps, priorities, fixed ratios), so the exact plan
 is the same call with the counted tokens. A budget the mix stage derived from the target (no
 `mix.tokens`) is derived again from the target's exact tokens. Unique tokens are the tokens stored,

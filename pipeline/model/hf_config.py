@@ -3,12 +3,10 @@
 Torch-free, so that the command line reads a base model's shape (`model.base`, pipeline/model/base_shape.py)
 in a moment; the tensor names of the same architectures are below.
 
-Hugging Face's BLOOM, Llama and Mistral tensor names in the project's terms (their config.json keys are in
-hf_config.py).
-
-Both directions live here, next to each other, so that import and export cannot drift apart. Tensors
-map 1:1 except BLOOM's fused `query_key_value`, whose rows are interleaved per head
-([q_0, k_0, v_0, q_1, k_1, v_1, ...], each head_dim rows), which the project keeps as separate q, k, v.
+Both directions of the config keys and the tensor names live here, next to each other, so that import and export
+cannot drift apart. Tensors map 1:1 except BLOOM's fused `query_key_value`, whose rows are interleaved per head
+([q_0, k_0, v_0, q_1, k_1, v_1, ...], each head_dim rows), which the project keeps as separate q, k, v: the two
+reshapes need torch and live together in hf_import.py (`split_bloom_fused`, `fuse_bloom`).
 """
 
 from __future__ import annotations

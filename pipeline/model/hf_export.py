@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from pipeline.model.config import ModelConfig
 from pipeline.model.hf_config import (CONFIG_FILE, CheckpointError, architecture_for, config_to_hf,
                                       hf_tensor_name)
-from pipeline.model.hf_import import INDEX_FILE, SINGLE_FILE
+from pipeline.model.hf_import import INDEX_FILE, SINGLE_FILE, fuse_bloom
 from pipeline.model.model_tensors import ModelTensors, ModuleTensors, model_shapes
 from pipeline.model.transformer import VOCAB_TENSORS, Transformer
 from pipeline.tensor_files import TensorFileWriter, dtype_name
@@ -166,7 +166,3 @@ def _write_bare_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
 
 def _write_json(path: Path, content: dict) -> None:
     path.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def fuse_bloom(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> torch.Tensor:
-    return torch.stack([t.reshape(num_heads, -1, *t.shape[1:]) for t in (q, k, v)], dim=1).reshape(-1, *q.shape[1:])

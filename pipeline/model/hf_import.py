@@ -142,3 +142,8 @@ def split_bloom_fused(fused: torch.Tensor, num_heads: int) -> list[torch.Tensor]
     """BLOOM's (3 * hidden, ...) query_key_value -> [q, k, v], each (hidden, ...)."""
     per_head = fused.reshape(num_heads, 3, -1, *fused.shape[1:])
     return [per_head[:, part].reshape(-1, *fused.shape[1:]) for part in range(3)]
+
+
+def fuse_bloom(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[q, k, v] -> BLOOM's query_key_value: split_bloom_fused undone (export)."""
+    return torch.stack([t.reshape(num_heads, -1, *t.shape[1:]) for t in (q, k, v)], dim=1).reshape(-1, *q.shape[1:])

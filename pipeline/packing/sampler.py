@@ -7,13 +7,13 @@
         checkpoint["data"] = sampler.state_dict()   # small JSON-able dict: the next step and the consumption
     sampler.load_state_dict(checkpoint["data"])     # the identical stream from there, with any `world`
 
-The stream. Each source of the plan is an endless stream of its documents (pipeline/packing/sampler.py):
+The stream. Each source of the plan is an endless stream of its documents (`SourceStream` below):
 per pass of the plan each document is read as many times as its epochs say (floor or ceil for a
 fractional part), in a seeded order, each ending with EOS. A source's stream is cut into consecutive
 windows of `seq_len + 1` tokens that overlap by one (window j starts at token j * seq_len), so inputs
 and labels are the window shifted by one and no token is skipped or padded: documents run across
 window edges, as in Megatron's GPT dataset and torchtitan. The sources are interleaved window by window
-in proportion to their tokens per pass (pipeline/packing/sampler.py), so every global batch follows the
+in proportion to their tokens per pass (`Blend` below), so every global batch follows the
 plan's weights and all sources end their pass together. Global batch `step` is sequences
 `step * global_batch_size ...` of that stream; data-parallel rank r of `world` takes the r-th
 contiguous slice. The stream depends only on the pack folder, `seed` and `seq_len` (the batch size only

@@ -10,7 +10,7 @@ is involved: every argument goes to srun or Python as it is.
 
 Bounded collectives: a collective of the training ranks that waits longer than `parallel.collective_timeout_s`
 fails with an error naming the rank and the operation, instead of holding every rank (and the Slurm allocation)
-forever; the launcher then stops the other ranks (pipeline/parallel/ranks.py).
+forever; the launcher then stops the other ranks.
 
 `bound_collectives` runs in each rank before its process group starts, and returns the timeout to start it with:
 - `init_process_group(timeout=...)` bounds the world group only. A group made later by `new_group` without a

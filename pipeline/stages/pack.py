@@ -8,7 +8,7 @@ weights are derived again. A source the estimated plan gave no tokens is tokeniz
 plan gives it some. Repetition is an index, never a copy: `repeats.npy` says how many times each
 document is read per pass (pipeline/packing/packed.py), so the packed size is the unique tokens
 x 2 (or 4) bytes whatever the epochs. `packed.json` records the exact plan next to the estimates and
-is what `pipeline.packing.PackedSampler` reads.
+is what `pipeline.packing.sampler.PackedSampler` reads.
 """
 
 from __future__ import annotations

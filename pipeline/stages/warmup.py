@@ -48,7 +48,7 @@ def run_warmup(run: StageRun) -> dict:
              "tokens, warmup.train.eval_tokens; stage=evaluate scores up to eval.max_bytes of the same text)",
              run.lang, report["heldout_bpb_before"], cfg.warmup.init, report["heldout_bpb_after"], report["steps"],
              f"{report['heldout_scored']['tokens']:,}")
-    return {key: value for key, value in report.items() if key != "sampler"}
+    return report
 
 
 STAGE = Stage(

@@ -2,7 +2,7 @@
 
 Every stage reads only its own tensors from the shared file; after training, the first data-parallel
 replica of each stage writes its part and rank 0 joins the parts into one file, copying their bytes. The result
-loads into `pipeline.model.Transformer` as it is.
+loads into `pipeline.model.transformer.Transformer` as it is.
 
 Under tensor parallelism a rank reads only its shard of each stored tensor, and saving gathers the full tensors
 over the tensor-parallel group one at a time; its rank 0 writes the stage's part as they come.

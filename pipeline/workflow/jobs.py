@@ -143,7 +143,7 @@ def work_dir_override(work_dir: Path) -> str:
 
 def python_command(workflow, container: str | None, gpu: bool) -> list[str]:
     """The Python a job runs its stage with: in the container for CPU stages (training stages run the
-    container around each rank instead, through srun: pipeline/parallel/ranks.py)."""
+    container around each rank instead, in its srun command: pipeline/slurm.py)."""
     python = shlex.split(workflow.python) if workflow.python else [sys.executable]
     return python if gpu or not container else [*shlex.split(container), *python]
 
@@ -164,7 +164,7 @@ class GpuLayout:
 
 def gpu_layout(cluster, parallel) -> GpuLayout:
     """One rank per GPU: whole nodes of `gpus_per_node` ranks, or one node with fewer."""
-    world = parallel.tp * parallel.pp * parallel.dp
+    world = parallel.world_size
     per_node = cluster.gpus_per_node
     if per_node == 0:
         return GpuLayout(nodes=1, tasks_per_node=world, gpus_per_node=0)

@@ -65,13 +65,13 @@ def observe(configs: dict, stages: tuple[str, ...], tasks: dict[tuple[str, str],
         previous: Optional[Cell] = None
         for stage in stages:
             task = tasks.get((code, stage))
-            slurm = states.get((task.job_id, task.index)) if task else None
+            queue = states.get((task.job_id, task.index)) if task else None
             done = (previous is None or previous.status == DONE) and is_current(STAGES[stage], cfg)
             # Slurm flags a task whose predecessor failed only when it next looks at it (and forgets a cancelled
             # pending task at once): a queued task whose predecessor will not run is as good as dead.
-            stuck = slurm is not None and (slurm.stuck or slurm.queued and previous is not None and
+            stuck = queue is not None and (queue.stuck or queue.queued and previous is not None and
                                            not (previous.status == DONE or previous.active))
-            previous = cells[code, stage] = Cell(_status(done, task, slurm, stuck), task, slurm, stuck)
+            previous = cells[code, stage] = Cell(_status(done, task, queue, stuck), task, queue, stuck)
     return cells
 
 
