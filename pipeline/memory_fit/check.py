@@ -13,7 +13,7 @@ from pipeline.errors import StageError
 from pipeline.memory_fit.devices import GIB, resolve_device
 from pipeline.memory_fit.layout import Layout
 from pipeline.memory_fit.plan import Plan, make_plan, numerics_for, smallest_fitting
-from pipeline.model.config import ModelConfig, parameter_count, training_seq_len
+from pipeline.model.config import ModelConfig, parameter_count, training_seq_len, uneven_for_tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def _refuse_what_cannot_run(model: ModelConfig, tp: int, pp: int, seq_len: int, 
         raise LayoutError(f"{source}, longer than the model's attention window (model.sliding_window="
                           f"{model.sliding_window}), which the attention kernels do not implement: set "
                           f"train.seq_len={model.sliding_window} or less.")
-    uneven = [key for key in ("num_heads", "num_kv_heads", "ffn_size") if getattr(model, key) % tp]
+    uneven = uneven_for_tensor_parallel(model, tp)
     if uneven:
         raise LayoutError(f"parallel.tp={tp} does not divide the model's {', '.join(uneven)} "
                           f"({', '.join(str(getattr(model, key)) for key in uneven)}): tensor parallelism gives each "

@@ -12,7 +12,7 @@ from typing import Optional
 from pipeline.memory_fit.devices import Device
 from pipeline.memory_fit.layout import Layout
 from pipeline.memory_fit.memory import Numerics, StageMemory, stage_memory
-from pipeline.model.config import ModelConfig
+from pipeline.model.config import ModelConfig, uneven_for_tensor_parallel
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,7 @@ def tensor_parallel_choices(model: ModelConfig, device: Device) -> list[int]:
     """tp values that cut the heads, key/value heads and FFN evenly and, on GPUs, tile a node (a tensor-parallel
     group never straddles two nodes)."""
     return [tp for tp in range(1, model.num_kv_heads + 1)
-            if not (model.num_heads % tp or model.num_kv_heads % tp or model.ffn_size % tp)
-            and (not device.accelerator or device.per_node % tp == 0)]
+            if not uneven_for_tensor_parallel(model, tp) and (not device.accelerator or device.per_node % tp == 0)]
 
 
 def _fits(plan: Plan, layout: Layout) -> bool:

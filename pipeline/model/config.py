@@ -99,6 +99,12 @@ def training_seq_len(model: ModelConfig, seq_len: Optional[int]) -> int:
     return min(model.max_seq_len, model.sliding_window or model.max_seq_len, DEFAULT_TRAINING_SEQ_LEN)
 
 
+def uneven_for_tensor_parallel(model: ModelConfig, tp: int) -> list[str]:
+    """The sizes that tensor parallelism cuts into `tp` equal parts (query heads, key/value heads, feed-forward
+    width) and `tp` does not divide."""
+    return [key for key in ("num_heads", "num_kv_heads", "ffn_size") if getattr(model, key) % tp]
+
+
 def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     """Checks that types alone cannot express; each error names the key and what is allowed."""
     for key, value, allowed in (("position", model.position, POSITIONS), ("norm", model.norm, NORMS),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.errors import ConfigError
-from pipeline.model.config import ModelConfig
+from pipeline.model.config import ModelConfig, uneven_for_tensor_parallel
 
 
 @dataclass
@@ -43,10 +43,9 @@ def validate_parallel(parallel: ParallelConfig) -> None:
 
 def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
     """Refuse a model whose query heads, key/value heads or feed-forward width do not split into `tp` equal parts."""
-    for key in ("num_heads", "num_kv_heads", "ffn_size"):
+    for key in uneven_for_tensor_parallel(model, tp)[:1]:
         value = getattr(model, key)
-        if value % tp:
-            why = " (multi-query attention has a single key/value head)" if key == "num_kv_heads" and value == 1 else ""
-            raise ConfigError(f"model.{key}", value, [
-                f"a multiple of parallel.tp={tp}: tensor parallelism gives each rank an equal share of it{why}; "
-                f"choose a parallel.tp that divides model.{key}={value}"])
+        why = " (multi-query attention has a single key/value head)" if key == "num_kv_heads" and value == 1 else ""
+        raise ConfigError(f"model.{key}", value, [
+            f"a multiple of parallel.tp={tp}: tensor parallelism gives each rank an equal share of it{why}; "
+            f"choose a parallel.tp that divides model.{key}={value}"])

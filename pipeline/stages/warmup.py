@@ -19,7 +19,7 @@ from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, portable_path
 from pipeline.errors import StageError
 from pipeline.model.files import base_identity
-from pipeline.training.run import prepare_training, train_stage
+from pipeline.training.run import SCRATCH, prepare_training, train_stage
 from pipeline.warmstart.initialise import warm_start, warmup_trainable
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def run_warmup(run: StageRun) -> dict:
                                 trainable=warmup_trainable(cfg.warmup.train_head, cfg.warmup.train_norms,
                                                            cfg.warmup.train_embedding_norm, cfg.model.num_layers))
     start, transfer = warm_start(cfg.model, cfg.warmup, training.tokenizer_dir, training.tokenizer,
-                                 run.input("clean"), run.lang, run.work_dir / "scratch")
+                                 run.input("clean"), run.lang, run.work_dir / SCRATCH / "transfer")
     # Where the base is, relative to the work folder when inside it: stage=evaluate scores it too.
     report = train_stage(training, start, cfg.cluster, cfg.export,
                          about={"base": portable_path(cfg, cfg.model.base), "init": cfg.warmup.init, "rows": transfer})

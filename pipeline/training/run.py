@@ -118,7 +118,8 @@ def export_trained(folder: Path, tokenizer_dir: Path, max_shard_bytes: int) -> N
                           "done. Lower the learning rate or check the data and the starting model, then run again.")
 
 
-# Where the launching process unpacks the clean stage's held-out shards while it reads them.
+# Where the launching process unpacks the clean stage's shards while it reads them: a subfolder for the held-out
+# text and one for warmup's transfer text, removed once the held-out rows are written.
 SCRATCH = "scratch"
 
 
@@ -148,7 +149,7 @@ def prepare_training(run: StageRun, train: TrainConfig, *, prefix: str = "train"
                       parallel=cfg.parallel, kernels=cfg.kernels, trainable=trainable, resume=resume)
     tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
     heldout = clean_output(run.lang, run.input("clean"), split="heldout")
-    texts = (document.text for document in read_documents(heldout, run.work_dir / SCRATCH))
+    texts = (document.text for document in read_documents(heldout, run.work_dir / SCRATCH / "heldout"))
     return StageTraining(job, packed, run.input("tokenizer"), tokenizer, run.input_file("tokenizer", TOKENIZER_FILE),
                          texts)
 
