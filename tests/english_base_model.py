@@ -1,6 +1,6 @@
 """A small English base model for the warm-start tests: its own byte-level BPE tokenizer and a tiny
-transformer trained for 300 steps (a few seconds) on the embedded English text, saved as a Hugging Face
-folder (what a user's `model.base` is)."""
+transformer trained for 300 steps (one to two minutes on one core; built once per test session) on the embedded
+English text, saved as a Hugging Face folder (what a user's `model.base` is)."""
 
 from __future__ import annotations
 
