@@ -18,8 +18,6 @@ at the row's end), numbered 0, 1, ... as the packer does:
 Their TFLOP/s count the pairs that a document mask keeps (2 * 2 * D per pair, times 3.5 for forward+backward), so
 `sdpa dense`'s figure is the time it spends, not its own FLOP rate.
 
-A third packed method, `ours per-score`, is ours with the dK/dV kernel masking every score of the document range
-(AttentionConfigs.row_masks=False, the kernel before per-query masks): the A/B of that change on the same rows.
 Under CUDA graphs ours resolves its block ranges in every call (a model resolves them once per batch for all its
 layers; `--profile` shows what those launches cost).
 
@@ -39,8 +37,8 @@ gradients). Each table ends in the ratios ours/flex and ours/sdpa (above 1: ours
 our kernels the TFLOP/s on the pairs the mask keeps (forward 4, dQ 6, dK/dV 8 FLOPs x D per pair: the matrix
 products each kernel runs). Block statistics (computed on the CPU from the segment ids and the tiles of the launch
 table, `--arch`, default the GPU's or sm90): for each kernel's tiling, the tiles of the causal triangle whose pairs
-are all masked, partly masked or all visible, and the tiles each kernel runs without a mask, with a per-query mask
-or with a per-score mask, those it runs that hold no visible pair, and the pairs it computes per visible pair;
+are all masked, partly masked or all visible, and the tiles each kernel runs without a mask or with one, those it
+runs that hold no visible pair, and the pairs it computes per visible pair;
 the same for FlexAttention's 128 x 128 block mask (full blocks run without mask_mod, partial ones with it).
 """
 
@@ -64,7 +62,7 @@ SHAPES = [(4, 16, 2048, 128), (2, 16, 4096, 128), (1, 16, 8192, 128), (8, 32, 20
 PACKED_SHAPES = [(4, 16, 2048, 128), (2, 16, 4096, 128), (8, 32, 2048, 64), (4, 32, 4096, 64)]
 MEAN_DOCUMENT = 700
 METHODS = ("ours", "flex+alibi", "sdpa (no bias)", "sdpa+alibi mask")
-PACKED_METHODS = ("ours", "ours per-score", "flex+alibi+docs", "sdpa dense")
+PACKED_METHODS = ("ours", "flex+alibi+docs", "sdpa dense")
 FLEX_BLOCK = 128  # FlexAttention's BlockMask granularity (create_block_mask's default BLOCK_SIZE)
 
 
@@ -176,19 +174,10 @@ def bench_shape(batch: int, heads: int, seq: int, head_dim: int, profile_iterati
     return row
 
 
-def packed_methods(heads: int, seq: int, head_dim: int, slopes: torch.Tensor, documents: torch.Tensor) -> dict:
+def packed_methods(heads: int, seq: int, slopes: torch.Tensor, documents: torch.Tensor) -> dict:
     """name -> f(q, k, v) of the packed-rows methods."""
-    import dataclasses
-
-    from pipeline.kernels.attention import flash_attention as triton_attention
-    from pipeline.kernels.launch_configs import current_arch
-
-    per_score = dataclasses.replace(attention_configs(current_arch(documents.device), head_dim, has_segments=True),
-                                    row_masks=False)
     return {
         "ours": lambda q, k, v: flash_attention(q, k, v, causal=True, alibi_slopes=slopes, segment_ids=documents),
-        "ours per-score": lambda q, k, v: triton_attention(q, k, v, causal=True, alibi_slopes=slopes,
-                                                           segment_ids=documents, configs=per_score),
         **flex_methods(heads, seq, slopes, documents),
         "sdpa dense": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
@@ -198,22 +187,20 @@ def bench_packed(batch: int, heads: int, seq: int, head_dim: int, profile_iterat
                  arch: str = "sm90") -> dict:
     slopes = alibi_slopes(heads).cuda()
     documents = packed_segment_ids(batch, seq).cuda()
-    methods = packed_methods(heads, seq, head_dim, slopes, documents)
+    methods = packed_methods(heads, seq, slopes, documents)
     q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     grad_out = torch.randn_like(q)
     case = (batch, heads, seq, head_dim)
     row = {"shape": case, "documents": int(documents.max(1).values.sum() + batch),
-           "max_rel_err_vs_flex": max(check_against_flex({"ours": methods[name], "flex": methods["flex+alibi+docs"]},
-                                                         "flex", q, k, v, grad_out, case)
-                                      for name in ("ours", "ours per-score"))}
+           "max_rel_err_vs_flex": check_against_flex(methods, "flex+alibi+docs", q, k, v, grad_out, case)}
     flops = 4.0 * heads * head_dim * visible_pairs(documents)
     for name, attend in methods.items():
         forward_ms, both_ms = time_forward_and_backward(attend, q, k, v, grad_out, cuda_graph=True)
         row[name] = (flops / forward_ms / 1e9, 3.5 * flops / both_ms / 1e9, forward_ms, both_ms)
     if profile_iterations:
-        row["profile"] = profile_methods(methods, ("ours", "ours per-score", "flex+alibi+docs"), documents, q, k, v,
-                                         grad_out, profile_iterations, arch)
+        row["profile"] = profile_methods(methods, ("ours", "flex+alibi+docs"), documents, q, k, v, grad_out,
+                                         profile_iterations, arch)
     return row
 
 
@@ -233,15 +220,14 @@ def table(rows: list[dict]) -> str:
 def packed_table(rows: list[dict]) -> str:
     header = ("| B,H,S,D | documents | " + " | ".join(f"{m} fwd ms | {m} fwd+bwd ms" for m in PACKED_METHODS)
               + " | ours TFLOP/s fwd | ours TFLOP/s fwd+bwd | ours/flex fwd | ours/flex fwd+bwd | ours/sdpa dense fwd"
-                " | ours/sdpa dense fwd+bwd | ours/ours per-score fwd | ours/ours per-score fwd+bwd |")
-    lines = [header, "|" + "---|" * (2 + 2 * len(PACKED_METHODS) + 8)]
+                " | ours/sdpa dense fwd+bwd |")
+    lines = [header, "|" + "---|" * (2 + 2 * len(PACKED_METHODS) + 6)]
     for row in rows:
         cells = [",".join(map(str, row["shape"])), str(row["documents"])]
         cells += [f"{row[m][i]:.3f}" for m in PACKED_METHODS for i in (2, 3)]
         cells += [f"{row['ours'][i]:.0f}" for i in (0, 1)]
         cells += [f"{row['ours'][i] / row['flex+alibi+docs'][i]:.2f}" for i in (0, 1)]
         cells += [f"{row['ours'][i] / row['sdpa dense'][i]:.2f}" for i in (0, 1)]
-        cells += [f"{row['ours'][i] / row['ours per-score'][i]:.2f}" for i in (0, 1)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -294,14 +280,12 @@ def block_ranges(ids: torch.Tensor, outer: int, inner: int) -> torch.Tensor:
     return torch.tensor(result)
 
 
-def kernel_tiles(segment_ids: torch.Tensor, block_m: int, block_n: int, queries_outer: bool,
-                 row_masks: bool) -> dict:
-    """The tile pairs (block_m queries x block_n keys) a causal document-mask kernel of ours runs, by how it masks
-    them: the forward and dQ kernels (queries_outer) run their range's full run unmasked, its ends and the
-    diagonal per score; the dK/dV kernel runs the diagonal per score and its whole range per query (key block
-    inside one document, with row_masks) or per score."""
+def kernel_tiles(segment_ids: torch.Tensor, block_m: int, block_n: int, queries_outer: bool) -> dict:
+    """The tile pairs (block_m queries x block_n keys) a causal document-mask kernel of ours runs, by whether it
+    masks them (per score): the forward and dQ kernels (queries_outer) run their range's full run unmasked, its
+    ends and the diagonal masked; the dK/dV kernel masks the diagonal and its whole range."""
     counts, area = visible_per_tile(segment_ids, block_m, block_n)
-    run = {"unmasked": 0, "per-query mask": 0, "per-score mask": 0}
+    run = {"unmasked": 0, "masked": 0}
     empty = computed = 0
     seq = segment_ids.shape[1]
     for row, ids in enumerate(segment_ids.cpu()):
@@ -312,14 +296,10 @@ def kernel_tiles(segment_ids: torch.Tensor, block_m: int, block_n: int, queries_
             if queries_outer:
                 clip = lambda x: min(max(x, 0), anchor // inner)
                 lo, full_lo, full_hi, hi = (clip(x) for x in (lo, full_lo, full_hi, hi))
-                kinds = [("per-score mask", range(lo, full_lo)), ("unmasked", range(full_lo, full_hi)),
-                         ("per-score mask", range(full_hi, hi)), ("per-score mask", diagonal)]
+                kinds = [("masked", range(lo, full_lo)), ("unmasked", range(full_lo, full_hi)),
+                         ("masked", range(full_hi, hi)), ("masked", diagonal)]
             else:
-                region = diagonal.stop
-                keys = ids[anchor:anchor + outer]
-                one_document = row_masks and bool((keys == keys[0]).all())
-                kinds = [("per-score mask", diagonal),
-                         ("per-query mask" if one_document else "per-score mask", range(max(lo, region), hi))]
+                kinds = [("masked", diagonal), ("masked", range(max(lo, diagonal.stop), hi))]
             for kind, inners in kinds:
                 for other in inners:
                     q_tile, k_tile = (block, other) if queries_outer else (other, block)
@@ -340,14 +320,14 @@ def tile_classes(segment_ids: torch.Tensor, block_q: int, block_k: int) -> dict:
             "all visible": int((triangle & (counts == area)).sum())}
 
 
-def block_statistics(segment_ids: torch.Tensor, arch: str, head_dim: int, row_masks: bool = True) -> str:
+def block_statistics(segment_ids: torch.Tensor, arch: str, head_dim: int) -> str:
     """A markdown table of the tiles of each kernel of ours (launch table of `arch`) and of FlexAttention's
     block mask, for these rows; shares in percent of the causal tiles at that tiling."""
     configs = attention_configs(arch, head_dim, has_segments=True)
     pairs = visible_pairs(segment_ids)
     lines = ["| kernel | tile (q x k) | causal tiles | all masked % | partly masked % | all visible % | run unmasked % "
-             "| run per-query mask % | run per-score mask % | run with no visible pair % | computed / visible pairs |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| run masked % | run with no visible pair % | computed / visible pairs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def line(name, block_q, block_k, run):
         classes = tile_classes(segment_ids, block_q, block_k)
@@ -355,18 +335,18 @@ def block_statistics(segment_ids: torch.Tensor, arch: str, head_dim: int, row_ma
         share = lambda n: f"{100 * n / total:.1f}"
         lines.append(f"| {name} | {block_q} x {block_k} | {total} | {share(classes['all masked'])} | "
                      f"{share(classes['partly masked'])} | {share(classes['all visible'])} | "
-                     f"{share(run['unmasked'])} | {share(run['per-query mask'])} | {share(run['per-score mask'])} | "
+                     f"{share(run['unmasked'])} | {share(run['masked'])} | "
                      f"{share(run['run, no visible pair'])} | {run['computed pairs'] / pairs:.2f} |")
 
     for name, config, queries_outer in (("ours forward", configs.forward, True),
                                          ("ours dQ", configs.backward_q, True),
                                          ("ours dK/dV", configs.backward_kv, False)):
         line(name, config.block_m, config.block_n,
-             kernel_tiles(segment_ids, config.block_m, config.block_n, queries_outer, row_masks))
+             kernel_tiles(segment_ids, config.block_m, config.block_n, queries_outer))
     flex = tile_classes(segment_ids, FLEX_BLOCK, FLEX_BLOCK)
     counts, area = visible_per_tile(segment_ids, FLEX_BLOCK, FLEX_BLOCK)
     line("flex block mask", FLEX_BLOCK, FLEX_BLOCK,
-         {"unmasked": flex["all visible"], "per-query mask": 0, "per-score mask": flex["partly masked"],
+         {"unmasked": flex["all visible"], "masked": flex["partly masked"],
           "run, no visible pair": 0, "computed pairs": int(area[counts > 0].sum())})
     return "\n".join(lines)
 

@@ -27,12 +27,9 @@ where every pair does; the kernels loop over that range only. The ranges are res
 layer that gets the same `segment_ids` tensor (unchanged: its version counter) reuses the int32 ids and the
 ranges of the first (`_document_blocks`). The forward and dQ kernels apply the document mask to the partial
 blocks at the range's ends and nothing to the full ones; the dK/dV kernel masks its whole range (a split
-would spill, see there), but where its key block lies inside one document a query sees all of the block's
-keys or none, so it masks per query, one select on the query's LSE, instead of per score (the diagonal
-blocks and key blocks that span documents keep the per-score mask). The loops have no data-dependent branch,
-so Triton's software pipeliner streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around
-the tile's work, as this kernel had before, keeps the loads out of the pipeline (BENCHMARKS.md, packed
-rows); the dK/dV kernel's choice between the two masks is one branch per program around whole loops.
+would spill, see there). The loops have no data-dependent branch, so Triton's software pipeliner streams
+their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's work, as this kernel had
+before, keeps the loads out of the pipeline (BENCHMARKS.md, packed rows).
 """
 
 from __future__ import annotations
@@ -52,9 +49,6 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E): the kernels work in the 
 # garbage that the next real maximum rescales to exactly 0 (no inf - inf = NaN); the backward subtracts
 # a finite LSE from it and gets exp2(-1e30) = 0.
 MASKED = tl.constexpr(-1.0e30)
-# A row's LSE where a whole tile row is masked at once (the dK/dV kernel's per-query document mask): scores minus
-# it are -1e30 and exp2 gives exactly 0, as for MASKED scores.
-UNSEEN = tl.constexpr(1.0e30)
 INT32_MAX = tl.constexpr(2147483647)
 INT32_MIN = tl.constexpr(-2147483648)
 
@@ -301,28 +295,23 @@ def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr,
 @triton.jit
 def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_ptr, delta_ptr,
                               seg_row_ptr, seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len,
-                              head_dim, lo, hi, block_segment,
+                              head_dim, lo, hi,
                               BLOCK_M: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                              CHECK_QUERIES: tl.constexpr, SEGMENT_MASK: tl.constexpr, ROW_MASK: tl.constexpr,
-                              CHECK_D: tl.constexpr):
-    """dK, dV of one key block from the query blocks [lo, hi) of one query head (keys x queries). With ROW_MASK
-    the key block lies in one document, `block_segment`: a query sees all of its keys or none, so the document
-    mask is one select per query on the LSE (UNSEEN: p = 0) instead of one per score."""
+                              CHECK_QUERIES: tl.constexpr, SEGMENT_MASK: tl.constexpr, CHECK_D: tl.constexpr):
+    """dK, dV of one key block from the query blocks [lo, hi) of one query head (keys x queries)."""
     for start_m in tl.range(lo, hi, BLOCK_M):
         queries = start_m + offs_m
         seg_q = queries
-        if SEGMENT_MASK or ROW_MASK:
+        if SEGMENT_MASK:
             seg_q = tl.load(seg_row_ptr + queries, mask=queries < seq_len, other=-1)
         q = _load_tile(q_ptrs + start_m * stride_qs, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
         lse = _load_rows(lse_ptr + queries, queries, seq_len, CHECK_QUERIES)
         delta = _load_rows(delta_ptr + queries, queries, seq_len, CHECK_QUERIES)
         if HAS_ALIBI:  # into this kernel's frame, anchored at the key block
             lse = lse + alibi_slope2 * (queries - anchor).to(tl.float32)
-        if ROW_MASK:
-            lse = tl.where(seg_q == block_segment, lse, UNSEEN)
         scores_t = _masked_scores(k, q, offs_n, queries, seg_k, seg_q, alibi_slope2, anchor, qk_scale, seq_len,
                                   QUERIES_FIRST=False, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL_MASK,
-                                  CHECK_B=CHECK_QUERIES, SEGMENT_MASK=SEGMENT_MASK and not ROW_MASK)
+                                  CHECK_B=CHECK_QUERIES, SEGMENT_MASK=SEGMENT_MASK)
         p_t = tl.math.exp2(scores_t - lse[None, :])
         do = _load_tile(do_ptrs + start_m * stride_dos, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
@@ -341,7 +330,7 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
                            heads, kv_heads, group, seq_len, head_dim, qk_scale, sm_scale,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                            CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
-                           CHECK_SEQ: tl.constexpr, CHECK_D: tl.constexpr, ROW_MASKS: tl.constexpr):
+                           CHECK_SEQ: tl.constexpr, CHECK_D: tl.constexpr):
     block = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
     batch = batch_kv_head // kv_heads
@@ -361,16 +350,6 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
     region_lo = diagonal_end if CAUSAL else 0
     lo, _, _, hi, seg_k = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_n, seq_len, region_lo, seq_len,
                                          HAS_SEGMENTS=HAS_SEGMENTS)
-    # Most key blocks of packed rows lie inside one document (all but about one in mean length / BLOCK_N): those
-    # mask per query, the others per score. One branch per program, around whole loops, so that each loop stays
-    # free of data-dependent branches (and software-pipelined).
-    block_segment = 0
-    one_document = False
-    if HAS_SEGMENTS:
-        if ROW_MASKS:
-            keys_valid = offs_n < seq_len
-            block_segment = tl.min(tl.where(keys_valid, seg_k, INT32_MAX), 0)
-            one_document = block_segment == tl.max(tl.where(keys_valid, seg_k, INT32_MIN), 0)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -388,23 +367,15 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
             dk, dv = _backward_kv_query_blocks(
                 dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr,
                 seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, anchor,
-                diagonal_end, block_segment, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True,
-                CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=HAS_SEGMENTS, ROW_MASK=False, CHECK_D=CHECK_D)
+                diagonal_end, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True, CHECK_QUERIES=CHECK_SEQ,
+                SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
         # Not split into partial and full blocks like the forward: the dK/dV program already holds K, V, dK and dV
-        # of its keys, and the extra loops would spill on sm90; every block of the document range is masked, per
-        # query where the key block lies inside one document, else per score.
-        if one_document:
-            dk, dv = _backward_kv_query_blocks(
-                dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr,
-                seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
-                block_segment, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_QUERIES=CHECK_SEQ,
-                SEGMENT_MASK=HAS_SEGMENTS, ROW_MASK=True, CHECK_D=CHECK_D)
-        else:
-            dk, dv = _backward_kv_query_blocks(
-                dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr,
-                seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
-                block_segment, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_QUERIES=CHECK_SEQ,
-                SEGMENT_MASK=HAS_SEGMENTS, ROW_MASK=False, CHECK_D=CHECK_D)
+        # of its keys, and the extra loops would spill on sm90; every block of the document range is masked.
+        dk, dv = _backward_kv_query_blocks(
+            dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr, seg_k,
+            offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
+            BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_QUERIES=CHECK_SEQ,
+            SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
 
     dk = dk * sm_scale
     _store_tile(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
@@ -668,8 +639,7 @@ class _FlashAttention(torch.autograd.Function):
             v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), segments.stride(0),
             heads, kv_heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROW_MASKS=configs.row_masks, **flags,
-            **cfg.launch_options(arch))
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
         return dq, dk, dv, None, None, None, None, None
 
 

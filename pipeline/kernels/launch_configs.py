@@ -53,10 +53,6 @@ class AttentionConfigs:
     # With document masks (segment ids) the kernels are another specialisation with more live registers; where
     # the dense tiles would spill there, `documents` holds the ones to use instead.
     documents: Optional[AttentionConfigs] = None
-    # With document masks, the dK/dV kernel masks a key block that lies inside one document per query (one select
-    # on each query's LSE) instead of per score; False masks every score (bench/attention.py --row-masks-ab times
-    # both).
-    row_masks: bool = True
 
     def specialised(self, has_segments: bool) -> AttentionConfigs:
         """The configurations of the dense or the document-mask specialisation."""

@@ -77,31 +77,6 @@ def test_attention_matches_reference_in_bf16(batch, heads, kv_heads, seq, head_d
     compare_with_reference(flash_attention, [q, k, v], causal=causal, alibi_slopes=slopes, segment_ids=segment_ids)
 
 
-@pytest.mark.parametrize("head_dim", [128, 64])
-def test_row_masks_equal_element_wise_masks(head_dim):
-    """The dK/dV kernel's per-query document mask gives the gradients of the per-score one (bf16, packed rows)."""
-    import dataclasses
-
-    from pipeline.kernels.attention import flash_attention as triton_attention
-    from pipeline.kernels.launch_configs import attention_configs, current_arch
-
-    torch.manual_seed(head_dim)
-    q, k, v = (torch.randn(4, 8, 2048, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
-    grad_out = torch.randn_like(q)
-    slopes = torch.rand(8, device="cuda") * 0.3
-    segment_ids = packed_rows(4, 2048).cuda()
-    configs = attention_configs(current_arch(q.device), head_dim, has_segments=True)
-    grads = []
-    for row_masks in (True, False):
-        out = triton_attention(q, k, v, alibi_slopes=slopes, segment_ids=segment_ids,
-                               configs=dataclasses.replace(configs, row_masks=row_masks))
-        grads.append(torch.autograd.grad(out, (q, k, v), grad_out))
-    for name, with_rows, per_score in zip(("dq", "dk", "dv"), *grads):
-        error = relative_error(with_rows, per_score)
-        assert error < 1e-3, f"{name}: relative error {error:.2e}"
-
-
 @pytest.mark.parametrize("shape", [(4, 1000, 4096), (3000, 5120), (77, 8191)])
 def test_norms_match_reference_in_bf16(shape):
     torch.manual_seed(shape[-1])

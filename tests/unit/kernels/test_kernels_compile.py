@@ -105,10 +105,8 @@ def test_attention_configs_compile_to_matrix_instructions_without_spills(arch, h
         queries_outer = name != "backward_kv"
         outer, inner = (config.block_m, config.block_n) if queries_outer else (config.block_n, config.block_m)
         assert outer % inner == 0, f"{arch} D={head_dim} {name}: causal blocks need {outer} divisible by {inner}"
-        constexprs = {**flags, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
-        if name == "backward_kv":
-            constexprs["ROW_MASKS"] = configs.row_masks
-        result = build(kernel, constexprs, arch, config.launch_options(arch), tmp_path)
+        result = build(kernel, {**flags, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}, arch,
+                       config.launch_options(arch), tmp_path)
         what = f"attention {name} D={head_dim}{' with documents' if documents else ''} {config}"
         check(result, arch, True, what)
 

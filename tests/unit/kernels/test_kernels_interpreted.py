@@ -11,7 +11,6 @@ only: the interpreter mishandles bfloat16 (tests/gpu/test_kernels_gpu.py checks 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -188,29 +187,6 @@ def check_attention_document_layouts(interpreted, layout, causal, kv_heads, dtyp
     k, v = (torch.randn(2, kv_heads, seq, head_dim, dtype=dtype) for _ in range(2))
     compare_with_reference(kernels.flash_attention, reference.attention, [q, k, v], dtype, causal=causal,
                            alibi_slopes=torch.tensor([0.3, 0.05]), segment_ids=LAYOUTS[layout](seq))
-
-
-def check_row_masks_equal_element_wise_masks(interpreted):
-    """The dK/dV kernel's per-query document mask (key blocks inside one document) gives what the per-score mask
-    gives; the layout has key blocks of both kinds."""
-    attention = interpreted["attention"]
-    seq = 150
-    segment_ids = LAYOUTS["one and many"](seq)
-    configs = ATTENTION["default"][64]
-    keys = configs.backward_kv.block_n
-    blocks = torch.nn.functional.pad(segment_ids, (0, -seq % keys), value=-1).unflatten(1, (-1, keys))
-    one_document = [len(set(block[block >= 0].tolist())) == 1 for row in blocks for block in row]
-    assert any(one_document) and not all(one_document)
-    torch.manual_seed(3)
-    q, k, v = (torch.randn(2, 1, seq, 16, requires_grad=True) for _ in range(3))
-    grad_out = torch.randn(2, 1, seq, 16)
-    results = []
-    for row_masks in (True, False):
-        out = attention.flash_attention(q, k, v, alibi_slopes=torch.tensor([0.3]), segment_ids=segment_ids,
-                                        configs=dataclasses.replace(configs, row_masks=row_masks))
-        results.append([out, *torch.autograd.grad(out, (q, k, v), grad_out)])
-    for name, with_rows, per_score in zip(("output", "dq", "dk", "dv"), *results):
-        assert torch.allclose(with_rows, per_score, rtol=1e-6, atol=1e-6), name
 
 
 def check_document_blocks_are_resolved_once_per_batch(interpreted, monkeypatch):
