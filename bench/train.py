@@ -582,6 +582,11 @@ def main() -> None:
     devices = max(gpus, 1)  # on a CPU: one process per run
     layouts = args.layouts.split(",") if args.layouts else default_layouts(gpus)
     micros = [int(m) for m in args.micro_batches.split(",")]
+    per_step = {(layout, micro): micro * parse_layout(layout)[2] for layout in layouts for micro in micros}
+    uneven = [f"{layout} at micro {micro}" for (layout, micro), size in per_step.items() if args.agree_batch % size]
+    if uneven:  # else DeepSpeed fails in every rank with "Gradient accumulation steps: 0"
+        sys.exit(f"--agree-batch {args.agree_batch} is not a multiple of micro-batch x dp for {', '.join(uneven)}: "
+                 f"use a multiple of {math.lcm(*per_step.values())}.")
     if args.log_dir:
         Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     results, failures, shapes = [], [], []
