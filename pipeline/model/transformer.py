@@ -116,10 +116,12 @@ class Embedding(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        # an uninitialised matrix: Transformer.reset_parameters draws it (nn.Embedding's own normal_ would be drawn
-        # for nothing, and on the meta device it imports torch._dynamo: 3 s)
-        self.tokens = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size,
-                                   _weight=torch.empty(cfg.padded_vocab_size, cfg.hidden_size))
+        # nn.Embedding's own Normal(0, 1) init, except on the meta device (model_shapes), where torch's normal_
+        # imports torch._dynamo (3 s) to draw nothing
+        weight = torch.empty(cfg.padded_vocab_size, cfg.hidden_size)
+        if not weight.is_meta:
+            nn.init.normal_(weight)
+        self.tokens = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size, _weight=weight)
         self.norm = make_norm(cfg) if cfg.embedding_norm else None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
