@@ -43,7 +43,9 @@ def validate_parallel(parallel: ParallelConfig) -> None:
 
 def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
     """Refuse a model whose query heads, key/value heads or feed-forward width do not split into `tp` equal parts."""
-    for key in uneven_for_tensor_parallel(model, tp)[:1]:
+    uneven = uneven_for_tensor_parallel(model, tp)
+    if uneven:
+        key = uneven[0]
         value = getattr(model, key)
         why = " (multi-query attention has a single key/value head)" if key == "num_kv_heads" and value == 1 else ""
         raise ConfigError(f"model.{key}", value, [

@@ -180,7 +180,9 @@ def _train_skipgram(corpus: Path, out: Path) -> tuple[list[str], np.ndarray]:
         raise StageError(f"fastText's training of the focus vectors failed (exit {done.returncode}) on {corpus}:\n"
                          f"{done.stderr[-2000:]}\nwarmup.init=mean needs no vectors.")
     with np.load(out, allow_pickle=False) as saved:
-        return saved["words"].tolist(), saved["vectors"]
+        words, vectors = saved["words"].tolist(), saved["vectors"]
+    out.unlink()
+    return words, vectors
 
 
 def fasttext_vectors(sequences: list[np.ndarray], tokenizer: Tokenizer, scratch: Path) -> TokenVectors:
