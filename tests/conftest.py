@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -59,12 +65,69 @@ def cli_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": repo_pythonpath(), "HYDRA_FULL_ERROR": "1"}
 
 
+# The environment the CLI server starts with (tests/cli_server.py): a command whose environment differs in more
+# than pytest's per-test variable gets a process of its own (the server's modules read some of it on import).
+SERVER_ENV = cli_env()
+PER_TEST_VARIABLES = {"PYTEST_CURRENT_TEST"}
+_server: dict[str, object] = {}
+_server_lock = threading.Lock()
+
+
+def _server_socket() -> str:
+    """The socket of this process's CLI server, started on first use (it imports for a few seconds)."""
+    with _server_lock:
+        if not _server:
+            folder = tempfile.mkdtemp(prefix="pipeline-cli-")
+            path = os.path.join(folder, "socket")
+            process = subprocess.Popen([sys.executable, "-m", "tests.cli_server", path], cwd=REPO, env=SERVER_ENV)
+            atexit.register(lambda: (process.kill(), process.wait(), shutil.rmtree(folder, ignore_errors=True)))
+            deadline = time.time() + 300
+            while not os.path.exists(path):
+                if process.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"the CLI server (tests/cli_server.py) did not start: exit code "
+                                       f"{process.poll()}; run `python -m tests.cli_server /tmp/s` to see why, or "
+                                       f"set PIPELINE_TESTS_FORK=0 to start every command as a process")
+                time.sleep(0.05)
+            _server["path"] = path
+        return str(_server["path"])
+
+
+def _forkable(env: dict[str, str]) -> bool:
+    if os.environ.get("PIPELINE_TESTS_FORK", "1") == "0":
+        return False
+    keys = (set(env) | set(SERVER_ENV)) - PER_TEST_VARIABLES
+    return all(env.get(key) == SERVER_ENV.get(key) for key in keys)
+
+
+def _run_forked(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as folder:
+        stdout, stderr = Path(folder, "stdout"), Path(folder, "stderr")
+        stdout.touch()
+        stderr.touch()
+        request = {"argv": command[3:], "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr)}
+        with socket.socket(socket.AF_UNIX) as connection:
+            connection.connect(_server_socket())
+            connection.sendall(json.dumps(request).encode() + b"\n")
+            replies = connection.makefile("r", encoding="utf-8")
+            pid = json.loads(replies.readline())["pid"]
+            connection.settimeout(timeout)
+            try:
+                code = json.loads(replies.readline())["code"]
+            except TimeoutError:
+                os.killpg(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(command, timeout) from None
+        return subprocess.CompletedProcess(command, code, stdout.read_text(encoding="utf-8"),
+                                           stderr.read_text(encoding="utf-8"))
+
+
 def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    """`python -m pipeline <overrides>` in `cwd`, as a user would type it."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline", *overrides], cwd=cwd, env=cli_env(), capture_output=True, text=True,
-        timeout=900,
-    )
+    """`python -m pipeline <overrides>` in `cwd`, as a user would type it: forked from the CLI server
+    (tests/cli_server.py) where the environment allows, else as a process of its own."""
+    command, env = [sys.executable, "-m", "pipeline", *overrides], cli_env()
+    if _forkable(env):
+        result = _run_forked(command, cwd, env, timeout=900)
+    else:
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     if check and result.returncode != 0:
         raise AssertionError(f"pipeline {' '.join(overrides)} failed ({result.returncode}):\n"
                              f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
