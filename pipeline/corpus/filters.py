@@ -193,6 +193,25 @@ class CliticWordTokenizer(RegexWordTokenizer):
     pattern = _WORD_OR_CLITIC
 
 
+# Scripts written without spaces between words: MinHash needs the language's word tokenizer there.
+SCRIPTS_WITHOUT_SPACES = frozenset({"Hans", "Hant", "Jpan", "Thai", "Mymr", "Khmr", "Laoo", "Tibt"})
+
+
+class SpaceSplitTokenizer(WhitespaceTokenizer):
+    """Words between whitespace: MinHash's words where the script has spaces. Its shingles are of simplified text
+    (lower case, no punctuation, numbers normalised), in which the language's tokenizer finds the same words (99%
+    of the Norwegian sample's documents identical, the rest differing in a digit and its unit) at 100x the time:
+    spaCy's tokenization of it was half of `clean`."""
+
+    def word_tokenize(self, text: str) -> list[str]:
+        return text.split()
+
+
+def minhash_word_tokenizer(lang, tokenizer):
+    """What MinHash splits simplified text with: whitespace, or `tokenizer` for a script without spaces."""
+    return tokenizer if lang.script in SCRIPTS_WITHOUT_SPACES else SpaceSplitTokenizer()
+
+
 def resolve_word_tokenizer(lang):
     """The language's datatrove word tokenizer, or a regex fallback when it cannot load offline (its package, spaCy
     included, missing).

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from pipeline.contract import StageRun
 from pipeline.corpus.config import heldout_source_patterns
-from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
+from pipeline.corpus.filters import (DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id,
+                                     minhash_word_tokenizer)
 from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, top_up_heldout
 from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader
 from pipeline.corpus.report import count, markdown, step_key, summed_stats
@@ -149,12 +150,12 @@ def build_phases(run: StageRun, tasks: int, tokenizer,
     if not clean.dedup.enabled:
         return [(FILTER_PHASE, filtering + _split_and_write(run), tasks)]
 
-    minhash = _minhash_config(clean)
+    minhash, words = _minhash_config(clean), minhash_word_tokenizer(run.cfg.lang, tokenizer)
     signatures, buckets, clusters = (str(work / "minhash" / part) for part in ("signatures", "buckets", "clusters"))
     return [
         (FILTER_PHASE, filtering + [
             JsonlWriter(str(work / "filtered")),
-            MinhashDedupSignature(signatures, config=minhash, language=tokenizer),
+            MinhashDedupSignature(signatures, config=minhash, language=words),
         ], tasks),
         (BUCKETS_PHASE, [MinhashDedupBuckets(signatures, buckets, config=minhash)], minhash.num_buckets),
         (CLUSTER_PHASE, [MinhashDedupCluster(buckets, clusters, config=minhash, save_cluster_size=True)], 1),

@@ -7,7 +7,8 @@ import json
 from datatrove.data import Document
 
 from pipeline.corpus.heldout import id_hash, is_heldout, top_up_heldout
-from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, bundled_lid176
+from pipeline.corpus.filters import (DeclaredLanguageFilter, LocalLanguageFilter, SpaceSplitTokenizer, bundled_lid176,
+                                     minhash_word_tokenizer, resolve_word_tokenizer)
 from pipeline.corpus.reader import RawCorpusReader
 from pipeline.languages import LANGUAGES, language_config
 from tests.conftest import read_jsonl_gz, write_jsonl_gz
@@ -87,3 +88,18 @@ def test_the_heldout_top_up_moves_the_documents_with_the_smallest_id_hashes(tmp_
     assert sorted(r["id"] for r in read_jsonl_gz(tmp_path / "heldout")) == sorted(r["id"] for r in smallest)
     train = read_jsonl_gz(tmp_path / "train")
     assert len(train) == 34 and not {r["id"] for r in train} & {r["id"] for r in smallest}
+
+
+def test_minhash_splits_at_spaces_where_the_script_has_them_and_finds_the_same_shingles():
+    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
+
+    nob, zho = (language_config(code, LANGUAGES[code]) for code in ("nob", "zho"))
+    language_tokenizer, _ = resolve_word_tokenizer(nob)
+    assert isinstance(minhash_word_tokenizer(nob, language_tokenizer), SpaceSplitTokenizer)
+    assert minhash_word_tokenizer(zho, "cmn_Hani") == "cmn_Hani"
+    # Simplified text has no punctuation left: the same words, hence the same shingles, as spaCy's Norwegian rules.
+    text = ("Loven gjelder for «alle» kommuner, jf. § 3-2 første ledd; den trer i kraft 1. januar 2026! "
+            "Departementet kan gi forskrifter (om gebyr) – også for Svalbard og Jan Mayen.")
+    spaced, spacy = (MinhashDedupSignature("unused", config=MinhashConfig(), language=words).get_shingles(text)
+                     for words in (SpaceSplitTokenizer(), language_tokenizer))
+    assert len(spaced) > 20 and (spaced == spacy).all()
