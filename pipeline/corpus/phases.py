@@ -22,13 +22,13 @@ from pathlib import Path
 
 from pipeline.contract import StageRun
 from pipeline.corpus.config import heldout_source_patterns
-from pipeline.corpus.filters import (DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id,
-                                     minhash_word_tokenizer)
+from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
 from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, top_up_heldout
 from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader
 from pipeline.corpus.report import count, markdown, step_key, summed_stats
 from pipeline.corpus.source_counts import HELDOUT, HELDOUT_SOURCE, READ, SourceTally, moved_to_heldout, per_source
 from pipeline.corpus.sources import CLEAN_SPLITS
+from pipeline.corpus.words import minhash_word_tokenizer
 from pipeline.errors import StageError
 
 log = logging.getLogger(__name__)

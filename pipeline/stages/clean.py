@@ -27,12 +27,13 @@ from pipeline.cluster import check_script_word
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.config import heldout_source_patterns
-from pipeline.corpus.filters import choose_language_id, resolve_word_tokenizer
+from pipeline.corpus.filters import choose_language_id
 from pipeline.corpus.heldout import is_heldout_source
 from pipeline.corpus.phases import (BAD_FILE_NAME, BUCKETS_PHASE, CLUSTER_PHASE, FILTER_PHASE, SPLIT_PHASE,
                                     CommitWhenDone, build_phases, executor, quality_filters, raw_language_folder)
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files, unreadable_names
 from pipeline.corpus.report import step_key
+from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.errors import StageError
 
 log = logging.getLogger(__name__)

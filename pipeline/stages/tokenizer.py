@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
-from pipeline.corpus.filters import resolve_word_tokenizer
+from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.corpus.report import bytes_text
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError

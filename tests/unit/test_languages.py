@@ -81,7 +81,7 @@ def test_every_word_tokenizer_is_known_to_datatrove():
 
 
 def test_maltese_clitics_stay_words():
-    from pipeline.corpus.filters import CliticWordTokenizer
+    from pipeline.corpus.words import CliticWordTokenizer
 
     words = CliticWordTokenizer().word_tokenize("Fil-qalba tal-Partit, id-diskors ta' Muscat.")
     assert words == ["Fil-", "qalba", "tal-", "Partit", ",", "id-", "diskors", "ta'", "Muscat", "."]
@@ -96,7 +96,7 @@ def test_without_spacy_the_word_tokenizer_falls_back_to_regex_words():
 
     code = ("import sys, json; sys.modules['spacy'] = None\n"
             "from pipeline.languages import LANGUAGES, language_config\n"
-            "from pipeline.corpus.filters import resolve_word_tokenizer\n"
+            "from pipeline.corpus.words import resolve_word_tokenizer\n"
             "tokenizer, name = resolve_word_tokenizer(language_config('nob', LANGUAGES['nob']))\n"
             "print(json.dumps([name, tokenizer.word_tokenize('Stortinget vedtok, 12. mars, lov nr. 5.')]))\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)

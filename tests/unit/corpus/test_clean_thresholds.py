@@ -12,7 +12,7 @@ from datatrove.data import Document
 from omegaconf import OmegaConf
 
 from pipeline.config import PipelineConfig
-from pipeline.corpus.filters import resolve_word_tokenizer
+from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.languages import LANGUAGES, language_config
 from pipeline.corpus.phases import quality_filters as _filters
 from tests.conftest import DATA

@@ -7,8 +7,8 @@ import json
 from datatrove.data import Document
 
 from pipeline.corpus.heldout import id_hash, is_heldout, top_up_heldout
-from pipeline.corpus.filters import (DeclaredLanguageFilter, LocalLanguageFilter, SpaceSplitTokenizer, bundled_lid176,
-                                     minhash_word_tokenizer, resolve_word_tokenizer)
+from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, bundled_lid176
+from pipeline.corpus.words import SpaceSplitTokenizer, minhash_word_tokenizer, resolve_word_tokenizer
 from pipeline.corpus.reader import RawCorpusReader
 from pipeline.languages import LANGUAGES, language_config
 from tests.conftest import read_jsonl_gz, write_jsonl_gz
