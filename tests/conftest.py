@@ -69,6 +69,17 @@ def cli_env() -> dict[str, str]:
 # than pytest's per-test variable gets a process of its own (the server's modules read some of it on import).
 SERVER_ENV = cli_env()
 PER_TEST_VARIABLES = {"PYTEST_CURRENT_TEST"}
+SESSION_ENV = dict(os.environ)
+
+
+def restore_environment() -> None:
+    """This process's environment as the session started, but for pytest's per-test variable: a training stage run
+    in this process sets torch.distributed's variables (RANK, MASTER_PORT ...), as it does in the CLI's."""
+    for key in set(os.environ) - set(SESSION_ENV) - PER_TEST_VARIABLES:
+        del os.environ[key]
+    for key, value in SESSION_ENV.items():
+        if os.environ.get(key) != value and key not in PER_TEST_VARIABLES:
+            os.environ[key] = value
 _server: dict[str, object] = {}
 _server_lock = threading.Lock()
 
@@ -163,6 +174,15 @@ def _clear_datatrove_caches() -> None:
                    getattr(words, "load_word_tokenizer", None)):
         if cached is not None and hasattr(cached, "cache_clear"):
             cached.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _session_environment():
+    """Each test starts in the session's environment (after the fixtures of wider scope, which may have trained in
+    this process) and leaves it so."""
+    restore_environment()
+    yield
+    restore_environment()
 
 
 @pytest.fixture(autouse=True)
