@@ -76,8 +76,10 @@ class ScoringRows:
 
 def scoring_rows(texts: Iterable[str], tokenizer, start_id: int, seq_len: int, stride: int,
                  max_tokens: Optional[int] = None) -> ScoringRows:
-    """The documents' windows packed into rows in order, whole documents until `max_tokens` scored tokens (the
-    document that crosses it included). Empty documents (no token) are skipped."""
+    """The documents' windows packed into rows in order, until `max_tokens` scored tokens: the document that
+    crosses it is cut there, its bytes those of the text its kept tokens cover (a long first document, a law or a
+    book, would otherwise make a held-out score of a few thousand tokens one of a hundred thousand). Empty
+    documents (no token) are skipped."""
     rows_in, rows_label, rows_segment = [], [], []
     row_in, row_label, row_segment = [], [], []
     total_bytes = tokens = documents = 0
@@ -93,9 +95,13 @@ def scoring_rows(texts: Iterable[str], tokenizer, start_id: int, seq_len: int, s
     for text in texts:
         if max_tokens is not None and tokens >= max_tokens:
             break
-        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        ids = encoding.ids
         if not ids:
             continue
+        if max_tokens is not None and tokens + len(ids) > max_tokens:
+            kept = max_tokens - tokens
+            ids, text = ids[:kept], text[:encoding.offsets[kept - 1][1]]
         sequence = [start_id, *ids]
         total_bytes += len(text.encode("utf-8"))
         tokens += len(ids)

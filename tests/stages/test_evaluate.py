@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.evaluation.bits_per_byte import score_documents, scoring_rows, windows
+from pipeline.evaluation.bits_per_byte import IGNORE, score_documents, scoring_rows, windows
 from pipeline.evaluation.report import find_regressions
 from pipeline.model.hf_export import to_hf
 from pipeline.model.transformer import Transformer
@@ -32,6 +32,18 @@ def test_windows_score_every_token_once_with_the_context_they_can(targets, seq_l
         # context: everything before the window's scored part, up to the window's length
         assert window.begin == max(0, window.end - seq_len)
     assert scored == list(range(targets))
+
+
+def test_held_out_rows_stop_at_the_token_budget_inside_the_document_that_crosses_it(english_base):
+    tokenizer = load_tokenizer(str(english_base))
+    short, long = _documents()[0], " ".join(_documents())
+    first = len(tokenizer.encode(short, add_special_tokens=False).ids)
+    rows = scoring_rows([short, long, "never reached"], tokenizer, 0, 32, 16, max_tokens=first + 20)
+    assert rows.documents == 2 and rows.tokens == first + 20
+    assert int((rows.labels != IGNORE).sum()) == first + 20  # every kept token scored once, no more
+    # The bytes are those of the text the 20 kept tokens of the long document cover.
+    end = tokenizer.encode(long, add_special_tokens=False).offsets[19][1]
+    assert 0 < end < len(long) and rows.bytes == len(short.encode("utf-8")) + len(long[:end].encode("utf-8"))
 
 
 def _documents() -> list[str]:
