@@ -9,13 +9,17 @@ exists only then), the tied embedding's module, and the topology's groups. The t
 once; checkpoint.py writes ZeRO-1's optimizer state in its elastic layout (`deepspeed.checkpoint.constants`). On a
 CPU, the training engine keeps DeepSpeed from compiling its shared-memory collective
 (`skip_cpu_shared_memory_collective`), and its held-out loss crosses the pipeline in one shape on every stage
-(`broadcast_eval_loss_in_one_shape`).
+(`broadcast_eval_loss_in_one_shape`); DeepSpeed's Muon optimizer, which ZeRO imports, is imported without compiling
+its kernel (`import_muon_uncompiled`).
 
 Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later DeepSpeed may
 rename any of these; the CPU tests (tests/unit/parallel/test_tensor_parallel.py, tests/stages/test_pretrain.py) fail if one moved.
 """
 
 from __future__ import annotations
+
+import importlib
+import os
 
 import deepspeed.ops
 import torch
@@ -81,3 +85,22 @@ def broadcast_eval_loss_in_one_shape(engine) -> None:
         return broadcast(data.reshape(1) if data is not None else None, src_rank, dtype)  # None: not the source
 
     engine._bcast_pipe_scalar = in_one_shape
+
+
+
+def import_muon_uncompiled() -> None:
+    """DeepSpeed imports its Muon optimizer on the way of every ZeRO engine (the optimizer check at start, each
+    gradient reduction), and that module compiles its Newton-Schulz kernel with torch.compile when imported, which
+    imports torch._inductor: seconds of every rank's start (7 s on a 2-core CPU, 19% of a tp2 x pp2 warmup's CPU time
+    in a profile). The training uses no Muon: the module is imported once here with TorchDynamo off
+    (TORCHDYNAMO_DISABLE, which torch.compile reads at each call), its kernel left as plain PyTorch, and the variable
+    is put back as it was."""
+    previous = os.environ.get("TORCHDYNAMO_DISABLE")
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        importlib.import_module("deepspeed.runtime.zero.muon.muon_optimizer")
+    finally:
+        if previous is None:
+            del os.environ["TORCHDYNAMO_DISABLE"]
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = previous
