@@ -26,12 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 # Every multi-rank run a test starts (its own ranks, or a training stage's through the CLI) checks its collectives:
 # a rank that runs another collective than the others fails at once, naming both (pipeline/parallel/ranks.py).
 os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
-# Each test process's share of the cores (2 on CI: one each), for torch here and in every process a test starts (the
-# stages' ranks split it further: pipeline/parallel/ranks.py). With a thread per core in each of the two processes,
-# the cores are oversubscribed and OpenMP's threads wait on each other (a small model's forward ran 6x slower with
-# 2 threads than with 1 on a busy 2-core machine; about even on an idle one).
-os.environ.setdefault("OMP_NUM_THREADS",
-                      str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 DATA = REPO / "data"
 
 # Text that a tokenizer mangles if it normalises, strips or drops anything: combining accents next to
@@ -67,9 +61,24 @@ def cli_env() -> dict[str, str]:
 
 # The environment the CLI server starts with (tests/cli_server.py): a command whose environment differs in more
 # than pytest's per-test variable gets a process of its own (the server's modules read some of it on import).
-SERVER_ENV = cli_env()
+# Both set by pytest_configure.
+SERVER_ENV: dict[str, str] = {}
+SESSION_ENV: dict[str, str] = {}
 PER_TEST_VARIABLES = {"PYTEST_CURRENT_TEST"}
-SESSION_ENV = dict(os.environ)
+
+
+def pytest_configure(config):
+    """Each test process's share of the cores (2 on CI: one each), for torch here and in every process a test starts
+    (the stages' ranks split it further: pipeline/parallel/ranks.py). Set here, in pytest-xdist's controller too,
+    whose environment its workers inherit (set on import, the controller's own count of one process won: every
+    process ran two threads). With a thread per core in each of the two processes, the cores are oversubscribed and
+    OpenMP's threads wait on each other: a small model's forward ran 6x slower with 2 threads than with 1 on a busy
+    2-core machine, a whole evaluate stage 10x."""
+    global SERVER_ENV, SESSION_ENV
+    processes = os.environ.get("PYTEST_XDIST_WORKER_COUNT") or config.getoption("numprocesses", default=None) or 1
+    processes = int(processes) if str(processes).isdigit() and int(processes) > 0 else 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+    SERVER_ENV, SESSION_ENV = cli_env(), dict(os.environ)
 
 
 def restore_environment() -> None:
