@@ -89,14 +89,17 @@ def restore_environment() -> None:
     for key, value in SESSION_ENV.items():
         if os.environ.get(key) != value and key not in PER_TEST_VARIABLES:
             os.environ[key] = value
-_server: dict[str, object] = {}
+
+
+_server_path: str | None = None  # this process's CLI server's socket, once started
 _server_lock = threading.Lock()
 
 
 def _server_socket() -> str:
     """The socket of this process's CLI server, started on first use (it imports for a few seconds)."""
+    global _server_path
     with _server_lock:
-        if not _server:
+        if _server_path is None:
             folder = tempfile.mkdtemp(prefix="pipeline-cli-")
             path = os.path.join(folder, "socket")
             process = subprocess.Popen([sys.executable, "-m", "tests.cli_server", path], cwd=REPO, env=SERVER_ENV)
@@ -108,8 +111,8 @@ def _server_socket() -> str:
                                        f"{process.poll()}; run `python -m tests.cli_server /tmp/s` to see why, or "
                                        f"set PIPELINE_TESTS_FORK=0 to start every command as a process")
                 time.sleep(0.05)
-            _server["path"] = path
-        return str(_server["path"])
+            _server_path = path
+        return _server_path
 
 
 def _forkable(env: dict[str, str]) -> bool:

@@ -87,7 +87,6 @@ def broadcast_eval_loss_in_one_shape(engine) -> None:
     engine._bcast_pipe_scalar = in_one_shape
 
 
-
 def import_muon_uncompiled() -> None:
     """DeepSpeed imports its Muon optimizer on the way of every ZeRO engine (the optimizer check at start, each
     gradient reduction), and that module compiles its Newton-Schulz kernel with torch.compile when imported, which
