@@ -63,21 +63,25 @@ class Attention(nn.Module):
         """The ALiBi slope of each of this module's query heads."""
         return alibi_slopes(self.cfg.num_heads, device)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of every token: (batch, seq, heads x head_dim) each."""
+        return self.q(x), self.k(x), self.v(x)
+
     def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        batch, seq, _ = x.shape
         cfg = self.cfg
-        # The head counts follow the projections (a tensor-parallel rank holds a slice of the heads).
-        q = self.q(x).view(batch, seq, -1, cfg.head_dim).transpose(1, 2)
-        k = self.k(x).view(batch, seq, -1, cfg.head_dim).transpose(1, 2)
-        v = self.v(x).view(batch, seq, -1, cfg.head_dim).transpose(1, 2)
+        projections = self.project(x)
+        # The shapes follow the projections: a tensor-parallel rank holds a slice of the heads (and, with sequence
+        # parallelism, x only a part of the tokens).
+        batch, seq, _ = projections[0].shape
+        q, k, v = (projection.view(batch, seq, -1, cfg.head_dim).transpose(1, 2) for projection in projections)
         slopes = None
         if cfg.position == "rope":
             # Positions count from the start of the sequence, also in packed sequences (documents
             # after the first do not start at 0); segment_ids only keep documents apart.
-            cos, sin = rope_cos_sin(rope_frequencies(cfg, x.device), seq, x.dtype)
+            cos, sin = rope_cos_sin(rope_frequencies(cfg, q.device), seq, q.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         else:
-            slopes = self.alibi_slopes(x.device)
+            slopes = self.alibi_slopes(q.device)
         y = flash_attention(q, k, v, causal=True, alibi_slopes=slopes, segment_ids=segment_ids)
         return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 
@@ -91,11 +95,17 @@ class MLP(nn.Module):
         self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
         self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.bias)
 
+    def project(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """What the activation reads: gate and up (SwiGLU), or up alone."""
+        return [self.gate(x), self.up(x)] if self.swiglu else [self.up(x)]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
+            gate, up = self.project(x)
+            return self.down(F.silu(gate) * up)
+        (up,) = self.project(x)
         # BLOOM's GELU is the tanh approximation.
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
+        return self.down(F.gelu(up, approximate="tanh"))
 
 
 class Block(nn.Module):

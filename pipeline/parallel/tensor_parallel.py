@@ -11,23 +11,27 @@
 - norms: replicated (their inputs are the same on every rank), or on sequence parts (below).
 
 Each row-parallel layer all-reduces its output in the forward. In the backward, the gradient of an input that
-column-parallel layers share is all-reduced once, where it enters the attention, the MLP or the LM head
-(`copy_to_tensor_parallel`): one all-reduce for q, k and v together and one for gate and up, as with Megatron's fused
-projections, which the separate projections here avoid so that every tensor keeps the single model's name. So a
-block costs two all-reduces of its activations in the forward and two in the backward; they run in the
-activations' dtype (bf16 in training on GPUs). The LM head leaves the logits cut by vocabulary; the training loss
-(pipeline_model.token_loss) fuses this rank's rows of the head with the cross-entropy and combines the per-token
-statistics over the ranks (max, sum of exponentials and target logit all-reduced), so that the (tokens, vocab)
-logits are never gathered, nor even made whole on one rank.
+column-parallel layers share is all-reduced once, where it enters the attention, the MLP or the LM head: one
+all-reduce for q, k and v together and one for gate and up (`column_parallel`), as with Megatron's fused
+projections, which the separate projections here avoid so that every tensor keeps the single model's name; and, as
+in Megatron, that all-reduce runs while the same layers compute their weights' gradients, which do not need it
+(on two H200 it gained little: the all-reduce kernels wait for the GEMMs' SMs; BENCHMARKS.md). So a block costs two
+all-reduces of its activations in the forward and two in the backward, in the activations' dtype (bf16 in training
+on GPUs). The LM head leaves the logits cut by vocabulary; the training loss (pipeline_model.token_loss) fuses this
+rank's rows of the head with the cross-entropy and combines the per-token statistics over the ranks (max, sum of
+exponentials and target logit all-reduced), so that the (tokens, vocab) logits are never gathered, nor even made
+whole on one rank.
 
 Sequence parallelism (`parallel.sequence_parallel`, Megatron's): between the column- and row-parallel layers, where
 the activations would be the same on every rank (norms, residual stream, the activations passed between pipeline
-stages and kept for the backward), each rank holds only its part of the sequence instead. An all-gather then
-replaces the identity before the column-parallel layers (reduce-scatter of the gradient instead of its all-reduce),
-and a reduce-scatter the all-reduce after the row-parallel layers and the embedding: the same bytes on the wire,
-a tp-th of the norms' work and of those activations' memory. The norms' weights and the row-parallel biases then
-see this rank's tokens only, so their gradients are summed over the ranks (`_replicated`). The sequence length must
-be a multiple of tp.
+stages and kept for the backward), each rank holds only its part of the tokens instead: a (batch, seq / tp, hidden)
+tensor holding the rank's consecutive run of the batch's tokens in (batch, position) order, which the layers there
+treat token by token. (Megatron gets such contiguous parts from its (seq, batch, hidden) layout; the collectives
+then need no copy on either side.) An all-gather replaces the identity before the column-parallel layers
+(reduce-scatter of the gradient instead of its all-reduce), and a reduce-scatter the all-reduce after the
+row-parallel layers and the embedding: the same bytes on the wire, a tp-th of the norms' work and of those
+activations' memory. The norms' weights and the row-parallel biases then see this rank's tokens only, so their
+gradients are summed over the ranks (`_replicated`). The sequence length must be a multiple of tp.
 
 Every parallel layer is built from the full layer and keeps its shard of each full tensor; a sharded
 parameter carries its `Shard` as `tp_shard` (how it is cut: to load a shard from a full tensor, to gather the full one
@@ -97,20 +101,20 @@ def _sequence_parts(x: torch.Tensor, group) -> int:
 
 
 def _all_gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
-    """(batch, seq / tp, ...) on every rank -> (batch, seq, ...), the ranks' parts in rank order."""
-    part = x.transpose(0, 1).contiguous()  # the collective joins along the first axis
-    whole = part.new_empty((dist.get_world_size(group) * part.shape[0], *part.shape[1:]))
-    dist.all_gather_into_tensor(whole, part, group=group)
-    return whole.transpose(0, 1).contiguous()
+    """(batch, seq / tp, ...) on every rank -> (batch, seq, ...), the ranks' runs of tokens in rank order."""
+    whole = x.new_empty((x.shape[0], x.shape[1] * dist.get_world_size(group), *x.shape[2:]))
+    dist.all_gather_into_tensor(whole.flatten(0, 1), x.contiguous().flatten(0, 1), group=group)
+    return whole
 
 
-def _reduce_scatter_sequence(x: torch.Tensor, group) -> torch.Tensor:
-    """(batch, seq, ...) on every rank -> this rank's (batch, seq / tp, ...) part of their sum."""
+def _reduce_scatter_sequence(x: torch.Tensor, group, async_op: bool = False):
+    """(batch, seq, ...) on every rank -> this rank's (batch, seq / tp, ...) run of tokens of their sum; with
+    `async_op`, also the collective's handle, to wait for before the part is read."""
     world = _sequence_parts(x, group)
-    whole = x.transpose(0, 1).contiguous()
-    part = whole.new_empty((whole.shape[0] // world, *whole.shape[1:]))
-    dist.reduce_scatter_tensor(part, whole, group=group)
-    return part.transpose(0, 1).contiguous()
+    part = x.new_empty((x.shape[0], x.shape[1] // world, *x.shape[2:]))
+    handle = dist.reduce_scatter_tensor(part.flatten(0, 1), x.contiguous().flatten(0, 1), group=group,
+                                        async_op=async_op)
+    return (part, handle) if async_op else part
 
 
 class _GatherFromSequenceParallel(torch.autograd.Function):
@@ -140,6 +144,51 @@ class _ReduceScatterToSequenceParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return _all_gather_sequence(grad, ctx.group), None
+
+
+class _ColumnParallel(torch.autograd.Function):
+    """x -> x W_i^T + b_i for each of the column-parallel layers that read x (q, k, v; gate, up), with x entering
+    the tensor-parallel region once (all-gathered from sequence parts with sequence parallelism). The backward sums
+    the layers' gradients of x, starts their all-reduce (reduce-scatter) over the ranks and computes the weights'
+    gradients while it runs."""
+
+    @staticmethod
+    def forward(ctx, x, group, sequence_parallel, *weights_and_biases):
+        whole = _all_gather_sequence(x, group) if sequence_parallel else x
+        weights, biases = weights_and_biases[0::2], weights_and_biases[1::2]
+        ctx.save_for_backward(whole, *weights)
+        ctx.group, ctx.sequence_parallel = group, sequence_parallel
+        return tuple(F.linear(whole, weight, bias) for weight, bias in zip(weights, biases))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        whole, *weights = ctx.saved_tensors
+        tokens = whole.reshape(-1, whole.shape[-1])
+        grads = [grad.reshape(-1, grad.shape[-1]) for grad in grads]
+        grad_x, pending = None, None
+        if ctx.needs_input_grad[0]:
+            grad_whole = grads[0] @ weights[0]
+            for grad, weight in zip(grads[1:], weights[1:]):
+                grad_whole.addmm_(grad, weight)
+            grad_whole = grad_whole.view(whole.shape)
+            if ctx.sequence_parallel:
+                grad_x, pending = _reduce_scatter_sequence(grad_whole, ctx.group, async_op=True)
+            else:
+                grad_x, pending = grad_whole, dist.all_reduce(grad_whole, group=ctx.group, async_op=True)
+        parameter_grads = []
+        for index, grad in enumerate(grads):
+            needs_weight, needs_bias = ctx.needs_input_grad[3 + 2 * index:5 + 2 * index]
+            parameter_grads += [grad.t() @ tokens if needs_weight else None, grad.sum(0) if needs_bias else None]
+        if pending is not None:
+            pending.wait()
+        return grad_x, None, None, *parameter_grads
+
+
+def column_parallel(x: torch.Tensor, layers, group, sequence_parallel: bool) -> list[torch.Tensor]:
+    """The outputs of column-parallel `layers` that all read `x`, which enters the tensor-parallel region here
+    (replicated, or this rank's part of the tokens with sequence parallelism)."""
+    parameters = [tensor for layer in layers for tensor in (layer.weight, layer.bias)]
+    return list(_ColumnParallel.apply(x, group, sequence_parallel, *parameters))
 
 
 def copy_to_tensor_parallel(x: torch.Tensor, group) -> torch.Tensor:
@@ -227,9 +276,9 @@ def parameter_shards(module: nn.Module) -> dict[str, Shard]:
 
 
 class ColumnParallelLinear(nn.Module):
-    """y_r = x W_r^T + b_r: this rank's output features (rows of the full weight). The input is replicated and has
-    gone through `copy_to_tensor_parallel` once for all the layers that read it (the attention's q, k and v, the
-    MLP's gate and up), whose backward sums its gradient over the ranks."""
+    """y_r = x W_r^T + b_r: this rank's output features (rows of the full weight). The model applies these layers
+    through `column_parallel`, all that read one input together; alone, the input must have entered the
+    tensor-parallel region already (`copy_to_tensor_parallel`)."""
 
     def __init__(self, full: nn.Linear, group) -> None:
         super().__init__()
@@ -365,8 +414,9 @@ class TensorParallelAttention(Attention):
     def alibi_slopes(self, device: torch.device) -> torch.Tensor:
         return super().alibi_slopes(device)[self.heads]
 
-    def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return super().forward(enter_tensor_parallel(x, self.group, self.sequence_parallel), segment_ids)
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = column_parallel(x, (self.q, self.k, self.v), self.group, self.sequence_parallel)
+        return q, k, v
 
 
 class TensorParallelMLP(MLP):
@@ -382,8 +432,9 @@ class TensorParallelMLP(MLP):
         self.up = ColumnParallelLinear(full.up, group)
         self.down = RowParallelLinear(full.down, group, sequence_parallel)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(enter_tensor_parallel(x, self.group, self.sequence_parallel))
+    def project(self, x: torch.Tensor) -> list[torch.Tensor]:
+        layers = (self.gate, self.up) if self.swiglu else (self.up,)
+        return column_parallel(x, layers, self.group, self.sequence_parallel)
 
 
 def apply_tensor_parallel(part: nn.Module, cfg: ModelConfig, group, sequence_parallel: bool = False) -> nn.Module:

@@ -115,7 +115,8 @@ def _loss_errors() -> dict[str, float]:
 
 def _collectives_per_block() -> dict[str, dict[str, list]]:
     """Each collective a tensor-parallel block starts in its forward and in its backward, with the elements of the
-    whole activation it moves; plain and sequence-parallel."""
+    whole activation it moves and whether it was started to run beside what follows (async_op); plain and
+    sequence-parallel."""
     import torch.distributed as dist
 
     from pipeline.model.transformer import Block
@@ -127,7 +128,7 @@ def _collectives_per_block() -> dict[str, dict[str, list]]:
 
     def counting(name: str, whole: int):
         def collective(*args, **kwargs):
-            counted.append([name, args[whole].numel()])
+            counted.append([name, args[whole].numel(), bool(kwargs.get("async_op"))])
             return originals[name](*args, **kwargs)
         return collective
 
@@ -251,10 +252,11 @@ def test_vocabulary_parallel_loss_matches_one_rank_with_uneven_shards_in_several
 @pytest.mark.parametrize("model", sorted(BLOCKS))
 def test_a_block_all_reduces_once_per_input_of_its_column_parallel_layers(matching, model):
     """Forward: the attention's and the MLP's row-parallel outputs; backward: the gradient of the attention's input
-    (q, k and v together) and of the MLP's (gate and up together). Each the size of the block's activations."""
+    (q, k and v together) and of the MLP's (gate and up together), each left running while the layers compute their
+    weights' gradients. Each the size of the block's activations."""
     activations = 2 * SEQUENCE * HIDDEN
-    assert matching["collectives per block"][model] == {"forward": [["all_reduce", activations]] * 2,
-                                                        "backward": [["all_reduce", activations]] * 2}
+    assert matching["collectives per block"][model] == {"forward": [["all_reduce", activations, False]] * 2,
+                                                        "backward": [["all_reduce", activations, True]] * 2}
 
 
 @pytest.mark.parametrize("model", sorted(BLOCKS))
@@ -263,10 +265,13 @@ def test_a_sequence_parallel_block_gathers_and_scatters_instead(matching, model)
     the backward also the gradients of the parameters applied to this rank's part of the sequence only, summed:
     the norms' weights (and biases) and the row-parallel biases."""
     activations = 2 * SEQUENCE * HIDDEN
-    exchanges = [["all_gather_into_tensor", activations]] * 2 + [["reduce_scatter_tensor", activations]] * 2
+    gathers, scatters = [["all_gather_into_tensor", activations, False]] * 2, [["reduce_scatter_tensor", activations]] * 2
     replicated = 6 if BLOCKS[model].bias else 2  # LayerNorm weight and bias x 2, out and down bias; RMSNorm weight x 2
     assert matching["collectives per block"][f"{model} sequence-parallel"] == {
-        "forward": exchanges, "backward": sorted([["all_reduce", HIDDEN]] * replicated + exchanges)}
+        "forward": sorted(gathers + [[*scatter, False] for scatter in scatters]),
+        # the column-parallel layers' input gradients scattered beside their weights' gradients, as above
+        "backward": sorted([["all_reduce", HIDDEN, False]] * replicated + gathers
+                           + [[*scatter, True] for scatter in scatters])}
 
 
 def test_a_mismatched_or_stuck_collective_fails_naming_the_rank_within_the_timeout(tmp_path):

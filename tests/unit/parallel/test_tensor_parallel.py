@@ -96,6 +96,8 @@ def _layer_errors() -> dict[str, float]:
                 errors[f"{name} input {index} grad"] = _max_error(local.grad, cut_input(whole.grad))
         full_parameters, shards = dict(full.named_parameters()), parameter_shards(parallel)
         for parameter_name, parameter in parallel.named_parameters():
+            if not parameter.requires_grad:
+                continue
             grad = full_parameters[parameter_name].grad
             errors[f"{name} {parameter_name} grad"] = _max_error(
                 parameter.grad, shards[parameter_name].take(grad) if parameter_name in shards else grad)
@@ -134,6 +136,9 @@ def _layer_errors() -> dict[str, float]:
         for index, block in enumerate(reference.blocks):
             compare(f"{model} block {index}", block, apply_tensor_parallel(copy.deepcopy(block), cfg, group),
                     (x, segments))
+        frozen = copy.deepcopy(reference.blocks[0]).requires_grad_(False)  # as warmup trains: input gradients only
+        compare(f"{model} frozen block", frozen, apply_tensor_parallel(copy.deepcopy(frozen), cfg, group),
+                (x, segments))
         compare(f"{model} embedding", reference.embedding,
                 apply_tensor_parallel(copy.deepcopy(reference.embedding), cfg, group), (ids,))
         if not cfg.tie_embeddings:
@@ -142,12 +147,13 @@ def _layer_errors() -> dict[str, float]:
             compare(f"{model} head", padded_head, apply_tensor_parallel(copy.deepcopy(reference.head), cfg, group),
                     (x,), cut_output=vocab_shard)
 
-    # Sequence parallelism: the same layers with this rank's half of a 6-token sequence in and out of the
-    # tensor-parallel ones (all but the head's output, which is cut by vocabulary).
-    x = torch.randn(2, 6, 32)
-    ids = torch.tensor([[0, 5, 299, 150, 7, 256], [298, 1, 2, 3, 200, 255]])
-    segments = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
-    sequence_part = lambda t: t[:, rank * 3:(rank + 1) * 3]  # noqa: E731
+    # Sequence parallelism: the same layers with this rank's half of the tokens in and out of the tensor-parallel
+    # ones (all but the head's output, which is cut by vocabulary): its run of 6 of the 3 x 4 tokens in (batch,
+    # position) order, which crosses from one sequence into the next, as a (3, 2, ...) tensor.
+    x = torch.randn(3, 4, 32)
+    ids = torch.tensor([[0, 5, 299, 150], [7, 256, 298, 1], [2, 3, 200, 255]])
+    segments = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1]])
+    sequence_part = lambda t: t.flatten(0, 1)[rank * 6:(rank + 1) * 6].view(3, 2, *t.shape[2:])  # noqa: E731
     for model, cfg in MODELS.items():
         torch.manual_seed(1)
         reference = Transformer(cfg)
