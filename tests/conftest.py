@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gzip
 import json
 import os
@@ -115,10 +116,33 @@ def _server_socket() -> str:
         return _server_path
 
 
+def _forking() -> bool:
+    return os.environ.get("PIPELINE_TESTS_FORK", "1") != "0"
+
+
+@contextlib.contextmanager
+def ranks_from_server():
+    """The `python -m ...` and `python -c ...` processes that a test starts inside this block (training ranks) are
+    forked from this process's CLI server where their environment allows (tests/cli_server.py), as a forked
+    command's ranks are."""
+    if not _forking():
+        yield
+        return
+    from tests.cli_server import popen_through, shim_path
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess, "Popen", popen_through(shim_path(_server_socket())))
+        yield
+
+
+# Set by torch._inductor in this process when it first compiles, read by it at run time only.
+RUN_TIME_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR"}
+
+
 def _forkable(env: dict[str, str]) -> bool:
-    if os.environ.get("PIPELINE_TESTS_FORK", "1") == "0":
+    if not _forking():
         return False
-    keys = (set(env) | set(SERVER_ENV)) - PER_TEST_VARIABLES
+    keys = (set(env) | set(SERVER_ENV)) - PER_TEST_VARIABLES - RUN_TIME_VARIABLES
     return all(env.get(key) == SERVER_ENV.get(key) for key in keys)
 
 

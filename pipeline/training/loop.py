@@ -29,7 +29,6 @@ from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from pipeline.errors import StageError, StageInterrupted
@@ -59,7 +58,12 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
     peak = device_peak_tflops()
     step_tokens = train.global_batch_size * sampler.seq_len
 
-    board = SummaryWriter(str(metrics_file.parent / "tensorboard")) if is_logger else None
+    board = None
+    if is_logger:
+        # Only where it writes: tensorboard's import (boto3 with it) costs every rank half a second.
+        from torch.utils.tensorboard import SummaryWriter
+
+        board = SummaryWriter(str(metrics_file.parent / "tensorboard"))
 
     def record(entry: dict) -> None:
         if is_logger:

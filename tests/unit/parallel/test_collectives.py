@@ -32,7 +32,7 @@ from pipeline.errors import ConfigError
 from pipeline.model.config import ModelConfig
 from pipeline.parallel.config import ParallelConfig, validate_parallel
 from pipeline.parallel.ranks import free_port, rank_environment
-from tests.conftest import REPO, repo_pythonpath
+from tests.conftest import REPO, ranks_from_server, repo_pythonpath
 
 # With tp=2 and model.pad_vocab_multiple=128, vocabulary 300 is cut into shards of 256 rows holding 256 and 44 real
 # ids; vocabulary 100 into shards of 128 holding 100 and none (the second rank holds padding only).
@@ -219,7 +219,7 @@ def _run_two_ranks(entry: str, work_dir: Path, limit_s: float) -> tuple[list[int
     for rank, log in enumerate(logs):
         env = {**rank_environment(rank, 2, port, threads=1), "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
                "PYTHONPATH": repo_pythonpath()}
-        with open(log, "w", encoding="utf-8") as output:
+        with open(log, "w", encoding="utf-8") as output, ranks_from_server():
             processes.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=output,
                                               stderr=subprocess.STDOUT))
     deadline = time.monotonic() + limit_s

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,9 +30,9 @@ from pipeline.model.transformer import Transformer
 from pipeline.model.files import save_checkpoint
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.parallel.config import ParallelConfig, check_tensor_parallel
-from pipeline.parallel.ranks import free_port, rank_environment, run_ranks
+from pipeline.parallel.ranks import run_ranks
 from pipeline.training.config import TrainConfig
-from tests.conftest import REPO, repo_pythonpath
+from tests.conftest import ranks_from_server, repo_pythonpath
 
 # The vocabulary (300) is padded to 384 (3 x 128) alone and to 512 (2 x 2 x 128) under TP=2: rank 1's shard
 # holds real ids, the model's padding rows and the extra tensor-parallel padding.
@@ -275,10 +274,7 @@ def _launch(work_dir: Path, world_size: int, runs: list, layer_checks: bool = Fa
     (work_dir / JOB_FILE).write_text(json.dumps({"runs": runs, "layer_checks": layer_checks}), encoding="utf-8")
     argv = ["-c", f"from pathlib import Path; from tests.unit.parallel.test_tensor_parallel import rank_entry; "
                   f"rank_entry(Path({str(work_dir)!r}))"]
-    if world_size == 1:  # one rank in its own process, with torch.distributed's environment
-        subprocess.run([sys.executable, *argv], env=rank_environment(0, 1, free_port(), os.cpu_count() or 1),
-                       check=True, cwd=REPO, timeout=600)
-    else:
+    with ranks_from_server():
         run_ranks(argv, world_size, ClusterConfig(), work_dir / "rank_logs")
     return json.loads((work_dir / f"results-{world_size}.json").read_text(encoding="utf-8"))
 
