@@ -15,13 +15,13 @@ What a fork shares that a fresh process would not, and why it does not matter he
 
 Ranks: a stage's training ranks (and the ranks some tests start) are `python -m <module>` or `python -c <code>`
 processes of their own, which the launcher (pipeline/parallel/ranks.py) starts with subprocess.Popen and watches,
-signals and kills. In a forked command, and in a test inside `python_through(...)`, Popen starts such a command as
-`<folder>/python` instead: a small stand-in (SHIM) that asks this server to fork the rank, passing its own stdin,
-stdout and stderr, the environment and the working folder, forwards SIGTERM, SIGUSR1 and SIGINT to it and exits
-with its exit code; when the stand-in dies (SIGKILL), the server kills the rank's process group. The server forks a
-rank only if its environment differs from the server's in nothing but torch.distributed's variables (RANK,
-MASTER_PORT ...), PYTHONPATH (put on sys.path) and what is read at run time only; otherwise the stand-in runs the
-real interpreter with the same arguments.
+signals and kills. In a forked command, and in a test inside `ranks_from_server()` (tests/conftest.py), Popen
+starts such a command as `<folder>/python` instead: a small stand-in (SHIM) that asks this server to fork the rank,
+passing its own stdin, stdout and stderr, the environment and the working folder, forwards SIGTERM, SIGUSR1 and
+SIGINT to it and exits with its exit code; when the stand-in dies (SIGKILL), the server kills the rank's process
+group. The server forks a rank only if its environment differs from the one the server started with in nothing but
+torch.distributed's variables (RANK, MASTER_PORT ...), PYTHONPATH (put on sys.path) and what is read at run time
+only; otherwise the stand-in runs the real interpreter with the same arguments.
 
 Protocol, one JSON line each way over a Unix socket: {"argv", "cwd", "env", "stdout", "stderr"} (a CLI command)
 or b"F" with three file descriptors, then {"python", "cwd", "env"} (a rank) -> {"pid"} when the child starts (or

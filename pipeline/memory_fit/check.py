@@ -132,6 +132,20 @@ def describe_layout(plan: Plan) -> str:
     return f"{layout.describe()} = {layout.ranks} rank(s) on {where}"
 
 
+# Above this share of a step (percent) the pipeline's idle time is worth more micro-batches per step: two H200 ran
+# PP2 at 0.86 of two GPUs with m = 8 (bubble 11.1%) and at 0.90 with m = 16 (5.9%) (BENCHMARKS.md, issue 28).
+BUBBLE_PERCENT_WORTH_MORE_MICRO_BATCHES = 10
+
+
+def _bubble_advice(layout: Layout) -> str:
+    limit = BUBBLE_PERCENT_WORTH_MORE_MICRO_BATCHES
+    if 100 * layout.bubble <= limit:
+        return ""
+    enough = -(-(layout.pp - 1) * (100 - limit) // limit)  # the least m with (pp - 1) / (m + pp - 1) <= limit
+    return (f"; m >= {enough} micro-batches per step keep it within {limit}% (raise train.global_batch_size, or "
+            f"lower train.micro_batch_size)")
+
+
 def render(plan: Plan) -> str:
     layout, device, nx = plan.layout, plan.device, plan.numerics
     unit, scale = _unit(max(stage.peak for stage in plan.stages))
@@ -156,7 +170,7 @@ def render(plan: Plan) -> str:
          f"x accumulation {layout.accumulation} = global batch {layout.global_batch} = {layout.tokens_per_step:,} "
          f"tokens"),
         (f"Pipeline bubble: (pp - 1) / (m + pp - 1) = {layout.pp - 1} / {layout.accumulation + layout.pp - 1} = "
-         f"{layout.bubble:.1%}"),
+         f"{layout.bubble:.1%}{_bubble_advice(layout)}"),
         (f"Numerics: {precision} weights and gradients, fp32 master weights and Adam moments in ZeRO-1 partitions "
          f"over dp={layout.dp}, {attention}, {_checkpointing(layout.checkpoint_interval)}"),
         "",

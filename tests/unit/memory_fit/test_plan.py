@@ -20,6 +20,7 @@ from pipeline import memory_fit as planning
 from pipeline.config import CONF_DIR, PipelineConfig, validate
 from pipeline.errors import ConfigError
 from pipeline.memory_fit import LayoutError, devices, memory, plan_for_config, print_plan
+from pipeline.memory_fit.check import render
 from pipeline.memory_fit.layout import Layout, blocks_per_stage
 from pipeline.memory_fit.memory import Numerics, block_activations, stage_parameters
 from pipeline.memory_fit.plan import tensor_parallel_choices, with_layout
@@ -91,6 +92,16 @@ def test_bubble_tokens_and_accumulation_arithmetic():
     # The first stage holds more micro-batches in flight than the last: its activations are the largest.
     activations = [stage.activations for stage in plan.stages]
     assert activations == sorted(activations, reverse=True)
+
+
+@pytest.mark.parametrize("pp, micro_batches, advice", [(4, 16, "m >= 27 micro-batches per step keep it within 10%"),
+                                                       (2, 8, "m >= 9 micro-batches per step"), (2, 9, None),
+                                                       (1, 1, None)])
+def test_a_bubble_over_a_tenth_of_the_step_names_the_micro_batches_that_keep_it_within(pp, micro_batches, advice):
+    plan = plan_for_config(lumi("mistral-7b", "train.seq_len=4096", "parallel.tp=2", f"parallel.pp={pp}",
+                                "train.micro_batch_size=1", f"train.global_batch_size={micro_batches}"))
+    line = next(line for line in render(plan).splitlines() if line.startswith("Pipeline bubble"))
+    assert (advice in line) if advice else ("micro-batches" not in line), line
 
 
 @pytest.mark.parametrize("layers, pp", [(30, 8), (54, 8), (80, 8), (32, 3), (4, 2), (24, 5), (3, 2), (5, 4)])
