@@ -63,9 +63,12 @@ def preload() -> None:
         importlib.import_module(f"pipeline.stages.{stage}")
 
 
+# Set by torch._inductor in a process when it first compiles, read by it at run time only: a command or a rank may
+# have its own.
+RUN_TIME_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR"}
 # Variables a forked rank may have of its own: the modules the server imported do not read them on import.
 RANK_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                  "PYTHONPATH", "HYDRA_FULL_ERROR", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+                  "PYTHONPATH", "HYDRA_FULL_ERROR", "PYTEST_CURRENT_TEST"} | RUN_TIME_VARIABLES
 
 SHIM = """#!{python} -S
 # `python` for a rank, forked by the test server at {socket} (tests/cli_server.py).

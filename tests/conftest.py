@@ -22,6 +22,8 @@ from typing import Callable
 import pytest
 from filelock import FileLock
 
+from tests.cli_server import RUN_TIME_VARIABLES, popen_through, shim_path
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Every multi-rank run a test starts (its own ranks, or a training stage's through the CLI) checks its collectives:
@@ -128,15 +130,9 @@ def ranks_from_server():
     if not _forking():
         yield
         return
-    from tests.cli_server import popen_through, shim_path
-
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(subprocess, "Popen", popen_through(shim_path(_server_socket())))
         yield
-
-
-# Set by torch._inductor in this process when it first compiles, read by it at run time only.
-RUN_TIME_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR"}
 
 
 def _forkable(env: dict[str, str]) -> bool:

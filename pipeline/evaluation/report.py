@@ -14,9 +14,10 @@ TRAINING_SCORES_NOTE = (
     "The warmup and pretrain stages log held-out bits per byte too (their metrics.jsonl, markers and logs), by the "
     "same definition (pipeline/evaluation/bits_per_byte.py) on the same held-out split, but on other rows: the first "
     "`warmup.train.eval_tokens` / `train.eval_tokens` tokens of it (in the split's shard order, which groups "
-    "documents by raw file; the document that reaches the budget cut there) in windows of the training sequence length, where this report takes up to "
-    "`eval.max_bytes` per set in windows of `eval.seq_len`. The training stages keep those rows (heldout.npz); the "
-    "table below scores them again with the exported model, so the stage's number and this report's meet there.")
+    "documents by raw file; the document that reaches the budget cut there) in windows of the training sequence "
+    "length, where this report takes up to `eval.max_bytes` per set in windows of `eval.seq_len`. The training "
+    "stages keep those rows (heldout.npz); the table below scores them again with the exported model, so the "
+    "stage's number and this report's meet there.")
 
 
 def read_curves(metrics_file: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:

@@ -95,9 +95,9 @@ class MLP(nn.Module):
         self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
         self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.bias)
 
-    def project(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """What the activation reads: gate and up (SwiGLU), or up alone."""
-        return [self.gate(x), self.up(x)] if self.swiglu else [self.up(x)]
+        return (self.gate(x), self.up(x)) if self.swiglu else (self.up(x),)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:

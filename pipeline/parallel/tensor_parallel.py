@@ -107,14 +107,14 @@ def _all_gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
     return whole
 
 
-def _reduce_scatter_sequence(x: torch.Tensor, group, async_op: bool = False):
-    """(batch, seq, ...) on every rank -> this rank's (batch, seq / tp, ...) run of tokens of their sum; with
-    `async_op`, also the collective's handle, to wait for before the part is read."""
+def _reduce_scatter_sequence(x: torch.Tensor, group,
+                             async_op: bool = False) -> tuple[torch.Tensor, Optional[dist.Work]]:
+    """(batch, seq, ...) on every rank -> this rank's (batch, seq / tp, ...) run of tokens of their sum, and with
+    `async_op` the running collective's handle, to wait for before the part is read (else None)."""
     world = _sequence_parts(x, group)
     part = x.new_empty((x.shape[0], x.shape[1] // world, *x.shape[2:]))
-    handle = dist.reduce_scatter_tensor(part.flatten(0, 1), x.contiguous().flatten(0, 1), group=group,
-                                        async_op=async_op)
-    return (part, handle) if async_op else part
+    return part, dist.reduce_scatter_tensor(part.flatten(0, 1), x.contiguous().flatten(0, 1), group=group,
+                                            async_op=async_op)
 
 
 class _GatherFromSequenceParallel(torch.autograd.Function):
@@ -129,7 +129,7 @@ class _GatherFromSequenceParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce_scatter_sequence(grad, ctx.group), None
+        return _reduce_scatter_sequence(grad, ctx.group)[0], None
 
 
 class _ReduceScatterToSequenceParallel(torch.autograd.Function):
@@ -139,7 +139,7 @@ class _ReduceScatterToSequenceParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return _reduce_scatter_sequence(x, group)
+        return _reduce_scatter_sequence(x, group)[0]
 
     @staticmethod
     def backward(ctx, grad):
@@ -184,11 +184,11 @@ class _ColumnParallel(torch.autograd.Function):
         return grad_x, None, None, *parameter_grads
 
 
-def column_parallel(x: torch.Tensor, layers, group, sequence_parallel: bool) -> list[torch.Tensor]:
+def column_parallel(x: torch.Tensor, layers, group, sequence_parallel: bool) -> tuple[torch.Tensor, ...]:
     """The outputs of column-parallel `layers` that all read `x`, which enters the tensor-parallel region here
     (replicated, or this rank's part of the tokens with sequence parallelism)."""
     parameters = [tensor for layer in layers for tensor in (layer.weight, layer.bias)]
-    return list(_ColumnParallel.apply(x, group, sequence_parallel, *parameters))
+    return _ColumnParallel.apply(x, group, sequence_parallel, *parameters)
 
 
 def copy_to_tensor_parallel(x: torch.Tensor, group) -> torch.Tensor:
@@ -415,8 +415,7 @@ class TensorParallelAttention(Attention):
         return super().alibi_slopes(device)[self.heads]
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = column_parallel(x, (self.q, self.k, self.v), self.group, self.sequence_parallel)
-        return q, k, v
+        return column_parallel(x, (self.q, self.k, self.v), self.group, self.sequence_parallel)
 
 
 class TensorParallelMLP(MLP):
@@ -432,7 +431,7 @@ class TensorParallelMLP(MLP):
         self.up = ColumnParallelLinear(full.up, group)
         self.down = RowParallelLinear(full.down, group, sequence_parallel)
 
-    def project(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         layers = (self.gate, self.up) if self.swiglu else (self.up,)
         return column_parallel(x, layers, self.group, self.sequence_parallel)
 

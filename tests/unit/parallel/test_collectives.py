@@ -265,7 +265,8 @@ def test_a_sequence_parallel_block_gathers_and_scatters_instead(matching, model)
     the backward also the gradients of the parameters applied to this rank's part of the sequence only, summed:
     the norms' weights (and biases) and the row-parallel biases."""
     activations = 2 * SEQUENCE * HIDDEN
-    gathers, scatters = [["all_gather_into_tensor", activations, False]] * 2, [["reduce_scatter_tensor", activations]] * 2
+    gathers = [["all_gather_into_tensor", activations, False]] * 2
+    scatters = [["reduce_scatter_tensor", activations]] * 2
     replicated = 6 if BLOCKS[model].bias else 2  # LayerNorm weight and bias x 2, out and down bias; RMSNorm weight x 2
     assert matching["collectives per block"][f"{model} sequence-parallel"] == {
         "forward": sorted(gathers + [[*scatter, False] for scatter in scatters]),
