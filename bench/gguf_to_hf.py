@@ -6,9 +6,12 @@ GGUF loader dequantizes every tensor (Q4_1, Q8_0, F16 ...) to float and builds t
 metadata; this script saves both as a folder of safetensors weights, `config.json`, `generation_config.json`,
 `tokenizer.json`, `tokenizer_config.json` and `special_tokens_map.json`. No remote code runs, nothing is downloaded.
 
-    python bench/gguf_to_hf.py <model.gguf> <new folder> [--dtype bfloat16|float32] [--prompt "The capital of"]
+    python bench/gguf_to_hf.py <model.gguf> <new folder> [--dtype bfloat16|float32] [--eos-token TOKEN]
+        [--prompt "The capital of"]
 
-`--prompt` prints the converted model's greedy continuation of the prompt (a check that the weights make sense).
+`--eos-token` names the token that ends documents where the file names another: the GGUF of an instruct model names
+its chat turn's end (SmolLM2-135M-Instruct: `<|im_end|>`), where the pretraining text was separated by
+`<|endoftext|>`, and `evaluate` scores the base with documents after its end-of-sequence token. `--prompt` prints the converted model's greedy continuation of the prompt (a check that the weights make sense).
 Quantized weights stay as coarse as they were: the folder holds their float values, not the original model's.
 """
 
@@ -28,7 +31,7 @@ ROLES = ("bos", "eos", "pad", "unk")
 LOAD_KEYS = ("is_local", "local_files_only", "gguf_file")
 
 
-def convert(gguf_file: Path, out: Path, dtype: torch.dtype) -> Path:
+def convert(gguf_file: Path, out: Path, dtype: torch.dtype, eos_token: str | None = None) -> Path:
     """Write the Hugging Face folder `out` (new or empty) for `gguf_file`; returns `out`. The folder appears whole or
     not at all: it is written beside it under another name and renamed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -45,7 +48,7 @@ def convert(gguf_file: Path, out: Path, dtype: torch.dtype) -> Path:
     _forget_gguf(model, dtype)
     model.save_pretrained(partial, safe_serialization=True)
     tokenizer.save_pretrained(partial)
-    _plain_tokenizer_files(partial)
+    _plain_tokenizer_files(partial, eos_token)
     if out.exists():
         out.rmdir()
     partial.rename(out)
@@ -75,14 +78,22 @@ def _forget_gguf(model, dtype: torch.dtype) -> None:
         quantizer.remove_quantization_config(model)
 
 
-def _plain_tokenizer_files(folder: Path) -> None:
+def _plain_tokenizer_files(folder: Path, eos_token: str | None) -> None:
     """tokenizer_config.json as transformers 4.x and 5.x both load it (transformers 5 names its own
-    `TokenizersBackend` class), without the keys of this load, and special_tokens_map.json beside it: the pipeline
-    reads the special tokens' roles from them."""
+    `TokenizersBackend` class), without the keys of this load, with `eos_token` if given, and special_tokens_map.json
+    beside it: the pipeline reads the special tokens' roles from them."""
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config = {key: value for key, value in config.items() if key not in LOAD_KEYS}
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if eos_token is not None:
+        from tokenizers import Tokenizer
+
+        if Tokenizer.from_file(str(folder / "tokenizer.json")).token_to_id(eos_token) is None:
+            raise SystemExit(f"--eos-token {eos_token!r} is not a token of this model's vocabulary; name one of its "
+                             f"tokens (its special ones: {config.get('bos_token')!r}, {config.get('eos_token')!r} "
+                             "...), or leave the option out.")
+        config["eos_token"] = eos_token
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     specials = {f"{role}_token": config[f"{role}_token"] for role in ROLES if config.get(f"{role}_token")}
     (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2, ensure_ascii=False) + "\n",
@@ -107,9 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path, help="the Hugging Face folder to write (new or empty)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
                         help="the weights' dtype in the folder (default bfloat16: half the size of float32)")
+    parser.add_argument("--eos-token", help="the token that ends a document, where the file names another (for "
+                        "SmolLM2-135M-Instruct: <|endoftext|>, its pretraining separator, not the chat's <|im_end|>)")
     parser.add_argument("--prompt", help="print the converted model's greedy continuation of this text")
     args = parser.parse_args(argv)
-    folder = convert(args.gguf_file, args.out, DTYPES[args.dtype])
+    folder = convert(args.gguf_file, args.out, DTYPES[args.dtype], args.eos_token)
     size = sum(file.stat().st_size for file in folder.iterdir() if file.is_file())
     print(f"wrote {folder} ({size / 2**20:.1f} MiB): {', '.join(sorted(f.name for f in folder.iterdir()))}")
     if args.prompt:

@@ -181,3 +181,15 @@ def test_a_folder_that_is_not_empty_is_refused(converted):
     with pytest.raises(SystemExit, match="is not empty"):
         converter.main([str(folder / "tiny.gguf"), str(folder / "f32")])
     assert not (folder / "f32.partial").exists()
+
+
+def test_eos_token_names_the_document_end_and_an_unknown_one_is_refused(converted):
+    folder, _, tokenizer, converter = converted
+    word = tokenizer.id_to_token(tokenizer.get_vocab_size() - 1)  # the last merge: not the file's end of sequence
+    converter.main([str(folder / "tiny.gguf"), str(folder / "eos"), "--eos-token", word])
+    special = json.loads((folder / "eos" / "special_tokens_map.json").read_text())
+    assert special == {"bos_token": END_OF_TEXT, "eos_token": word}
+    assert token_roles(folder / "eos", load_tokenizer(folder / "eos"))["eos"] == tokenizer.token_to_id(word) != 0
+    with pytest.raises(SystemExit, match="'<\\|im_end\\|>' is not a token of this model's vocabulary"):
+        converter.main([str(folder / "tiny.gguf"), str(folder / "chat"), "--eos-token", "<|im_end|>"])
+    assert not (folder / "chat").exists()
