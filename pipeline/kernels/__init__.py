@@ -1,7 +1,8 @@
 """Triton kernels (attention, norms, cross-entropy) and their plain PyTorch references.
 
 Public API (each runs the Triton kernel on a GPU tensor and the reference in pipeline/kernels/reference.py
-on CPU; see pipeline/kernels/backend.py for the switch):
+on CPU, attention without an autograd graph through PyTorch's fused attention; see pipeline/kernels/backend.py for
+the switch):
 
 - `flash_attention(q, k, v, *, causal=True, alibi_slopes=None, segment_ids=None, softmax_scale=None)`:
   (batch, heads, seq, head_dim) like SDPA; k and v may have fewer heads (GQA/MQA); `alibi_slopes` holds
@@ -45,8 +46,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         from pipeline.kernels.attention import flash_attention as triton_attention
         return triton_attention(q, k, v, causal=causal, alibi_slopes=alibi_slopes, segment_ids=segment_ids,
                                 softmax_scale=softmax_scale)
-    return reference.attention(q, k, v, causal=causal, alibi_slopes=alibi_slopes, segment_ids=segment_ids,
-                               softmax_scale=softmax_scale)
+    # Without an autograd graph nothing is saved for a backward, so PyTorch's fused attention may run instead.
+    building_graph = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    attend = reference.attention if building_graph else reference.scoring_attention
+    return attend(q, k, v, causal=causal, alibi_slopes=alibi_slopes, segment_ids=segment_ids,
+                  softmax_scale=softmax_scale)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
