@@ -19,6 +19,7 @@ a tuning pass. Architectures:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -160,10 +161,17 @@ def current_arch(device: torch.device | None = None) -> str:
     """`sm90`, `gfx90a` or `default` for the device that a kernel is about to run on."""
     if device is None or device.type != "cuda" or not torch.cuda.is_available():
         return "default"  # the interpreter on CPU
+    return _arch_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _arch_of(index: int) -> str:
+    """Asked once per GPU: every kernel launch looks its table up, and reading the device's properties each time
+    cost a small model's training a visible share of its host time."""
     if torch.version.hip:
-        name = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+        name = torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
         return name if name in ATTENTION else "default"
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = torch.cuda.get_device_capability(index)
     arch = f"sm{major}{minor}"
     return arch if arch in ATTENTION else "default"
 

@@ -14,6 +14,8 @@ interleaved pairs), with frequencies and angles in float32 as transformers compu
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from typing import Optional
 
@@ -61,7 +63,7 @@ class Attention(nn.Module):
 
     def alibi_slopes(self, device: torch.device) -> torch.Tensor:
         """The ALiBi slope of each of this module's query heads."""
-        return alibi_slopes(self.cfg.num_heads, device)
+        return shared_alibi_slopes(self.cfg.num_heads, device)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k and v of every token: (batch, seq, heads x head_dim) each."""
@@ -78,7 +80,7 @@ class Attention(nn.Module):
         if cfg.position == "rope":
             # Positions count from the start of the sequence, also in packed sequences (documents
             # after the first do not start at 0); segment_ids only keep documents apart.
-            cos, sin = rope_cos_sin(rope_frequencies(cfg, q.device), seq, q.dtype)
+            cos, sin = shared_rope_tables(cfg, seq, q.dtype, q.device)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         else:
             slopes = self.alibi_slopes(q.device)
@@ -228,6 +230,29 @@ def alibi_slopes(num_heads: int, device: Optional[torch.device] = None) -> torch
     closest = 2 ** int(math.floor(math.log2(num_heads)))
     slopes = geometric(closest) + geometric(2 * closest)[0::2][:num_heads - closest]
     return torch.tensor(slopes, dtype=torch.float32, device=device)
+
+
+@functools.lru_cache(maxsize=16)
+def shared_alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
+    """`alibi_slopes` made once per device and shared by the layers (not to be modified): made per layer, each
+    forward copied them from the host, which waits for the device's queue."""
+    return alibi_slopes(num_heads, device)
+
+
+_ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def shared_rope_tables(cfg: ModelConfig, seq_len: int, dtype: torch.dtype,
+                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope_cos_sin` made once per shape, dtype and device and shared by the layers (not to be modified): made
+    per layer, they cost every forward a dozen small launches per layer."""
+    scaling = None if cfg.rope_scaling is None else dataclasses.astuple(cfg.rope_scaling)
+    key = (cfg.head_dim, cfg.rope_theta, scaling, seq_len, dtype, device)
+    if key not in _ROPE_TABLES:
+        if len(_ROPE_TABLES) >= 16:  # lengths and devices seen by one process are few; never grow without bound
+            _ROPE_TABLES.clear()
+        _ROPE_TABLES[key] = rope_cos_sin(rope_frequencies(cfg, device), seq_len, dtype)
+    return _ROPE_TABLES[key]
 
 
 def rope_frequencies(cfg: ModelConfig, device: Optional[torch.device] = None) -> torch.Tensor:
