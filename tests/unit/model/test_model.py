@@ -12,7 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipeline.config import CONF_DIR
 from pipeline.errors import ConfigError
 from pipeline.model.config import ModelConfig, RopeScaling, flops_per_token, parameter_count, validate_model
-from pipeline.model.transformer import Transformer, alibi_slopes
+from pipeline.model.transformer import (Transformer, alibi_slopes, rope_cos_sin, rope_frequencies, shared_alibi_slopes,
+                                        shared_rope_tables)
 
 PRESETS = ("tiny", "bloom-560m", "bloom-1b7", "bloom-7b1", "mistral-7b", "llama-3.2-1b", "llama-3.1-8b", "llama-2-13b",
            "poro-34b", "llama-3.1-70b", "megatron-146b", "bloom-176b")
@@ -140,3 +141,19 @@ def test_cli_prints_a_preset_and_rejects_a_bad_value(tmp_path):
     assert result.returncode == 1
     assert "Invalid value for `model.position`: 'alibii'. Allowed: alibi, rope." in result.stderr
     assert not (tmp_path / "work" / "nob" / "clean").exists()
+
+
+def test_layers_share_one_rope_table_and_slope_tensor_per_shape_and_device():
+    cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, ffn_size=128, vocab_size=128, max_seq_len=64,
+                      position="rope", rope_theta=50000.0)
+    cpu = torch.device("cpu")
+    cos, sin = shared_rope_tables(cfg, 32, torch.float32, cpu)
+    assert shared_rope_tables(cfg, 32, torch.float32, cpu)[0] is cos  # made once, then shared
+    fresh_cos, fresh_sin = rope_cos_sin(rope_frequencies(cfg, cpu), 32, torch.float32)
+    assert torch.equal(cos, fresh_cos) and torch.equal(sin, fresh_sin)
+    # Another length or another scaling is another table.
+    assert shared_rope_tables(cfg, 16, torch.float32, cpu)[0].shape[0] == 16
+    scaled = dataclasses.replace(cfg, rope_scaling=RopeScaling(factor=8.0, original_max_seq_len=16))
+    assert not torch.equal(shared_rope_tables(scaled, 32, torch.float32, cpu)[0], cos)
+    assert shared_alibi_slopes(12, cpu) is shared_alibi_slopes(12, cpu)
+    assert torch.equal(shared_alibi_slopes(12, cpu), alibi_slopes(12))
