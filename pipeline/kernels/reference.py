@@ -3,7 +3,7 @@
 `attention` writes every score out (batch x heads x seq x seq in float32), which makes it the oracle and makes the
 memory of a training step predictable (pipeline/memory_fit counts what its autograd saves); `scoring_attention`
 computes the same with PyTorch's fused attention, for the forward passes that build no autograd graph (scoring
-held-out text on a CPU: 10x faster at 2,048 tokens, without the seq x seq tensors).
+held-out text on a CPU, at 2,048 tokens: 10x faster causal alone, 2.3x with ALiBi and documents).
 """
 
 from __future__ import annotations
