@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 def init_distributed(collective_timeout_s: float) -> None:
     """This rank's process group; a collective that waits longer than `collective_timeout_s` fails with an error
     naming the rank and the operation (parallel.collective_timeout_s), in every group DeepSpeed makes from it."""
+    device = None
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     else:
         skip_cpu_shared_memory_collective()
     timeout = bound_collectives(collective_timeout_s)
@@ -45,8 +47,9 @@ def init_distributed(collective_timeout_s: float) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         # One rank meets no other: an in-memory store, where a TCP one on a port picked beforehand can lose that
         # port to another stage starting on the same machine (EADDRINUSE). DeepSpeed adopts the group.
+        # Its GPU named, so that NCCL need not guess it from the rank (and says so in every log).
         torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1,
-                                             timeout=timeout)
+                                             timeout=timeout, device_id=device)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
 
 
