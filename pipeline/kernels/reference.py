@@ -16,6 +16,25 @@ import torch
 from pipeline.kernels.fused_head import RowPrimitives
 
 
+def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"attention: {q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+
+
+def _mask(q: torch.Tensor, causal: bool, alibi_slopes: Optional[torch.Tensor],
+          segment_ids: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Which keys each query may see, (batch or 1, 1, seq, seq), and the ALiBi bias slope_h * (j - i) of query i
+    and key j, (1, heads, seq, seq) in float32, or None."""
+    _, heads, seq, _ = q.shape
+    positions = torch.arange(seq, device=q.device)
+    distance = positions[None, :] - positions[:, None]  # j - i
+    allowed = (distance <= 0 if causal else torch.ones_like(distance, dtype=torch.bool)).view(1, 1, seq, seq)
+    if segment_ids is not None:
+        allowed = allowed & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
+    bias = None if alibi_slopes is None else alibi_slopes.float().view(1, heads, 1, 1) * distance
+    return allowed, bias
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
               alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
               softmax_scale: Optional[float] = None) -> torch.Tensor:
@@ -24,25 +43,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ALiBi adds slope_h * (j - i) to the score of query i and key j: BLOOM adds slope_h * j, which
     differs by a constant per row and so gives the same softmax. Softmax runs in float32.
     """
-    batch, heads, seq, head_dim = q.shape
-    kv_heads = k.shape[1]
-    if heads % kv_heads:
-        raise ValueError(f"attention: {heads} query heads are not a multiple of {kv_heads} key/value heads")
+    _check_heads(q, k)
+    heads, head_dim, kv_heads = q.shape[1], q.shape[-1], k.shape[1]
+    allowed, bias = _mask(q, causal, alibi_slopes, segment_ids)
     if kv_heads != heads:
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    positions = torch.arange(seq, device=q.device)
-    distance = positions[None, :] - positions[:, None]  # j - i
-    if alibi_slopes is not None:
-        scores = scores + alibi_slopes.float().view(1, heads, 1, 1) * distance
-    allowed = torch.ones(seq, seq, dtype=torch.bool, device=q.device)
-    if causal:
-        allowed = distance <= 0
-    allowed = allowed.view(1, 1, seq, seq)
-    if segment_ids is not None:
-        allowed = allowed & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
+    if bias is not None:
+        scores = scores + bias
     scores = scores.masked_fill(~allowed, float("-inf"))
     probabilities = torch.softmax(scores, dim=-1)
     return torch.matmul(probabilities, v.float()).to(q.dtype)
@@ -51,27 +61,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 def scoring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
                       alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
                       softmax_scale: Optional[float] = None) -> torch.Tensor:
-    """`attention` through `scaled_dot_product_attention` in float32: the same scores, masks and ALiBi bias (built
-    once per call as an additive mask), the softmax fused."""
-    batch, heads, seq, _ = q.shape
-    if heads % k.shape[1]:
-        raise ValueError(f"attention: {heads} query heads are not a multiple of {k.shape[1]} key/value heads")
+    """`attention` through `scaled_dot_product_attention` in float32: the same masks and ALiBi bias (`_mask`, as an
+    additive mask), the softmax fused; causal attention alone takes SDPA's own causal kernel."""
+    _check_heads(q, k)
     q32, k32, v32 = q.float(), k.float(), v.float()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
     if alibi_slopes is None and segment_ids is None:
-        out = torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, is_causal=causal, scale=softmax_scale,
-                                                               enable_gqa=True)
-        return out.to(q.dtype)
-    positions = torch.arange(seq, device=q.device)
-    distance = positions[None, :] - positions[:, None]  # j - i
-    allowed = (distance <= 0 if causal else torch.ones_like(distance, dtype=torch.bool)).view(1, 1, seq, seq)
-    if segment_ids is not None:
-        allowed = allowed & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
-    mask = allowed
-    if alibi_slopes is not None:
-        mask = (alibi_slopes.float().view(1, heads, 1, 1) * distance).masked_fill(~allowed, float("-inf"))
-    out = torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, attn_mask=mask, scale=softmax_scale,
-                                                           enable_gqa=True)
-    return out.to(q.dtype)
+        return sdpa(q32, k32, v32, is_causal=causal, scale=softmax_scale, enable_gqa=True).to(q.dtype)
+    allowed, bias = _mask(q, causal, alibi_slopes, segment_ids)
+    mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
+    return sdpa(q32, k32, v32, attn_mask=mask, scale=softmax_scale, enable_gqa=True).to(q.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

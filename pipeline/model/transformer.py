@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.kernels import flash_attention, layer_norm, rms_norm
-from pipeline.model.config import ModelConfig
+from pipeline.model.config import ModelConfig, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -239,27 +239,25 @@ def shared_alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
     return alibi_slopes(num_heads, device)
 
 
-_ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
 def shared_rope_tables(cfg: ModelConfig, seq_len: int, dtype: torch.dtype,
                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """`rope_cos_sin` made once per shape, dtype and device and shared by the layers (not to be modified): made
     per layer, they cost every forward a dozen small launches per layer."""
-    scaling = None if cfg.rope_scaling is None else dataclasses.astuple(cfg.rope_scaling)
-    key = (cfg.head_dim, cfg.rope_theta, scaling, seq_len, dtype, device)
-    if key not in _ROPE_TABLES:
-        if len(_ROPE_TABLES) >= 16:  # lengths and devices seen by one process are few; never grow without bound
-            _ROPE_TABLES.clear()
-        _ROPE_TABLES[key] = rope_cos_sin(rope_frequencies(cfg, device), seq_len, dtype)
-    return _ROPE_TABLES[key]
+    scaling = None if cfg.rope_scaling is None else dataclasses.astuple(cfg.rope_scaling)  # hashable
+    return _rope_tables(cfg.head_dim, cfg.rope_theta, scaling, seq_len, dtype, device)
 
 
-def rope_frequencies(cfg: ModelConfig, device: Optional[torch.device] = None) -> torch.Tensor:
+@functools.lru_cache(maxsize=16)
+def _rope_tables(head_dim: int, theta: float, scaling: Optional[tuple], seq_len: int, dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = rope_frequencies(head_dim, theta, None if scaling is None else RopeScaling(*scaling), device)
+    return rope_cos_sin(inv_freq, seq_len, dtype)
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: Optional[RopeScaling],
+                     device: Optional[torch.device] = None) -> torch.Tensor:
     """The rotation speed of each pair of dimensions (head_dim / 2 values), with Llama 3's scaling if set."""
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
-    scaling = cfg.rope_scaling
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
     if scaling is None:
         return inv_freq
     # Llama 3.1: wavelengths longer than the pretraining context / low_freq_factor are slowed down by

@@ -149,7 +149,7 @@ def test_layers_share_one_rope_table_and_slope_tensor_per_shape_and_device():
     cpu = torch.device("cpu")
     cos, sin = shared_rope_tables(cfg, 32, torch.float32, cpu)
     assert shared_rope_tables(cfg, 32, torch.float32, cpu)[0] is cos  # made once, then shared
-    fresh_cos, fresh_sin = rope_cos_sin(rope_frequencies(cfg, cpu), 32, torch.float32)
+    fresh_cos, fresh_sin = rope_cos_sin(rope_frequencies(cfg.head_dim, cfg.rope_theta, None, cpu), 32, torch.float32)
     assert torch.equal(cos, fresh_cos) and torch.equal(sin, fresh_sin)
     # Another length or another scaling is another table.
     assert shared_rope_tables(cfg, 16, torch.float32, cpu)[0].shape[0] == 16
