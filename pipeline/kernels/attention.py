@@ -293,31 +293,44 @@ def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr,
 
 
 @triton.jit
-def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_ptr, delta_ptr,
-                              seg_row_ptr, seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len,
-                              head_dim, lo, hi,
+def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr,
+                              delta_ptr, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head,
+                              anchor, qk_scale, seq_len, head_dim, group, lo, hi,
                               BLOCK_M: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
                               CHECK_QUERIES: tl.constexpr, SEGMENT_MASK: tl.constexpr, CHECK_D: tl.constexpr):
-    """dK, dV of one key block from the query blocks [lo, hi) of one query head (keys x queries)."""
-    for start_m in tl.range(lo, hi, BLOCK_M):
+    """dK, dV of one key block from the query blocks [lo, hi) of every query head of its group (keys x queries).
+    One flat loop over (head, query block) pairs rather than a loop over heads around a loop over blocks: in the
+    nest, the compiler kept per-head values live across the inner loop and the GQA kernels spilled (sm90, D=128,
+    32 x 64 tiles: 504 bytes with two or more heads per group, none with one); flat, they compile as one head does."""
+    member = 0
+    start_m = lo
+    for _ in tl.range(0, group * tl.cdiv(hi - lo, BLOCK_M)):
         queries = start_m + offs_m
         seg_q = queries
         if SEGMENT_MASK:
             seg_q = tl.load(seg_row_ptr + queries, mask=queries < seq_len, other=-1)
-        q = _load_tile(q_ptrs + start_m * stride_qs, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
-        lse = _load_rows(lse_ptr + queries, queries, seq_len, CHECK_QUERIES)
-        delta = _load_rows(delta_ptr + queries, queries, seq_len, CHECK_QUERIES)
+        q = _load_tile(q_ptrs + member * stride_qh + start_m * stride_qs, queries, offs_d, seq_len, head_dim,
+                       CHECK_QUERIES, CHECK_D)
+        rows = member * seq_len + queries
+        lse = _load_rows(lse_ptr + rows, queries, seq_len, CHECK_QUERIES)
+        delta = _load_rows(delta_ptr + rows, queries, seq_len, CHECK_QUERIES)
+        alibi_slope2 = 0.0
         if HAS_ALIBI:  # into this kernel's frame, anchored at the key block
+            alibi_slope2 = tl.load(slopes_ptr + first_head + member)
             lse = lse + alibi_slope2 * (queries - anchor).to(tl.float32)
         scores_t = _masked_scores(k, q, offs_n, queries, seg_k, seg_q, alibi_slope2, anchor, qk_scale, seq_len,
                                   QUERIES_FIRST=False, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL_MASK,
                                   CHECK_B=CHECK_QUERIES, SEGMENT_MASK=SEGMENT_MASK)
         p_t = tl.math.exp2(scores_t - lse[None, :])
-        do = _load_tile(do_ptrs + start_m * stride_dos, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
+        do = _load_tile(do_ptrs + member * stride_doh + start_m * stride_dos, queries, offs_d, seq_len, head_dim,
+                        CHECK_QUERIES, CHECK_D)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        start_m += BLOCK_M  # the next query block, or the first one of the next head
+        member = tl.where(start_m >= hi, member + 1, member)
+        start_m = tl.where(start_m >= hi, lo, start_m)
     return dk, dv
 
 
@@ -353,29 +366,23 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for member in range(0, group):
-        head = kv_head * group + member
-        alibi_slope2 = 0.0
-        if HAS_ALIBI:
-            alibi_slope2 = tl.load(slopes_ptr + head)
-        q_ptrs = q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
-        do_ptrs = do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :]
-        row_offset = (batch * heads + head) * seq_len
-        lse_row_ptr = lse_ptr + row_offset
-        delta_row_ptr = delta_ptr + row_offset
-        if CAUSAL:
-            dk, dv = _backward_kv_query_blocks(
-                dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr,
-                seg_k, offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, anchor,
-                diagonal_end, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True, CHECK_QUERIES=CHECK_SEQ,
-                SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
-        # Not split into partial and full blocks like the forward: the dK/dV program already holds K, V, dK and dV
-        # of its keys, and the extra loops would spill on sm90; every block of the document range is masked.
+    first_head = kv_head * group
+    q_ptrs = q_ptr + batch * stride_qb + first_head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
+    do_ptrs = do_ptr + batch * stride_dob + first_head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :]
+    row_offset = (batch * heads + first_head) * seq_len  # lse, delta: (batch, heads, seq), a group's heads adjacent
+    if CAUSAL:
         dk, dv = _backward_kv_query_blocks(
-            dk, dv, k, v, q_ptrs, do_ptrs, stride_qs, stride_dos, lse_row_ptr, delta_row_ptr, seg_row_ptr, seg_k,
-            offs_n, offs_m, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
-            BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_QUERIES=CHECK_SEQ,
-            SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
+            dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
+            delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
+            qk_scale, seq_len, head_dim, group, anchor, diagonal_end, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=True, CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
+    # Not split into partial and full blocks like the forward: the dK/dV program already holds K, V, dK and dV of its
+    # keys, and the extra loops would spill on sm90; every block of the document range is masked.
+    dk, dv = _backward_kv_query_blocks(
+        dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
+        delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
+        qk_scale, seq_len, head_dim, group, lo, hi, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False,
+        CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
 
     dk = dk * sm_scale
     _store_tile(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],

@@ -64,29 +64,30 @@ class AttentionConfigs:
 # run in 128-wide tiles with the extra columns masked).
 ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
     "sm90": {
-        # Forward: 128 queries x 64 keys with 8 warps (two warpgroups, wgmma on 64 rows each), K/V loads
-        # pipelined 4 deep (160 KiB of shared memory): the fastest of the candidates that bench/attention_configs.py
-        # timed on an H100; 128x128 tiles spill at D=128 (ptxas: 255 registers).
-        # Backward dK/dV: the program keeps its keys' K and V tiles in shared memory (wgmma operands) and the
-        # dK/dV accumulators (fp32) in registers while query blocks stream by: 16 queries x 128 keys with 8 warps
-        # and 3 stages (224 registers); 32 x 128 with 2 stages was 1-3% slower in three H100 runs (2026-11-21 and
-        # -23), 64x64 with 4 warps ran ~10% faster but spills. dQ: 128 queries, 64-key blocks. Every entry compiles
-        # without spills (tests/unit/kernels/test_kernels_compile.py).
-        # With document masks the dK/dV kernel takes 2 stages to stay spill-free (3 spill 4 bytes).
+        # Forward: 128 queries x 64 keys with 8 warps (two warpgroups, wgmma on 64 rows each), K/V loads pipelined 4
+        # deep (160 KiB of shared memory): the fastest dense candidate that bench/attention_configs.py timed on an
+        # H100; 128x128 tiles spill at D=128. On packed rows (document masks) a program's key range is short, and
+        # 64 x 64 tiles with one warpgroup and 2 stages (two programs per SM) ran 1.32x the 128 x 64 ones; the
+        # same holds for dQ there (+8%).
+        # Backward dK/dV: the program keeps its keys' K and V tiles in shared memory (wgmma operands) and the dK/dV
+        # accumulators (fp32) in registers while query blocks stream by: 64 keys x 32-query steps with one
+        # warpgroup and 3 stages, which replaced 128 keys x 16 queries with 8 warps (2026-11-26, H100; figures in
+        # BENCHMARKS.md). dQ: 128 queries, 64-key blocks. Every entry compiles without spills, with one query
+        # head per key head and with several (tests/unit/kernels/test_kernels_compile.py).
         128: AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
-                              backward_kv=KernelConfig(16, 128, 8, 3),
+                              backward_kv=KernelConfig(32, 64, 4, 3),
                               backward_q=KernelConfig(128, 64, 8, 3),
-                              documents=AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
-                                                         backward_kv=KernelConfig(16, 128, 8, 2),
-                                                         backward_q=KernelConfig(128, 64, 8, 3))),
-        # D=64 halves every tile: 4 warps suffice for the forward's 128x64 tiles (3 stages); dK/dV 32 queries x
-        # 128 keys with 8 warps and 3 stages (64x64 with 4 warps ran ~8% faster but spills 4 bytes), dQ 64 queries
-        # x 32 keys with 4 stages; with document masks dK/dV takes 2 stages (3 spill 68 bytes).
+                              documents=AttentionConfigs(forward=KernelConfig(64, 64, 4, 2),
+                                                         backward_kv=KernelConfig(32, 64, 4, 3),
+                                                         backward_q=KernelConfig(64, 64, 4, 2))),
+        # D=64 halves every tile: 4 warps suffice for the forward's 128x64 tiles (3 stages; on packed rows 64 x 32
+        # with 2 stages, +19%), dK/dV 64 keys x 64 queries with one warpgroup (3 stages; 2 on packed rows), dQ 64 queries
+        # x 32 keys with 4 stages.
         64: AttentionConfigs(forward=KernelConfig(128, 64, 4, 3),
-                             backward_kv=KernelConfig(32, 128, 8, 3),
+                             backward_kv=KernelConfig(64, 64, 4, 3),
                              backward_q=KernelConfig(64, 32, 4, 4),
-                             documents=AttentionConfigs(forward=KernelConfig(128, 64, 4, 3),
-                                                        backward_kv=KernelConfig(32, 128, 8, 2),
+                             documents=AttentionConfigs(forward=KernelConfig(64, 32, 4, 2),
+                                                        backward_kv=KernelConfig(64, 64, 4, 2),
                                                         backward_q=KernelConfig(64, 32, 4, 4))),
     },
     "gfx90a": {
@@ -106,9 +107,11 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
                                   backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
                                   backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16))),
         # D=64: tiles are half as large, so the forward double-buffers K/V in LDS (num_stages=2, 16 KiB) and
-        # every kernel keeps two waves per SIMD. Document masks: the forward as at D=128, dK/dV 32-query steps.
+        # every kernel keeps two waves per SIMD. dK/dV takes 32-query steps (64 spilled 15 registers once its loop
+        # over a group's heads was flattened); with document masks the forward is as at D=128. Not timed on an
+        # MI250X: chosen by the compiler's report alone.
         64: AttentionConfigs(forward=KernelConfig(128, 64, 4, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
-                             backward_kv=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                             backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
                              backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
                              documents=AttentionConfigs(
                                  forward=KernelConfig(128, 64, 8, 2, waves_per_eu=2, matrix_instr_nonkdim=16),

@@ -105,10 +105,14 @@ def test_attention_configs_compile_to_matrix_instructions_without_spills(arch, h
         queries_outer = name != "backward_kv"
         outer, inner = (config.block_m, config.block_n) if queries_outer else (config.block_n, config.block_m)
         assert outer % inner == 0, f"{arch} D={head_dim} {name}: causal blocks need {outer} divisible by {inner}"
-        result = build(kernel, {**flags, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}, arch,
-                       config.launch_options(arch), tmp_path)
-        what = f"attention {name} D={head_dim}{' with documents' if documents else ''} {config}"
-        check(result, arch, True, what)
+        # dK/dV loops over the query heads of its key head: built for several (GQA) and for one, which Triton
+        # compiles apart (an integer argument equal to 1 is specialised at launch).
+        for group in ({}, {"group": 1}) if name == "backward_kv" else ({},):
+            result = build(kernel, {**flags, **group, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}, arch,
+                           config.launch_options(arch), tmp_path)
+            heads = "one query head per key head" if group else "grouped query heads"
+            what = f"attention {name} D={head_dim}{' with documents' if documents else ''}, {heads}, {config}"
+            check(result, arch, True, what)
 
 
 @pytest.mark.parametrize("arch", TARGETS)
