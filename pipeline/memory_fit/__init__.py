@@ -5,7 +5,8 @@ per pipeline stage, the weights, gradients, ZeRO-1 optimizer partition, activati
 checkpointing), the LM head and loss, and communication buffers against the device's memory, the pipeline bubble,
 the tokens per step and LUMI's rules of thumb; a layout that does not fit is refused with the smallest one that
 does.
-`check_layout(cfg)` is the same check for `stage=pretrain`. The pieces:
+`check_layout(cfg)` is the same check for `stage=pretrain`; `fitting_micro_batch` picks the largest micro-batch that
+fits where a training section leaves it null (the real-base defaults do). The pieces:
 
 - devices.py: the devices and their memory (MI250X GCD, H100, H200, the host's memory for CPU ranks);
 - layout.py: tp x pp x dp, micro-batches, bubble, DeepSpeed's split of the blocks over the pipeline-parallel stages;
@@ -16,7 +17,8 @@ does.
 
 from __future__ import annotations
 
-from pipeline.memory_fit.check import LayoutError, check_layout, plan_for_config, print_plan
+from pipeline.memory_fit.check import LayoutError, check_layout, fitting_micro_batch, plan_for_config, print_plan
 from pipeline.memory_fit.config import PlanConfig, validate_plan
 
-__all__ = ["LayoutError", "PlanConfig", "check_layout", "plan_for_config", "print_plan", "validate_plan"]
+__all__ = ["LayoutError", "PlanConfig", "check_layout", "fitting_micro_batch", "plan_for_config", "print_plan",
+           "validate_plan"]

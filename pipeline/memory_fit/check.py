@@ -7,6 +7,7 @@ verdict and the rules of thumb.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from pipeline.errors import StageError
@@ -14,6 +15,7 @@ from pipeline.memory_fit.devices import GIB, resolve_device
 from pipeline.memory_fit.layout import Layout
 from pipeline.memory_fit.plan import Plan, make_plan, numerics_for, smallest_fitting
 from pipeline.model.config import ModelConfig, parameter_count, training_seq_len, uneven_for_tensor_parallel
+from pipeline.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +42,11 @@ def _refuse_what_cannot_run(model: ModelConfig, tp: int, pp: int, seq_len: int, 
                           f"choose parallel.pp <= {model.num_layers}.")
 
 
-def plan_for_config(cfg, model: ModelConfig | None = None) -> Plan:
-    """The plan of the `pretrain` training section (train, parallel, kernels) for `model` (default: cfg.model)."""
+def plan_for_config(cfg, model: ModelConfig | None = None, train: TrainConfig | None = None) -> Plan:
+    """The plan of a training section (default: pretrain's `cfg.train`; its micro-batch set) with cfg's parallel
+    and kernels sections, for `model` (default: cfg.model)."""
     model = model or cfg.model
-    train, parallel = cfg.train, cfg.parallel
+    train, parallel = train or cfg.train, cfg.parallel
     seq_len = training_seq_len(model, train.seq_len)
     _refuse_what_cannot_run(model, parallel.tp, parallel.pp, seq_len, train.seq_len is not None)
     layout = Layout(tp=parallel.tp, pp=parallel.pp, dp=parallel.dp, micro_batch=train.micro_batch_size,
@@ -52,6 +55,42 @@ def plan_for_config(cfg, model: ModelConfig | None = None) -> Plan:
     device = resolve_device(cfg.plan, cfg.cluster.name, cfg.cluster.gpus_per_node)
     return make_plan(model, layout, numerics_for(device, train.precision, cfg.kernels), device,
                      cfg.plan.usable_fraction)
+
+
+# A pipeline of pp stages idles (pp - 1) / (m + pp - 1) of its step with m micro-batches: a planned micro-batch keeps
+# m >= 4 pp (a bubble of at most a fifth) where the global batch allows.
+MICRO_BATCHES_PER_STAGE = 4
+# The micro-batch where the device's memory is unknown.
+UNKNOWN_MEMORY_MICRO_BATCH = 8
+
+
+def fitting_micro_batch(cfg, train: TrainConfig, prefix: str = "train") -> TrainConfig:
+    """The section with `micro_batch_size` null replaced by the largest micro-batch that fits the device (the
+    planner's estimate, within plan.usable_fraction): of the divisors of global_batch_size / dp, the largest whose
+    layout fits and, with pp > 1, leaves at least 4 pp micro-batches per step. A small model trains several times
+    faster with a large micro-batch on a GPU (fewer, larger kernel launches); the result is the same model, as
+    the micro-batch only cuts the global batch. A set micro-batch is returned as it is; where nothing fits, 1
+    (check_layout then refuses it with a layout that fits)."""
+    if train.micro_batch_size is not None:
+        return train
+    per_rank = train.global_batch_size // cfg.parallel.dp
+    deep = [m for m in range(per_rank, 0, -1) if per_rank % m == 0
+            and (cfg.parallel.pp == 1 or per_rank // m >= MICRO_BATCHES_PER_STAGE * cfg.parallel.pp)] or [1]
+    for micro in deep:
+        plan = plan_for_config(cfg, train=dataclasses.replace(train, micro_batch_size=micro))
+        if plan.capacity is None:
+            micro = next(m for m in deep if m <= UNKNOWN_MEMORY_MICRO_BATCH)  # 1 is always among them
+            log.warning("%s.micro_batch_size=null: the memory of %s is unknown, so %d (set plan.device or "
+                        "plan.memory_gib to plan it, or %s.micro_batch_size).", prefix, plan.device.label, micro, prefix)
+            break
+        if plan.fits:
+            log.info("%s.micro_batch_size=null: %d sequences per micro-batch, the largest of %s that fits (peak "
+                     "%.1f GiB per rank of %.1f GiB usable on %s).", prefix, micro, "/".join(map(str, deep)),
+                     plan.largest.peak / GIB, plan.capacity / GIB, plan.device.label)
+            break
+    else:
+        micro = 1
+    return dataclasses.replace(train, micro_batch_size=micro)
 
 
 def refusal(plan: Plan) -> str:
@@ -75,10 +114,10 @@ def refusal(plan: Plan) -> str:
             f"`python -m pipeline stage=plan ...` with the same options prints the table.")
 
 
-def check_layout(cfg) -> Plan:
-    """Refuse (LayoutError) a pretrain layout that does not fit the device, naming the smallest one that does.
-    An unknown device memory is not refused: it is logged."""
-    plan = plan_for_config(cfg)
+def check_layout(cfg, train: TrainConfig | None = None) -> Plan:
+    """Refuse (LayoutError) a pretrain layout (`train`, default cfg.train, with its micro-batch set) that does not
+    fit the device, naming the smallest one that does. An unknown device memory is not refused: it is logged."""
+    plan = plan_for_config(cfg, train=train)
     for rule in plan.rules():
         if not rule.kept:
             log.warning("Layout rule of thumb: %s", rule.text)
@@ -96,7 +135,7 @@ def check_layout(cfg) -> Plan:
 def print_plan(cfg) -> None:
     """`stage=plan`: the table for the configured layout (with model.base, the command line has already given the
     model the base's shape); a layout that does not fit ends with the smallest that does, and a non-zero exit."""
-    plan = plan_for_config(cfg)
+    plan = plan_for_config(cfg, train=fitting_micro_batch(cfg, cfg.train))
     print(render(plan))
     if plan.capacity is None:
         raise LayoutError(f"The memory of {plan.device.label} is unknown: give plan.device (mi250x, h100, h200, cpu) "

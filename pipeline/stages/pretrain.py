@@ -20,7 +20,7 @@ import logging
 
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun
-from pipeline.memory_fit import check_layout
+from pipeline.memory_fit import check_layout, fitting_micro_batch
 from pipeline.training.run import (check_resume, describe_start, kept_checkpoints, prepare_training, pretrain_start,
                                    train_stage)
 
@@ -33,9 +33,10 @@ def needs_when(cfg: PipelineConfig) -> tuple[str, ...]:
 
 def run_pretrain(run: StageRun) -> dict:
     cfg: PipelineConfig = run.cfg
-    check_layout(cfg)  # a layout that cannot fit the device is refused before any work, with one that fits
+    train = fitting_micro_batch(cfg, cfg.train)
+    check_layout(cfg, train)  # a layout that cannot fit the device is refused before any work, with one that fits
     # A budget beyond the plan is refused before the model is written.
-    training = prepare_training(run, cfg.train, resume=cfg.resume)
+    training = prepare_training(run, train, resume=cfg.resume)
     start = pretrain_start(run, training.tokenizer)
     report = train_stage(training, start, cfg.cluster, cfg.export,
                          about={"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel)})

@@ -18,6 +18,7 @@ import logging
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, portable_path
 from pipeline.errors import StageError
+from pipeline.memory_fit import fitting_micro_batch
 from pipeline.model.files import base_identity
 from pipeline.training.run import SCRATCH, prepare_training, train_stage
 from pipeline.warmstart.initialise import warm_start, warmup_trainable
@@ -36,7 +37,10 @@ def run_warmup(run: StageRun) -> dict:
         raise StageError("warmup needs a base model: set model.base=<local Hugging Face folder or pipeline "
                          "checkpoint> (with its tokenizer.json), e.g. model.base=/models/bloom-560m")
     # A budget beyond the plan is refused before any work.
-    training = prepare_training(run, cfg.warmup.train, prefix="warmup.train", share=cfg.warmup.plan_share,
+    # The pretrain planner's micro-batch: an upper bound of warmup's memory, whose frozen body has no gradients and
+    # no optimizer state.
+    train = fitting_micro_batch(cfg, cfg.warmup.train, prefix="warmup.train")
+    training = prepare_training(run, train, prefix="warmup.train", share=cfg.warmup.plan_share,
                                 trainable=warmup_trainable(cfg.warmup.train_head, cfg.warmup.train_norms,
                                                            cfg.warmup.train_embedding_norm, cfg.model.num_layers))
     start, transfer = warm_start(cfg.model, cfg.warmup, training.tokenizer_dir, training.tokenizer,
@@ -56,8 +60,9 @@ STAGE = Stage(
     run=run_warmup,
     needs=("clean", "tokenizer", "pack"),
     config_sections=("model", "warmup"),
-    # The base model enters the hash by its content (describe_inputs), not by where it is.
-    unhashed_keys=("model.base",),
+    # The base model enters the hash by its content (describe_inputs), not by where it is; the micro-batch only
+    # cuts the global batch.
+    unhashed_keys=("model.base", "warmup.train.micro_batch_size"),
     describe_inputs=describe_inputs,
     gpu=True,
 )

@@ -21,9 +21,10 @@ class TrainConfig:
     # More than the plan is refused: raise the plan itself (mix.tokens, mix.max_epochs) to train longer.
     steps: Optional[int] = None
     # Sequences per optimizer step over all data-parallel ranks, and per rank and forward pass;
-    # gradient accumulation is global / (micro x dp).
+    # gradient accumulation is global / (micro x dp). micro_batch_size null: the largest that fits the device
+    # (the memory planner, pipeline/memory_fit: fitting_micro_batch), chosen when the stage starts.
     global_batch_size: int = 32
-    micro_batch_size: int = 4
+    micro_batch_size: Optional[int] = 4
     # Tokens per sequence; null: the model's context, at most 2048 (pipeline/model/config.py: training_seq_len).
     seq_len: Optional[int] = None
     lr: float = 3e-4
@@ -70,12 +71,19 @@ def use_bf16(train: TrainConfig) -> bool:
 def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str = "train") -> None:
     if train.steps is not None and train.steps < 1:
         raise ConfigError(f"{prefix}.steps", train.steps, ["null (one pass of the mix plan)", "an integer >= 1"])
-    for key in ("global_batch_size", "micro_batch_size", "log_every", "eval_tokens", "keep_checkpoints",
-                "max_bad_steps", "skipped_window"):
+    for key in ("global_batch_size", "log_every", "eval_tokens", "keep_checkpoints", "max_bad_steps",
+                "skipped_window"):
         if getattr(train, key) < 1:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 1"])
-    per_step = train.micro_batch_size * parallel.dp
-    if train.global_batch_size % per_step:
+    if train.micro_batch_size is None:
+        if train.global_batch_size % parallel.dp:
+            raise ConfigError(f"{prefix}.global_batch_size", train.global_batch_size, [
+                f"a multiple of parallel.dp = {parallel.dp}"])
+    elif train.micro_batch_size < 1:
+        raise ConfigError(f"{prefix}.micro_batch_size", train.micro_batch_size, [
+            "null (the largest that fits the device)", "an integer >= 1"])
+    elif train.global_batch_size % (train.micro_batch_size * parallel.dp):
+        per_step = train.micro_batch_size * parallel.dp
         raise ConfigError(f"{prefix}.global_batch_size", train.global_batch_size, [
             f"a multiple of {prefix}.micro_batch_size x parallel.dp = {train.micro_batch_size} x {parallel.dp} = {per_step}"])
     if train.seq_len is not None and train.seq_len < 1:

@@ -309,3 +309,45 @@ def test_the_planner_knows_whether_the_engine_fuses_the_head_with_the_loss():
 def test_the_planner_imports_no_torch():
     code = "import sys, pipeline.memory_fit; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+
+
+def test_a_null_micro_batch_is_the_largest_that_fits(caplog):
+    """Of the divisors of global batch / dp, the largest whose layout fits; the next larger one does not."""
+    cfg = pipeline_config("mistral-7b", "plan.device=h100", "train.seq_len=4096", "parallel.tp=4",
+                          "train.global_batch_size=64", "train.micro_batch_size=null")
+    with caplog.at_level(logging.INFO, logger="pipeline.memory_fit.check"):
+        train = planning.fitting_micro_batch(cfg, cfg.train)
+    micro = train.micro_batch_size
+    assert 1 < micro < 64 and 64 % micro == 0
+    assert plan_for_config(cfg, train=train).fits
+    larger = min(m for m in (2, 4, 8, 16, 32, 64) if m > micro)
+    train.micro_batch_size = larger
+    assert not plan_for_config(cfg, train=train).fits
+    assert f"train.micro_batch_size=null: {micro} sequences per micro-batch" in caplog.text
+    kept = pipeline_config("mistral-7b", "plan.device=h100", "train.seq_len=4096", "train.micro_batch_size=2")
+    assert planning.fitting_micro_batch(kept, kept.train) is kept.train
+
+
+def test_a_null_micro_batch_keeps_the_pipeline_four_micro_batches_deep_per_stage():
+    cfg = pipeline_config("tiny", "plan.device=h100", "parallel.pp=2", "train.global_batch_size=64",
+                          "train.micro_batch_size=null")
+    assert planning.fitting_micro_batch(cfg, cfg.train).micro_batch_size == 8  # 64 / 8 = 8 = 4 x pp
+    shallow = pipeline_config("tiny", "plan.device=h100", "parallel.pp=4", "train.global_batch_size=8",
+                              "train.micro_batch_size=null")
+    assert planning.fitting_micro_batch(shallow, shallow.train).micro_batch_size == 1
+
+
+def test_a_null_micro_batch_on_a_device_of_unknown_memory_is_eight_with_a_warning(caplog):
+    cfg = pipeline_config("tiny", "plan.device=a100", "train.global_batch_size=64", "train.micro_batch_size=null")
+    with caplog.at_level(logging.WARNING, logger="pipeline.memory_fit.check"):
+        assert planning.fitting_micro_batch(cfg, cfg.train).micro_batch_size == 8
+    assert "memory of a100 is unknown" in caplog.text
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["train.micro_batch_size=null", "train.global_batch_size=6", "parallel.dp=4"], "train.global_batch_size"),
+    (["train.micro_batch_size=0"], "train.micro_batch_size"),
+])
+def test_micro_batch_mistakes_are_refused(overrides, key):
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        validate(pipeline_config("tiny", *overrides))
