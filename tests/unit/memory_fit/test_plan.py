@@ -351,3 +351,26 @@ def test_a_null_micro_batch_on_a_device_of_unknown_memory_is_eight_with_a_warnin
 def test_micro_batch_mistakes_are_refused(overrides, key):
     with pytest.raises(ConfigError, match=re.escape(key)):
         validate(pipeline_config("tiny", *overrides))
+
+
+@pytest.mark.parametrize("stage_name", ["pretrain", "warmup"])
+def test_the_training_stages_train_with_the_planned_micro_batch(monkeypatch, stage_name):
+    from types import SimpleNamespace
+
+    from pipeline.stages import pretrain, warmup
+
+    module = {"pretrain": pretrain, "warmup": warmup}[stage_name]
+    seen = []
+
+    def stop(run, train, **kwargs):
+        seen.append(train.micro_batch_size)
+        raise RuntimeError("stop before reading the pack")
+
+    monkeypatch.setattr(module, "prepare_training", stop)
+    section = "train" if stage_name == "pretrain" else "warmup.train"
+    cfg = pipeline_config("tiny", "plan.device=h100", "model.base=/nonexistent", f"{section}.micro_batch_size=null",
+                          f"{section}.global_batch_size=64")
+    with pytest.raises(RuntimeError, match="stop before"):
+        module.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
+    expected = planning.fitting_micro_batch(cfg, cfg.train if stage_name == "pretrain" else cfg.warmup.train)
+    assert seen == [expected.micro_batch_size] and seen[0] > 1
