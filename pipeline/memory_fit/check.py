@@ -13,7 +13,7 @@ import logging
 from pipeline.errors import StageError
 from pipeline.memory_fit.devices import GIB, resolve_device
 from pipeline.memory_fit.layout import Layout
-from pipeline.memory_fit.plan import Plan, make_plan, numerics_for, smallest_fitting
+from pipeline.memory_fit.plan import Plan, make_plan, numerics_for, smallest_fitting, with_layout
 from pipeline.model.config import ModelConfig, parameter_count, training_seq_len, uneven_for_tensor_parallel
 from pipeline.training.config import TrainConfig
 
@@ -76,20 +76,21 @@ def fitting_micro_batch(cfg, train: TrainConfig, prefix: str = "train") -> Train
     per_rank = train.global_batch_size // cfg.parallel.dp
     deep = [m for m in range(per_rank, 0, -1) if per_rank % m == 0
             and (cfg.parallel.pp == 1 or per_rank // m >= MICRO_BATCHES_PER_STAGE * cfg.parallel.pp)] or [1]
-    for micro in deep:
-        plan = plan_for_config(cfg, train=dataclasses.replace(train, micro_batch_size=micro))
-        if plan.capacity is None:
-            micro = next(m for m in deep if m <= UNKNOWN_MEMORY_MICRO_BATCH)  # 1 is always among them
-            log.warning("%s.micro_batch_size=null: the memory of %s is unknown, so %d (set plan.device or "
-                        "plan.memory_gib to plan it, or %s.micro_batch_size).", prefix, plan.device.label, micro, prefix)
-            break
-        if plan.fits:
-            log.info("%s.micro_batch_size=null: %d sequences per micro-batch, the largest of %s that fits (peak "
-                     "%.1f GiB per rank of %.1f GiB usable on %s).", prefix, micro, "/".join(map(str, deep)),
-                     plan.largest.peak / GIB, plan.capacity / GIB, plan.device.label)
-            break
-    else:
-        micro = 1
+    # The device, numerics and model are resolved once; each candidate changes the layout alone.
+    plan = plan_for_config(cfg, train=dataclasses.replace(train, micro_batch_size=deep[-1]))
+    if plan.capacity is None:
+        micro = next(m for m in deep if m <= UNKNOWN_MEMORY_MICRO_BATCH)  # 1 is always among them
+        log.warning("%s.micro_batch_size=null: the memory of %s is unknown, so %d (set plan.device or "
+                    "plan.memory_gib to plan it, or %s.micro_batch_size).", prefix, plan.device.label, micro, prefix)
+        return dataclasses.replace(train, micro_batch_size=micro)
+    candidates = (with_layout(plan, micro_batch=m, accumulation=per_rank // m) for m in deep)
+    chosen = next((candidate for candidate in candidates if candidate.fits), None)
+    if chosen is None:  # the smallest, 1: check_layout refuses it, naming a layout that fits
+        return dataclasses.replace(train, micro_batch_size=deep[-1])
+    micro = chosen.layout.micro_batch
+    log.info("%s.micro_batch_size=null: %d sequences per micro-batch, the largest of %s that fits (peak %.1f GiB "
+             "per rank of %.1f GiB usable on %s).", prefix, micro, "/".join(map(str, deep)),
+             chosen.largest.peak / GIB, plan.capacity / GIB, plan.device.label)
     return dataclasses.replace(train, micro_batch_size=micro)
 
 
