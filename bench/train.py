@@ -367,7 +367,7 @@ def profile_steps(step, steps: int) -> dict:
         own = next((float(getattr(event, name)) for name in times if hasattr(event, name)), 0.0)
         if own > 0:
             kernels[event.key] = kernels.get(event.key, 0.0) + own / 1000 / steps
-    top = sorted(kernels.items(), key=lambda item: -item[1])[:12]
+    top = sorted(kernels.items(), key=lambda item: -item[1])[:24]
     return {"steps": steps, "kernel_ms_per_step": sum(kernels.values()),
             "nccl_ms_per_step": sum(ms for name, ms in kernels.items() if "nccl" in name.lower()),
             "top": [[name[:90], ms] for name, ms in top]}

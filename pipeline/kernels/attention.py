@@ -1,7 +1,8 @@
 """FlashAttention-2 in Triton with ALiBi, causal and document masks, GQA: forward and backward.
 
 Imported only when a call runs the Triton backend (pipeline.kernels dispatches), so the package works
-with torch alone. Layout (batch, heads, seq, head_dim) like SDPA; k and v may have fewer heads.
+with torch alone. Shapes (batch, heads, seq, head_dim) like SDPA, any strides with a contiguous head_dim; the output
+and the gradients keep their input's memory layout; k and v may have fewer heads.
 
 Forward: one program per (query block, batch x head) streams key blocks with an online softmax in
 float32 and stores the log-sum-exp (LSE) per row. Backward recomputes the probabilities from the LSE,
@@ -596,7 +597,9 @@ class _FlashAttention(torch.autograd.Function):
         segments = blocks.segments if has_segments else q.new_empty((1, 1), dtype=torch.int32)
         cfg = configs.forward
         ranges = blocks.ranges(cfg.block_m, cfg.block_n) if has_segments else segments
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        # In q's memory layout: a model's q is a (batch, seq, heads, head_dim) projection viewed as (batch, heads, seq,
+        # head_dim), and an output laid out like it is read back as (batch, seq, hidden) without a copy.
+        out = torch.empty_like(q)
         lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
         _attention_forward[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
             q, k, v, out, lse, slopes2, segments, ranges,
@@ -626,9 +629,8 @@ class _FlashAttention(torch.autograd.Function):
             return blocks.ranges(outer, inner) if has_segments else segments
 
         delta = torch.empty_like(lse)
-        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-        dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-        dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+        # Laid out like q, k, v (see the forward's output): their projections' gradients then need no copy either.
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         flags = dict(BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi, HAS_SEGMENTS=has_segments,
                      CHECK_SEQ=check_seq, CHECK_D=check_d)
         cfg = configs.backward_q  # first: it stores delta, which the dK/dV kernel reads

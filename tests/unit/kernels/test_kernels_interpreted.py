@@ -189,6 +189,24 @@ def check_attention_document_layouts(interpreted, layout, causal, kv_heads, dtyp
                            alibi_slopes=torch.tensor([0.3, 0.05]), segment_ids=LAYOUTS[layout](seq))
 
 
+def check_attention_keeps_the_projection_layout(interpreted):
+    """q, k, v as a model makes them, (batch, seq, heads, head_dim) projections viewed as (batch, heads, seq,
+    head_dim): the output and dQ, dK, dV come back in that layout, so that reading them as (batch, seq, hidden)
+    copies nothing, and with the reference's values."""
+    batch, seq, heads, kv_heads, head_dim = 2, 70, 4, 2, 32
+    torch.manual_seed(7)
+    projections = [torch.randn(batch, seq, n * head_dim) for n in (heads, kv_heads, kv_heads)]
+    q, k, v = (p.view(batch, seq, -1, head_dim).transpose(1, 2).requires_grad_() for p in projections)
+    slopes, segment_ids = torch.tensor([0.3, 0.1, 0.05, 0.01]), LAYOUTS["inside blocks"](seq)
+    out = kernels.flash_attention(q, k, v, alibi_slopes=slopes, segment_ids=segment_ids)
+    assert out.transpose(1, 2).is_contiguous(), f"output strides {out.stride()}"
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    for name, grad in zip("qkv", grads):
+        assert grad.transpose(1, 2).is_contiguous(), f"d{name} strides {grad.stride()}"
+    compare_with_reference(kernels.flash_attention, reference.attention, [q, k, v], torch.float32,
+                           alibi_slopes=slopes, segment_ids=segment_ids)
+
+
 def check_document_blocks_are_resolved_once_per_batch(interpreted, monkeypatch):
     """Layers that get the same segment_ids tensor share its int32 copy and block ranges: one range launch per
     tiling for a forward and backward through two layers, with the same outputs and gradients as layers that each
