@@ -211,7 +211,8 @@ def run_ours(args) -> dict:
     result = throughput("ours", args.layout, dist.get_world_size(), args, global_batch, seconds, cfg)
     result.update(role="ours", agree_losses=agree, losses=losses, micro=args.micro, accumulation=args.accumulation)
     if args.profile:
-        result["profile"] = profile_steps(lambda i: step(i, global_batch, 20_000), args.profile)
+        trace = args.trace and dist.get_rank() == 0 and f"{args.trace}/{args.layout}_{args.row_kind}.json"
+        result["profile"] = profile_steps(lambda i: step(i, global_batch, 20_000), args.profile, trace)
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -348,22 +349,30 @@ def throughput(name: str, layout: str, gpus: int, args, global_batch: int, secon
 # The options that a run's own process reads, passed on from the command line.
 FORWARDED = ("hidden", "layers", "heads", "kv_heads", "vocab", "seq_len", "init_std", "accumulation", "agree_batch",
              "agree_steps", "warmup", "steps", "seed", "precision", "compile", "collective_timeout", "mean_document",
-             "profile")
+             "profile", "trace")
 
 
-def profile_steps(step, steps: int) -> dict:
+def profile_steps(step, steps: int, trace: str | None = None) -> dict:
     """Rank 0's GPU kernels over `steps` steps (torch.profiler): per step, the time of all kernels, of NCCL's, and
-    the kernels that take most, so that a layout's communication shows against its computation."""
+    the kernels that take most, so that a layout's communication shows against its computation. With `trace`, the
+    host's operators too, written there as a Chrome trace (where the GPU waits for the host)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = torch.cuda.is_available()  # on a CPU (--smoke) the operators' own CPU time stands in
     times = ("self_device_time_total", "self_cuda_time_total") if on_gpu else ("self_cpu_time_total",)
-    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+    activities = {ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU} | ({ProfilerActivity.CPU} if trace else set())
+    with profile(activities=list(activities)) as prof:
         for index in range(steps):
             step(index)
         synchronize()
+    if trace:
+        Path(trace).parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(trace)
     kernels = {}
     for event in prof.key_averages():
+        if on_gpu and event.device_type != DeviceType.CUDA:  # the host's operators (with `trace`): not kernels
+            continue
         own = next((float(getattr(event, name)) for name in times if hasattr(event, name)), 0.0)
         if own > 0:
             kernels[event.key] = kernels.get(event.key, 0.0) + own / 1000 / steps
@@ -542,6 +551,8 @@ def parse_args() -> argparse.Namespace:
                         "first, a mismatch fails at once naming both; slower, so its timings are not the benchmark's")
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps of each of our layouts "
                         "after the timed ones (rank 0's kernels: computation against NCCL)")
+    parser.add_argument("--trace", default=None, help="with --profile: write rank 0's Chrome trace (host and GPU) of "
+                        "each of our runs into this folder")
     parser.add_argument("--log-dir", default=None, help="write each run's full output here")
     parser.add_argument("--out", default=None, help="also write the table and results (JSON) here")
     # Internal: one measurement, in the process that runs it.

@@ -243,6 +243,33 @@ def _train(model: str, layout: tuple, work_dir: Path) -> dict:
     return {"losses": losses, "grad_norms": norms, "sequence_parallel_norms": sequence_parallel_norms}
 
 
+def _non_finite_gradient_skips_the_step(work_dir: Path) -> dict:
+    """bf16 (the GPU's precision, run here on the CPU) over two data-parallel ranks: a step in which only rank 1's
+    gradients are not finite is skipped on both, their weights unchanged, with DeepSpeed's overflow scan left out
+    (the gradient norm decides); the steps before and after apply."""
+    import dataclasses
+
+    from pipeline.training.engine import build_engine
+    from pipeline.training.heldout import micro_batches
+
+    engine = build_engine(MODELS["alibi"], dataclasses.replace(TRAIN, precision="bf16"), ParallelConfig(dp=2),
+                          work_dir / "init-alibi" / CHECKPOINT_WEIGHTS, trainable=lambda _: True)
+    ds = engine.engine
+    weights = lambda: [parameter.detach().clone() for parameter in ds.module.parameters()]
+    applied, unchanged = [], None
+    for step, (tokens, segments) in enumerate(_batches(MODELS["alibi"].vocab_size, engine.dp_rank, engine.dp_world)[:3]):
+        hook, before = None, weights()
+        if step == 1 and engine.dp_rank == 1:
+            hook = next(ds.module.parameters()).register_hook(lambda grad: grad * float("inf"))
+        ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device)))
+        applied.append(ds.was_step_applied())
+        if step == 1:
+            unchanged = all(torch.equal(a, b) for a, b in zip(before, weights()))
+        if hook is not None:
+            hook.remove()
+    return {"applied": applied, "unchanged": unchanged, "scan_left_out": "check_overflow" in vars(ds.optimizer)}
+
+
 def rank_entry(work_dir: Path) -> None:
     """Run the job of `job.json` (layer checks and/or layouts) on this launch's ranks; rank 0 writes results."""
     import torch.distributed as dist
@@ -256,6 +283,7 @@ def rank_entry(work_dir: Path) -> None:
     results = {}
     if job.get("layer_checks"):
         results["layers"] = _layer_errors()
+        results["non-finite step"] = _non_finite_gradient_skips_the_step(work_dir)
     for model, layout in job["runs"]:
         results[f"{model} {layout_name(layout)}"] = _train(model, tuple(layout), work_dir)
     if dist.get_rank() == 0:
@@ -330,6 +358,11 @@ def test_acceptance_every_layout_trains_like_one_process(trained, model):
             # its difference must be tiny next to how far training moved it (a wrongly cut tensor gives ~1).
             moved = (reference[name] - initial[name]).norm()
             assert (tensor - reference[name]).norm() < 1e-3 * moved, f"{name} after {layout_name(layout)}"
+
+
+def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank_in_bf16(trained):
+    _, results = trained
+    assert results["non-finite step"] == {"applied": [True, False, True], "unchanged": True, "scan_left_out": True}
 
 
 def test_multi_query_attention_cannot_be_cut_across_ranks():
