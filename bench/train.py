@@ -160,12 +160,20 @@ def reset_peak_memory() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def timed(step, warmup: int, steps: int) -> tuple[float, list]:
-    """Seconds for `steps` calls of step(i) after `warmup` untimed ones, and every call's loss."""
-    losses = [step(i) for i in range(warmup)]
+def step_batch(args, cfg, step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step's rows and, for packed rows, their segment ids: the same in every run."""
+    segments = document_ids(step, rows, args.seq_len, args.mean_document) if args.row_kind == "packed" else None
+    return random_rows(step, rows, args.seq_len, cfg.vocab_size), segments
+
+
+def timed(step, batches: list, warmup: int) -> tuple[float, list]:
+    """Seconds for step(batch) over the batches after the first `warmup` (untimed), and every call's loss. The
+    batches are made before, as a data loader has them ready: the host's time drawing random rows and documents
+    is not the model's."""
+    losses = [step(batch) for batch in batches[:warmup]]
     synchronize()
     start = time.perf_counter()
-    losses += [step(warmup + i) for i in range(steps)]
+    losses += [step(batch) for batch in batches[warmup:]]
     synchronize()
     return time.perf_counter() - start, [float(loss) for loss in losses]
 
@@ -191,28 +199,29 @@ def run_ours(args) -> dict:
     built = build_engine(cfg, train_config(args), parallel, Path(args.init), lambda name: True)
     engine = built.engine
 
-    def step(index: int, rows_per_step: int, offset: int) -> torch.Tensor:
-        rows = random_rows(offset + index, rows_per_step, args.seq_len, cfg.vocab_size)
-        share = rows_per_step // built.dp_world
+    def step(batch: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        rows, segments = batch
+        share = len(rows) // built.dp_world
         part = slice(built.dp_rank * share, (built.dp_rank + 1) * share)
-        if args.row_kind == "packed":  # the pretrain stage's path from its sampler's rows to the engine
+        if segments is not None:  # the pretrain stage's path from its sampler's rows to the engine
             from pipeline.training.heldout import micro_batches as packed_micro_batches
 
-            segments = document_ids(offset + index, rows_per_step, args.seq_len, args.mean_document)
             return engine.train_batch(iter(packed_micro_batches(rows[part].numpy(), segments[part].numpy(),
                                                                 args.micro, engine.device)))
         return engine.train_batch(iter(micro_batches(rows[part], args.micro, engine.device)))
 
-    agree = [float(step(i, args.agree_batch, 0)) for i in range(args.agree_steps)]
+    agree = [float(step(step_batch(args, cfg, i, args.agree_batch))) for i in range(args.agree_steps)]
     global_batch = args.micro * args.accumulation * dp
     engine.set_train_batch_size(global_batch)
     reset_peak_memory()
-    seconds, losses = timed(lambda i: step(i, global_batch, 10_000), args.warmup, args.steps)
+    seconds, losses = timed(step, [step_batch(args, cfg, 10_000 + i, global_batch)
+                                   for i in range(args.warmup + args.steps)], args.warmup)
     result = throughput("ours", args.layout, dist.get_world_size(), args, global_batch, seconds, cfg)
     result.update(role="ours", agree_losses=agree, losses=losses, micro=args.micro, accumulation=args.accumulation)
     if args.profile:
         trace = args.trace and dist.get_rank() == 0 and f"{args.trace}/{args.layout}_{args.row_kind}.json"
-        result["profile"] = profile_steps(lambda i: step(i, global_batch, 20_000), args.profile, trace)
+        result["profile"] = profile_steps(step, [step_batch(args, cfg, 20_000 + i, global_batch)
+                                                 for i in range(args.profile)], trace)
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -261,15 +270,14 @@ def run_anchor(args) -> dict:
     trainer = plain_trainer(model, model, train_config(args), device)
     packed = args.row_kind == "packed"
 
-    def step(index: int, rows_per_step: int) -> torch.Tensor:
-        rows = random_rows(index, rows_per_step, args.seq_len, cfg.vocab_size)
-        segments = document_ids(index, rows_per_step, args.seq_len, args.mean_document) if packed else None
-        return trainer(rows, args.micro, segments)
+    def step(batch: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        return trainer(batch[0], args.micro, batch[1])
 
-    agree = [float(step(i, args.agree_batch)) for i in range(args.agree_steps)]
+    agree = [float(step(step_batch(args, cfg, i, args.agree_batch))) for i in range(args.agree_steps)]
     global_batch = args.micro * args.accumulation
     reset_peak_memory()
-    seconds, losses = timed(lambda i: step(10_000 + i, global_batch), args.warmup, args.steps)
+    seconds, losses = timed(step, [step_batch(args, cfg, 10_000 + i, global_batch)
+                                   for i in range(args.warmup + args.steps)], args.warmup)
     attention = "SDPA is_causal"
     if cfg.position == "alibi":
         attention = ("FlexAttention + ALiBi score_mod" if device.type == "cuda"
@@ -308,9 +316,9 @@ def run_hf(args) -> dict:
     while True:
         try:
             reset_peak_memory()
-            seconds, losses = timed(lambda i, micro=micro: step(random_rows(10_000 + i, global_batch, args.seq_len,
-                                                                            cfg.vocab_size), micro),
-                                    args.warmup, args.steps)
+            seconds, losses = timed(lambda rows, micro=micro: step(rows, micro),
+                                    [random_rows(10_000 + i, global_batch, args.seq_len, cfg.vocab_size)
+                                     for i in range(args.warmup + args.steps)], args.warmup)
             break
         except torch.OutOfMemoryError:
             model.zero_grad(set_to_none=True)
@@ -352,8 +360,8 @@ FORWARDED = ("hidden", "layers", "heads", "kv_heads", "vocab", "seq_len", "init_
              "profile", "trace")
 
 
-def profile_steps(step, steps: int, trace: str | None = None) -> dict:
-    """Rank 0's GPU kernels over `steps` steps (torch.profiler): per step, the time of all kernels, of NCCL's, and
+def profile_steps(step, batches: list, trace: str | None = None) -> dict:
+    """Rank 0's GPU kernels over step(batch) for each batch (torch.profiler): per step, the time of all kernels, of NCCL's, and
     the kernels that take most, so that a layout's communication shows against its computation. With `trace`, the
     host's operators too, written there as a Chrome trace (where the GPU waits for the host)."""
     from torch.autograd import DeviceType
@@ -363,8 +371,8 @@ def profile_steps(step, steps: int, trace: str | None = None) -> dict:
     times = ("self_device_time_total", "self_cuda_time_total") if on_gpu else ("self_cpu_time_total",)
     activities = {ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU} | ({ProfilerActivity.CPU} if trace else set())
     with profile(activities=list(activities)) as prof:
-        for index in range(steps):
-            step(index)
+        for batch in batches:
+            step(batch)
         synchronize()
     if trace:
         Path(trace).parent.mkdir(parents=True, exist_ok=True)
@@ -375,9 +383,9 @@ def profile_steps(step, steps: int, trace: str | None = None) -> dict:
             continue
         own = next((float(getattr(event, name)) for name in times if hasattr(event, name)), 0.0)
         if own > 0:
-            kernels[event.key] = kernels.get(event.key, 0.0) + own / 1000 / steps
+            kernels[event.key] = kernels.get(event.key, 0.0) + own / 1000 / len(batches)
     top = sorted(kernels.items(), key=lambda item: -item[1])[:24]
-    return {"steps": steps, "kernel_ms_per_step": sum(kernels.values()),
+    return {"steps": len(batches), "kernel_ms_per_step": sum(kernels.values()),
             "nccl_ms_per_step": sum(ms for name, ms in kernels.items() if "nccl" in name.lower()),
             "top": [[name[:90], ms] for name, ms in top]}
 
