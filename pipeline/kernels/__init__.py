@@ -5,7 +5,8 @@ on CPU, attention without an autograd graph through PyTorch's fused attention; s
 the switch):
 
 - `flash_attention(q, k, v, *, causal=True, alibi_slopes=None, segment_ids=None, softmax_scale=None)`:
-  (batch, heads, seq, head_dim) like SDPA; k and v may have fewer heads (GQA/MQA); `alibi_slopes` holds
+  (batch, heads, seq, head_dim) like SDPA, any strides with a contiguous head_dim (the Triton kernel's output and
+  gradients keep their input's memory layout); k and v may have fewer heads (GQA/MQA); `alibi_slopes` holds
   the slopes of the caller's own heads (tensor parallelism passes its slice); `segment_ids` (batch, seq)
   keeps attention within each packed document. Head dims up to 128 in the Triton kernel.
 - `rms_norm(x, weight, eps)` and `layer_norm(x, weight, bias, eps)` (bias may be None): over the last axis,
