@@ -5,7 +5,8 @@ tiny ALiBi (BLOOM-style: tied head, biases, embedding LayerNorm) and RoPE (Llama
 models train 5 steps on the real engine with every parameter trainable and gradient clipping active, as one
 process and as TP-only, PP-only, DP-only (2 ranks) and TP=2 x PP=2 x DP=2 (8 ranks), the tensor-parallel layouts
 also with sequence parallelism, the fused head's tokens cut into several chunks: losses, global gradient norms and
-the saved full weights must agree. The rank entries below run in the ranks that `pipeline.parallel.ranks` starts;
+the saved full weights must agree; in bf16 over two data-parallel ranks, a non-finite gradient on one rank skips the
+step on both. The rank entries below run in the ranks that `pipeline.parallel.ranks` starts;
 each launch runs all of its layouts one after the other, to start as few processes as possible.
 """
 
