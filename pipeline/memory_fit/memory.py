@@ -150,14 +150,15 @@ def block_activations(model: ModelConfig, micro_batch: int, seq_len: int, tp: in
     rows, h, d = b * s, model.hidden_size, model.head_dim
     heads, kv_heads, ffn = model.num_heads // tp, model.num_kv_heads // tp, model.ffn_size // tp
     norms = 2 * (_norm_activations(model, rows, nx) + e * rows * h)  # each norm's output feeds a linear layer
-    reshaped = e * rows * heads * d  # the attention output made contiguous for the output projection
     if nx.flash:
         # q, k, v, the output and the float32 log-sum-exp (the int32 copy of the segment ids is made once per batch
-        # and shared by the layers: pipeline/kernels/attention.py).
-        attention = e * rows * d * (2 * heads + 2 * kv_heads) + 4 * rows * heads + reshaped
+        # and shared by the layers: pipeline/kernels/attention.py). The kernels lay the output out as the
+        # projections are, so the output projection reads it as it is, with no copy of its own.
+        attention = e * rows * d * (2 * heads + 2 * kv_heads) + 4 * rows * heads
     else:
-        # float32 q and k, v repeated to every query head, the softmax, and the causal/document mask.
-        attention = 4 * b * heads * s * (3 * d + s) + b * s * s + reshaped
+        # float32 q and k, v repeated to every query head, the softmax, the causal/document mask, and the output
+        # made contiguous for the output projection.
+        attention = 4 * b * heads * s * (3 * d + s) + b * s * s + e * rows * heads * d
     if model.position == "rope":
         attention += 2 * e * s * d  # the rotation's cos and sin
     mlp = e * rows * ffn * (4 if model.activation == "swiglu" else 2)
