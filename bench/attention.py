@@ -282,8 +282,8 @@ def block_ranges(ids: torch.Tensor, outer: int, inner: int) -> torch.Tensor:
 
 def kernel_tiles(segment_ids: torch.Tensor, block_m: int, block_n: int, queries_outer: bool) -> dict:
     """The tile pairs (block_m queries x block_n keys) a causal document-mask kernel of ours runs, by whether it
-    masks them (per score): the forward and dQ kernels (queries_outer) run their range's full run unmasked, its
-    ends and the diagonal masked; the dK/dV kernel masks the diagonal and its whole range."""
+    masks them (per score): each kernel runs its range's full run unmasked, its ends and the diagonal masked (the
+    forward and dQ kernels, queries_outer, over the keys before the diagonal; dK/dV over the queries after it)."""
     counts, area = visible_per_tile(segment_ids, block_m, block_n)
     run = {"unmasked": 0, "masked": 0}
     empty = computed = 0
@@ -293,13 +293,10 @@ def kernel_tiles(segment_ids: torch.Tensor, block_m: int, block_n: int, queries_
         for block, (lo, full_lo, full_hi, hi) in enumerate(block_ranges(ids, outer, inner).tolist()):
             anchor = block * outer
             diagonal = range(anchor // inner, -(-min(anchor + outer, seq) // inner))
-            if queries_outer:
-                clip = lambda x: min(max(x, 0), anchor // inner)
-                lo, full_lo, full_hi, hi = (clip(x) for x in (lo, full_lo, full_hi, hi))
-                kinds = [("masked", range(lo, full_lo)), ("unmasked", range(full_lo, full_hi)),
-                         ("masked", range(full_hi, hi)), ("masked", diagonal)]
-            else:
-                kinds = [("masked", diagonal), ("masked", range(max(lo, diagonal.stop), hi))]
+            region = (0, anchor // inner) if queries_outer else (diagonal.stop, -(-seq // inner))
+            lo, full_lo, full_hi, hi = (min(max(x, region[0]), region[1]) for x in (lo, full_lo, full_hi, hi))
+            kinds = [("masked", range(lo, full_lo)), ("unmasked", range(full_lo, full_hi)),
+                     ("masked", range(full_hi, hi)), ("masked", diagonal)]
             for kind, inners in kinds:
                 for other in inners:
                     q_tile, k_tile = (block, other) if queries_outer else (other, block)
