@@ -20,14 +20,14 @@ with `anchor` the first position of its own block instead, which differs by a co
 ignores it) and costs one fused multiply-add per score, like no bias at all. The LSE is stored in the
 true (j - i) frame, so each kernel can pick its own anchor.
 
-Which tile pairs run: causal loops run the blocks wholly on the visible side of the diagonal without a
-causal mask and only the diagonal blocks with one. Document masks (segment ids) are resolved per block
-before the attention kernels run (`_segment_block_ranges`, one small launch per tiling): each block gets
-the range of the other side's blocks that share a segment with it, and inside it the run of "full" blocks
-where every pair does; the kernels loop over that range only. The ranges are resolved once per batch: every
-layer that gets the same `segment_ids` tensor (unchanged: its version counter) reuses the int32 ids and the
-ranges of the first (`_document_blocks`). Each kernel applies the document mask to the partial blocks at the
-range's ends and nothing to the full ones. The loops have no data-dependent branch, so Triton's software pipeliner streams
+Which tile pairs run: causal loops run the blocks wholly on the visible side of the diagonal without a causal
+mask and only the diagonal blocks with one. Document masks (segment ids) are resolved per block before the
+attention kernels run (`_segment_block_ranges`, one small launch per tiling): each block gets the range of the
+other side's blocks that share a segment with it, and inside it the run of "full" blocks where every pair
+does; the kernels loop over that range only. The ranges are resolved once per batch: every layer that gets the
+same `segment_ids` tensor (unchanged: its version counter) reuses the int32 ids and the ranges of the first
+(`_document_blocks`). Each kernel applies the document mask to the partial blocks at the range's ends and
+nothing to the full ones. The loops have no data-dependent branch, so Triton's software pipeliner streams
 their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's work, as this kernel had
 before, keeps the loads out of the pipeline (BENCHMARKS.md, packed rows).
 """
