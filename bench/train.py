@@ -56,6 +56,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -448,13 +449,18 @@ def summary_row(text: str, value: str) -> str:
     return f"| {text} | | | | | | | {value} | | | | |"
 
 
+def round_label(result: dict) -> str:
+    """The label of a --repeats round after the first (", round 2"); none for the first."""
+    return f", round {result['round'] + 1}" if result.get("round") else ""
+
+
 def table(results: list[dict], failures: list[str]) -> str:
     lines = [("| run | model | rows | layout (tp x pp x dp) | GPUs | micro x accum | global batch | tokens/s | "
               "tokens/s per GPU | TFLOP/s per GPU | MFU | peak memory (GiB) |"),
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         mfu = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        lines.append(f"| {r['name']} | {MODELS[r['model']]} | {r.get('rows', 'dense')} | {r['layout']} | {r['gpus']} "
+        lines.append(f"| {r['name']}{round_label(r)} | {MODELS[r['model']]} | {r.get('rows', 'dense')} | {r['layout']} | {r['gpus']} "
                      f"| {r['micro']} x {r['accumulation']} | {r['global_batch']} | {r['tokens_per_s']:,.0f} | "
                      f"{r['tokens_per_s'] / r['gpus']:,.0f} | {r['tflops_per_gpu']:.1f} | {mfu} | "
                      f"{r['memory_gib']:.1f} |")
@@ -464,26 +470,39 @@ def table(results: list[dict], failures: list[str]) -> str:
         rows = [r for r in results if r["model"] == model and r.get("rows", "dense") == kind]
         ours_single = [r for r in rows if r["role"] == "ours" and r["layout"] == "1x1x1"]
         hf = [r for r in rows if r["role"] == "hf"]
+        target = TARGETS[kind][model]
+        verdict = lambda ratio: f"target >= {target}: {'met' if ratio >= target else 'MISSED'}"
+        for micro in sorted({r["micro"] for r in ours_single}):
+            ratios = []
+            for r in (r for r in ours_single if r["micro"] == micro):
+                for anchor in (a for a in rows if a["role"] == "anchor" and a["micro"] == micro
+                               and a.get("round", 0) == r.get("round", 0)):
+                    ratios.append(r["tokens_per_s"] / anchor["tokens_per_s"])
+                    lines.append(summary_row(f"ratio ours (1x1x1) / anchor, {label}, {kind} rows, micro {micro}, "
+                                             f"global batch {r['global_batch']}{round_label(r)} "
+                                             f"({verdict(ratios[-1])})", f"{ratios[-1]:.3f}"))
+            if len(ratios) > 1:
+                lines.append(summary_row(f"median of the {len(ratios)} rounds' ratios, {label}, {kind} rows, micro "
+                                         f"{micro} ({verdict(statistics.median(ratios))})",
+                                         f"{statistics.median(ratios):.3f}"))
         for r in ours_single:
-            for anchor in (a for a in rows if a["role"] == "anchor" and a["micro"] == r["micro"]):
-                ratio, target = r["tokens_per_s"] / anchor["tokens_per_s"], TARGETS[kind][model]
-                lines.append(summary_row(f"ratio ours (1x1x1) / anchor, {label}, {kind} rows, micro {r['micro']}, "
-                                         f"global batch {r['global_batch']} (target >= {target}: "
-                                         f"{'met' if ratio >= target else 'MISSED'})", f"{ratio:.3f}"))
             for other in hf:
                 lines.append(summary_row(f"ratio ours (1x1x1, micro {r['micro']}, global batch {r['global_batch']}) "
                                          f"/ transformers (micro {other['micro']}, global batch "
-                                         f"{other['global_batch']}), {label}",
+                                         f"{other['global_batch']}), {label}{round_label(r)}",
                                          f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}"))
         for r in rows:
             # Every layout against as many single GPUs at the same micro-batch (issue 28's targets: TP2 >= 0.80,
             # PP2 >= 0.88, DP2 >= 0.97).
             if r["role"] == "ours" and r["gpus"] > 1:
-                for base in (s for s in ours_single if s["micro"] == r["micro"]):
+                for base in (s for s in ours_single
+                             if s["micro"] == r["micro"] and s.get("round", 0) == r.get("round", 0)):
                     efficiency = r["tokens_per_s"] / (r["gpus"] * base["tokens_per_s"])
                     lines.append(summary_row(f"tokens/s against {r['gpus']} single GPUs, {r['layout']}, {label}, "
-                                             f"{kind} rows (micro {r['micro']})", f"{efficiency:.3f}"))
-        agreement += agreement_table(f"{label}, {kind} rows", [r for r in rows if r["agree_losses"]])
+                                             f"{kind} rows (micro {r['micro']}){round_label(r)}",
+                                             f"{efficiency:.3f}"))
+        agreement += agreement_table(f"{label}, {kind} rows",
+                                     [r for r in rows if r["agree_losses"] and r.get("round", 0) == 0])
     return "\n".join(lines + agreement + profile_table(results)
                      + [line for failure in failures for line in ("", failure)])
 
@@ -548,6 +567,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--precision", choices=("bf16", "fp32"))
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the anchor's blocks")
     parser.add_argument("--no-anchor", action="store_true", help="leave out the plain PyTorch anchor")
+    parser.add_argument("--repeats", type=int, default=1, help="run ours and the anchor this many rounds, alternating, "
+                        "and report each round's ratio and their median (the anchor's figure moves by several "
+                        "percent from run to run)")
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers anchor")
     parser.add_argument("--hf-micro-batch", type=int, help="the transformers row's micro-batch (at 4 its eager "
                         "attention already takes 77 GiB of an H100's 80)")
@@ -606,6 +628,8 @@ def main() -> None:
     if uneven:  # else DeepSpeed fails in every rank with "Gradient accumulation steps: 0"
         sys.exit(f"--agree-batch {args.agree_batch} is not a multiple of micro-batch x dp for {', '.join(uneven)}: "
                  f"use a multiple of {math.lcm(*per_step.values())}.")
+    if args.repeats < 1:
+        sys.exit(f"--repeats {args.repeats}: give 1 or more rounds")
     if args.log_dir:
         Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     results, failures, shapes = [], [], []
@@ -618,30 +642,31 @@ def main() -> None:
             write_init(model_config(args), init, args.seed)
             print(f"{model}: initial weights written in {time.perf_counter() - started:.0f} s", flush=True)
             runs = []
-            for kind in row_kinds:
-                runs += [("ours", layout, micro, kind) for layout in layouts for micro in micros]
-                if not args.no_anchor:
-                    runs += [("anchor", "1x1x1", micro, kind) for micro in micros]
+            for round_index in range(args.repeats):  # ours and the anchor alternate, round after round
+                for kind in row_kinds:
+                    runs += [("ours", layout, micro, kind, round_index) for layout in layouts for micro in micros]
+                    if not args.no_anchor:
+                        runs += [("anchor", "1x1x1", micro, kind, round_index) for micro in micros]
             if not args.no_hf and model == "alibi" and "dense" in row_kinds:
-                runs.append(("hf", "1x1x1", args.hf_micro_batch, "dense"))
-            for role, layout, micro, kind in runs:
+                runs.append(("hf", "1x1x1", args.hf_micro_batch, "dense", 0))
+            for role, layout, micro, kind, round_index in runs:
                 tp, pp, dp, _ = parse_layout(layout)
                 world = tp * pp * dp
                 if world > devices:
                     failures.append(f"{role} {model} {layout}: needs {world} GPUs, this machine has {gpus}; not run.")
                     continue
-                result_file = Path(scratch, f"{role}-{model}-{kind}-{layout}-micro{micro}.json")
+                result_file = Path(scratch, f"{role}-{model}-{kind}-{layout}-micro{micro}-{round_index}.json")
                 extra = [f"--model={model}", f"--layout={layout}", f"--micro={micro}", f"--init={init}",
                          f"--row-kind={kind}"]
                 started = time.perf_counter()
                 result, error = launch(args, role, result_file, extra, gpus=world)
-                print(f"{role} {model} {kind} rows {layout} micro {micro}: {time.perf_counter() - started:.0f} s",
-                      flush=True)
+                print(f"{role} {model} {kind} rows {layout} micro {micro}, round {round_index + 1}: "
+                      f"{time.perf_counter() - started:.0f} s", flush=True)
                 if result is None:
                     failures.append(f"{role} {model} {kind} rows {layout} micro {micro} FAILED:\n```\n{error}\n```")
                     print(failures[-1], flush=True)
                 else:
-                    results.append(result)
+                    results.append({**result, "round": round_index})
                     print(json.dumps(result), flush=True)
             init.unlink()
     report = table(results, failures)
@@ -652,7 +677,8 @@ def main() -> None:
     header = (f"device: {', '.join(device_names) or '?'} x{devices}; seq {args.seq_len}, {args.precision}{checked}"
               f"{packed_note}; "
               f"{'; '.join(shapes)}; "
-              f"{args.steps} timed steps after {args.warmup} warm-up steps")
+              f"{args.steps} timed steps after {args.warmup} warm-up steps"
+              f"{f'; {args.repeats} rounds, ours and the anchor alternating' if args.repeats > 1 else ''}")
     print("\n" + header + "\n\n" + report)
     if args.out:
         Path(args.out).write_text(header + "\n\n" + report + "\n\n```json\n" + json.dumps(results, indent=1)
