@@ -220,7 +220,7 @@ def run_ours(args) -> dict:
     result = throughput("ours", args.layout, dist.get_world_size(), args, global_batch, seconds, cfg)
     result.update(role="ours", agree_losses=agree, losses=losses, micro=args.micro, accumulation=args.accumulation)
     if args.profile:
-        trace = args.trace and dist.get_rank() == 0 and f"{args.trace}/{args.layout}_{args.row_kind}.json"
+        trace = f"{args.trace}/{args.layout}_{args.row_kind}.json" if args.trace and dist.get_rank() == 0 else None
         result["profile"] = profile_steps(step, [step_batch(args, cfg, 20_000 + i, global_batch)
                                                  for i in range(args.profile)], trace)
     dist.barrier()
@@ -395,7 +395,7 @@ def profile_table(results: list[dict]) -> list[str]:
     lines = []
     for r in (r for r in results if r.get("profile")):
         p = r["profile"]
-        lines += ["", f"Profile, {r['name']} {r['layout']} ({r.get('rows', 'dense')} rows, rank 0, {p['steps']} steps): "
+        lines += ["", f"Profile, {r['name']}{round_label(r)} {r['layout']} ({r.get('rows', 'dense')} rows, rank 0, {p['steps']} steps): "
                   f"{p['kernel_ms_per_step']:.1f} ms of kernels per step, of which NCCL {p['nccl_ms_per_step']:.1f} ms "
                   f"({100 * p['nccl_ms_per_step'] / max(p['kernel_ms_per_step'], 1e-9):.1f}%); step "
                   f"{1000 * r['step_s']:.1f} ms", "", "| kernel | ms per step |", "|---|---:|"]
@@ -451,7 +451,7 @@ def summary_row(text: str, value: str) -> str:
 
 def round_label(result: dict) -> str:
     """The label of a --repeats round after the first (", round 2"); none for the first."""
-    return f", round {result['round'] + 1}" if result.get("round") else ""
+    return f", round {result['round'] + 1}" if result["round"] else ""
 
 
 def table(results: list[dict], failures: list[str]) -> str:
@@ -476,7 +476,7 @@ def table(results: list[dict], failures: list[str]) -> str:
             ratios = []
             for r in (r for r in ours_single if r["micro"] == micro):
                 for anchor in (a for a in rows if a["role"] == "anchor" and a["micro"] == micro
-                               and a.get("round", 0) == r.get("round", 0)):
+                               and a["round"] == r["round"]):
                     ratios.append(r["tokens_per_s"] / anchor["tokens_per_s"])
                     lines.append(summary_row(f"ratio ours (1x1x1) / anchor, {label}, {kind} rows, micro {micro}, "
                                              f"global batch {r['global_batch']}{round_label(r)} "
@@ -496,13 +496,13 @@ def table(results: list[dict], failures: list[str]) -> str:
             # PP2 >= 0.88, DP2 >= 0.97).
             if r["role"] == "ours" and r["gpus"] > 1:
                 for base in (s for s in ours_single
-                             if s["micro"] == r["micro"] and s.get("round", 0) == r.get("round", 0)):
+                             if s["micro"] == r["micro"] and s["round"] == r["round"]):
                     efficiency = r["tokens_per_s"] / (r["gpus"] * base["tokens_per_s"])
                     lines.append(summary_row(f"tokens/s against {r['gpus']} single GPUs, {r['layout']}, {label}, "
                                              f"{kind} rows (micro {r['micro']}){round_label(r)}",
                                              f"{efficiency:.3f}"))
         agreement += agreement_table(f"{label}, {kind} rows",
-                                     [r for r in rows if r["agree_losses"] and r.get("round", 0) == 0])
+                                     [r for r in rows if r["agree_losses"] and r["round"] == 0])
     return "\n".join(lines + agreement + profile_table(results)
                      + [line for failure in failures for line in ("", failure)])
 
