@@ -135,10 +135,11 @@ def validate(cfg: PipelineConfig) -> None:
     validate_clean(cfg.clean)
     validate_mix(cfg.mix)
     validate_tokenizer(cfg.tokenizer)
-    if cfg.tokenizer.keep_base and cfg.tokenizer.base is None and cfg.model.base is None:
-        raise ConfigError("tokenizer.keep_base", True, [
-            "false (train a tokenizer for the language)",
-            "true with tokenizer.base=<tokenizer.json or folder> or model.base=<Hugging Face folder> to adopt"])
+    for key, use in (("keep_base", "adopt"), ("extend_base", "extend")):  # extend_base: set with a base only
+        if getattr(cfg.tokenizer, key) and cfg.tokenizer.base is None and cfg.model.base is None:
+            raise ConfigError(f"tokenizer.{key}", True, [
+                "false (train a tokenizer for the language)",
+                f"true with tokenizer.base=<tokenizer.json or folder> or model.base=<Hugging Face folder> to {use}"])
     validate_pack(cfg.pack)
     validate_model(cfg.model)
     if cfg.model.base is not None:

@@ -8,7 +8,9 @@ the base model's tokenizer (`tokenizer.base`, else `model.base`'s), on the held-
 `report.json`, `report.md`, the table in the log and the scores in the marker. With
 `tokenizer.keep_base=true` it trains nothing: it adopts the base's tokenizer (`tokenizer.base`, else
 `model.base`) with the base's own special tokens, writes the same files and scores it, so that the data
-can be packed for continued pretraining with the old vocabulary.
+can be packed for continued pretraining with the old vocabulary. With `tokenizer.extend_base=true` it keeps the
+base's tokenizer and adds `tokenizer.added_tokens` tokens learnt on the sample as the base cuts it
+(pipeline/tokenization/extension.py), with the base's own special tokens.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.corpus.report import bytes_text
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
+from pipeline.tokenization.extension import extend_bpe
 from pipeline.tokenization.folder import (TOKENIZER_FILE, TrainedTokenizer, TrainingError, adopt_base_tokenizer,
-                                          base_tokenizer_file, load_tokenizer, write_tokenizer_folder)
+                                          base_tokenizer_file, base_tokenizer_roles, load_tokenizer,
+                                          write_tokenizer_folder, write_transformers_files)
 from pipeline.tokenization.metrics import Scores, evaluate
-from pipeline.tokenization.report import (METRICS, comparison, kept_section, markdown, metrics_table, sample_section,
-                                          tokenizer_section)
+from pipeline.tokenization.report import (METRICS, comparison, extended_section, kept_section, markdown, metrics_table,
+                                          sample_section, tokenizer_section)
 from pipeline.tokenization.sample import SampledSource, read_sample, write_sample
 from pipeline.tokenization.training import padded_vocab_size, train_tokenizer
 
@@ -55,10 +59,10 @@ def base_file(cfg: PipelineConfig) -> Optional[Path]:
 def describe_inputs(cfg: PipelineConfig) -> dict:
     """The base tokenizer's content: a changed base file reruns the report (or, kept, the stage)."""
     path = base_file(cfg)
-    if path is None and cfg.tokenizer.keep_base:  # tokenizer.base is checked with the config
-        source = base_source(cfg)
-        raise StageError(f"tokenizer.keep_base=true adopts the tokenizer of model.base={source}, but it holds no "
-                         f"{TOKENIZER_FILE}. Save the model's tokenizer there, or give tokenizer.base=<its "
+    if path is None and (cfg.tokenizer.keep_base or cfg.tokenizer.extend_base):  # tokenizer.base: the config's check
+        key, use = ("keep_base", "adopts") if cfg.tokenizer.keep_base else ("extend_base", "extends")
+        raise StageError(f"tokenizer.{key}=true {use} the tokenizer of model.base={base_source(cfg)}, but it holds "
+                         f"no {TOKENIZER_FILE}. Save the model's tokenizer there, or give tokenizer.base=<its "
                          f"{TOKENIZER_FILE} or folder>.")
     if path is None:
         return {}
@@ -181,6 +185,31 @@ def _keep_base(run: StageRun) -> tuple[Tokenizer, dict]:
     return tokenizer, kept_section(file, tokenizer, roles, run.work_dir)
 
 
+def _extend_base(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict]:
+    """The base's tokenizer with the language's tokens added, in the stage's folder; the report's sections."""
+    options = run.cfg.tokenizer
+    source = base_source(run.cfg)
+    file = base_tokenizer_file(source).resolve()
+    try:
+        base, roles = base_tokenizer_roles(source)
+    except Exception as error:  # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
+        raise StageError(f"tokenizer {run.lang}: tokenizer.extend_base=true cannot extend {file}: {error}") from None
+    sample_file = scratch / "training_sample.jsonl"
+    sample = _sample(run, sample_file, scratch)
+    # The total a multiple of 128, as a trained vocabulary's.
+    wanted = padded_vocab_size(base.get_vocab_size() + options.added_tokens) - base.get_vocab_size()
+    try:
+        tokenizer, added = extend_bpe(base, read_sample(sample_file), wanted, options.min_frequency)
+    except TrainingError as error:
+        raise StageError(f"tokenizer {run.lang}: cannot extend {file}: {error} Use tokenizer.keep_base=true, or "
+                         "train a new tokenizer (tokenizer.extend_base=false).") from None
+    tokenizer.save(str(run.work_dir / TOKENIZER_FILE))
+    write_transformers_files(run.work_dir, roles)
+    log.info("tokenizer %s: extended the base tokenizer %s (%d tokens) by %d tokens (%d merges)", run.lang, file,
+             added["base_tokens"], added["added_tokens"], added["merges"])
+    return tokenizer, extended_section(file, tokenizer, roles, added, wanted, run.work_dir), sample
+
+
 def _train_new(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict, list[str]]:
     """A tokenizer trained on the mix plan's sample, in the stage's folder; the report's sections and notes."""
     options = run.cfg.tokenizer
@@ -192,6 +221,12 @@ def _train_new(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict, lis
     return trained.tokenizer, tokenizer_section(options, trained, run.cfg.workers), sample, notes
 
 
+def _name(options, lang: str) -> str:
+    if options.keep_base:
+        return "base, kept"
+    return "base, extended" if options.extend_base else f"{lang} {options.backend}"
+
+
 def run_tokenizer(run: StageRun) -> dict:
     options, lang = run.cfg.tokenizer, run.lang
     scratch = run.work_dir / "scratch"
@@ -200,6 +235,9 @@ def run_tokenizer(run: StageRun) -> dict:
     if options.keep_base:
         tokenizer, section = _keep_base(run)
         sample, notes = None, []
+    elif options.extend_base:
+        tokenizer, section, sample = _extend_base(run, scratch)
+        notes = []
     else:
         tokenizer, section, sample, notes = _train_new(run, scratch)
     scores, heldout, word_tokenizer_name = _score(run, tokenizer, scratch)
@@ -212,7 +250,7 @@ def run_tokenizer(run: StageRun) -> dict:
         "heldout": {"folder": str(heldout.source.folder), "documents": new.documents, "bytes": new.bytes,
                     "words": new.words, "word_tokenizer": word_tokenizer_name, "eval_bytes": options.eval_bytes,
                     "truncated": heldout.truncated, "advice": no_heldout_advice(run.cfg.clean)},
-        "new": {"name": "base, kept" if options.keep_base else f"{lang} {options.backend}",
+        "new": {"name": _name(options, lang),
                 "path": str(run.final_dir / TOKENIZER_FILE),
                 "scores": new.summary()},
         "base": None if base is None else {"name": base_source(run.cfg),
@@ -227,8 +265,9 @@ def run_tokenizer(run: StageRun) -> dict:
         log.info("tokenizer %s on %d held-out documents:\n%s", lang, new.documents, metrics_table(document))
     shutil.rmtree(scratch)
     return {
-        "backend": None if options.keep_base else options.backend,
+        "backend": None if options.keep_base or options.extend_base else options.backend,
         "kept_base": section.get("kept_base"),
+        "extended_base": section.get("extended_base"),
         "vocab_size": document["tokenizer"]["vocab_size"],
         "sample_bytes": 0 if sample is None else sample["bytes"],
         "sample_documents": 0 if sample is None else sample["documents"],

@@ -59,6 +59,12 @@ class TokenizerConfig:
     # Train nothing: adopt the base's tokenizer (`base`, else `model.base`'s tokenizer.json), to continue
     # pretraining with the old vocabulary (the baseline the new tokenizer and the warm start are measured against).
     keep_base: bool = False
+    # Extend the base's BPE tokenizer (`base`, else `model.base`'s) with `added_tokens` tokens learnt on the mix
+    # plan's sample as the base cuts it (pipeline/tokenization/extension.py): every base token keeps its id, and the
+    # base's language is cut as before. `vocab_size` does not apply; the total is rounded up to a multiple of 128.
+    # `keep_base=true` wins over it (a real base's defaults extend; keep_base=true keeps the base's tokenizer as is).
+    extend_base: bool = False
+    added_tokens: int = 16384
 
 
 def validate_tokenizer(tok: TokenizerConfig) -> None:
@@ -83,6 +89,8 @@ def validate_tokenizer(tok: TokenizerConfig) -> None:
     if tok.max_token_length is not None and not 2 <= tok.max_token_length <= 512:
         raise ConfigError("tokenizer.max_token_length", tok.max_token_length,
                           ["null (no limit for bytelevel_bpe, 16 for sentencepiece)", "an integer in [2, 512]"])
+    if tok.added_tokens < 1:
+        raise ConfigError("tokenizer.added_tokens", tok.added_tokens, ["an integer >= 1, e.g. 16384"])
     for key in ("min_frequency", "seed"):
         if getattr(tok, key) < 0:
             raise ConfigError(f"tokenizer.{key}", getattr(tok, key), ["an integer >= 0"])

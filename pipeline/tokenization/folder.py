@@ -30,23 +30,29 @@ def write_tokenizer_folder(folder: Path, trained: TrainedTokenizer, special_toke
     trained.tokenizer.save(str(folder / TOKENIZER_FILE))
     if trained.sentencepiece_model is not None:
         (folder / SENTENCEPIECE_FILE).write_bytes(trained.sentencepiece_model)
-    _write_transformers_files(folder, {f"{role}_token": getattr(special_tokens, role) for role in ROLES})
+    write_transformers_files(folder, {role: getattr(special_tokens, role) for role in ROLES})
 
 
-def adopt_base_tokenizer(folder: Path, base: str) -> tuple[Tokenizer, dict[str, str]]:
-    """Put the base tokenizer in `folder` as the trained one would be: its tokenizer.json byte for byte (and the
-    base folder's tokenizer.model), with the transformers files naming the base's own special tokens
-    (`special_tokens_by_role`). Returns the tokenizer and those tokens by role. A base without an end-of-text token
-    is refused (ValueError): the pack stage ends every document with it."""
+def base_tokenizer_roles(base: str) -> tuple[Tokenizer, dict[str, str]]:
+    """The base's tokenizer and its own special tokens by role (`special_tokens_by_role`). A base without an
+    end-of-text token is refused (ValueError): the pack stage ends every document with it."""
     source = base_tokenizer_file(base)
     tokenizer = Tokenizer.from_file(str(source))
     roles = special_tokens_by_role(source.parent, tokenizer)
     if "eos" not in roles:
         raise ValueError(_no_end_of_text(source.parent, tokenizer))
-    shutil.copyfile(source, folder / TOKENIZER_FILE)
+    return tokenizer, roles
+
+
+def adopt_base_tokenizer(folder: Path, base: str) -> tuple[Tokenizer, dict[str, str]]:
+    """Put the base tokenizer in `folder` as the trained one would be: its tokenizer.json byte for byte (and the
+    base folder's tokenizer.model), with the transformers files naming the base's own special tokens. Returns the
+    tokenizer and those tokens by role (base_tokenizer_roles, which says what is refused)."""
+    tokenizer, roles = base_tokenizer_roles(base)
+    shutil.copyfile(base_tokenizer_file(base), folder / TOKENIZER_FILE)
     if Path(base).is_dir() and (Path(base) / SENTENCEPIECE_FILE).is_file():
         shutil.copyfile(Path(base) / SENTENCEPIECE_FILE, folder / SENTENCEPIECE_FILE)
-    _write_transformers_files(folder, {f"{role}_token": token for role, token in roles.items()})
+    write_transformers_files(folder, roles)
     return tokenizer, roles
 
 
@@ -84,7 +90,9 @@ def _no_end_of_text(folder: Path, tokenizer: Tokenizer) -> str:
             f"({candidates}).")
 
 
-def _write_transformers_files(folder: Path, names: dict[str, str]) -> None:
+def write_transformers_files(folder: Path, roles: dict[str, str]) -> None:
+    """tokenizer_config.json and special_tokens_map.json, naming the special tokens by role (`eos` -> "</s>")."""
+    names = {f"{role}_token": token for role, token in roles.items()}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         **names,

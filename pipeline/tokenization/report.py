@@ -58,6 +58,14 @@ def kept_section(base_file: Path, tokenizer: Tokenizer, roles: dict[str, str], f
     }
 
 
+def extended_section(base_file: Path, tokenizer: Tokenizer, roles: dict[str, str], added: dict, wanted: int,
+                     folder: Path) -> dict:
+    """What `tokenizer.extend_base=true` made: the base's file, what was added (extend_bpe's summary, and how many
+    tokens were asked for after rounding the total to a multiple of 128), the special tokens and the files."""
+    return {**kept_section(base_file, tokenizer, roles, folder), "kept_base": None, "extended_base": str(base_file),
+            **added, "added_tokens_requested": wanted}
+
+
 def sample_section(sampled: list[SampledSource], sample_bytes: int) -> dict:
     return {
         "sample_bytes": sample_bytes,
@@ -107,10 +115,19 @@ def markdown(document: dict) -> str:
     tok, sample, heldout = document["tokenizer"], document["sample"], document["heldout"]
     specials = ", ".join(f"`{token}` = {token_id}" for token, token_id in tok["special_tokens"].items())
     lines = [f"# Tokenizer for {document['lang']}", ""]
+    roles = ", ".join(f"{role} `{token}` = {tok['special_tokens'][token]}"
+                      for role, token in tok.get("roles", {}).items())
     if sample is None:
-        roles = ", ".join(f"{role} `{token}` = {tok['special_tokens'][token]}" for role, token in tok["roles"].items())
         lines += [f"The base model's tokenizer, kept (tokenizer.keep_base=true): {tok['kept_base']}, "
                   f"{tok['vocab_size']:,} tokens; special tokens {roles}. Nothing was trained.", ""]
+    elif tok.get("extended_base"):
+        lines += [f"The base model's tokenizer {tok['extended_base']} ({tok['base_tokens']:,} tokens), extended "
+                  f"(tokenizer.extend_base=true) by {tok['added_tokens']:,} tokens (asked: "
+                  f"{tok['added_tokens_requested']:,}; {tok['merges']:,} merges learnt on the sample as the base cuts "
+                  f"it, {tok['existing']:,} of them building a token the base had): {tok['vocab_size']:,} tokens; "
+                  f"the base's tokens keep their ids; special tokens {roles}.", "",
+                  f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) sampled "
+                  f"from the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])}).", ""]
     else:
         backend = tok["backend"] + (f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece"
                                     else "")

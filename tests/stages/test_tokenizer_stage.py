@@ -186,6 +186,36 @@ def test_keep_base_adopts_the_base_tokenizer_and_pack_and_pretrain_from_the_base
     assert marker(tmp_path / "work", "nob", "pretrain")["metrics"]["steps"] == 2
 
 
+def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_keeps_its_rows(trained, english_base,
+                                                                                         tmp_path):
+    cwd, _ = trained
+    for lang in ("nob", "eng"):
+        shutil.copytree(cwd / "work" / lang, tmp_path / "work" / lang)
+    # model.base brings conf/pretrained_base.yaml: tokenizer.extend_base=true
+    run_cli("stage=tokenizer", "lang=nob", f"model.base={english_base}", "tokenizer.added_tokens=300", cwd=tmp_path)
+    folder = tmp_path / "work" / "nob" / "tokenizer"
+    base, extended = (Tokenizer.from_file(str(f / "tokenizer.json")) for f in (english_base, folder))
+    assert all(extended.token_to_id(token) == token_id for token, token_id in base.get_vocab().items())
+    assert json.loads((folder / "special_tokens_map.json").read_text())["eos_token"] == "</s>"  # the base's own
+    document = report(tmp_path)
+    section = document["tokenizer"]
+    # 512 + 300 rounded up to a multiple of 128: 384 asked
+    assert section["extended_base"] == str((english_base / "tokenizer.json").resolve()) and section["base_tokens"] == 512
+    assert section["added_tokens_requested"] == 384 and section["vocab_size"] == 512 + section["added_tokens"] > 800
+    assert document["sample"]["bytes"] > 0 and document["new"]["name"] == "base, extended"
+    # the base's English tokenizer compared on Norwegian held-out text: fewer tokens per word
+    assert document["new"]["scores"]["fertility"] < 0.9 * document["base"]["scores"]["fertility"]
+    assert "extended (tokenizer.extend_base=true) by" in (folder / "report.md").read_text()
+
+    run_cli("stage=pack", "lang=nob", f"model.base={english_base}", cwd=tmp_path)
+    run_cli("stage=warmup", "lang=nob", f"model.base={english_base}", "model.num_layers=2", "model.max_seq_len=128",
+            "warmup.train.steps=1", "warmup.train.warmup_steps=0", "warmup.train.global_batch_size=2",
+            "warmup.train.micro_batch_size=2", "warmup.train.eval_tokens=256", cwd=tmp_path)
+    rows = marker(tmp_path / "work", "nob", "warmup")["metrics"]["rows"]["embedding"]
+    # every base token's row copied, the new ones averaged over the base's pieces
+    assert rows["special"] + rows["copied"] == 512 and rows["averaged"] == section["added_tokens"]
+
+
 def test_keep_base_takes_a_gpt2_like_bases_one_end_of_text_token_through_pack_and_pretrain(trained, tmp_path):
     cwd, _ = trained
     for lang in ("nob", "eng"):

@@ -10,7 +10,8 @@ import sentencepiece as spm
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
-from pipeline.tokenization.folder import adopt_base_tokenizer, token_roles, write_tokenizer_folder
+from pipeline.tokenization.extension import extend_bpe
+from pipeline.tokenization.folder import TrainingError, adopt_base_tokenizer, token_roles, write_tokenizer_folder
 from pipeline.tokenization.metrics import evaluate, tokens_per_word, word_spans
 from pipeline.tokenization.sample import keeps, shares
 from pipeline.tokenization.training import MAX_SENTENCE_BYTES, padded_vocab_size, sentences, train_tokenizer
@@ -189,6 +190,54 @@ def test_keep_base_refuses_a_base_without_an_end_of_text_token_and_names_what_to
     assert f'add "eos_token": "<the token>" to {tmp_path / "base" / "tokenizer_config.json"}' in message
     assert f"its special tokens are {END_OF_TEXT}" in message
     assert not list((tmp_path / "kept").iterdir())  # nothing adopted
+
+
+# -- extending a base tokenizer ---------------------------------------------------------------------------
+
+def test_extending_a_base_keeps_its_tokens_and_joins_them_with_merges_learnt_on_its_own_cuts(training_text,
+                                                                                          embedded_records):
+    from pipeline.warmstart.transfer import plan_rows
+
+    # an English base, as a real base is (GPT-2-like: byte-level, one end-of-text token)
+    english = [r["text"] for r in embedded_records["eng"]][:300]
+    base = Tokenizer(models.BPE())
+    base.pre_tokenizer, base.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    base.train_from_iterator(english, trainers.BpeTrainer(vocab_size=1000, special_tokens=[END_OF_TEXT],
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                          show_progress=False))
+    cut = len(training_text) * 3 // 4
+    norwegian, unseen = training_text[:cut], training_text[cut:]
+    extended, added = extend_bpe(base, iter(norwegian), 500, min_frequency=2)
+
+    assert added == {"base_tokens": 1000, "merges": 500, "added_tokens": 500 - added["existing"],
+                     "existing": added["existing"]}
+    assert extended.get_vocab_size() == 1000 + added["added_tokens"] > 1400
+    for token, token_id in base.get_vocab().items():  # every base token keeps its id
+        assert extended.token_to_id(token) == token_id
+    # Norwegian it never saw takes far fewer tokens; every text decodes back exactly
+    tokens = [sum(len(t.encode(text).ids) for text in unseen) for t in (base, extended)]
+    assert tokens[1] < 0.85 * tokens[0]
+    for text in unseen + english[:50] + TRICKY_TEXTS:
+        assert extended.decode(extended.encode(text).ids) == text
+    # a word is first cut as the base cuts it, then only new merges join its pieces: where none applies, the cut is
+    # the base's (most English words), and every new token spells a run of the base's tokens
+    english_words = {word for text in english[:100] for word, _ in base.pre_tokenizer.pre_tokenize_str(text)}
+    kept = 0
+    for word in english_words:
+        old, new = [t.value for t in base.model.tokenize(word)], [t.value for t in extended.model.tokenize(word)]
+        assert "".join(old) == "".join(new) and len(new) <= len(old)
+        kept += old == new
+    assert kept > 0.85 * len(english_words)  # 89% with this small base (1,000 tokens)
+    # the warm start copies every base token's row to the same id and builds the new ones from the base's pieces
+    plan = plan_rows(extended, base, {"eos": 0}, {"eos": 0})
+    assert all(plan.rows[i].kind == "copied" and plan.rows[i].old_ids == (i,) for i in range(1, 1000))
+    assert {plan.rows[i].kind for i in range(1000, extended.get_vocab_size())} == {"averaged"}
+
+
+def test_extending_refuses_a_base_that_is_not_bpe():
+    unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], unk_id=0))
+    with pytest.raises(TrainingError, match="adds BPE merges, but the base tokenizer is Unigram"):
+        extend_bpe(unigram, iter(["a a"]), 10, min_frequency=1)
 
 
 def test_nfkc_folds_compatibility_characters_and_breaks_the_round_trip(training_text):
