@@ -35,9 +35,9 @@ class CleanConfig:
     c4: bool = False
     gopher_min_doc_words: int = 50
     dedup: DedupConfig = field(default_factory=DedupConfig)
-    # Glob patterns of raw files (their path below `${raw_dir}/<lang>/`, or their name): every document of a matching
-    # file is cleaned alike but goes to `heldout_source/`, never to training, so that evaluate can score a source the
-    # model never saw. Null: the language table's `heldout_sources` (nob: UD and regjeringen.no text), read when the
+    # Glob patterns of raw files (their path below `${raw_dir}/<lang>/`, or their name) or of records' `source` field:
+    # every matching document is cleaned alike but goes to `heldout_source/`, never to training, so that evaluate can
+    # score a source the model never saw. Null: the language table's `heldout_sources` (nob: UD and regjeringen.no text), read when the
     # stage runs, so that a run that cleans another language (the base's, the demo's) takes that language's.
     heldout_sources: Optional[List[str]] = None
     heldout_fraction: float = 0.02
@@ -63,7 +63,8 @@ def validate_clean(clean: CleanConfig) -> None:
     for pattern in clean.heldout_sources or []:
         if not isinstance(pattern, str) or not pattern.strip():
             raise ConfigError("clean.heldout_sources", list(clean.heldout_sources),
-                              ["a list of glob patterns of raw file names, e.g. [regjeringen_*]", "[] for none"])
+                              ["a list of glob patterns of raw file names or records' source, e.g. [regjeringen_*]",
+                               "[] for none"])
     if clean.tasks is not None and clean.tasks < 1:
         raise ConfigError("clean.tasks", clean.tasks, ["null", "an integer >= 1"])
     if clean.lid.model is not None and not os.path.isfile(clean.lid.model):

@@ -1,7 +1,7 @@
 """Held-out text for tokenizer and model evaluation: whole sources, and a deterministic split by document id.
 
-A held-out source is every document of the raw files that `clean.heldout_sources` names (glob patterns): text of a
-kind the model never trains on. Of the rest, the held-out documents are those with the smallest id hashes: every
+A held-out source is every document of the raw files, or of the records' `source`, that `clean.heldout_sources` names
+(glob patterns): text of a kind the model never trains on. Of the rest, the held-out documents are those with the smallest id hashes: every
 document whose hash falls below `clean.heldout_fraction` (decided while streaming, in any task), topped up after the
 stage to at least `clean.heldout_min_documents` (so that a small language still has text to evaluate on).
 """
@@ -38,11 +38,13 @@ def is_heldout(doc_id: str, fraction: float) -> bool:
     return id_hash(doc_id) < fraction * 2**64
 
 
-def is_heldout_source(raw_file: str, patterns: list[str]) -> bool:
-    """Whether the raw file (its path below `${raw_dir}/<lang>/`) is held out whole: a pattern matches its path or its
-    name (`regjeringen_*` also holds out `2024/regjeringen_a.jsonl.gz`)."""
+def is_heldout_source(raw_file: str, source: str, patterns: list[str]) -> bool:
+    """Whether a document is held out with its whole source: a pattern matches its raw file's path below
+    `${raw_dir}/<lang>/` or name (`regjeringen_*` also holds out `2024/regjeringen_a.jsonl.gz`), or its record's
+    `source` field (one book of a file of books: `*Sherlock-Holmes*`)."""
     name = PurePosixPath(raw_file).name
-    return any(fnmatchcase(raw_file, pattern) or fnmatchcase(name, pattern) for pattern in patterns)
+    return any(fnmatchcase(raw_file, pattern) or fnmatchcase(name, pattern) or fnmatchcase(source, pattern)
+               for pattern in patterns)
 
 
 class HeldoutSourceSplit(PipelineStep):
@@ -59,7 +61,8 @@ class HeldoutSourceSplit(PipelineStep):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.writer as writer:
             for doc in data:
-                if is_heldout_source(doc.metadata.get("raw_file", ""), self.patterns):
+                if is_heldout_source(doc.metadata.get("raw_file", ""), str(doc.metadata.get("source", "")),
+                                     self.patterns):
                     writer.write(doc, rank)
                     self.stat_update("heldout_source")
                     self.stat_update("heldout_source_chars", value=len(doc.text))

@@ -38,8 +38,8 @@ class EvalConfig:
     # clean reader's formats) or of plain text, one document per line (FLORES' `nob_Latn.devtest`).
     path: Optional[str] = None
     # Held-out text of the base model's language (model.base_lang), to see whether the model forgets it: null
-    # takes the held-out split of `${work_dir}/<model.base_lang>/clean` when that clean stage is done; or a file or
-    # folder as for `path`.
+    # takes what `${work_dir}/<model.base_lang>/clean` held out when that clean stage is done (its held-out sources,
+    # else its held-out split); or a file or folder as for `path`.
     base_lang_path: Optional[str] = None
     # Tokens per window; null: the model's context, at most 2048, as training takes it (model/config.py).
     seq_len: Optional[int] = None

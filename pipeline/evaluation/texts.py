@@ -3,8 +3,9 @@
 - `heldout`: the clean stage's held-out split (documents drawn at random from the training corpus), or `eval.path`;
 - `heldout_source`: the clean stage's `heldout_source` split, whole sources (`clean.heldout_sources`) that no stage
   trains on: the language outside the training text's domain;
-- `base_lang`: held-out text of the base model's language (`model.base_lang`): `eval.base_lang_path`, or the held-out
-  split of that language's clean stage when it is done; a recipe that makes the model forget it shows here.
+- `base_lang`: held-out text of the base model's language (`model.base_lang`): `eval.base_lang_path`, or what that
+  language's clean stage held out when it is done (its held-out sources, else its held-out split); a recipe that
+  makes the model forget it shows here.
 
 A set without text is skipped with the reason, never an error; only `heldout` is required.
 """
@@ -135,6 +136,11 @@ def base_lang_set(cfg) -> TextSet | str:
     if read_marker(clean) is None:
         return (f"no held-out text of the base model's language {code} (model.base_lang): run python -m pipeline "
                 f"stage=clean lang={code} work_dir={cfg.work_dir}, or give eval.base_lang_path=<file or folder>")
+    # A source it held out whole first: the replay repeats its training text many times, so pages of the same books
+    # would flatter the model.
+    if _has_files(clean / HELDOUT_SOURCE_SPLIT):
+        return TextSet(BASE_LANG, title, f"the sources {code}'s clean stage held out whole "
+                       f"({clean / HELDOUT_SOURCE_SPLIT})", clean=clean, split=HELDOUT_SOURCE_SPLIT)
     if not _has_files(clean / HELDOUT_SPLIT):
         return f"{code}'s clean stage ({clean}) held out no document"
     return TextSet(BASE_LANG, title, f"the held-out split of {code}'s clean stage ({clean / HELDOUT_SPLIT})",

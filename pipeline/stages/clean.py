@@ -108,16 +108,16 @@ def _check_slurm_script(run: StageRun) -> None:
 
 
 def heldout_source_files(cfg: PipelineConfig, folder: Path, files: list[str]) -> list[str]:
-    """The raw files that `clean.heldout_sources` holds out whole, saying which patterns match none; refuses to hold
-    out every file, which would leave nothing to train on."""
+    """The raw files that `clean.heldout_sources` holds out whole, saying which patterns match none (they may still
+    match records' `source`); refuses to hold out every file, which would leave nothing to train on."""
     patterns = heldout_source_patterns(cfg.clean, cfg.lang)
     if not patterns:
         return []
     for pattern in patterns:
-        if not any(is_heldout_source(name, [pattern]) for name in files):
-            log.info("clean %s: clean.heldout_sources pattern %r matches no raw file in %s.", cfg.lang.code, pattern,
-                     folder)
-    held = [name for name in files if is_heldout_source(name, patterns)]
+        if not any(is_heldout_source(name, "", [pattern]) for name in files):
+            log.info("clean %s: clean.heldout_sources pattern %r matches no raw file in %s (it holds out the records "
+                     "whose `source` it matches).", cfg.lang.code, pattern, folder)
+    held = [name for name in files if is_heldout_source(name, "", patterns)]
     if held and len(held) == len(files):
         raise StageError(f"clean {cfg.lang.code}: clean.heldout_sources={list(patterns)} holds out every raw file in "
                          f"{folder}, which leaves nothing to train on. Narrow the patterns, or set "
@@ -125,9 +125,6 @@ def heldout_source_files(cfg: PipelineConfig, folder: Path, files: list[str]) ->
     if held:
         log.info("clean %s: %d raw files held out whole (clean.heldout_sources, written to heldout_source/): %s",
                  cfg.lang.code, len(held), ", ".join(held[:10]) + (" ..." if len(held) > 10 else ""))
-    else:
-        log.warning("clean %s: clean.heldout_sources=%s matches no raw file in %s, so no source is held out whole "
-                    "(evaluate then has no never-trained source).", cfg.lang.code, list(patterns), folder)
     return held
 
 

@@ -99,13 +99,13 @@ def test_cfg_job_shows_the_base_models_shape_over_the_preset(tmp_path):
     assert model["max_seq_len"] == 128  # a shorter context than the base's is the user's choice
     # a real base replaces the demo preset's budgets and vocabulary (conf/pretrained_base.yaml) ...
     config = yaml.safe_load(out)
-    assert config["tokenizer"]["vocab_size"] == 32768
+    assert (config["tokenizer"]["extend_base"], config["tokenizer"]["added_tokens"]) == (True, 16384)
     assert (config["train"]["steps"], config["warmup"]["train"]["steps"]) == (None, None)
     assert (config["train"]["lr"], config["train"]["global_batch_size"]) == (1e-3, 64)
     # ... and the command line's own values still win
     own = yaml.safe_load(run_cli("--cfg", "job", "stage=warmup", "lang=nob", f"model.base={base}", "train.lr=1e-5",
-                                 "tokenizer.vocab_size=4096", cwd=tmp_path).stdout)
-    assert (own["train"]["lr"], own["tokenizer"]["vocab_size"]) == (1e-5, 4096)
+                                 "tokenizer.extend_base=false", "tokenizer.vocab_size=4096", cwd=tmp_path).stdout)
+    assert (own["train"]["lr"], own["tokenizer"]["extend_base"], own["tokenizer"]["vocab_size"]) == (1e-5, False, 4096)
 
 
 def test_a_llama_3_1_base_brings_its_rope_scaling_over_a_preset_without_one(tmp_path):

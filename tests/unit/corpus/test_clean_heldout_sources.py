@@ -30,8 +30,8 @@ from pipeline.stages.clean import heldout_source_files
 from tests.conftest import read_jsonl_gz, run_cli
 
 
-def _doc(doc_id: str, raw_file: str, text: str = "Tekst.") -> Document:
-    return Document(text=text, id=doc_id, metadata={"raw_file": raw_file})
+def _doc(doc_id: str, raw_file: str, text: str = "Tekst.", source: str = "") -> Document:
+    return Document(text=text, id=doc_id, metadata={"raw_file": raw_file, "source": source})
 
 
 def _patterns(lang: str, *overrides: str) -> list[str]:
@@ -43,7 +43,8 @@ def _patterns(lang: str, *overrides: str) -> list[str]:
 
 def test_the_default_comes_from_the_language_table():
     assert _patterns("nob") == ["ud_*", "regjeringen_*"]
-    assert _patterns("eng") == []  # a language without the field holds out no source
+    assert _patterns("eng") == ["*Adventures-of-Sherlock-Holmes*"]  # one book, by its records' source
+    assert _patterns("fin") == []  # a language without the field holds out no source
     assert _patterns("nob", "clean.heldout_sources=[stortinget_*]") == ["stortinget_*"]
     assert _patterns("nob", "lang.heldout_sources=[]") == []
     assert _patterns("nob", "clean.heldout_sources=[]") == []
@@ -55,7 +56,7 @@ def test_the_default_follows_the_language_a_run_cleans():
     nob = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PipelineConfig), {
         "lang": OmegaConf.structured(language_config("nob", LANGUAGES["nob"]))}, {"stage": "clean"}))
     eng = dataclasses.replace(nob, lang=language_config("eng", LANGUAGES["eng"]))
-    assert heldout_source_patterns(eng.clean, eng.lang) == []
+    assert heldout_source_patterns(eng.clean, eng.lang) == ["*Adventures-of-Sherlock-Holmes*"]
 
 
 def test_the_command_line_shows_the_default(tmp_path):
@@ -63,25 +64,28 @@ def test_the_command_line_shows_the_default(tmp_path):
     assert shown.clean.heldout_sources is None and list(shown.lang.heldout_sources) == ["ud_*", "regjeringen_*"]
 
 
-def test_patterns_match_a_files_path_or_its_name():
-    patterns = ["regjeringen_*", "2024/ud_*"]
-    assert is_heldout_source("regjeringen_giellalt.jsonl.gz", patterns)
-    assert is_heldout_source("sub/regjeringen_a.parquet", patterns)
-    assert is_heldout_source("2024/ud_test.jsonl.gz", patterns)
-    assert not is_heldout_source("2023/ud_test.jsonl.gz", patterns)
-    assert not is_heldout_source("lovdata_regjeringen.jsonl.gz", patterns)
-    assert not is_heldout_source("regjeringen_a.jsonl.gz", [])
+def test_patterns_match_a_files_path_or_its_name_or_the_records_source():
+    patterns = ["regjeringen_*", "2024/ud_*", "*Sherlock-Holmes*"]
+    assert is_heldout_source("regjeringen_giellalt.jsonl.gz", "", patterns)
+    assert is_heldout_source("sub/regjeringen_a.parquet", "", patterns)
+    assert is_heldout_source("2024/ud_test.jsonl.gz", "", patterns)
+    assert not is_heldout_source("2023/ud_test.jsonl.gz", "", patterns)
+    assert not is_heldout_source("lovdata_regjeringen.jsonl.gz", "", patterns)
+    assert not is_heldout_source("regjeringen_a.jsonl.gz", "", [])
+    # one book of a file of books
+    assert is_heldout_source("books.jsonl.gz", "github.com/GITenberg/The-Adventures-of-Sherlock-Holmes_1661", patterns)
+    assert not is_heldout_source("books.jsonl.gz", "github.com/GITenberg/Dracula_345", patterns)
 
 
 def test_the_split_writes_held_out_files_and_passes_the_rest_on(tmp_path):
     docs = [_doc("a", "lovdata_1.jsonl.gz"), _doc("b", "regjeringen_x.jsonl.gz"), _doc("c", "npk.jsonl.gz"),
-            _doc("d", "sub/regjeringen_y.jsonl.gz", "Lengre tekst.")]
-    split = HeldoutSourceSplit(["regjeringen_*"], JsonlWriter(str(tmp_path / "heldout_source")))
+            _doc("d", "sub/regjeringen_y.jsonl.gz", "Lengre tekst."), _doc("e", "npk.jsonl.gz", "Tre.", "høring 7")]
+    split = HeldoutSourceSplit(["regjeringen_*", "høring*"], JsonlWriter(str(tmp_path / "heldout_source")))
     passed = list(split.run(iter(docs)))
     assert [d.id for d in passed] == ["a", "c"]
-    assert sorted(r["id"] for r in read_jsonl_gz(tmp_path / "heldout_source")) == ["b", "d"]
-    assert split.stats["heldout_source"].total == 2
-    assert split.stats["heldout_source_chars"].total == len("Tekst.") + len("Lengre tekst.")
+    assert sorted(r["id"] for r in read_jsonl_gz(tmp_path / "heldout_source")) == ["b", "d", "e"]
+    assert split.stats["heldout_source"].total == 3
+    assert split.stats["heldout_source_chars"].total == len("Tekst.") + len("Lengre tekst.") + len("Tre.")
 
 
 def test_tallies_give_what_each_step_took_from_each_file(tmp_path):
@@ -121,7 +125,8 @@ def test_a_pattern_that_matches_no_file_is_logged_not_an_error(caplog):
     assert "'stortinget_*' matches no raw file" in caplog.text
     caplog.clear()
     assert _files(["hplt_*"], files, caplog) == []
-    assert "no source is held out whole" in caplog.text
+    assert "'hplt_*' matches no raw file" in caplog.text and "holds out the records whose `source` it matches" \
+        in caplog.text
     assert _files([], files, caplog) == []
 
 
