@@ -125,15 +125,14 @@ def markdown(document: dict) -> str:
                   f"(tokenizer.extend_base=true) by {tok['added_tokens']:,} tokens (asked: "
                   f"{tok['added_tokens_requested']:,}; {tok['merges']:,} merges learnt on the sample as the base cuts "
                   f"it, {tok['existing']:,} of them building a token the base had): {tok['vocab_size']:,} tokens; "
-                  f"the base's tokens keep their ids; special tokens {roles}.", "",
-                  f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) sampled "
-                  f"from the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])}).", ""]
+                  f"the base's tokens keep their ids; special tokens {roles}.", ""]
     else:
         backend = tok["backend"] + (f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece"
                                     else "")
         lines += [f"{backend}, {tok['vocab_size']:,} tokens (asked: {tok['vocab_size_requested']:,}); special tokens "
-                  f"{specials}; normalization {tok['normalization']}.", "",
-                  f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) sampled "
+                  f"{specials}; normalization {tok['normalization']}.", ""]
+    if sample is not None:
+        lines += [f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) sampled "
                   f"from the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])}).", ""]
     if heldout["documents"]:
         lines += [f"Evaluated on {heldout['documents']:,} held-out documents ({bytes_text(heldout['bytes'])}, "
