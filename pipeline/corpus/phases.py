@@ -205,6 +205,7 @@ def collect_metrics(run: StageRun) -> dict:
         "chars_heldout": count(split_stats, HeldoutSplit, "heldout_chars"),
         "docs_heldout_source": count(split_stats, HeldoutSourceSplit, "heldout_source"),
         "chars_heldout_source": count(split_stats, HeldoutSourceSplit, "heldout_source_chars"),
+        "heldout_source_patterns": settings["heldout_source_patterns"],
         "heldout_source_files": settings["heldout_source_files"],
         "language_id": settings["language_id"],
         "word_tokenizer": settings["word_tokenizer"],

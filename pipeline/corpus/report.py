@@ -48,6 +48,10 @@ def _cells(values: dict, filters: list[str], shown) -> list[str]:
             *(f"{shown(values[f])} ({_share(values[f], values['in'])})" if values[f] else "0" for f in filters)]
 
 
+def _names(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names) or "none"
+
+
 def markdown(lang: str, metrics: dict) -> str:
     sources, filters = metrics["sources"], list(metrics["rejected"])
     header = ["raw file", "in", "kept", *(label for label, _ in _SPLITS), *(f"`{f}`" for f in filters)]
@@ -57,7 +61,7 @@ def markdown(lang: str, metrics: dict) -> str:
         f"{metrics['docs_in']} documents ({tokens_text(metrics['chars_in'])} characters) read from "
         f"{metrics['input_files']} raw files; {metrics['docs_out']} kept for training, {metrics['docs_heldout']} held "
         f"out, {metrics['docs_heldout_source']} in held-out sources (`clean.heldout_sources`: "
-        f"{', '.join(f'`{name}`' for name in metrics['heldout_source_files']) or 'none'}), "
+        f"{_names(metrics['heldout_source_patterns'])}; whole raw files: {_names(metrics['heldout_source_files'])}), "
         f"{sum(metrics['rejected'].values())} rejected; {metrics['bad_records']} bad records. Language ID: "
         f"{metrics['language_id']['description']}.",
         "",

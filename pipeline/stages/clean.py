@@ -152,6 +152,7 @@ def run_clean(run: StageRun):
             cfg.lang.code, language_id.description)
     settings = {"filters": [(step_key(step), name) for name, step in filters], "language_id": language_id.marker(),
                 "word_tokenizer": tokenizer_name, "input_files": files, "unreadable_names": bad_names,
+                "heldout_source_patterns": heldout_source_patterns(cfg.clean, cfg.lang),
                 "heldout_source_files": heldout_source_files(cfg, folder, files)}
     (run.work_dir / "settings.json").write_text(json.dumps(settings, ensure_ascii=False))
 
