@@ -132,9 +132,9 @@ def _sample(run: StageRun, sample_file: Path, scratch: Path) -> dict:
     sample = sample_section(sampled, options.sample_bytes)
     if sample["bytes"] == 0:
         raise StageError(_empty_sample_message(run, sampled))
-    log.info("tokenizer %s: sampled %s (%d documents) from %s; training %s", run.lang, bytes_text(sample["bytes"]),
+    log.info("tokenizer %s: sampled %s (%d documents) from %s; %s", run.lang, bytes_text(sample["bytes"]),
              sample["documents"], ", ".join(f"{s['name']} {bytes_text(s['bytes'])}" for s in sample["sources"]),
-             options.backend)
+             "extending the base tokenizer" if options.extend_base else f"training {options.backend}")
     return sample
 
 
