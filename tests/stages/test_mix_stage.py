@@ -49,10 +49,10 @@ def test_default_plan_repeats_nob_four_times_and_replays_english_at_a_quarter(cl
     assert nob["unique_bytes"] == train_bytes and nob["bytes_per_token"] == 4.0 and nob["input"] == "clean output"
     assert nob["unique_tokens_est"] == round(train_bytes / 4.0)
     # no mix.tokens: the budget is what nob gives at mix.max_epochs, plus the base language's replay (a quarter of
-    # the budget, or what its 16 epochs give)
+    # the budget, or what its 4 epochs give)
     assert nob["tokens"] == 4 * nob["unique_tokens_est"] and nob["epochs"] == 4
     assert eng["kind"] == "fixed ratio" and eng["tokens"] == min(math.floor(0.25 * document["budget_tokens"]),
-                                                                math.floor(16 * eng["unique_tokens_est"]))
+                                                                math.floor(4 * eng["unique_tokens_est"]))
     assert eng["tokens"] > 0 and eng["share"] == pytest.approx(0.25, abs=1e-3)
     assert document["budget_tokens"] == document["planned_tokens"] == nob["tokens"] + eng["tokens"]
     assert document["budget_met"]
@@ -68,10 +68,10 @@ def test_acceptance_ten_times_the_unique_nob_tokens(cleaned):
     nob, eng = by_name(document)["nob"], by_name(document)["eng"]
     assert [s["name"] for s in document["sources"]] == ["nob", "eng"]
     assert nob["epochs"] == 4 and nob["at_cap"]
-    # English, replayed at a quarter of the budget (or what its 16 epochs give), then nob at its cap; nothing else
+    # English, replayed at a quarter of the budget (or what its 4 epochs give), then nob at its cap; nothing else
     # can fill the rest, and the plan says so
     assert eng["kind"] == "fixed ratio"
-    assert eng["tokens"] == min(math.floor(0.25 * 10 * unique), math.floor(16 * eng["unique_tokens_est"]))
+    assert eng["tokens"] == min(math.floor(0.25 * 10 * unique), math.floor(4 * eng["unique_tokens_est"]))
     assert document["planned_tokens"] == nob["tokens"] + eng["tokens"]
     assert document["shortfall_tokens"] == 10 * unique - document["planned_tokens"] > 0
     assert not document["budget_met"] and document["verdict"].startswith("Budget NOT met")
