@@ -160,6 +160,25 @@ def _variant(english_base: Path, folder: Path, noise: float) -> Path:
     return to_hf(model, folder, tokenizer=english_base)
 
 
+def test_the_base_languages_text_is_a_source_its_clean_stage_held_out_whole_when_there_is_one(tmp_path):
+    from omegaconf import OmegaConf
+
+    from pipeline.config import PipelineConfig
+    from pipeline.evaluation.texts import HELDOUT_SOURCE_SPLIT, HELDOUT_SPLIT, base_lang_set
+    from pipeline.languages import LANGUAGES, language_config
+
+    cfg = OmegaConf.to_object(OmegaConf.merge(
+        OmegaConf.structured(PipelineConfig), {"lang": OmegaConf.structured(language_config("nob", LANGUAGES["nob"]))},
+        {"stage": "evaluate", "work_dir": str(tmp_path / "work")}))
+    eng = tmp_path / "work" / "eng" / "clean"
+    _clean_output(eng, {"heldout": ["Pages of a book the replay reads."]})
+    assert base_lang_set(cfg).split == HELDOUT_SPLIT
+    # the replay repeats the books it reads: a book it never reads is the fairer test, and comes first
+    _clean_output(eng, {"heldout_source": ["A book it never reads."]})
+    chosen = base_lang_set(cfg)
+    assert chosen.split == HELDOUT_SOURCE_SPLIT and str(eng / HELDOUT_SOURCE_SPLIT) in chosen.where
+
+
 def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(tmp_path, english_base):
     nob = [record["text"] for record in read_jsonl_gz(DATA / "nob")]
     eng = [record["text"][:400] for record in read_jsonl_gz(DATA / "eng") if record["id"].startswith("UD_")]
