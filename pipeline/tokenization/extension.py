@@ -70,7 +70,7 @@ def extend_bpe(base: Tokenizer, documents: Iterable[str], added_tokens: int, min
         return "".join(token_of[ord(letter) - FIRST_CODE_POINT] for letter in letters)
 
     vocab, merges = dict(model["vocab"]), list(model["merges"])
-    as_text = bool(merges) and isinstance(merges[0], str)  # tokenizer.json writes a merge as "a b" or ["a", "b"]
+    as_text = bool(merges) and isinstance(merges[0], str)  # "a b" from tokenizers < 0.20, ["a", "b"] since
     learnt = json.loads(trainer_model.to_str())["model"]["merges"]
     existing = 0
     for merge in learnt:
