@@ -73,8 +73,10 @@ def fingerprint_files(folder: Path, files: list[str]) -> dict:
     for name in files:
         stat = (folder / name).stat()
         total += stat.st_size
-        fingerprint.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    # No path: a folder moved or copied with its files' times kept (mv, cp -p, rsync -a) is the same input.
+        # Whole seconds: tar (its default format) and some file systems keep no finer time, and a corpus carried to
+        # a cluster that way is the same input.
+        fingerprint.update(f"{name}\0{stat.st_size}\0{int(stat.st_mtime)}\n".encode())
+    # No path: a folder moved or copied with its files' times kept (mv, cp -p, rsync -a, tar) is the same input.
     return {"files": len(files), "bytes": total, "fingerprint": fingerprint.hexdigest()[:16]}
 
 

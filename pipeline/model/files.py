@@ -31,13 +31,13 @@ SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_s
 def folder_fingerprint(path: str) -> dict:
     """A model folder's identity by its content, wherever it is: its files' names, sizes and modification times,
     and its JSON files (without reading gigabytes of weights). A copy that does not keep the times (`cp -r`
-    without `-p`) counts as another model."""
+    without `-p`) counts as another model; one that keeps them to the second (tar) is the same."""
     folder = Path(path)
     files = sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
     digest = hashlib.sha256()
     for file in files:
         stat = file.stat()
-        digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        digest.update(f"{file.name}:{stat.st_size}:{int(stat.st_mtime)}".encode())  # seconds: as tar keeps them
         if file.suffix == ".json":
             digest.update(file.read_bytes())
     return {"files": digest.hexdigest()[:16]}

@@ -9,7 +9,7 @@ from datatrove.data import Document
 from pipeline.corpus.heldout import id_hash, is_heldout, top_up_heldout
 from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, bundled_lid176
 from pipeline.corpus.words import SpaceSplitTokenizer, minhash_word_tokenizer, resolve_word_tokenizer
-from pipeline.corpus.reader import RawCorpusReader
+from pipeline.corpus.reader import RawCorpusReader, fingerprint_files
 from pipeline.languages import LANGUAGES, language_config
 from tests.conftest import read_jsonl_gz, write_jsonl_gz
 
@@ -103,3 +103,16 @@ def test_minhash_splits_at_spaces_where_the_script_has_them_and_finds_the_same_s
     spaced, spacy = (MinhashDedupSignature("unused", config=MinhashConfig(), language=words).get_shingles(text)
                      for words in (SpaceSplitTokenizer(), language_tokenizer))
     assert len(spaced) > 20 and (spaced == spacy).all()
+
+
+def test_a_raw_folder_carried_with_its_times_to_the_second_is_the_same_input(tmp_path):
+    # tar's default format keeps whole seconds: a corpus carried that way must not clean again
+    import os
+
+    (tmp_path / "a.jsonl").write_text('{"text": "Hei."}\n')
+    os.utime(tmp_path / "a.jsonl", ns=(1_795_727_550_439_911_479, 1_795_727_550_439_911_479))
+    before = fingerprint_files(tmp_path, ["a.jsonl"])
+    os.utime(tmp_path / "a.jsonl", ns=(1_795_727_550_000_000_000, 1_795_727_550_000_000_000))
+    assert fingerprint_files(tmp_path, ["a.jsonl"]) == before
+    os.utime(tmp_path / "a.jsonl", ns=(1_795_727_551_000_000_000, 1_795_727_551_000_000_000))
+    assert fingerprint_files(tmp_path, ["a.jsonl"]) != before  # a file touched since
