@@ -136,8 +136,8 @@ def base_lang_set(cfg) -> TextSet | str:
     if read_marker(clean) is None:
         return (f"no held-out text of the base model's language {code} (model.base_lang): run python -m pipeline "
                 f"stage=clean lang={code} work_dir={cfg.work_dir}, or give eval.base_lang_path=<file or folder>")
-    # A source it held out whole first: the replay repeats its training text many times, so pages of the same books
-    # would flatter the model.
+    # A source it held out whole first: the mix replays its training text several times, so held-out pages of the
+    # same books flatter the model.
     if _has_files(clean / HELDOUT_SOURCE_SPLIT):
         return TextSet(BASE_LANG, title, f"the sources {code}'s clean stage held out whole "
                        f"({clean / HELDOUT_SOURCE_SPLIT})", clean=clean, split=HELDOUT_SOURCE_SPLIT)
