@@ -28,6 +28,7 @@ from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_sh
                                                    skip_cpu_shared_memory_collective)
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
 from pipeline.training.config import TrainConfig, lr_factor, use_bf16
+from pipeline.training.job import VOCABULARY_MATRICES
 from pipeline.training.weights import load_layers
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,24 @@ class Engine:
     dp_world: int
 
 
+def keep_leading_rows(parameter: torch.nn.Parameter, rows: int) -> None:
+    """Zero the gradient of the vocabulary rows below id `rows` (a tensor-parallel shard's rows start at its
+    `tp_shard.start`): with no weight decay on the matrix, Adam then never moves them."""
+    start = getattr(getattr(parameter, "tp_shard", None), "start", 0)
+    local = max(0, min(rows - start, parameter.shape[0]))
+    if local:
+        def masked(gradient: torch.Tensor) -> torch.Tensor:
+            gradient = gradient.clone()
+            gradient[:local] = 0
+            return gradient
+
+        parameter.register_hook(masked)
+
+
 def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelConfig, init_file,
-                 trainable: Callable[[str], bool]) -> Engine:
-    """The engine over this rank's stage, its weights loaded from `init_file` (single-model names)."""
+                 trainable: Callable[[str], bool], frozen_rows: int = 0) -> Engine:
+    """The engine over this rank's stage, its weights loaded from `init_file` (single-model names); the vocabulary
+    rows below `frozen_rows` of the trained embedding and head stay as they are."""
     topology = PipeModelDataParallelTopology(num_pp=parallel.pp, num_mp=parallel.tp, num_dp=parallel.dp)
     torch.manual_seed(train.seed)
     # Tensor-parallel layers and loss when parallel.tp > 1 (pipeline/parallel/tensor_parallel.py).
@@ -82,6 +98,10 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
             # The last stage's copy of a tied embedding trains only the shared matrix.
             shared_copy = prefix == "embedding." and not first and name != "tokens.weight"
             parameter.requires_grad_(trainable(prefix + name) and not shared_copy)
+    kept = [parameter for prefix, layer in layers for name, parameter in layer.named_parameters()
+            if frozen_rows and parameter.requires_grad and prefix + name in VOCABULARY_MATRICES]
+    for parameter in kept:
+        keep_leading_rows(parameter, frozen_rows)
     trained = [p for p in module.parameters() if p.requires_grad]
     count = sum(p.numel() for p in trained)
     stage = module.stage_id
@@ -92,8 +112,9 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
         trained = [module.idle_anchor]
     else:
         log.info("pipeline stage %d trains %s parameters", stage, f"{count:,}")
-    decay = [p for p in trained if p.dim() >= 2]
-    no_decay = [p for p in trained if p.dim() < 2]
+    # A matrix with frozen rows has no weight decay: decay would shrink those rows.
+    decay = [p for p in trained if p.dim() >= 2 and not any(p is k for k in kept)]
+    no_decay = [p for p in trained if p.dim() < 2 or any(p is k for k in kept)]
     # Empty groups left out: ZeRO drops them, and the scheduler would then see fewer groups than it made.
     groups = [group for group in ({"params": decay, "weight_decay": train.weight_decay},
                                   {"params": no_decay, "weight_decay": 0.0}) if group["params"]]

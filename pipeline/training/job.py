@@ -20,6 +20,10 @@ from pipeline.training.config import TrainConfig
 JOB_FILE = "job.yaml"
 
 
+# The embedding and the untied LM head: the matrices with a row per token.
+VOCABULARY_MATRICES = ("embedding.tokens.weight", "head.weight")
+
+
 @dataclass
 class TrainingJob:
     stage: str  # for messages: warmup or pretrain
@@ -34,6 +38,9 @@ class TrainingJob:
     kernels: str = "auto"
     # Name prefixes of the parameters that train (warmup: the embeddings and the head); null: all of them.
     trainable: Optional[List[str]] = None
+    # The vocabulary rows below this id of the trained VOCABULARY_MATRICES stay as they are (warmup with
+    # warmup.train_base_rows=false: the base's own rows).
+    frozen_rows: int = 0
     # `auto`: continue from the newest checkpoint in checkpoints/ and write new ones (pretrain); `never`: start
     # again; null: no checkpoints (warmup, which is short, starts again).
     resume: Optional[str] = None

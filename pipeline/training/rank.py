@@ -46,7 +46,8 @@ def train_rank(job: TrainingJob) -> None:
     rank = dist.get_rank()
     folder = Path(job.folder)
     model_cfg = read_model_config(folder / INIT / CHECKPOINT_CONFIG)
-    engine = build_engine(model_cfg, job.train, job.parallel, folder / INIT / CHECKPOINT_WEIGHTS, job.trains)
+    engine = build_engine(model_cfg, job.train, job.parallel, folder / INIT / CHECKPOINT_WEIGHTS, job.trains,
+                          job.frozen_rows)
     heldout = load_rows(folder / HELDOUT_FILE)
     sampler = PackedSampler(Path(job.pack), seq_len=job.seq_len, global_batch_size=job.train.global_batch_size,
                             seed=job.train.seed, rank=engine.dp_rank, world=engine.dp_world)

@@ -38,7 +38,7 @@ from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, des
 from pipeline.training.config import TrainConfig, planned, use_bf16
 from pipeline.training.heldout import save_rows
 from pipeline.training.job import (CHECKPOINTS, EXPORT, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED,
-                                   TrainingJob, write_job)
+                                   VOCABULARY_MATRICES, TrainingJob, write_job)
 from pipeline.training.peak_memory import peak_memory, return_large_blocks_to_the_system
 
 log = logging.getLogger(__name__)
@@ -258,6 +258,9 @@ def _check_frozen_unchanged(initial: Path, trained: Path, job: TrainingJob,
             if job.trains(name):
                 trained_names.append(name)
                 trained_values += tensor.numel()
+                rows = job.frozen_rows if name in VOCABULARY_MATRICES else 0
+                if rows and not torch.equal(tensor[:rows], before.read(name)[:rows].to(held).to(tensor.dtype)):
+                    moved.append(f"{name}[:{rows}]")
             elif not torch.equal(tensor, before.read(name).to(held).to(tensor.dtype)):
                 moved.append(name)
     if moved:

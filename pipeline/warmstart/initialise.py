@@ -105,7 +105,18 @@ def warm_started(base: ModelTensors, base_folder: Path, base_tokenizer: Tokenize
                 summary[kind] = counts
     summary["learnt_from"] = learnt
     summary["cost"] = cost
+    summary["base_rows"] = leading_base_rows(plan)
     return ReplacedTensors(base, cfg, replaced), summary
+
+
+def leading_base_rows(plan: Optional[TransferPlan]) -> int:
+    """How many rows from id 0 on are the base's own, at the base's id (an extended base tokenizer: all of the
+    base's); 0 for a tokenizer that moved them, or under `random`."""
+    rows = 0
+    while plan is not None and rows in plan.rows and plan.rows[rows].old_ids == (rows,) \
+            and plan.rows[rows].kind in ("copied", "special"):
+        rows += 1
+    return rows
 
 
 def warmup_trainable(train_head: bool, train_norms: bool, train_embedding_norm: bool, num_layers: int) -> list[str]:
