@@ -45,6 +45,9 @@ MODELS = {
                         position="rope", norm="rmsnorm", activation="swiglu", tie_embeddings=False, max_seq_len=32),
 }
 # grad_clip far below the gradients' norm (asserted), so every step is clipped with the global norm.
+# Kept rows of the embedding in the tensor-parallel check: more than the first shard's 256 of the 300 rows (padded
+# to 512).
+FROZEN_ROWS = 280
 TRAIN = TrainConfig(steps=5, global_batch_size=4, micro_batch_size=1, seq_len=16, lr=1e-2, schedule="cosine",
                     warmup_steps=1, grad_clip=0.05, precision="fp32", seed=3)
 # (tp, pp, dp, sequence parallelism)
@@ -271,6 +274,34 @@ def _non_finite_gradient_skips_the_step(work_dir: Path) -> dict:
     return {"applied": applied, "unchanged": unchanged, "scan_left_out": "check_overflow" in vars(ds.optimizer)}
 
 
+def _frozen_rows_stay_under_tensor_parallelism(work_dir: Path) -> dict:
+    """The embedding alone trains over two tensor-parallel ranks with its first FROZEN_ROWS rows kept (warmup with
+    warmup.train_base_rows=false): they cross the shards' boundary, so each shard keeps the part below it. Every
+    rank's count of rows that moved, below and from FROZEN_ROWS on, in its shard (padding rows left out)."""
+    import torch.distributed as dist
+
+    from pipeline.training.engine import build_engine
+    from pipeline.training.heldout import micro_batches
+
+    engine = build_engine(MODELS["rope"], TRAIN, ParallelConfig(tp=2), work_dir / "init-rope" / CHECKPOINT_WEIGHTS,
+                          trainable=lambda name: name.startswith("embedding.tokens."), frozen_rows=FROZEN_ROWS)
+    ds = engine.engine
+    matrix = next(p for name, p in ds.module.named_parameters() if name.endswith("tokens.weight"))
+    before = matrix.detach().clone()
+    for tokens, segments in _batches(MODELS["rope"].vocab_size, engine.dp_rank, engine.dp_world)[:2]:
+        ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device)))
+    start = matrix.tp_shard.start
+    ids = torch.arange(start, start + matrix.shape[0])
+    moved = (matrix.detach() != before).any(dim=1)
+    real = ids < MODELS["rope"].vocab_size  # the padding rows never move
+    counts = {"start": start, "moved_below": int(moved[ids < FROZEN_ROWS].sum()),
+              "moved_above": int(moved[(ids >= FROZEN_ROWS) & real].sum()),
+              "rows_above": int(((ids >= FROZEN_ROWS) & real).sum())}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, counts)
+    return gathered
+
+
 def rank_entry(work_dir: Path) -> None:
     """Run the job of `job.json` (layer checks and/or layouts) on this launch's ranks; rank 0 writes results."""
     import torch.distributed as dist
@@ -285,6 +316,7 @@ def rank_entry(work_dir: Path) -> None:
     if job.get("layer_checks"):
         results["layers"] = _layer_errors()
         results["non-finite step"] = _non_finite_gradient_skips_the_step(work_dir)
+        results["frozen rows"] = _frozen_rows_stay_under_tensor_parallelism(work_dir)
     for model, layout in job["runs"]:
         results[f"{model} {layout_name(layout)}"] = _train(model, tuple(layout), work_dir)
     if dist.get_rank() == 0:
@@ -364,6 +396,15 @@ def test_acceptance_every_layout_trains_like_one_process(trained, model):
 def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank_in_bf16(trained):
     _, results = trained
     assert results["non-finite step"] == {"applied": [True, False, True], "unchanged": True, "scan_left_out": True}
+
+
+def test_the_frozen_vocabulary_rows_stay_on_each_tensor_parallel_shard_and_the_others_train(trained):
+    _, results = trained
+    first, second = results["frozen rows"]
+    assert first["start"] == 0 < FROZEN_ROWS - second["start"]  # the kept rows reach into the second shard
+    assert first["moved_below"] == second["moved_below"] == 0
+    # the rows above train (an input row moves when its token is in a batch)
+    assert first["rows_above"] == 0 and 0 < second["moved_above"] <= second["rows_above"] == 300 - FROZEN_ROWS
 
 
 def test_multi_query_attention_cannot_be_cut_across_ranks():
