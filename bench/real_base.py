@@ -3,7 +3,10 @@ wheel's GGUF with bench/gguf_to_hf.py) continues on all the Norwegian text of ..
 regjeringen.no, Lovdata, CC0 sentences) with English replay, through the pipeline's command line, every arm at the
 same mix plan of `--tokens` tokens (warmup arms add their warmup.plan_share of it, embeddings only):
 
-  recipe      the defaults: a new tokenizer, stage=warmup (warmup.init=mean), stage=pretrain init=warmup
+  recipe      the study's recipe: a new tokenizer (tokenizer.extend_base=false), stage=warmup (warmup.init=mean),
+              stage=pretrain init=warmup
+  extended    the defaults since: the base's tokenizer extended (tokenizer.extend_base), warmup, pretrain
+  extended-base-rows   as extended, the warm start training the added tokens' rows only (warmup.train_base_rows=false)
   random      as recipe, the new rows random (warmup.init=random)
   no-warmup   as recipe without embedding training (one warmup step at a learning rate of 1e-30)
   keep        the base's tokenizer kept (tokenizer.keep_base=true), stage=pretrain init=hf
@@ -42,7 +45,8 @@ RESULTS = Path("/tmp/real_base/results")
 PROMPTS = ("Stortinget har i dag vedtatt", "Norge er et land i Nord-Europa med",
            "Regjeringen foreslår at kommunene")
 # The tokenizer set-ups the arms start from: their CPU stages, and the options of each.
-GROUPS = {"new": (), "keep": ("tokenizer.keep_base=true",), "no-replay": ("mix.sources=[]",)}
+GROUPS = {"new": ("tokenizer.extend_base=false",), "extended": (), "keep": ("tokenizer.keep_base=true",),
+          "no-replay": ("mix.sources=[]", "tokenizer.extend_base=false")}
 ARMS = {
     "recipe": ("new", ("warmup", "pretrain"), ()),
     "random": ("new", ("warmup", "pretrain"), ("warmup.init=random",)),
@@ -52,6 +56,8 @@ ARMS = {
     "lr-1e-4": ("new", ("warmup", "pretrain"), ("train.lr=1e-4",)),
     "lr-1e-3": ("new", ("warmup", "pretrain"), ("train.lr=1e-3",)),
     "no-replay": ("no-replay", ("warmup", "pretrain"), ()),
+    "extended": ("extended", ("warmup", "pretrain"), ()),
+    "extended-base-rows": ("extended", ("warmup", "pretrain"), ("warmup.train_base_rows=false",)),
 }
 
 
