@@ -66,8 +66,8 @@ def extend_bpe(base: Tokenizer, documents: Iterable[str], added_tokens: int, min
                                   initial_alphabet=letters, show_progress=sys.stderr.isatty())
     trainer_model.train_from_iterator(_spelled_documents(base, documents), trainer)
 
-    def spelling(letters: str) -> str:
-        return "".join(token_of[ord(letter) - FIRST_CODE_POINT] for letter in letters)
+    def spelling(word: str) -> str:  # the base tokens that a trainer's token is written with, joined
+        return "".join(token_of[ord(letter) - FIRST_CODE_POINT] for letter in word)
 
     vocab, merges = dict(model["vocab"]), list(model["merges"])
     as_text = bool(merges) and isinstance(merges[0], str)  # "a b" from tokenizers < 0.20, ["a", "b"] since

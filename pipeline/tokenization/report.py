@@ -46,11 +46,12 @@ def tokenizer_section(options, trained: TrainedTokenizer, threads: int) -> dict:
     }
 
 
-def kept_section(base_file: Path, tokenizer: Tokenizer, roles: dict[str, str], folder: Path) -> dict:
-    """What `tokenizer.keep_base=true` adopted: the base's file, its size, its special tokens (with their roles) and
-    the files written."""
+def kept_section(base_file: Path, tokenizer: Tokenizer, roles: dict[str, str], folder: Path,
+                 key: str = "kept_base") -> dict:
+    """What `tokenizer.keep_base=true` adopted (or, with key `extended_base`, what an extension of the base wrote):
+    the base's file, the vocabulary size, the special tokens (with their roles) and the files written."""
     return {
-        "kept_base": str(base_file),
+        key: str(base_file),
         "vocab_size": tokenizer.get_vocab_size(),
         "special_tokens": {token: tokenizer.token_to_id(token) for token in roles.values()},
         "roles": roles,
@@ -62,8 +63,8 @@ def extended_section(base_file: Path, tokenizer: Tokenizer, roles: dict[str, str
                      folder: Path) -> dict:
     """What `tokenizer.extend_base=true` made: the base's file, what was added (extend_bpe's summary, and how many
     tokens were asked for after rounding the total to a multiple of 128), the special tokens and the files."""
-    return {**kept_section(base_file, tokenizer, roles, folder), "kept_base": None, "extended_base": str(base_file),
-            **added, "added_tokens_requested": wanted}
+    return {**kept_section(base_file, tokenizer, roles, folder, key="extended_base"), **added,
+            "added_tokens_requested": wanted}
 
 
 def sample_section(sampled: list[SampledSource], sample_bytes: int) -> dict:

@@ -113,8 +113,9 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     else:
         log.info("pipeline stage %d trains %s parameters", stage, f"{count:,}")
     # A matrix with frozen rows has no weight decay: decay would shrink those rows.
-    decay = [p for p in trained if p.dim() >= 2 and not any(p is k for k in kept)]
-    no_decay = [p for p in trained if p.dim() < 2 or any(p is k for k in kept)]
+    undecayed = {id(p) for p in kept}
+    decay = [p for p in trained if p.dim() >= 2 and id(p) not in undecayed]
+    no_decay = [p for p in trained if p.dim() < 2 or id(p) in undecayed]
     # Empty groups left out: ZeRO drops them, and the scheduler would then see fewer groups than it made.
     groups = [group for group in ({"params": decay, "weight_decay": train.weight_decay},
                                   {"params": no_decay, "weight_decay": 0.0}) if group["params"]]
