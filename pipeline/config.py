@@ -30,7 +30,7 @@ from pipeline.errors import ConfigError, closest_first
 from pipeline.evaluation.config import EvalConfig, validate_eval
 from pipeline.languages import LANGUAGES, LanguageConfig, language_config
 from pipeline.memory_fit.config import PlanConfig, validate_plan
-from pipeline.mixing.config import MixConfig, validate_mix
+from pipeline.mixing.config import MixConfig, ReplayConfig, validate_mix, validate_replay
 from pipeline.model.base_shape import check_base_shape
 from pipeline.model.config import ExportConfig, ModelConfig, validate_export, validate_model
 from pipeline.packing.config import PackConfig, validate_pack
@@ -76,6 +76,8 @@ class PipelineConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
     mix: MixConfig = field(default_factory=MixConfig)
+    # stage=replay: text the base writes in its own language, for the mix's replay (used with model.base).
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     pack: PackConfig = field(default_factory=PackConfig)
     # The transformer's shape: presets in conf/model/ (`model=bloom-560m`).
@@ -134,6 +136,7 @@ def validate(cfg: PipelineConfig) -> None:
     validate_cluster(cfg.cluster)
     validate_clean(cfg.clean)
     validate_mix(cfg.mix)
+    validate_replay(cfg.replay)
     validate_tokenizer(cfg.tokenizer)
     for key, use in (("keep_base", "adopt"), ("extend_base", "extend")):  # extend_base: set with a base only
         if getattr(cfg.tokenizer, key) and cfg.tokenizer.base is None and cfg.model.base is None:
@@ -172,7 +175,10 @@ STAGE_NAMES: tuple[str, ...] = ("clean", "mix", "tokenizer", "pack", "warmup", "
 WORKFLOW_TARGETS: tuple[str, ...] = ("workflow", "status")
 # stage=plan prints whether the training layout fits the device (pipeline/memory_fit/); it needs no language.
 PLAN_TARGET = "plan"
-TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", *WORKFLOW_TARGETS, PLAN_TARGET)
+# stage=replay samples the base model's own language for the mix (pipeline/stages/replay.py); it runs for the base's
+# language, outside the chain of the language being trained, which only reads it.
+REPLAY_TARGET = "replay"
+TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", REPLAY_TARGET, *WORKFLOW_TARGETS, PLAN_TARGET)
 
 
 def check_target(cfg) -> None:

@@ -1,4 +1,5 @@
-"""The typed `mix` section: the token budget, the sources besides the target language, rehydration."""
+"""The typed `mix` section (the token budget, the sources besides the target language, rehydration) and the
+`replay` section (text the base model writes in its own language, a source of the default mix)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,40 @@ class MixConfig:
     # For scripts missing from `bytes_per_token`.
     default_bytes_per_token: float = 4.0
     rehydration: RehydrationConfig = field(default_factory=RehydrationConfig)
+
+
+@dataclass
+class ReplayConfig:
+    """`stage=replay`: documents sampled from `model.base` in its own language (pipeline/mixing/replay.py), which the
+    default mix replays beside that language's text (conf/mix/default.yaml)."""
+
+    # Tokens to sample (of the base's tokenizer); 0: none. conf/pretrained_base.yaml sets it for a real base.
+    tokens: int = 0
+    # A document ends at the base's end-of-text token or after this many tokens.
+    length: int = 1024
+    # Documents sampled at once; null: as many as half the GPU's free memory holds with their KV cache (a small
+    # base is limited by launches, not arithmetic, so large batches are what make it fast), 16 on a CPU.
+    batch_size: Optional[int] = None
+    # The base's own distribution (temperature 1) without its least likely tokens: at top_p 1.0 SmolLM2-135M's
+    # samples drift into strings of no language within a few lines, at 0.9 they read as web, code and textbook text.
+    temperature: float = 1.0
+    top_p: float = 0.9
+    seed: int = 0
+
+
+def validate_replay(replay: ReplayConfig) -> None:
+    if replay.tokens < 0:
+        raise ConfigError("replay.tokens", replay.tokens, ["0 (no samples)", "a number of tokens, e.g. 6000000"])
+    if replay.length < 1:
+        raise ConfigError("replay.length", replay.length, ["a number of tokens >= 1, e.g. 1024"])
+    if replay.batch_size is not None and replay.batch_size < 1:
+        raise ConfigError("replay.batch_size", replay.batch_size, [
+            "null (what fits half the GPU's free memory)", "a number of documents >= 1, e.g. 256"])
+    if not replay.temperature > 0:
+        raise ConfigError("replay.temperature", replay.temperature, ["a positive number, 1.0 for the base's own "
+                                                                     "distribution"])
+    if not 0 < replay.top_p <= 1:
+        raise ConfigError("replay.top_p", replay.top_p, ["a probability in (0, 1], 1.0 for no cut"])
 
 
 def validate_mix(mix: MixConfig) -> None:

@@ -28,10 +28,15 @@ class Skipped:
     reason: str
 
 
+# Stages whose output is a corpus in the clean stage's layout (the replay stage writes the base's samples so).
+CORPUS_STAGES = ("clean", "replay")
+
+
 def _clean_command(path: Path, work_dir: str) -> str:
-    """The command that creates `path` when it is `<work_dir>/<lang>/clean`; else empty."""
-    if path.name == "clean" and path.parent.name in LANGUAGES:
-        return f"python -m pipeline stage=clean lang={path.parent.name} work_dir={work_dir}"
+    """The command that creates `path` when it is `<work_dir>/<lang>/clean` (or `replay`); else empty."""
+    if path.name in CORPUS_STAGES and path.parent.name in LANGUAGES:
+        base = " model.base=<Hugging Face folder> replay.tokens=<tokens>" if path.name == "replay" else ""
+        return f"python -m pipeline stage={path.name} lang={path.parent.name} work_dir={work_dir}{base}"
     return ""
 
 
@@ -63,13 +68,14 @@ def _locate(name: str, key: str, path: Path, optional: bool, work_dir: str) -> S
     marker = read_marker(path)
     if marker is None and command:
         if optional:
-            return Skipped(name, path, f"its clean stage has not finished (no {MARKER}); run: {command}")
-        raise StageError(f"mix source `{name}` ({key}): {path} has no {MARKER}, so its clean stage has not "
+            return Skipped(name, path, f"its {path.name} stage has not finished (no {MARKER}); run: {command}")
+        raise StageError(f"mix source `{name}` ({key}): {path} has no {MARKER}, so its {path.name} stage has not "
                          f"finished. Run: {command}")
     if marker is not None:
-        if marker.get("stage") != "clean":
+        if marker.get("stage") not in CORPUS_STAGES:
             raise StageError(f"mix source `{name}` ({key}): {path} is the output of stage `{marker.get('stage')}`; "
-                             "point it at a clean stage output (<work_dir>/<lang>/clean) or a folder of raw files.")
+                             "point it at a clean stage output (<work_dir>/<lang>/clean), the base's samples "
+                             "(<work_dir>/<lang>/replay) or a folder of raw files.")
         return clean_output(name, path)
 
     source = raw_folder(name, path)

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from pipeline.config import STAGE_NAMES, PipelineConfig
+from pipeline.config import REPLAY_TARGET, STAGE_NAMES, PipelineConfig
 from pipeline.contract import Stage, execute, stage_dir
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES, language_config
@@ -45,16 +45,19 @@ STAGES = _Stages()
 
 
 def run_target(cfg: PipelineConfig) -> None:
-    """`stage=all` (the whole recipe for one language) or one stage."""
+    """`stage=all` (the whole recipe for one language), `stage=replay` or one stage of the chain."""
     if cfg.stage == "all":
         run_all(cfg)
+    elif cfg.stage == REPLAY_TARGET:
+        execute(importlib.import_module("pipeline.stages.replay").STAGE, cfg)
     else:
         run_chain(cfg, (cfg.stage,))
 
 
-def clean_base_language(cfg: PipelineConfig) -> None:
-    """The clean stage for `model.base_lang`, whose output the default mix replays (conf/mix/default.yaml), when the
-    raw folder has that language; without it the mix goes on without replay, as it says."""
+def prepare_base_language(cfg: PipelineConfig) -> None:
+    """What the default mix replays of `model.base_lang` (conf/mix/default.yaml): its clean text, when the raw folder
+    has that language (without it the mix goes on without, as it says), and the base's own samples of it
+    (`stage=replay`) when `replay.tokens` asks for them."""
     if cfg.model.base_lang == cfg.lang.code:
         return
     base_lang = dataclasses.replace(cfg, lang=language_config(cfg.model.base_lang, LANGUAGES[cfg.model.base_lang]))
@@ -63,8 +66,10 @@ def clean_base_language(cfg: PipelineConfig) -> None:
     except StageError as missing:
         log.warning("No text of the base model's language to replay (model.base_lang=%s): %s The model may forget "
                     "it.", cfg.model.base_lang, missing)
-        return
-    run_chain(base_lang, ("clean",))
+    else:
+        run_chain(base_lang, ("clean",))
+    if cfg.replay.tokens > 0:
+        execute(importlib.import_module("pipeline.stages.replay").STAGE, base_lang)
 
 
 def run_chain(cfg: PipelineConfig, names: tuple[str, ...]) -> bool:
@@ -81,9 +86,9 @@ def run_chain(cfg: PipelineConfig, names: tuple[str, ...]) -> bool:
 
 def run_all(cfg: PipelineConfig) -> None:
     """The whole recipe for one language; without `model.base`, first the demo's own base model, with it, first the
-    clean text of the base's language, which the mix replays."""
+    text of the base's language that the mix replays."""
     if cfg.model.base is not None:
-        clean_base_language(cfg)
+        prepare_base_language(cfg)
     else:
         base_cfg = demo_base_config(cfg)
         log.info("model.base is not set: using the demo's base model, pretrained from scratch on the embedded %s "
