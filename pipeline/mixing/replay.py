@@ -135,6 +135,12 @@ def write_samples(base: str, folder: Path, replay: ReplayConfig, device: str) ->
                                  f"with as eos_token.")
             tokens, documents, shard = tokens + found, documents + in_shard, shard + 1
             bar.update(found)
+    # stage=all goes on in this process: the training ranks need the memory the KV caches held.
+    del model
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
     log.info("replay: %s tokens in %d documents sampled from %s (%d empty ones dropped)",
              f"{tokens:,}", documents, base, empty)
     return {"tokens": tokens, "documents": documents, "shards": shard, "batch_size": batch, "empty_samples": empty,

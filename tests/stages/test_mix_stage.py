@@ -181,10 +181,13 @@ def test_clean_then_rehydration_on_known_cluster_sizes(tmp_path, embedded_record
     run_cli("stage=clean", "lang=fao", *clean_options, cwd=tmp_path)
     result = run_cli("stage=mix", "lang=fao", *clean_options, cwd=tmp_path)
     assert "Running mix for fao" in result.stderr
-    # the default English filler is optional: without its clean output it is skipped, and the plan says so
-    assert "source `eng` skipped" in result.stderr
+    # the default English replay is optional: without its clean output and the base's samples it is skipped, and
+    # the plan says so and how to make them
+    assert "source `eng` skipped" in result.stderr and "source `eng-samples` skipped" in result.stderr
     skipped = plan(tmp_path, "fao")["skipped_sources"]
-    assert [s["name"] for s in skipped] == ["eng"] and "python -m pipeline stage=clean lang=eng" in skipped[0]["reason"]
+    assert [s["name"] for s in skipped] == ["eng", "eng-samples"]
+    assert "python -m pipeline stage=clean lang=eng" in skipped[0]["reason"]
+    assert "python -m pipeline stage=replay lang=eng" in skipped[1]["reason"] and "model.base=" in skipped[1]["reason"]
 
     run_cli("stage=mix", "lang=fao", *clean_options, "mix.rehydration.enabled=true", cwd=tmp_path)
     document = plan(tmp_path, "fao")

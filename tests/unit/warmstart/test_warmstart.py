@@ -21,7 +21,8 @@ from pipeline.tokenization.folder import TrainedTokenizer, write_tokenizer_folde
 from pipeline.tokenization.surfaces import spelling, token_bytes
 from pipeline.tokenization.training import train_tokenizer
 from pipeline.warmstart.focus import sparsemax
-from pipeline.warmstart.initialise import token_sequences, transfer_plan, warm_started, warmup_trainable
+from pipeline.warmstart.initialise import (leading_base_rows, token_sequences, transfer_plan, warm_started,
+                                          warmup_trainable)
 from pipeline.warmstart.transfer import build_matrix, fasttext_vectors, plan_rows
 
 ENGLISH = ["the king had three daughters and a house by the sea"] * 50 + ["she walked home in the rain"] * 50
@@ -99,6 +100,21 @@ def test_mean_rows_copy_shared_tokens_and_average_the_pieces_of_new_ones():
         assert old.decode(old_ids) == new.decode([new_id])
         assert torch.allclose(matrix[new_id], old_matrix[old_ids].mean(dim=0), atol=1e-6)
     assert torch.equal(matrix[ROLES["eos"]], old_matrix[ROLES["eos"]])
+
+
+def test_special_tokens_without_a_role_keep_their_rows_and_the_base_rows_lead():
+    """SmolLM2's <repo_name>, <file_sep> ... are special but name no role: an extended base tokenizer keeps them at
+    their ids, and the warm start copies their rows rather than drawing them at random."""
+    base = bpe(ENGLISH)
+    base.add_special_tokens(["<repo_name>", "<file_sep>"])
+    extended = Tokenizer.from_str(base.to_str())
+    extended.add_special_tokens(["<new_special>"])
+    plan = plan_rows(extended, base, ROLES, ROLES)
+    for token in ("<repo_name>", "<file_sep>"):
+        row = plan.rows[extended.token_to_id(token)]
+        assert row.kind == "special" and row.old_ids == (base.token_to_id(token),)
+    assert extended.token_to_id("<new_special>") not in plan.rows  # nothing of the base's to copy: drawn at random
+    assert leading_base_rows(plan) == base.get_vocab_size()
 
 
 def test_a_byte_level_vocabulary_finds_its_tokens_in_a_sentencepiece_one():
