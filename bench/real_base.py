@@ -5,8 +5,9 @@ same mix plan of `--tokens` tokens (warmup arms add their warmup.plan_share of i
 
   recipe      the study's recipe: a new tokenizer (tokenizer.extend_base=false), stage=warmup (warmup.init=mean),
               stage=pretrain init=warmup
-  extended    the defaults since: the base's tokenizer extended (tokenizer.extend_base), warmup, pretrain
-  extended-base-rows   as extended, the warm start training the added tokens' rows only (warmup.train_base_rows=false)
+  extended    the defaults since: the base's tokenizer extended (tokenizer.extend_base), the base's own English
+              samples replayed beside the novels (stage=replay), warmup of the added tokens' rows, pretrain
+  extended-all-rows    as extended, the warm start training the base's rows too (warmup.train_base_rows=true)
   random      as recipe, the new rows random (warmup.init=random)
   no-warmup   as recipe without embedding training (one warmup step at a learning rate of 1e-30)
   keep        the base's tokenizer kept (tokenizer.keep_base=true), stage=pretrain init=hf
@@ -57,7 +58,7 @@ ARMS = {
     "lr-1e-3": ("new", ("warmup", "pretrain"), ("train.lr=1e-3",)),
     "no-replay": ("no-replay", ("warmup", "pretrain"), ()),
     "extended": ("extended", ("warmup", "pretrain"), ()),
-    "extended-base-rows": ("extended", ("warmup", "pretrain"), ("warmup.train_base_rows=false",)),
+    "extended-all-rows": ("extended", ("warmup", "pretrain"), ("warmup.train_base_rows=true",)),
 }
 
 
@@ -68,7 +69,9 @@ def common(args) -> tuple[str, ...]:
 
 def prepare(args) -> None:
     """clean (nob, eng) once, unless done (the clean outputs may come from another machine, which had spaCy's word
-    tokenizers for the filters); mix, tokenizer and pack for each tokenizer set-up, in its own work folder."""
+    tokenizers for the filters); mix, tokenizer and pack for each tokenizer set-up, in its own work folder. Only the
+    `extended` set-up has the base's English samples (stage=replay, on the GPU), as the defaults do now; the others
+    replay the novels alone, as when they were measured."""
     work = Path(args.work)
     first = work / "groups" / "new"
     for lang in ("eng", "nob"):
@@ -81,6 +84,9 @@ def prepare(args) -> None:
         if group != "new":
             for lang in ("eng", "nob"):
                 shutil.copytree(first / "work" / lang / "clean", folder / "work" / lang / "clean", dirs_exist_ok=True)
+        if group == "extended":
+            pipeline("stage=replay", "lang=eng", f"work_dir={folder / 'work'}", *common(args),
+                     log=work / "logs" / "extended-replay.log")
         for stage in ("mix", "tokenizer", "pack"):
             pipeline(f"stage={stage}", "lang=nob", f"work_dir={folder / 'work'}", *common(args), *GROUPS[group],
                      log=work / "logs" / f"{group}-{stage}.log")

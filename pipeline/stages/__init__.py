@@ -49,7 +49,7 @@ def run_target(cfg: PipelineConfig) -> None:
     if cfg.stage == "all":
         run_all(cfg)
     elif cfg.stage == REPLAY_TARGET:
-        execute(importlib.import_module("pipeline.stages.replay").STAGE, cfg)
+        run_replay(cfg)
     else:
         run_chain(cfg, (cfg.stage,))
 
@@ -69,7 +69,12 @@ def prepare_base_language(cfg: PipelineConfig) -> None:
     else:
         run_chain(base_lang, ("clean",))
     if cfg.replay.tokens > 0:
-        execute(importlib.import_module("pipeline.stages.replay").STAGE, base_lang)
+        run_replay(base_lang)
+
+
+def run_replay(cfg: PipelineConfig) -> None:
+    """stage=replay, for cfg's language: outside the chain of STAGE_NAMES, which only reads it (through the mix)."""
+    execute(importlib.import_module(f"pipeline.stages.{REPLAY_TARGET}").STAGE, cfg)
 
 
 def run_chain(cfg: PipelineConfig, names: tuple[str, ...]) -> bool:

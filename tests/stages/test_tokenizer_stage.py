@@ -212,24 +212,26 @@ def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_keeps_i
     run_cli("stage=pack", "lang=nob", f"model.base={english_base}", cwd=tmp_path)
     run_cli("stage=warmup", "lang=nob", f"model.base={english_base}", "model.num_layers=2", "model.max_seq_len=128",
             "warmup.train.steps=1", "warmup.train.warmup_steps=0", "warmup.train.global_batch_size=2",
-            "warmup.train.micro_batch_size=2", "warmup.train.eval_tokens=256", cwd=tmp_path)
+            "warmup.train.micro_batch_size=2", "warmup.train.eval_tokens=256", "warmup.train_base_rows=true",
+            cwd=tmp_path)
     metrics = marker(tmp_path / "work", "nob", "warmup")["metrics"]
     rows = metrics["rows"]["embedding"]
     # every base token's row copied, the new ones averaged over the base's pieces
     assert rows["special"] + rows["copied"] == 512 and rows["averaged"] == section["added_tokens"]
     assert metrics["rows"]["base_rows"] == 512
 
-    # warmup.train_base_rows=false: the base's rows stay as they are, the added ones train
+    # warmup.train_base_rows=false (the default with model.base): the base's rows stay as they are, the added ones
+    # train; with true every row trains
     def embedding(folder):
         return load_file(str(folder / "model.safetensors"))["model.embed_tokens.weight"].float()
 
     base_rows = embedding(english_base)[:512]
     trained_all = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
-    assert not torch.equal(trained_all[:512], base_rows)  # the default trains them
+    assert not torch.equal(trained_all[:512], base_rows)
     result = run_cli("stage=warmup", "lang=nob", f"model.base={english_base}", "model.num_layers=2",
                      "model.max_seq_len=128", "warmup.train.steps=1", "warmup.train.warmup_steps=0",
                      "warmup.train.global_batch_size=2", "warmup.train.micro_batch_size=2",
-                     "warmup.train.eval_tokens=256", "warmup.train_base_rows=false", cwd=tmp_path)
+                     "warmup.train.eval_tokens=256", cwd=tmp_path)
     assert "the first 512 rows are the base's own and stay as they are" in result.stderr
     kept = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
     assert torch.equal(kept[:512], base_rows) and not torch.equal(kept[512:], trained_all[512:])
