@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = "base-model-samples"
 SHARD = "samples-{:05d}.jsonl.gz"
+CPU_BATCH = 16
 
 
 def _load_base(base: str, device: str):
@@ -46,9 +47,6 @@ def _load_base(base: str, device: str):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=dtype, trust_remote_code=False)
     return model.to(device).eval(), tokenizer, tokenizer.eos_token_id
-
-
-CPU_BATCH = 16
 
 
 def batch_size(model, replay: ReplayConfig) -> int:
@@ -87,10 +85,7 @@ def _sample_batch(model, end_of_text: int, replay: ReplayConfig, documents: int,
                                              pad_token_id=end_of_text)
     with torch.inference_mode():
         rows = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=settings)
-    documents = []
-    for row in rows[:, 1:].tolist():
-        documents.append(row[:row.index(end_of_text)] if end_of_text in row else row)
-    return documents
+    return [row[:row.index(end_of_text)] if end_of_text in row else row for row in rows[:, 1:].tolist()]
 
 
 def _counts(shard: Path) -> tuple[int, int]:
@@ -135,6 +130,7 @@ def write_samples(base: str, folder: Path, replay: ReplayConfig, device: str) ->
                                  f"with as eos_token.")
             tokens, documents, shard = tokens + found, documents + in_shard, shard + 1
             bar.update(found)
+            log.info("replay: shard %d done, %s of %s tokens", shard, f"{tokens:,}", f"{replay.tokens:,}")
     # stage=all goes on in this process: the training ranks need the memory the KV caches held.
     del model
     if device == "cuda":
