@@ -32,7 +32,7 @@ class Skipped:
 CORPUS_STAGES = ("clean", "replay")
 
 
-def _clean_command(path: Path, work_dir: str) -> str:
+def _stage_command(path: Path, work_dir: str) -> str:
     """The command that creates `path` when it is `<work_dir>/<lang>/clean` (or `replay`); else empty."""
     if path.name in CORPUS_STAGES and path.parent.name in LANGUAGES:
         base = " model.base=<Hugging Face folder> replay.tokens=<tokens>" if path.name == "replay" else ""
@@ -47,14 +47,14 @@ def planned_source(entry: dict, work_dir: str) -> SourceInput:
     if entry["input"] == RAW_FOLDER:
         return raw_folder(entry["name"], path)
     if read_marker(path) is None:
-        command = _clean_command(path, work_dir) or "python -m pipeline stage=clean lang=<lang>"
+        command = _stage_command(path, work_dir) or "python -m pipeline stage=clean lang=<lang>"
         raise StageError(f"The mix plan's source `{entry['name']}` is the clean output {path}, which has no {MARKER} "
                          f"any more. Run {command}, then the mix stage again.")
     return clean_output(entry["name"], path)
 
 
 def _locate(name: str, key: str, path: Path, optional: bool, work_dir: str) -> SourceInput | Skipped:
-    command = _clean_command(path, work_dir)
+    command = _stage_command(path, work_dir)
     if not path.exists():
         if optional:
             return Skipped(name, path, "does not exist" + (f"; to add it: {command}" if command else ""))

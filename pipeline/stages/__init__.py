@@ -64,8 +64,9 @@ def prepare_base_language(cfg: PipelineConfig) -> None:
     try:
         STAGES["clean"].describe_inputs(base_lang)
     except StageError as missing:
-        log.warning("No text of the base model's language to replay (model.base_lang=%s): %s The model may forget "
-                    "it.", cfg.model.base_lang, missing)
+        log.warning("No text of the base model's language to replay (model.base_lang=%s): %s %s", cfg.model.base_lang,
+                    missing, "Only the base's own samples of it are replayed." if cfg.replay.tokens > 0 else
+                    "The model may forget it.")
     else:
         run_chain(base_lang, ("clean",))
     if cfg.replay.tokens > 0:
