@@ -64,20 +64,20 @@ MICRO_BATCHES_PER_STAGE = 4
 UNKNOWN_MEMORY_MICRO_BATCH = 8
 
 
-def fitting_micro_batch(cfg, train: TrainConfig, prefix: str = "train") -> TrainConfig:
+def fitting_micro_batch(cfg, train: TrainConfig, prefix: str = "train", model: ModelConfig | None = None) -> TrainConfig:
     """The section with `micro_batch_size` null replaced by the largest micro-batch that fits the device (the
     planner's estimate, within plan.usable_fraction): of the divisors of global_batch_size / dp, the largest whose
     layout fits and, with pp > 1, leaves at least 4 pp micro-batches per step. A small model trains several times
     faster with a large micro-batch on a GPU (fewer, larger kernel launches); the result is the same model, as
     the micro-batch only cuts the global batch. A set micro-batch is returned as it is; where nothing fits, 1
-    (check_layout then refuses it with a layout that fits)."""
+    (check_layout then refuses it with a layout that fits). `model`: as plan_for_config."""
     if train.micro_batch_size is not None:
         return train
     per_rank = train.global_batch_size // cfg.parallel.dp
     deep = [m for m in range(per_rank, 0, -1) if per_rank % m == 0
             and (cfg.parallel.pp == 1 or per_rank // m >= MICRO_BATCHES_PER_STAGE * cfg.parallel.pp)] or [1]
     # The device, numerics and model are resolved once; each candidate changes the layout alone.
-    plan = plan_for_config(cfg, train=dataclasses.replace(train, micro_batch_size=deep[-1]))
+    plan = plan_for_config(cfg, model, train=dataclasses.replace(train, micro_batch_size=deep[-1]))
     if plan.capacity is None:
         micro = next(m for m in deep if m <= UNKNOWN_MEMORY_MICRO_BATCH)  # 1 is always among them
         log.warning("%s.micro_batch_size=null: the memory of %s is unknown, so %d (set plan.device or "
@@ -115,10 +115,10 @@ def refusal(plan: Plan) -> str:
             f"`python -m pipeline stage=plan ...` with the same options prints the table.")
 
 
-def check_layout(cfg, train: TrainConfig | None = None) -> Plan:
+def check_layout(cfg, train: TrainConfig | None = None, model: ModelConfig | None = None) -> Plan:
     """Refuse (LayoutError) a pretrain layout (`train`, default cfg.train, with its micro-batch set) that does not
     fit the device, naming the smallest one that does. An unknown device memory is not refused: it is logged."""
-    plan = plan_for_config(cfg, train=train)
+    plan = plan_for_config(cfg, model, train=train)
     for rule in plan.rules():
         if not rule.kept:
             log.warning("Layout rule of thumb: %s", rule.text)

@@ -21,8 +21,8 @@ import logging
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun
 from pipeline.memory_fit import check_layout, fitting_micro_batch
-from pipeline.training.run import (check_resume, describe_start, kept_checkpoints, prepare_training, pretrain_start,
-                                   train_stage)
+from pipeline.training.run import (check_resume, describe_start, kept_checkpoints, model_as_trained, prepare_training,
+                                   pretrain_start, train_stage)
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,9 @@ def needs_when(cfg: PipelineConfig) -> tuple[str, ...]:
 
 def run_pretrain(run: StageRun) -> dict:
     cfg: PipelineConfig = run.cfg
-    train = fitting_micro_batch(cfg, cfg.train)
-    check_layout(cfg, train)  # a layout that cannot fit the device is refused before any work, with one that fits
+    model = model_as_trained(run)
+    train = fitting_micro_batch(cfg, cfg.train, model=model)
+    check_layout(cfg, train, model)  # a layout that cannot fit the device is refused before any work, with one that fits
     # A budget beyond the plan is refused before the model is written.
     training = prepare_training(run, train, resume=cfg.resume)
     start = pretrain_start(run, training.tokenizer)

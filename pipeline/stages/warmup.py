@@ -20,7 +20,7 @@ from pipeline.contract import Stage, StageRun, portable_path
 from pipeline.errors import StageError
 from pipeline.memory_fit import fitting_micro_batch
 from pipeline.model.files import base_identity
-from pipeline.training.run import SCRATCH, prepare_training, train_stage
+from pipeline.training.run import SCRATCH, model_as_trained, prepare_training, train_stage
 from pipeline.warmstart.initialise import warm_start, warmup_trainable
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def run_warmup(run: StageRun) -> dict:
     # A budget beyond the plan is refused before any work.
     # The pretrain planner's micro-batch: an upper bound of warmup's memory, whose frozen body has no gradients and
     # no optimizer state.
-    train = fitting_micro_batch(cfg, cfg.warmup.train, prefix="warmup.train")
+    train = fitting_micro_batch(cfg, cfg.warmup.train, prefix="warmup.train", model=model_as_trained(run))
     training = prepare_training(run, train, prefix="warmup.train", share=cfg.warmup.plan_share,
                                 trainable=warmup_trainable(cfg.warmup.train_head, cfg.warmup.train_norms,
                                                            cfg.warmup.train_embedding_norm, cfg.model.num_layers))

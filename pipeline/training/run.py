@@ -154,6 +154,13 @@ def prepare_training(run: StageRun, train: TrainConfig, *, prefix: str = "train"
                          texts)
 
 
+def model_as_trained(run: StageRun):
+    """cfg.model with the pack tokenizer's vocabulary, which the training stages' model has (an extended base
+    tokenizer's 65,536 rows where the base has 49,152): what their memory plan must count."""
+    packed = run.read_input("pack", PACKED_FILE, read_json)
+    return dataclasses.replace(run.cfg.model, vocab_size=packed["tokenizer"]["vocab_size"])
+
+
 def train_stage(training: StageTraining, start: StartingModel, cluster: ClusterConfig, export: ExportConfig,
                 about: dict) -> dict:
     """Train `start` as the job says and export the result; writes `report.json` (`about`, then what training

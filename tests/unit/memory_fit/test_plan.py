@@ -4,6 +4,7 @@ pretrain refusing a layout before any rank starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -253,6 +254,7 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
     monkeypatch.setattr(training_run, "launch", lambda *args: started.append(args))
     monkeypatch.setattr(pretrain, "pretrain_start", lambda *args: started.append(args))
     cfg = pipeline_config("llama-3.1-70b", "plan.device=mi250x", "train.seq_len=4096")
+    monkeypatch.setattr(pretrain, "model_as_trained", lambda run: run.cfg.model)  # no pack to read the vocabulary of
     with pytest.raises(LayoutError) as refused:
         pretrain.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
     message = str(refused.value)
@@ -328,6 +330,19 @@ def test_a_null_micro_batch_is_the_largest_that_fits(caplog):
     assert planning.fitting_micro_batch(kept, kept.train) is kept.train
 
 
+def test_a_null_micro_batch_counts_the_vocabulary_the_model_trains_with():
+    """The training stages plan with the pack tokenizer's vocabulary (an extended base tokenizer adds rows to the
+    base's): a larger vocabulary means larger logits and embeddings, so a micro-batch that fits no more."""
+    cfg = pipeline_config("mistral-7b", "plan.device=h100", "train.seq_len=4096", "parallel.tp=4",
+                          "train.global_batch_size=64", "train.micro_batch_size=null")
+    base = planning.fitting_micro_batch(cfg, cfg.train).micro_batch_size
+    larger = dataclasses.replace(cfg.model, vocab_size=16 * cfg.model.vocab_size)
+    trained = planning.fitting_micro_batch(cfg, cfg.train, model=larger)
+    assert trained.micro_batch_size < base
+    assert plan_for_config(cfg, larger, train=trained).fits
+    assert not plan_for_config(cfg, larger, train=dataclasses.replace(trained, micro_batch_size=base)).fits
+
+
 def test_a_null_micro_batch_keeps_the_pipeline_four_micro_batches_deep_per_stage():
     cfg = pipeline_config("tiny", "plan.device=h100", "parallel.pp=2", "train.global_batch_size=64",
                           "train.micro_batch_size=null")
@@ -368,9 +383,14 @@ def test_the_training_stages_train_with_the_planned_micro_batch(monkeypatch, sta
 
     monkeypatch.setattr(module, "prepare_training", stop)
     section = "train" if stage_name == "pretrain" else "warmup.train"
-    cfg = pipeline_config("tiny", "plan.device=h100", "model.base=/nonexistent", f"{section}.micro_batch_size=null",
-                          f"{section}.global_batch_size=64")
+    cfg = pipeline_config("llama-3.2-1b", "plan.device=h100", "model.base=/nonexistent",
+                          f"{section}.micro_batch_size=null", f"{section}.global_batch_size=64", f"{section}.seq_len=4096")
+    # The model as it trains has the pack tokenizer's vocabulary (here 4x the base's): the plan counts it.
+    trained = dataclasses.replace(cfg.model, vocab_size=4 * cfg.model.vocab_size)
+    monkeypatch.setattr(module, "model_as_trained", lambda run: trained)
     with pytest.raises(RuntimeError, match="stop before"):
         module.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
-    expected = planning.fitting_micro_batch(cfg, cfg.train if stage_name == "pretrain" else cfg.warmup.train)
+    train = cfg.train if stage_name == "pretrain" else cfg.warmup.train
+    expected = planning.fitting_micro_batch(cfg, train, model=trained)
     assert seen == [expected.micro_batch_size] and seen[0] > 1
+    assert seen[0] < planning.fitting_micro_batch(cfg, train).micro_batch_size
