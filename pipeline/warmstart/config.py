@@ -33,7 +33,8 @@ class WarmupConfig:
     train_embedding_norm: bool = False
     # false: the rows of tokens that keep the base's id (an extended base tokenizer's: every base token, special
     # tokens included) stay as the base trained them, so that only the added tokens learn and the base's language
-    # is touched only by the new tokens' share of the output. Not yet measured on a GPU against the default.
+    # is touched only by the new tokens' share of the output. False with model.base (conf/pretrained_base.yaml says
+    # what it measured).
     train_base_rows: bool = True
     # warmup.train.steps null: this share of the tokens the mix planned (pretrain then trains the whole plan).
     plan_share: float = 0.1
