@@ -2,8 +2,9 @@
 
 A held-out source is every document of the raw files, or of the records' `source`, that `clean.heldout_sources`
 names (glob patterns): text of a kind the model never trains on. Of the rest, the held-out documents are those with
-the smallest id hashes: every document whose hash falls below `clean.heldout_fraction` (decided while streaming, in any task), topped up after the
-stage to at least `clean.heldout_min_documents` (so that a small language still has text to evaluate on).
+the smallest id hashes: every document whose hash falls below `clean.heldout_fraction` (decided while streaming, in
+any task), topped up after the stage to at least `clean.heldout_min_documents` (so that a small language still has
+text to evaluate on).
 """
 
 from __future__ import annotations

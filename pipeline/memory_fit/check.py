@@ -64,7 +64,8 @@ MICRO_BATCHES_PER_STAGE = 4
 UNKNOWN_MEMORY_MICRO_BATCH = 8
 
 
-def fitting_micro_batch(cfg, train: TrainConfig, prefix: str = "train", model: ModelConfig | None = None) -> TrainConfig:
+def fitting_micro_batch(cfg, train: TrainConfig, prefix: str = "train",
+                        model: ModelConfig | None = None) -> TrainConfig:
     """The section with `micro_batch_size` null replaced by the largest micro-batch that fits the device (the
     planner's estimate, within plan.usable_fraction): of the divisors of global_batch_size / dp, the largest whose
     layout fits and, with pp > 1, leaves at least 4 pp micro-batches per step. A small model trains several times

@@ -115,7 +115,9 @@ def write_samples(base: str, folder: Path, replay: ReplayConfig, device: str) ->
     with tqdm(total=replay.tokens, unit="tok", unit_scale=True, desc="replay samples", disable=None) as bar:
         while tokens < replay.tokens:
             path = folder / SHARD.format(shard)
-            if not path.exists():  # else written by an interrupted run of the same settings
+            if path.exists():  # written by an interrupted run of the same settings
+                found, in_shard = _counts(path)
+            else:
                 sampled = _sample_batch(model, end_of_text, replay, batch, replay.seed + shard)
                 texts = tokenizer.batch_decode(sampled, skip_special_tokens=True)
                 kept = [(text, len(ids)) for text, ids in zip(texts, sampled) if text.strip()]
@@ -123,7 +125,7 @@ def write_samples(base: str, folder: Path, replay: ReplayConfig, device: str) ->
                 _write_shard(path, [{"text": text, "id": f"{SOURCE}/{shard}/{i}",
                                      "metadata": {"source": SOURCE, "tokens": length}}
                                     for i, (text, length) in enumerate(kept)])
-            found, in_shard = _counts(path)
+                found, in_shard = sum(length for _, length in kept), len(kept)
             if in_shard == 0:
                 raise StageError(f"replay: every sample of model.base={base} in {path.name} was empty (it ended each "
                                  f"one at once): check that the folder's tokenizer names the token its documents end "

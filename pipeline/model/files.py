@@ -49,6 +49,12 @@ def base_identity(cfg, path: str) -> dict:
     return output_identity(cfg, path) or folder_fingerprint(path)
 
 
+def base_model_input(cfg) -> dict:
+    """`model.base` as a stage's described input (Stage.describe_inputs), by content: another base reruns the stage,
+    a moved one does not."""
+    return {} if cfg.model.base is None else {"base_model": base_identity(cfg, cfg.model.base)}
+
+
 def save_checkpoint(model: Transformer, folder: Path) -> None:
     """A pipeline checkpoint: the model's own tensor names and config in float32 (the tokenizer goes beside it)."""
     write_checkpoint(ModuleTensors(model), folder)

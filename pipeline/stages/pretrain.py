@@ -35,7 +35,8 @@ def run_pretrain(run: StageRun) -> dict:
     cfg: PipelineConfig = run.cfg
     model = model_as_trained(run)
     train = fitting_micro_batch(cfg, cfg.train, model=model)
-    check_layout(cfg, train, model)  # a layout that cannot fit the device is refused before any work, with one that fits
+    # A layout that cannot fit the device is refused before any work, with one that fits.
+    check_layout(cfg, train, model)
     # A budget beyond the plan is refused before the model is written.
     training = prepare_training(run, train, resume=cfg.resume)
     start = pretrain_start(run, training.tokenizer)

@@ -14,12 +14,7 @@ from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun
 from pipeline.errors import StageError
 from pipeline.mixing.replay import write_samples
-from pipeline.model.files import base_identity
-
-
-def describe_inputs(cfg: PipelineConfig) -> dict:
-    """The base model, by content: a different base samples again, a moved one does not."""
-    return {} if cfg.model.base is None else {"base_model": base_identity(cfg, cfg.model.base)}
+from pipeline.model.files import base_model_input
 
 
 def run_replay(run: StageRun) -> dict:
@@ -41,7 +36,7 @@ STAGE = Stage(
     name="replay",
     run=run_replay,
     config_sections=("replay",),
-    # The base enters the hash by its content (describe_inputs), not by where it is.
-    describe_inputs=describe_inputs,
+    # The base enters the hash by its content (base_model_input), not by where it is.
+    describe_inputs=base_model_input,
     gpu=True,
 )

@@ -130,8 +130,8 @@ def _sample(run: StageRun, sample_file: Path, scratch: Path, target_only: bool =
 
     A new tokenizer learns from the whole plan. Added tokens learn from the target language's text alone: they are
     the language's, and merges learnt on the other sources (the base's own language replayed, fillers) would only
-    cut those anew. On SmolLM2 and the unread English book, 625 added-token ids with the novels in the sample, 208 without,
-    for the same Norwegian (0.2012 and 0.2008 tokens per byte; a 2-core probe of 30 MB)."""
+    cut those anew. On SmolLM2 and the unread English book, 625 added-token ids with the novels in the sample, 208
+    without, for the same Norwegian (0.2012 and 0.2008 tokens per byte; a 2-core probe of 30 MB)."""
     cfg, options = run.cfg, run.cfg.tokenizer
     sources = [source for source in read_plan(run)["sources"] if not target_only or source["name"] == run.lang]
     sampled = write_sample(sources, options.sample_bytes, options.seed, sample_file, scratch, cfg.work_dir,

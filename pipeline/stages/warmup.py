@@ -19,16 +19,11 @@ from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, portable_path
 from pipeline.errors import StageError
 from pipeline.memory_fit import fitting_micro_batch
-from pipeline.model.files import base_identity
+from pipeline.model.files import base_model_input
 from pipeline.training.run import SCRATCH, model_as_trained, prepare_training, train_stage
 from pipeline.warmstart.initialise import warm_start, warmup_trainable
 
 log = logging.getLogger(__name__)
-
-
-def describe_inputs(cfg: PipelineConfig) -> dict:
-    """The base model, by content: a different base reruns the warm start, a moved one does not."""
-    return {} if cfg.model.base is None else {"base_model": base_identity(cfg, cfg.model.base)}
 
 
 def run_warmup(run: StageRun) -> dict:
@@ -64,9 +59,9 @@ STAGE = Stage(
     run=run_warmup,
     needs=("clean", "tokenizer", "pack"),
     config_sections=("model", "warmup"),
-    # The base model enters the hash by its content (describe_inputs), not by where it is; the micro-batch only
+    # The base model enters the hash by its content (base_model_input), not by where it is; the micro-batch only
     # cuts the global batch.
     unhashed_keys=("model.base", "warmup.train.micro_batch_size"),
-    describe_inputs=describe_inputs,
+    describe_inputs=base_model_input,
     gpu=True,
 )

@@ -99,7 +99,7 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
             shared_copy = prefix == "embedding." and not first and name != "tokens.weight"
             parameter.requires_grad_(trainable(prefix + name) and not shared_copy)
     kept = [parameter for prefix, layer in layers for name, parameter in layer.named_parameters()
-            if frozen_rows and parameter.requires_grad and prefix + name in VOCABULARY_MATRICES]
+            if parameter.requires_grad and prefix + name in VOCABULARY_MATRICES] if frozen_rows else []
     for parameter in kept:
         keep_leading_rows(parameter, frozen_rows)
     trained = [p for p in module.parameters() if p.requires_grad]

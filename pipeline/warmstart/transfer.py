@@ -100,10 +100,12 @@ def plan_rows(new: Tokenizer, old: Tokenizer, new_roles: dict[str, int],
     # The base's other special tokens that the new tokenizer keeps (an extended or kept base tokenizer: SmolLM2's
     # <repo_name>, <file_sep> ...): their rows, by content.
     old_special_by_content = {old.id_to_token(old_id): old_id for old_id in old_specials}
-    for new_id in sorted(special_ids(new) - set(plan.rows)):
-        if new.id_to_token(new_id) in old_special_by_content:
-            plan.set(new_id, "special", [old_special_by_content[new.id_to_token(new_id)]])
-    for new_id, surface in vocabulary_bytes(new, special_ids(new)).items():
+    new_specials = special_ids(new)
+    for new_id in sorted(new_specials - set(plan.rows)):
+        old_id = old_special_by_content.get(new.id_to_token(new_id))
+        if old_id is not None:
+            plan.set(new_id, "special", [old_id])
+    for new_id, surface in vocabulary_bytes(new, new_specials).items():
         if new_id in plan.rows:
             continue
         if surface in old_by_bytes:

@@ -50,8 +50,8 @@ def test_the_default_mix_replays_the_samples_beside_the_clean_text(replayed):
     samples = sources["eng-samples"]
     assert samples["input"] == "clean output" and samples["kind"] == "fixed ratio" and samples["tokens"] > 0
     assert sources["eng"]["tokens"] > 0 and sources["nob"]["epochs"] == 4
-    samples_bytes = sum(len(r["text"].encode("utf-8")) for r in read_jsonl_gz(cwd / "work" / "eng" / "replay" / "train"))
-    assert samples["unique_bytes"] == samples_bytes
+    records = read_jsonl_gz(cwd / "work" / "eng" / "replay" / "train")
+    assert samples["unique_bytes"] == sum(len(r["text"].encode("utf-8")) for r in records)
 
 
 def test_an_interrupted_replay_keeps_its_shards_and_samples_the_same_rest(english_base, tmp_path):

@@ -207,7 +207,8 @@ def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_keeps_i
     assert document["sample"]["bytes"] > 0 and document["new"]["name"] == "base, extended"
     # the added tokens learn from the language alone, though the plan replays English
     assert [s["name"] for s in document["sample"]["sources"]] == ["nob"]
-    assert "eng" in [s["name"] for s in json.loads((tmp_path / "work" / "nob" / "mix" / "plan.json").read_text())["sources"]]
+    plan = json.loads((tmp_path / "work" / "nob" / "mix" / "plan.json").read_text())
+    assert "eng" in [s["name"] for s in plan["sources"]]
     # the base's English tokenizer compared on Norwegian held-out text: fewer tokens per word
     assert document["new"]["scores"]["fertility"] < 0.9 * document["base"]["scores"]["fertility"]
     assert "extended (tokenizer.extend_base=true) by" in (folder / "report.md").read_text()

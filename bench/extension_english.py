@@ -1,0 +1,70 @@
+"""Experiment (issue 27): how much of the base's own language an extended tokenizer cuts anew, with and without that
+language in the text the added merges learn from. A base tokenizer (SmolLM2's) is extended by `--added` tokens on
+`--target-bytes` of the target's clean training text, once alone and once with `--english-bytes` of the base
+language's clean training text; each extension then cuts the base language's held-out book (`heldout_source`) and
+the target's held-out split. CPU only (2 cores: under a minute per extension for 30 MB).
+
+    python bench/extension_english.py --base <smollm2>/tokenizer.json --work <work_dir> [--lang nob --base-lang eng]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from tokenizers import Tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pipeline.tokenization.extension import extend_bpe  # noqa: E402
+
+
+def texts(folder: Path, limit: int | None = None) -> Iterator[str]:
+    """The texts of a clean split's shards, in file order, until `limit` UTF-8 bytes are passed."""
+    read = 0
+    for file in sorted(folder.glob("*.jsonl.gz")):
+        with gzip.open(file, "rt", encoding="utf-8") as handle:
+            for line in handle:
+                text = json.loads(line)["text"]
+                read += len(text.encode("utf-8"))
+                yield text
+                if limit is not None and read > limit:
+                    return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the base's tokenizer.json")
+    parser.add_argument("--work", required=True, help="a work folder with <lang>/clean and <base-lang>/clean")
+    parser.add_argument("--lang", default="nob")
+    parser.add_argument("--base-lang", default="eng")
+    parser.add_argument("--added", type=int, default=16384)
+    parser.add_argument("--target-bytes", type=int, default=30_000_000)
+    parser.add_argument("--english-bytes", type=int, default=6_000_000)
+    args = parser.parse_args()
+
+    base = Tokenizer.from_file(args.base)
+    first_added = base.get_vocab_size()
+    work = Path(args.work)
+    book = list(texts(work / args.base_lang / "clean" / "heldout_source"))
+    heldout = list(texts(work / args.lang / "clean" / "heldout"))
+    heldout_bytes = sum(len(text.encode("utf-8")) for text in heldout)
+    print(f"base: {sum(len(base.encode(t, add_special_tokens=False).ids) for t in book):,} tokens in the book")
+    target = list(texts(work / args.lang / "clean" / "train", args.target_bytes))
+    english = list(texts(work / args.base_lang / "clean" / "train", args.english_bytes))
+    for name, documents in ((f"{args.lang} only", target), (f"{args.lang} + {args.base_lang}", target + english)):
+        extended, _ = extend_bpe(base, documents, args.added, 2)
+        cut = [extended.encode(text, add_special_tokens=False).ids for text in book]
+        added = sum(1 for ids in cut for token in ids if token >= first_added)
+        per_byte = sum(len(extended.encode(t, add_special_tokens=False).ids) for t in heldout) / heldout_bytes
+        print(f"{name}: {sum(map(len, cut)):,} tokens in the book, {added} of them added tokens; "
+              f"{args.lang} held-out split {per_byte:.4f} tokens per byte", flush=True)
+
+
+if __name__ == "__main__":
+    main()
