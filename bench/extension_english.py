@@ -1,7 +1,8 @@
 """Experiment (issue 27): how much of the base's own language an extended tokenizer cuts anew, with and without that
-language in the text the added merges learn from. A base tokenizer (SmolLM2's) is extended by `--added` tokens on
-`--target-bytes` of the target's clean training text, once alone and once with `--english-bytes` of the base
-language's clean training text; each extension then cuts the base language's held-out book (`heldout_source`) and
+language in the text the added merges learn from, and sparing it. A base tokenizer (SmolLM2's) is extended by
+`--added` tokens on `--target-bytes` of the target's clean training text: alone; with `--english-bytes` of the base
+language's clean training text; alone, leaving out the tokens that this English uses (`--spare-ratio`, as
+`tokenizer.spare_ratio` does). Each extension then cuts the base language's held-out book (`heldout_source`) and
 the target's held-out split. CPU only (2 cores: under a minute per extension for 30 MB).
 
     python bench/extension_english.py --base <smollm2>/tokenizer.json --work <work_dir> [--lang nob --base-lang eng]
@@ -21,7 +22,7 @@ from tokenizers import Tokenizer
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.tokenization.extension import extend_bpe  # noqa: E402
+from pipeline.tokenization.extension import Spared, extend_bpe  # noqa: E402
 
 
 def texts(folder: Path, limit: int | None = None) -> Iterator[str]:
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--added", type=int, default=16384)
     parser.add_argument("--target-bytes", type=int, default=30_000_000)
     parser.add_argument("--english-bytes", type=int, default=6_000_000)
+    parser.add_argument("--spare-ratio", type=float, default=0.01)
     args = parser.parse_args()
 
     base = Tokenizer.from_file(args.base)
@@ -57,12 +59,17 @@ def main() -> None:
     print(f"base: {sum(len(base.encode(t, add_special_tokens=False).ids) for t in book):,} tokens in the book")
     target = list(texts(work / args.lang / "clean" / "train", args.target_bytes))
     english = list(texts(work / args.base_lang / "clean" / "train", args.english_bytes))
-    for name, documents in ((f"{args.lang} only", target), (f"{args.lang} + {args.base_lang}", target + english)):
-        extended, _ = extend_bpe(base, documents, args.added, 2)
+    english_bytes = sum(len(text.encode("utf-8")) for text in english)
+    as_many = list(texts(work / args.lang / "clean" / "train", english_bytes))  # as the stage counts the target
+    spared = Spared(english, as_many, args.spare_ratio)
+    for name, documents, spare in ((f"{args.lang} only", target, None),
+                                   (f"{args.lang} + {args.base_lang}", target + english, None),
+                                   (f"{args.lang} only, sparing {args.base_lang}", target, spared)):
+        extended, added = extend_bpe(base, lambda: iter(documents), args.added, 2, spare)
         cut = [extended.encode(text, add_special_tokens=False).ids for text in book]
-        added = sum(1 for ids in cut for token in ids if token >= first_added)
         per_byte = sum(len(extended.encode(t, add_special_tokens=False).ids) for t in heldout) / heldout_bytes
-        print(f"{name}: {sum(map(len, cut)):,} tokens in the book, {added} of them added tokens; "
+        used = sum(1 for ids in cut for token in ids if token >= first_added)
+        print(f"{name}: {added['left_out']} left out; {sum(map(len, cut)):,} tokens in the book, {used} of them added; "
               f"{args.lang} held-out split {per_byte:.4f} tokens per byte", flush=True)
 
 

@@ -10,7 +10,8 @@ the base model's tokenizer (`tokenizer.base`, else `model.base`'s), on the held-
 `model.base`) with the base's own special tokens, writes the same files and scores it, so that the data
 can be packed for continued pretraining with the old vocabulary. With `tokenizer.extend_base=true` it keeps the
 base's tokenizer and adds `tokenizer.added_tokens` tokens learnt on the sample as the base cuts it
-(pipeline/tokenization/extension.py), with the base's own special tokens.
+(pipeline/tokenization/extension.py) from the target language's text alone, with the base's own special tokens,
+leaving out the tokens that the plan's other sources use (`tokenizer.spare_ratio`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -30,7 +32,7 @@ from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.corpus.report import bytes_text
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
-from pipeline.tokenization.extension import extend_bpe
+from pipeline.tokenization.extension import Spared, extend_bpe
 from pipeline.tokenization.folder import (TOKENIZER_FILE, TrainedTokenizer, TrainingError, adopt_base_tokenizer,
                                           base_tokenizer_file, base_tokenizer_roles, load_tokenizer,
                                           write_tokenizer_folder, write_transformers_files)
@@ -41,6 +43,9 @@ from pipeline.tokenization.sample import SampledSource, read_sample, write_sampl
 from pipeline.tokenization.training import padded_vocab_size, train_tokenizer
 
 log = logging.getLogger(__name__)
+
+# The sample of the plan's other sources that an extension spares (held in memory, cut a few times).
+SPARED_SAMPLE_BYTES = 32_000_000
 
 
 def base_source(cfg: PipelineConfig) -> Optional[str]:
@@ -192,6 +197,30 @@ def _keep_base(run: StageRun) -> tuple[Tokenizer, dict]:
     return tokenizer, kept_section(file, tokenizer, roles, run.work_dir)
 
 
+def _spared(run: StageRun, scratch: Path, target_sample: Path) -> Optional[Spared]:
+    """A sample of the plan's other sources (the base's language replayed, fillers) for the added tokens to spare,
+    and as many bytes of the target's sample; None with tokenizer.spare_ratio null or no other source in the plan."""
+    ratio = run.cfg.tokenizer.spare_ratio
+    others = [source for source in read_plan(run)["sources"] if source["name"] != run.lang]
+    if ratio is None or not others:
+        return None
+    sample_file = scratch / "spared_sample.jsonl"
+    write_sample(others, SPARED_SAMPLE_BYTES, run.cfg.tokenizer.seed, sample_file, scratch, run.cfg.work_dir,
+                 run.cfg.workers)
+    texts = list(read_sample(sample_file))
+    if not texts:
+        return None
+    spared_bytes, target, target_bytes = sum(len(text.encode("utf-8")) for text in texts), [], 0
+    for text in read_sample(target_sample):
+        if target_bytes >= spared_bytes:
+            break
+        target.append(text)
+        target_bytes += len(text.encode("utf-8"))
+    log.info("tokenizer %s: added tokens that %s of %s use are left out", run.lang, bytes_text(spared_bytes),
+             ", ".join(source["name"] for source in others))
+    return Spared(texts, target, ratio)
+
+
 def _extend_base(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict]:
     """The base's tokenizer with the language's tokens added, in the stage's folder; the report's sections."""
     options = run.cfg.tokenizer
@@ -203,18 +232,25 @@ def _extend_base(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict]:
         raise StageError(f"tokenizer {run.lang}: tokenizer.extend_base=true cannot extend {file}: {error}") from None
     sample_file = scratch / "training_sample.jsonl"
     sample = _sample(run, sample_file, scratch, target_only=True)
+    spared = _spared(run, scratch, sample_file)
     # The total a multiple of 128, as a trained vocabulary's.
     wanted = padded_vocab_size(base.get_vocab_size() + options.added_tokens) - base.get_vocab_size()
     try:
-        tokenizer, added = extend_bpe(base, read_sample(sample_file), wanted, options.min_frequency)
+        tokenizer, added = extend_bpe(base, partial(read_sample, sample_file), wanted, options.min_frequency, spared)
     except TrainingError as error:
         raise StageError(f"tokenizer {run.lang}: cannot extend {file}: {error} Use tokenizer.keep_base=true, or "
                          "train a new tokenizer (tokenizer.extend_base=false).") from None
+    if added["added_tokens"] < wanted:
+        log.warning("tokenizer %s: the training text gave only %d of the %d added tokens asked for.", run.lang,
+                    added["added_tokens"], wanted)
     tokenizer.save(str(run.work_dir / TOKENIZER_FILE))
     write_transformers_files(run.work_dir, roles)
-    log.info("tokenizer %s: extended the base tokenizer %s (%d tokens) by %d tokens (%d merges)", run.lang, file,
-             added["base_tokens"], added["added_tokens"], added["merges"])
-    return tokenizer, extended_section(file, tokenizer, roles, added, wanted, run.work_dir), sample
+    log.info("tokenizer %s: extended the base tokenizer %s (%d tokens) by %d tokens (%d merges; %d learnt tokens "
+             "left out as the other sources use them)", run.lang, file, added["base_tokens"], added["added_tokens"],
+             added["merges"], added["left_out"])
+    spared_bytes = 0 if spared is None else sum(len(text.encode("utf-8")) for text in spared.texts)
+    section = extended_section(file, tokenizer, roles, {**added, "spared_bytes": spared_bytes}, wanted, run.work_dir)
+    return tokenizer, section, sample
 
 
 def _train_new(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict, list[str]]:

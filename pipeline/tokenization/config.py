@@ -65,6 +65,10 @@ class TokenizerConfig:
     # `keep_base=true` wins over it (a real base's defaults extend; keep_base=true keeps the base's tokenizer as is).
     extend_base: bool = False
     added_tokens: int = 16384
+    # With extend_base: an added token is left out where the plan's other sources (the base's own language
+    # replayed, fillers) use it at least this many times as often per byte as the target's text, since each use
+    # there cuts the base's language anew (about 10 bits each to SmolLM2, even after pretrain). null: none left out.
+    spare_ratio: Optional[float] = 0.01
 
 
 def validate_tokenizer(tok: TokenizerConfig) -> None:
@@ -91,6 +95,9 @@ def validate_tokenizer(tok: TokenizerConfig) -> None:
                           ["null (no limit for bytelevel_bpe, 16 for sentencepiece)", "an integer in [2, 512]"])
     if tok.added_tokens < 1:
         raise ConfigError("tokenizer.added_tokens", tok.added_tokens, ["an integer >= 1, e.g. 16384"])
+    if tok.spare_ratio is not None and not tok.spare_ratio >= 0:
+        raise ConfigError("tokenizer.spare_ratio", tok.spare_ratio, ["null (no added token left out)",
+                                                                      "a number >= 0, e.g. 0.01"])
     for key in ("min_frequency", "seed"):
         if getattr(tok, key) < 0:
             raise ConfigError(f"tokenizer.{key}", getattr(tok, key), ["an integer >= 0"])

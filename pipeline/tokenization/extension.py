@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Iterable, Iterator
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -45,11 +47,87 @@ def _spelled_documents(base: Tokenizer, documents: Iterable[str]) -> Iterator[st
         yield " ".join(words)
 
 
-def extend_bpe(base: Tokenizer, documents: Iterable[str], added_tokens: int, min_frequency: int) -> tuple[Tokenizer,
-                                                                                                           dict]:
-    """The base tokenizer with up to `added_tokens` new tokens learnt on `documents` (streamed once), and what was
-    added: {"base_tokens", "merges", "added_tokens", "existing"} (`existing`: merges whose token the base already
-    had, though its own merges never build it that way). Raises TrainingError for a base that is not BPE."""
+def _learnt_merges(base: Tokenizer, token_of: dict[int, str], documents: Iterable[str], merges: int,
+                   min_frequency: int) -> list[tuple[str, str]]:
+    """Up to `merges` merges learnt on `documents` as the base cuts them, each as the two tokens it joins, in the
+    order the trainer learnt them (most frequent first)."""
+    letters = [chr(FIRST_CODE_POINT + token_id) for token_id in token_of]
+    trainer_model = Tokenizer(models.BPE())
+    trainer_model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.BpeTrainer(vocab_size=len(letters) + merges, min_frequency=min_frequency,
+                                  initial_alphabet=letters, show_progress=sys.stderr.isatty())
+    trainer_model.train_from_iterator(_spelled_documents(base, documents), trainer)
+
+    def spelling(word: str) -> str:  # the base tokens that a trainer's token is written with, joined
+        return "".join(token_of[ord(letter) - FIRST_CODE_POINT] for letter in word)
+
+    learnt = json.loads(trainer_model.to_str())["model"]["merges"]
+    return [tuple(map(spelling, merge.split(" ") if isinstance(merge, str) else merge)) for merge in learnt]
+
+
+def _assembled(spec: dict, top_id: int, learnt: list[tuple[str, str]], merges: int, left_out: set[str]) -> tuple[
+        Tokenizer, dict]:
+    """The base (`spec`, ids up to `top_id`) with the first `merges` learnt merges that neither build a token of
+    `left_out` nor need one (directly or through another merge left out), and their summary."""
+    model = spec["model"]
+    vocab, kept = dict(model["vocab"]), list(model["merges"])
+    as_text = bool(kept) and isinstance(kept[0], str)  # "a b" from tokenizers < 0.20, ["a", "b"] since
+    existing = appended = 0
+    for left, right in learnt:
+        if appended == merges:
+            break
+        token = left + right
+        if token in left_out or left not in vocab or right not in vocab:
+            continue
+        if token in vocab:
+            existing += 1
+        else:
+            top_id += 1
+            vocab[token] = top_id
+        kept.append(f"{left} {right}" if as_text else [left, right])
+        appended += 1
+    extended = {**spec, "model": {**model, "vocab": vocab, "merges": kept}}
+    summary = {"base_tokens": len(model["vocab"]), "merges": appended, "added_tokens": appended - existing,
+               "existing": existing}
+    return Tokenizer.from_str(json.dumps(extended, ensure_ascii=False)), summary
+
+
+@dataclass
+class Spared:
+    """Text that the added tokens should leave as the base cuts it (the base's own language), and some of the
+    target's: an added token is left out where `texts` use it at least `ratio` times as often per byte as `target`."""
+
+    texts: list[str]
+    target: list[str]
+    ratio: float
+
+
+def _uses(tokenizer: Tokenizer, first_added: int, texts: list[str]) -> tuple[Counter, int]:
+    """How often each added token (ids from `first_added`) cuts `texts`, and their UTF-8 bytes."""
+    uses: Counter = Counter()
+    for start in range(0, len(texts), 1024):
+        for encoding in tokenizer.encode_batch(texts[start:start + 1024], add_special_tokens=False):
+            uses.update(token_id for token_id in encoding.ids if token_id >= first_added)
+    return uses, sum(len(text.encode("utf-8")) for text in texts)
+
+
+def _used_elsewhere(tokenizer: Tokenizer, first_added: int, spared: Spared) -> set[str]:
+    """The added tokens that the spared text uses too often against the target's."""
+    (elsewhere, elsewhere_bytes), (target, target_bytes) = (_uses(tokenizer, first_added, texts)
+                                                            for texts in (spared.texts, spared.target))
+    return {tokenizer.id_to_token(token_id) for token_id, count in elsewhere.items()
+            if count * target_bytes >= spared.ratio * target[token_id] * elsewhere_bytes}
+
+
+def extend_bpe(base: Tokenizer, documents: Callable[[], Iterable[str]], added_tokens: int, min_frequency: int,
+               spared: Spared | None = None) -> tuple[Tokenizer, dict]:
+    """The base tokenizer with up to `added_tokens` new merges learnt on `documents()` (streamed), and what was
+    added: {"base_tokens", "merges", "added_tokens", "existing", "left_out"} (`existing`: merges whose token the
+    base already had, though its own merges never build it that way).
+
+    With `spared`, an added token used too often in its text is left out (`left_out` counts them), and so are the
+    merges that need it; later learnt merges take their places (a quarter more are learnt, and `documents()` read
+    again for more if that is not enough). Raises TrainingError for a base that is not BPE."""
     spec = json.loads(base.to_str())
     model = spec["model"]
     if model["type"] != "BPE":
@@ -59,29 +137,15 @@ def extend_bpe(base: Tokenizer, documents: Iterable[str], added_tokens: int, min
     if top_id >= MAX_BASE_TOKENS:
         raise TrainingError(f"the base tokenizer has ids up to {top_id:,}; extending it handles up to "
                             f"{MAX_BASE_TOKENS - 1:,}.")
-    letters = [chr(FIRST_CODE_POINT + token_id) for token_id in token_of]
-    trainer_model = Tokenizer(models.BPE())
-    trainer_model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.BpeTrainer(vocab_size=len(letters) + added_tokens, min_frequency=min_frequency,
-                                  initial_alphabet=letters, show_progress=sys.stderr.isatty())
-    trainer_model.train_from_iterator(_spelled_documents(base, documents), trainer)
-
-    def spelling(word: str) -> str:  # the base tokens that a trainer's token is written with, joined
-        return "".join(token_of[ord(letter) - FIRST_CODE_POINT] for letter in word)
-
-    vocab, merges = dict(model["vocab"]), list(model["merges"])
-    as_text = bool(merges) and isinstance(merges[0], str)  # "a b" from tokenizers < 0.20, ["a", "b"] since
-    learnt = json.loads(trainer_model.to_str())["model"]["merges"]
-    existing = 0
-    for merge in learnt:
-        left, right = map(spelling, merge.split(" ") if isinstance(merge, str) else merge)
-        if left + right in vocab:
-            existing += 1
+    extra, left_out = (added_tokens // 4 if spared else 0), set()
+    learnt = _learnt_merges(base, token_of, documents(), added_tokens + extra, min_frequency)
+    while True:  # ends: each round leaves out more of the learnt tokens or learns more merges, of finitely many
+        extended, summary = _assembled(spec, top_id, learnt, added_tokens, left_out)
+        used = _used_elsewhere(extended, top_id + 1, spared) if spared else set()
+        if used:
+            left_out |= used
+        elif summary["merges"] < added_tokens and len(learnt) == added_tokens + extra:  # the text has more merges
+            extra += 2 * len(left_out)
+            learnt = _learnt_merges(base, token_of, documents(), added_tokens + extra, min_frequency)
         else:
-            top_id += 1
-            vocab[left + right] = top_id
-        merges.append(f"{left} {right}" if as_text else [left, right])
-    model["vocab"], model["merges"] = vocab, merges
-    summary = {"base_tokens": base.get_vocab_size(), "merges": len(learnt), "added_tokens": len(learnt) - existing,
-               "existing": existing}
-    return Tokenizer.from_str(json.dumps(spec, ensure_ascii=False)), summary
+            return extended, {**summary, "left_out": len(left_out)}

@@ -125,8 +125,10 @@ def markdown(document: dict) -> str:
         lines += [f"The base model's tokenizer {tok['extended_base']} ({tok['base_tokens']:,} tokens), extended "
                   f"(tokenizer.extend_base=true) by {tok['added_tokens']:,} tokens (asked: "
                   f"{tok['added_tokens_requested']:,}; {tok['merges']:,} merges learnt on the sample as the base cuts "
-                  f"it, {tok['existing']:,} of them building a token the base had): {tok['vocab_size']:,} tokens; "
-                  f"the base's tokens keep their ids; special tokens {roles}.", ""]
+                  f"it, {tok['existing']:,} of them building a token the base had; {tok['left_out']:,} learnt tokens "
+                  f"left out, as {bytes_text(tok['spared_bytes'])} of the plan's other sources use them, "
+                  f"tokenizer.spare_ratio): {tok['vocab_size']:,} tokens; the base's tokens keep their ids; special "
+                  f"tokens {roles}.", ""]
     else:
         backend = tok["backend"] + (f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece"
                                     else "")

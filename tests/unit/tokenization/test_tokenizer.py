@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 
 import pytest
 import sentencepiece as spm
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
-from pipeline.tokenization.extension import extend_bpe
+from pipeline.tokenization.extension import Spared, extend_bpe
 from pipeline.tokenization.folder import TrainingError, adopt_base_tokenizer, token_roles, write_tokenizer_folder
 from pipeline.tokenization.metrics import evaluate, tokens_per_word, word_spans
 from pipeline.tokenization.sample import keeps, shares
@@ -207,10 +208,10 @@ def test_extending_a_base_keeps_its_tokens_and_joins_them_with_merges_learnt_on_
                                                           show_progress=False))
     cut = len(training_text) * 3 // 4
     norwegian, unseen = training_text[:cut], training_text[cut:]
-    extended, added = extend_bpe(base, iter(norwegian), 500, min_frequency=2)
+    extended, added = extend_bpe(base, lambda: iter(norwegian), 500, min_frequency=2)
 
     assert added == {"base_tokens": 1000, "merges": 500, "added_tokens": 500 - added["existing"],
-                     "existing": added["existing"]}
+                     "existing": added["existing"], "left_out": 0}
     assert extended.get_vocab_size() == 1000 + added["added_tokens"] > 1400
     for token, token_id in base.get_vocab().items():  # every base token keeps its id
         assert extended.token_to_id(token) == token_id
@@ -234,10 +235,43 @@ def test_extending_a_base_keeps_its_tokens_and_joins_them_with_merges_learnt_on_
     assert {plan.rows[i].kind for i in range(1000, extended.get_vocab_size())} == {"averaged"}
 
 
+def test_an_extension_leaves_out_the_tokens_that_the_spared_text_uses(training_text, embedded_records):
+    english = [r["text"] for r in embedded_records["eng"]]
+    base = Tokenizer(models.BPE())
+    base.pre_tokenizer, base.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    base.train_from_iterator(english[:300], trainers.BpeTrainer(vocab_size=1000, special_tokens=[END_OF_TEXT],
+                                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                                show_progress=False))
+    norwegian, spared_english, unseen_english = training_text, english[300:600], english[600:]
+    plain, _ = extend_bpe(base, lambda: iter(norwegian), 300, min_frequency=2)
+    spared, added = extend_bpe(base, lambda: iter(norwegian), 300, min_frequency=2,
+                               spared=Spared(spared_english, norwegian, 0.01))
+
+    def uses(tokenizer, texts):  # added-token ids in the texts, per byte
+        ids = [i for encoding in tokenizer.encode_batch(texts, add_special_tokens=False) for i in encoding.ids]
+        return Counter(i for i in ids if i >= 1000), sum(len(text.encode("utf-8")) for text in texts)
+
+    # no added token is used as often as a hundredth of the Norwegian rate in the spared text; the learnt merges
+    # after the left-out ones took their places
+    (english_uses, english_bytes), (norwegian_uses, norwegian_bytes) = (uses(spared, texts)
+                                                                        for texts in (spared_english, norwegian))
+    assert added["left_out"] > 0 and english_uses
+    assert all(count * norwegian_bytes < 0.01 * norwegian_uses[i] * english_bytes for i, count in english_uses.items())
+    assert added["merges"] == 300 and spared.get_vocab_size() == 1000 + added["added_tokens"]
+    # no merge needs a token left out: every merge joins two tokens of the vocabulary
+    vocab = spared.get_vocab()
+    merges = json.loads(spared.to_str())["model"]["merges"]
+    assert all(left in vocab and right in vocab and left + right in vocab
+               for left, right in (m.split(" ") if isinstance(m, str) else m for m in merges))
+    # English it never saw is cut anew far less often, Norwegian still cut into fewer tokens than by the base
+    assert sum(uses(spared, unseen_english)[0].values()) < 0.5 * sum(uses(plain, unseen_english)[0].values())
+    assert sum(uses(spared, norwegian)[0].values()) > 0.5 * sum(uses(plain, norwegian)[0].values())
+
+
 def test_extending_refuses_a_base_that_is_not_bpe():
     unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], unk_id=0))
     with pytest.raises(TrainingError, match="adds BPE merges, but the base tokenizer is Unigram"):
-        extend_bpe(unigram, iter(["a a"]), 10, min_frequency=1)
+        extend_bpe(unigram, lambda: iter(["a a"]), 10, min_frequency=1)
 
 
 def test_nfkc_folds_compatibility_characters_and_breaks_the_round_trip(training_text):
