@@ -60,8 +60,8 @@ def main() -> None:
     target = list(texts(work / args.lang / "clean" / "train", args.target_bytes))
     english = list(texts(work / args.base_lang / "clean" / "train", args.english_bytes))
     english_bytes = sum(len(text.encode("utf-8")) for text in english)
-    as_many = list(texts(work / args.lang / "clean" / "train", english_bytes))  # as the stage counts the target
-    spared = Spared(english, as_many, args.spare_ratio)
+    every = max(1, round(sum(len(text.encode("utf-8")) for text in target) / english_bytes))
+    spared = Spared(english, target[::every], args.spare_ratio)  # as the stage counts the target: every k-th
     for name, documents, spare in ((f"{args.lang} only", target, None),
                                    (f"{args.lang} + {args.base_lang}", target + english, None),
                                    (f"{args.lang} only, sparing {args.base_lang}", target, spared)):

@@ -134,21 +134,45 @@ def bits_per_byte(nats: float, utf8_bytes: int) -> float:
     return nats / math.log(2) / utf8_bytes
 
 
-@torch.no_grad()
-def score_rows(model: torch.nn.Module, rows: ScoringRows, batch_size: int, device: torch.device,
-               progress=None) -> float:
-    """The summed NLL (nats) of every scored token, `batch_size` rows per forward pass of a plain model."""
-    nats = 0.0
+def _row_logits(model: torch.nn.Module, rows: ScoringRows, batch_size: int, device: torch.device,
+                progress=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Each row's logits and labels, `batch_size` rows per forward pass of a plain model (one row's at a time, so
+    that a log-softmax over a large vocabulary stays in memory)."""
     for start in range(0, len(rows), batch_size):
         part = slice(start, start + batch_size)
         inputs, labels, segments = (torch.from_numpy(array[part]).to(device)
                                     for array in (rows.inputs, rows.labels, rows.segment_ids))
         logits = model(inputs, segments)
-        for row in range(len(inputs)):  # one row's log-softmax at a time: a large vocabulary stays in memory
-            nats += summed_nll(logits[row], labels[row]).double().item()
+        for row in range(len(inputs)):
+            yield logits[row], labels[row]
         if progress is not None:
             progress.update(int((labels != IGNORE).sum()))
-    return nats
+
+
+@torch.no_grad()
+def score_rows(model: torch.nn.Module, rows: ScoringRows, batch_size: int, device: torch.device,
+               progress=None) -> float:
+    """The summed NLL (nats) of every scored token."""
+    return sum(summed_nll(logits, labels).double().item()
+               for logits, labels in _row_logits(model, rows, batch_size, device, progress))
+
+
+@torch.no_grad()
+def added_token_share(model: torch.nn.Module, rows: ScoringRows, first_added: int, batch_size: int,
+                      device: torch.device) -> dict:
+    """For a tokenizer that extends its base's (every base token at its own id, the added ones from `first_added`):
+    the mean probability the model gives the added tokens where a base token is the target, and how many scored
+    targets are base and added tokens."""
+    mass, base_targets, added_targets = 0.0, 0, 0
+    for logits, labels in _row_logits(model, rows, batch_size, device):
+        scored = labels != IGNORE
+        is_base = labels[scored] < first_added
+        log_probs = torch.log_softmax(logits[scored].float(), dim=-1)
+        mass += log_probs[is_base, first_added:].logsumexp(dim=-1).exp().double().sum().item()
+        base_targets += int(is_base.sum())
+        added_targets += int((~is_base).sum())
+    return {"first_added": first_added, "mass": mass / base_targets if base_targets else 0.0,
+            "base_targets": base_targets, "added_targets": added_targets}
 
 
 @dataclass

@@ -4,6 +4,7 @@ per model and held-out set; training curves)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 BPB_PLOT = "bpb.png"
@@ -108,6 +109,20 @@ def write_plots(out_dir: Path, bpb: dict[str, dict[str, float]], titles: dict[st
     return written
 
 
+def added_tokens_line(added: dict[str, dict], title: str) -> str:
+    """What the added tokens of an extended base tokenizer take on the base language's set, per trained model, and
+    why a warm start that freezes the body and the base's rows cannot beat the base there."""
+    shares = "; ".join(f"{model} {share['mass']:.2%} ({-math.log2(1 - share['mass']):.4f} bits per token), "
+                       f"{share['added_targets']:,} of {share['base_targets'] + share['added_targets']:,} targets "
+                       f"added tokens" for model, share in added.items())
+    first = next(iter(added.values()))["first_added"]
+    return (f"On the {title} set the added tokens (ids from {first:,}) take this share of the probability where a "
+            f"base token is the target: {shares}. Where the text is cut as the base cuts it, a model whose body and "
+            f"base rows are frozen (warmup with warmup.train_base_rows=false) gives the right token the base's "
+            f"probability times one minus that share, so it cannot do better than the base there; training the body "
+            f"(pretrain) can.")
+
+
 def markdown(lang: str, report: dict, plots: list[str]) -> str:
     """The report (the evaluate stage's report.json): the held-out sets, bits per byte per model and set, the
     regressions, each set's details, then the downstream tasks."""
@@ -130,6 +145,9 @@ def markdown(lang: str, report: dict, plots: list[str]) -> str:
     lines.append("")
     if regressions:
         lines += [f"**{regression_line(regression, sets[regression['set']]['title'])}**" for regression in regressions]
+        added = report.get("added_tokens")
+        if added and any(regression["set"] == added["set"] for regression in regressions):
+            lines += ["", added_tokens_line(added["models"], sets[added["set"]]["title"])]
     elif "base" in scores and len(scores) > 1:
         lines.append("No trained model is worse than the base model on any held-out set.")
     else:

@@ -26,13 +26,16 @@ from pipeline.config import PipelineConfig
 from pipeline.contract import MARKER, Stage, StageRun, read_marker, resolve_path, stage_dir, write_json_atomic
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
-from pipeline.evaluation.bits_per_byte import bits_per_byte, score_documents, score_rows
+from pipeline.evaluation.bits_per_byte import (added_token_share, bits_per_byte, score_documents, score_rows,
+                                                scoring_rows)
 from pipeline.evaluation.config import task_name
-from pipeline.evaluation.report import find_regressions, markdown, regression_line, reproduction_line, write_plots
+from pipeline.evaluation.report import (added_tokens_line, find_regressions, markdown, regression_line,
+                                       reproduction_line, write_plots)
 from pipeline.evaluation.task_builder import build_heldout_tasks
 from pipeline.evaluation.task_files import Task, read_task
 from pipeline.evaluation.task_scoring import ScoringModel, score_task
-from pipeline.evaluation.texts import HELDOUT, TextSet, base_lang_set, heldout_set, text_files, text_sets
+from pipeline.evaluation.texts import (BASE_LANG, HELDOUT, TextSet, base_lang_set, heldout_set, text_files,
+                                      text_sets)
 from pipeline.kernels import set_backend
 from pipeline.model.config import training_seq_len
 from pipeline.model.files import base_identity, check_finite, load_base
@@ -142,6 +145,27 @@ def score_set(run: StageRun, loaded: LoadedModel, text_set: TextSet, texts: list
     return {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
 
 
+def first_added_id(base_vocab: dict[str, int] | None, tokenizer) -> int | None:
+    """The first added id where `tokenizer` extends the base's (every base token at its own id, more after it, as
+    tokenizer.extend_base makes it); None for another tokenizer or without a base."""
+    if base_vocab is None:
+        return None
+    vocab = tokenizer.get_vocab()
+    if len(vocab) <= len(base_vocab) or any(vocab.get(token) != token_id for token, token_id in base_vocab.items()):
+        return None
+    return max(base_vocab.values()) + 1
+
+
+def added_share(run: StageRun, loaded: LoadedModel, texts: list[str], first_added: int, device) -> dict:
+    """What the added tokens take of the probability on the base language's set (`added_token_share`)."""
+    rows = scoring_rows(texts, loaded.tokenizer, loaded.start_id, loaded.seq_len, loaded.stride)
+    share = added_token_share(loaded.model, rows, first_added, run.cfg.eval.batch_size, device)
+    log.info("evaluate %s: %s on %s: the added tokens take %.2f%% of the probability where a base token is the "
+             "target; %d of %d targets are added tokens", run.lang, loaded.name, BASE_LANG, 100 * share["mass"],
+             share["added_targets"], share["base_targets"] + share["added_targets"])
+    return share
+
+
 def reproduce_training_score(run: StageRun, loaded: LoadedModel, device) -> dict | None:
     """The training stage's own held-out rows (its heldout.npz: the same documents, windows and start token it
     scored) scored by the exported model the way evaluate scores: the stage's logged heldout_bpb_after again, unless
@@ -235,11 +259,15 @@ def run_evaluate(run: StageRun) -> dict:
     sets, records, skipped = read_sets(run)
     tasks, skipped_tasks = read_tasks(run, records[HELDOUT])
     texts = {name: [text for text, _ in documents] for name, documents in records.items()}
-    scores, task_results, reproduced = {}, {}, {}
+    scores, task_results, reproduced, added = {}, {}, {}, {}
+    base_vocab = load_tokenizer(found["base"]).get_vocab() if "base" in found else None
     for name, folder in found.items():
         loaded = load_model(run, name, folder, device)
         scores[name] = {set_name: score_set(run, loaded, text_set, texts[set_name], device)
                         for set_name, text_set in sets.items()}
+        first_added = first_added_id(base_vocab, loaded.tokenizer)
+        if name != "base" and first_added is not None and BASE_LANG in sets:
+            added[name] = added_share(run, loaded, texts[BASE_LANG], first_added, device)
         again = reproduce_training_score(run, loaded, device)
         if again is not None:
             reproduced[name] = again
@@ -251,6 +279,8 @@ def run_evaluate(run: StageRun) -> dict:
     regressions = find_regressions(bpb)
     for regression in regressions:
         log.warning("evaluate %s: %s", run.lang, regression_line(regression, sets[regression["set"]].title))
+    if added and any(regression["set"] == BASE_LANG for regression in regressions):
+        log.warning("evaluate %s: %s", run.lang, added_tokens_line(added, sets[BASE_LANG].title))
     if "base" not in found:
         log.info("evaluate %s: no base model to compare with (model.base), so no regression is checked.", run.lang)
     curves = {stage: run.input(stage) / METRICS_FILE for stage in TRAINED
@@ -263,7 +293,8 @@ def run_evaluate(run: StageRun) -> dict:
     task_report = {task.name: {**describe_task(run, task), "results": {model: task_results[model][task.name]
                                                                   for model in found}} for task in tasks}
     report = {"lang": run.lang, "models": found, "sets": described, "skipped_sets": skipped, "scores": scores,
-              "regressions": regressions, "training_heldout": reproduced, "tasks": task_report,
+              "regressions": regressions, "added_tokens": added and {"set": BASE_LANG, "models": added},
+              "training_heldout": reproduced, "tasks": task_report,
               "skipped_tasks": skipped_tasks}
     write_json_atomic(run.work_dir / "report.json", report)
     (run.work_dir / "report.md").write_text(markdown(run.lang, report, plots), encoding="utf-8")

@@ -197,9 +197,10 @@ def _keep_base(run: StageRun) -> tuple[Tokenizer, dict]:
     return tokenizer, kept_section(file, tokenizer, roles, run.work_dir)
 
 
-def _spared(run: StageRun, scratch: Path, target_sample: Path) -> Optional[Spared]:
+def _spared(run: StageRun, scratch: Path, target_sample: Path, target_bytes: int) -> Optional[Spared]:
     """A sample of the plan's other sources (the base's language replayed, fillers) for the added tokens to spare,
-    and as many bytes of the target's sample; None with tokenizer.spare_ratio null or no other source in the plan."""
+    and about as many bytes of the target's sample (`target_bytes` in all), every k-th document of it, so that each
+    of its sources counts; None with tokenizer.spare_ratio null or no other source in the plan."""
     ratio = run.cfg.tokenizer.spare_ratio
     others = [source for source in read_plan(run)["sources"] if source["name"] != run.lang]
     if ratio is None or not others:
@@ -210,12 +211,9 @@ def _spared(run: StageRun, scratch: Path, target_sample: Path) -> Optional[Spare
     texts = list(read_sample(sample_file))
     if not texts:
         return None
-    spared_bytes, target, target_bytes = sum(len(text.encode("utf-8")) for text in texts), [], 0
-    for text in read_sample(target_sample):
-        if target_bytes >= spared_bytes:
-            break
-        target.append(text)
-        target_bytes += len(text.encode("utf-8"))
+    spared_bytes = sum(len(text.encode("utf-8")) for text in texts)
+    every = max(1, round(target_bytes / spared_bytes))
+    target = [text for index, text in enumerate(read_sample(target_sample)) if index % every == 0]
     log.info("tokenizer %s: added tokens that %s of %s use are left out", run.lang, bytes_text(spared_bytes),
              ", ".join(source["name"] for source in others))
     return Spared(texts, target, ratio)
@@ -232,7 +230,7 @@ def _extend_base(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict]:
         raise StageError(f"tokenizer {run.lang}: tokenizer.extend_base=true cannot extend {file}: {error}") from None
     sample_file = scratch / "training_sample.jsonl"
     sample = _sample(run, sample_file, scratch, target_only=True)
-    spared = _spared(run, scratch, sample_file)
+    spared = _spared(run, scratch, sample_file, sample["bytes"])
     # The total a multiple of 128, as a trained vocabulary's.
     wanted = padded_vocab_size(base.get_vocab_size() + options.added_tokens) - base.get_vocab_size()
     try:

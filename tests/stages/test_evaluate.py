@@ -8,16 +8,20 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer, models
 
-from pipeline.evaluation.bits_per_byte import IGNORE, score_documents, scoring_rows, windows
-from pipeline.evaluation.report import find_regressions
+from pipeline.evaluation.bits_per_byte import (IGNORE, ScoringRows, added_token_share, score_documents, scoring_rows,
+                                               windows)
+from pipeline.evaluation.report import find_regressions, markdown
 from pipeline.model.hf_export import to_hf
 from pipeline.model.transformer import Transformer
 from pipeline.model.files import load_base
 from pipeline.tokenization.folder import load_tokenizer, token_roles
+from pipeline.stages.evaluate import first_added_id
 from pipeline.training.heldout import save_rows
 from tests.conftest import DATA, marker, read_jsonl_gz, run_cli, write_jsonl_gz
 
@@ -123,6 +127,57 @@ def test_regressions_are_the_trained_models_worse_than_the_base_on_a_set():
         {"model": "warmup", "set": "base_lang", "bits_per_byte": 1.2, "base_bits_per_byte": 1.0},
         {"model": "pretrain", "set": "heldout", "bits_per_byte": 2.5, "base_bits_per_byte": 2.0}]
     assert find_regressions({name: bpb[name] for name in ("warmup", "pretrain")}) == []  # no base: nothing to flag
+
+
+class _FixedLogits(torch.nn.Module):
+    """A model whose logits are the same at every position: 0 for the base's ids, `added_logit` for the added."""
+
+    def __init__(self, vocab: int, first_added: int, added_logit: float):
+        super().__init__()
+        self.logits = torch.zeros(vocab)
+        self.logits[first_added:] = added_logit
+
+    def forward(self, inputs, segment_ids):
+        return self.logits.expand(*inputs.shape, -1)
+
+
+def test_the_added_tokens_share_of_the_probability_where_a_base_token_is_the_target():
+    # 6 base tokens, 4 added with logit log 3: each added token 3 times as likely as each base token
+    first_added, model = 6, _FixedLogits(10, 6, math.log(3.0))
+    labels = np.array([[IGNORE, 1, 7, 2, 9, 5, IGNORE, IGNORE], [3, 6, IGNORE, 0, 0, IGNORE, IGNORE, IGNORE]])
+    rows = ScoringRows(np.zeros_like(labels), labels, np.zeros_like(labels), bytes=1, tokens=9, documents=2)
+    share = added_token_share(model, rows, first_added, 1, torch.device("cpu"))
+    assert share == {"first_added": 6, "mass": pytest.approx(12 / 18), "base_targets": 6, "added_targets": 3}
+    assert added_token_share(model, rows, first_added, 2, torch.device("cpu")) == share  # batches change nothing
+
+
+def test_a_tokenizer_extends_the_base_when_every_base_token_keeps_its_id():
+    base, extended = Tokenizer(models.BPE({"a": 0, "b": 1}, [])), Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2},
+                                                                                       [("a", "b")]))
+    assert first_added_id(base.get_vocab(), extended) == 2
+    assert first_added_id(base.get_vocab(), Tokenizer(models.BPE({"b": 0, "a": 1, "ab": 2}, [("a", "b")]))) is None
+    assert first_added_id(base.get_vocab(), base) is None and first_added_id(None, extended) is None
+
+
+def test_a_flag_on_the_base_language_says_what_the_added_tokens_take():
+    sets = {name: {"title": title, "text": "", "documents": 1, "bytes": 1}
+            for name, title in (("heldout", "held-out split"), ("base_lang", "eng held-out"))}
+    scores = {model: {name: {"bits_per_byte": value, "token_perplexity": 2.0, "tokens_per_byte": 0.25, "tokens": 1,
+                             "bytes": 1} for name, value in (("heldout", 2.0 - step), ("base_lang", 1.0 + step))}
+              for model, step in (("base", 0.0), ("warmup", 0.01))}
+    added = {"set": "base_lang", "models": {"warmup": {"first_added": 49152, "mass": 0.0037, "base_targets": 121541,
+                                                       "added_targets": 50}}}
+    report = {"sets": sets, "skipped_sets": {}, "scores": scores, "models": {"base": "b", "warmup": "w"},
+              "regressions": find_regressions({m: {n: v["bits_per_byte"] for n, v in s.items()}
+                                               for m, s in scores.items()}),
+              "added_tokens": added, "training_heldout": {}, "tasks": {}, "skipped_tasks": {}}
+    text = markdown("nob", report, [])
+    assert "WARNING: warmup is worse than the base model on the eng held-out set" in text
+    assert ("On the eng held-out set the added tokens (ids from 49,152) take this share of the probability where a "
+            "base token is the target: warmup 0.37% (0.0053 bits per token), 50 of 121,591 targets added tokens") in text
+    # flagged on another set only: the line is not there
+    report["regressions"] = [{**report["regressions"][0], "set": "heldout"}]
+    assert "the added tokens" not in markdown("nob", report, [])
 
 
 def _clean_output(folder: Path, splits: dict[str, list[str]]) -> Path:

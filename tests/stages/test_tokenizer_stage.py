@@ -242,6 +242,13 @@ def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_keeps_i
     kept = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
     assert torch.equal(kept[:512], base_rows) and not torch.equal(kept[512:], trained_all[512:])
 
+    # evaluate: the warm start's added tokens take a share of the probability on English, which the report gives
+    run_cli("stage=evaluate", "lang=nob", f"model.base={english_base}", "eval.max_bytes=20000", cwd=tmp_path)
+    added = json.loads((tmp_path / "work" / "nob" / "evaluate" / "report.json").read_text())["added_tokens"]
+    share = added["models"]["warmup"]
+    assert added["set"] == "base_lang" and list(added["models"]) == ["warmup"]
+    assert share["first_added"] == 512 and 0 < share["mass"] < 1 and share["base_targets"] > 0
+
 
 def test_keep_base_takes_a_gpt2_like_bases_one_end_of_text_token_through_pack_and_pretrain(trained, tmp_path):
     cwd, _ = trained
