@@ -293,7 +293,7 @@ def run_evaluate(run: StageRun) -> dict:
     task_report = {task.name: {**describe_task(run, task), "results": {model: task_results[model][task.name]
                                                                   for model in found}} for task in tasks}
     report = {"lang": run.lang, "models": found, "sets": described, "skipped_sets": skipped, "scores": scores,
-              "regressions": regressions, "added_tokens": added and {"set": BASE_LANG, "models": added},
+              "regressions": regressions, "added_tokens": {"set": BASE_LANG, "models": added} if added else {},
               "training_heldout": reproduced, "tasks": task_report,
               "skipped_tasks": skipped_tasks}
     write_json_atomic(run.work_dir / "report.json", report)
