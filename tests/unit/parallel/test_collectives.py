@@ -314,7 +314,9 @@ def test_one_rank_starts_while_another_process_holds_its_port():
         code = ("from pipeline.training.engine import init_distributed\n"
                 "import deepspeed.comm as dist, torch\n"
                 "init_distributed(30)\n"
-                "t = torch.ones(2); dist.all_reduce(t); print('world', dist.get_world_size(), t.tolist())\n")
+                "t = torch.ones(2); dist.all_reduce(t); print('world', dist.get_world_size(), t.tolist())\n"
+                # as a training rank ends (pipeline/training/rank.py): a group left alive can abort at exit
+                "dist.destroy_process_group()\n")
         result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                                 env={**rank_environment(0, 1, port, 1), "PYTHONPATH": repo_pythonpath()})
     assert result.returncode == 0, result.stderr[-3000:]
