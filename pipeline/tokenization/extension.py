@@ -89,8 +89,7 @@ def _assembled(spec: dict, top_id: int, learnt: list[tuple[str, str]], merges: i
         kept.append(f"{left} {right}" if as_text else [left, right])
         appended += 1
     extended = {**spec, "model": {**model, "vocab": vocab, "merges": kept}}
-    summary = {"base_tokens": len(model["vocab"]), "merges": appended, "added_tokens": appended - existing,
-               "existing": existing}
+    summary = {"merges": appended, "added_tokens": appended - existing, "existing": existing}
     return Tokenizer.from_str(json.dumps(extended, ensure_ascii=False)), summary
 
 
@@ -150,4 +149,4 @@ def extend_bpe(base: Tokenizer, documents: Callable[[], Iterable[str]], added_to
             extra += 2 * len(left_out)
             learnt = _learnt_merges(base, token_of, documents(), added_tokens + extra, min_frequency)
         else:
-            return extended, {**summary, "left_out": len(left_out)}
+            return extended, {"base_tokens": base.get_vocab_size(), **summary, "left_out": len(left_out)}
