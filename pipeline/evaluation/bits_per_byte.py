@@ -134,45 +134,34 @@ def bits_per_byte(nats: float, utf8_bytes: int) -> float:
     return nats / math.log(2) / utf8_bytes
 
 
-def _row_logits(model: torch.nn.Module, rows: ScoringRows, batch_size: int, device: torch.device,
-                progress=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Each row's logits and labels, `batch_size` rows per forward pass of a plain model (one row's at a time, so
-    that a log-softmax over a large vocabulary stays in memory)."""
+@torch.no_grad()
+def score_rows(model: torch.nn.Module, rows: ScoringRows, batch_size: int, device: torch.device, progress=None,
+               first_added: Optional[int] = None) -> tuple[float, Optional[dict]]:
+    """The summed NLL (nats) of every scored token, `batch_size` rows per forward pass of a plain model; with
+    `first_added`, for a tokenizer that extends its base's (every base token at its own id, the added ones from
+    there), also what the added tokens take in the same pass: {"first_added", "mass": their mean probability where a
+    base token is the target, "base_targets", "added_targets": how many scored targets are of each kind}."""
+    nats, mass, base_targets, added_targets = 0.0, 0.0, 0, 0
     for start in range(0, len(rows), batch_size):
         part = slice(start, start + batch_size)
         inputs, labels, segments = (torch.from_numpy(array[part]).to(device)
                                     for array in (rows.inputs, rows.labels, rows.segment_ids))
         logits = model(inputs, segments)
-        for row in range(len(inputs)):
-            yield logits[row], labels[row]
+        for row in range(len(inputs)):  # one row's log-softmax at a time: a large vocabulary stays in memory
+            nats += summed_nll(logits[row], labels[row]).double().item()
+            if first_added is not None:
+                scored = labels[row] != IGNORE
+                is_base = labels[row][scored] < first_added
+                log_probs = torch.log_softmax(logits[row][scored].float(), dim=-1)
+                mass += log_probs[is_base, first_added:].logsumexp(dim=-1).exp().double().sum().item()
+                base_targets += int(is_base.sum())
+                added_targets += int((~is_base).sum())
         if progress is not None:
             progress.update(int((labels != IGNORE).sum()))
-
-
-@torch.no_grad()
-def score_rows(model: torch.nn.Module, rows: ScoringRows, batch_size: int, device: torch.device,
-               progress=None) -> float:
-    """The summed NLL (nats) of every scored token."""
-    return sum(summed_nll(logits, labels).double().item()
-               for logits, labels in _row_logits(model, rows, batch_size, device, progress))
-
-
-@torch.no_grad()
-def added_token_share(model: torch.nn.Module, rows: ScoringRows, first_added: int, batch_size: int,
-                      device: torch.device) -> dict:
-    """For a tokenizer that extends its base's (every base token at its own id, the added ones from `first_added`):
-    the mean probability the model gives the added tokens where a base token is the target, and how many scored
-    targets are base and added tokens."""
-    mass, base_targets, added_targets = 0.0, 0, 0
-    for logits, labels in _row_logits(model, rows, batch_size, device):
-        scored = labels != IGNORE
-        is_base = labels[scored] < first_added
-        log_probs = torch.log_softmax(logits[scored].float(), dim=-1)
-        mass += log_probs[is_base, first_added:].logsumexp(dim=-1).exp().double().sum().item()
-        base_targets += int(is_base.sum())
-        added_targets += int((~is_base).sum())
-    return {"first_added": first_added, "mass": mass / base_targets if base_targets else 0.0,
-            "base_targets": base_targets, "added_targets": added_targets}
+    if first_added is None:
+        return nats, None
+    return nats, {"first_added": first_added, "mass": mass / base_targets if base_targets else 0.0,
+                  "base_targets": base_targets, "added_targets": added_targets}
 
 
 @dataclass
@@ -181,6 +170,8 @@ class Score:
     tokens: int
     bytes: int
     documents: int
+    # With score_documents' `first_added`: what the added tokens take (score_rows).
+    added: Optional[dict] = None
 
     @property
     def bits_per_byte(self) -> float:
@@ -197,7 +188,9 @@ class Score:
 
 
 def score_documents(model: torch.nn.Module, tokenizer, texts: Iterable[str], start_id: int, seq_len: int,
-                    stride: int, batch_size: int, device: torch.device, progress=None) -> Score:
-    """Every token of every document scored once by a plain model (stage=evaluate)."""
+                    stride: int, batch_size: int, device: torch.device, progress=None,
+                    first_added: Optional[int] = None) -> Score:
+    """Every token of every document scored once by a plain model (stage=evaluate); `first_added`: as score_rows."""
     rows = scoring_rows(texts, tokenizer, start_id, seq_len, stride)
-    return Score(score_rows(model, rows, batch_size, device, progress), rows.tokens, rows.bytes, rows.documents)
+    nats, added = score_rows(model, rows, batch_size, device, progress, first_added)
+    return Score(nats, rows.tokens, rows.bytes, rows.documents, added)

@@ -26,8 +26,7 @@ from pipeline.config import PipelineConfig
 from pipeline.contract import MARKER, Stage, StageRun, read_marker, resolve_path, stage_dir, write_json_atomic
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
-from pipeline.evaluation.bits_per_byte import (added_token_share, bits_per_byte, score_documents, score_rows,
-                                                scoring_rows)
+from pipeline.evaluation.bits_per_byte import Score, bits_per_byte, score_documents, score_rows
 from pipeline.evaluation.config import task_name
 from pipeline.evaluation.report import (added_tokens_line, find_regressions, markdown, regression_line,
                                        reproduction_line, write_plots)
@@ -132,17 +131,24 @@ def load_model(run: StageRun, name: str, folder: str, device: torch.device) -> L
     return LoadedModel(name, folder, model, tokenizer, start_id, seq_len, stride)
 
 
-def score_set(run: StageRun, loaded: LoadedModel, text_set: TextSet, texts: list[str], device) -> dict:
+def score_set(run: StageRun, loaded: LoadedModel, text_set: TextSet, texts: list[str], device,
+              first_added: int | None = None) -> Score:
+    """The model's score on the set; with `first_added`, what its added tokens take there too (score_rows)."""
     with tqdm(desc=f"evaluate {loaded.name} on {text_set.name}", unit="tok", disable=None) as progress:
         score = score_documents(loaded.model, loaded.tokenizer, texts, loaded.start_id, loaded.seq_len,
-                                loaded.stride, run.cfg.eval.batch_size, device, progress)
+                                loaded.stride, run.cfg.eval.batch_size, device, progress, first_added)
     if not math.isfinite(score.bits_per_byte):
         raise StageError(f"evaluate {run.lang}: the {loaded.name} model in {loaded.folder} scores "
                          f"{score.bits_per_byte} bits per byte on {text_set.where}: its outputs overflow. No report "
                          f"is written; check the model (and eval.seq_len against the length it was trained on).")
     log.info("evaluate %s: %s on %s: %.4f bits per byte (token perplexity %.2f, %d tokens over %d bytes)", run.lang,
              loaded.name, text_set.name, score.bits_per_byte, score.token_perplexity, score.tokens, score.bytes)
-    return {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
+    if score.added is not None:
+        log.info("evaluate %s: %s on %s: the added tokens take %.2f%% of the probability where a base token is the "
+                 "target; %d of %d targets are added tokens", run.lang, loaded.name, text_set.name,
+                 100 * score.added["mass"], score.added["added_targets"],
+                 score.added["base_targets"] + score.added["added_targets"])
+    return score
 
 
 def first_added_id(base_vocab: dict[str, int] | None, tokenizer) -> int | None:
@@ -156,16 +162,6 @@ def first_added_id(base_vocab: dict[str, int] | None, tokenizer) -> int | None:
     return max(base_vocab.values()) + 1
 
 
-def added_share(run: StageRun, loaded: LoadedModel, texts: list[str], first_added: int, device) -> dict:
-    """What the added tokens take of the probability on the base language's set (`added_token_share`)."""
-    rows = scoring_rows(texts, loaded.tokenizer, loaded.start_id, loaded.seq_len, loaded.stride)
-    share = added_token_share(loaded.model, rows, first_added, run.cfg.eval.batch_size, device)
-    log.info("evaluate %s: %s on %s: the added tokens take %.2f%% of the probability where a base token is the "
-             "target; %d of %d targets are added tokens", run.lang, loaded.name, BASE_LANG, 100 * share["mass"],
-             share["added_targets"], share["base_targets"] + share["added_targets"])
-    return share
-
-
 def reproduce_training_score(run: StageRun, loaded: LoadedModel, device) -> dict | None:
     """The training stage's own held-out rows (its heldout.npz: the same documents, windows and start token it
     scored) scored by the exported model the way evaluate scores: the stage's logged heldout_bpb_after again, unless
@@ -177,7 +173,8 @@ def reproduce_training_score(run: StageRun, loaded: LoadedModel, device) -> dict
     if logged is None:
         return None
     rows = run.read_input(loaded.name, HELDOUT_FILE, load_rows)
-    rescored = bits_per_byte(score_rows(loaded.model, rows, run.cfg.eval.batch_size, device), rows.bytes)
+    nats, _ = score_rows(loaded.model, rows, run.cfg.eval.batch_size, device)
+    rescored = bits_per_byte(nats, rows.bytes)
     result = {"logged": logged, "rescored": rescored, "seq_len": int(rows.inputs.shape[1]), "tokens": rows.tokens,
               "bytes": rows.bytes, "documents": rows.documents,
               "agree": abs(rescored - logged) <= REPRODUCTION_TOLERANCE * logged}
@@ -263,11 +260,14 @@ def run_evaluate(run: StageRun) -> dict:
     base_vocab = load_tokenizer(found["base"]).get_vocab() if "base" in found else None
     for name, folder in found.items():
         loaded = load_model(run, name, folder, device)
-        scores[name] = {set_name: score_set(run, loaded, text_set, texts[set_name], device)
-                        for set_name, text_set in sets.items()}
-        first_added = first_added_id(base_vocab, loaded.tokenizer)
-        if name != "base" and first_added is not None and BASE_LANG in sets:
-            added[name] = added_share(run, loaded, texts[BASE_LANG], first_added, device)
+        first_added = None if name == "base" else first_added_id(base_vocab, loaded.tokenizer)
+        scored = {set_name: score_set(run, loaded, text_set, texts[set_name], device,
+                                      first_added if set_name == BASE_LANG else None)
+                  for set_name, text_set in sets.items()}
+        scores[name] = {set_name: {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
+                        for set_name, score in scored.items()}
+        if BASE_LANG in scored and scored[BASE_LANG].added is not None:
+            added[name] = scored[BASE_LANG].added
         again = reproduce_training_score(run, loaded, device)
         if again is not None:
             reproduced[name] = again

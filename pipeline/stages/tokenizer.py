@@ -211,12 +211,12 @@ def _spared(run: StageRun, scratch: Path, target_sample: Path, target_bytes: int
     texts = list(read_sample(sample_file))
     if not texts:
         return None
-    spared_bytes = sum(len(text.encode("utf-8")) for text in texts)
-    every = max(1, round(target_bytes / spared_bytes))
-    target = [text for index, text in enumerate(read_sample(target_sample)) if index % every == 0]
-    log.info("tokenizer %s: added tokens that %s of %s use are left out", run.lang, bytes_text(spared_bytes),
+    every = max(1, round(target_bytes / sum(len(text.encode("utf-8")) for text in texts)))
+    spared = Spared(texts, [text for index, text in enumerate(read_sample(target_sample)) if index % every == 0],
+                    ratio)
+    log.info("tokenizer %s: added tokens that %s of %s use are left out", run.lang, bytes_text(spared.bytes),
              ", ".join(source["name"] for source in others))
-    return Spared(texts, target, ratio)
+    return spared
 
 
 def _extend_base(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict]:
@@ -246,8 +246,8 @@ def _extend_base(run: StageRun, scratch: Path) -> tuple[Tokenizer, dict, dict]:
     log.info("tokenizer %s: extended the base tokenizer %s (%d tokens) by %d tokens (%d merges; %d learnt tokens "
              "left out as the other sources use them)", run.lang, file, added["base_tokens"], added["added_tokens"],
              added["merges"], added["left_out"])
-    spared_bytes = 0 if spared is None else sum(len(text.encode("utf-8")) for text in spared.texts)
-    section = extended_section(file, tokenizer, roles, {**added, "spared_bytes": spared_bytes}, wanted, run.work_dir)
+    section = extended_section(file, tokenizer, roles, {**added, "spared_bytes": spared.bytes if spared else 0}, wanted,
+                               run.work_dir)
     return tokenizer, section, sample
 
 

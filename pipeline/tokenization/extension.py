@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -101,23 +101,29 @@ class Spared:
     texts: list[str]
     target: list[str]
     ratio: float
+    # UTF-8 bytes of `texts` and of `target`.
+    bytes: int = field(init=False)
+    target_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bytes, self.target_bytes = (sum(len(text.encode("utf-8")) for text in texts)
+                                         for texts in (self.texts, self.target))
 
 
-def _uses(tokenizer: Tokenizer, first_added: int, texts: list[str]) -> tuple[Counter, int]:
-    """How often each added token (ids from `first_added`) cuts `texts`, and their UTF-8 bytes."""
+def _uses(tokenizer: Tokenizer, first_added: int, texts: list[str]) -> Counter:
+    """How often each added token (ids from `first_added`) cuts `texts`."""
     uses: Counter = Counter()
     for start in range(0, len(texts), 1024):
         for encoding in tokenizer.encode_batch(texts[start:start + 1024], add_special_tokens=False):
             uses.update(token_id for token_id in encoding.ids if token_id >= first_added)
-    return uses, sum(len(text.encode("utf-8")) for text in texts)
+    return uses
 
 
 def _used_elsewhere(tokenizer: Tokenizer, first_added: int, spared: Spared) -> set[str]:
     """The added tokens that the spared text uses too often against the target's."""
-    (elsewhere, elsewhere_bytes), (target, target_bytes) = (_uses(tokenizer, first_added, texts)
-                                                            for texts in (spared.texts, spared.target))
+    elsewhere, target = (_uses(tokenizer, first_added, texts) for texts in (spared.texts, spared.target))
     return {tokenizer.id_to_token(token_id) for token_id, count in elsewhere.items()
-            if count * target_bytes >= spared.ratio * target[token_id] * elsewhere_bytes}
+            if count * spared.target_bytes >= spared.ratio * target[token_id] * spared.bytes}
 
 
 def extend_bpe(base: Tokenizer, documents: Callable[[], Iterable[str]], added_tokens: int, min_frequency: int,

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, models
 
-from pipeline.evaluation.bits_per_byte import (IGNORE, ScoringRows, added_token_share, score_documents, scoring_rows,
+from pipeline.evaluation.bits_per_byte import (IGNORE, ScoringRows, score_documents, score_rows, scoring_rows,
                                                windows)
 from pipeline.evaluation.report import find_regressions, markdown
 from pipeline.model.hf_export import to_hf
@@ -146,9 +146,9 @@ def test_the_added_tokens_share_of_the_probability_where_a_base_token_is_the_tar
     first_added, model = 6, _FixedLogits(10, 6, math.log(3.0))
     labels = np.array([[IGNORE, 1, 7, 2, 9, 5, IGNORE, IGNORE], [3, 6, IGNORE, 0, 0, IGNORE, IGNORE, IGNORE]])
     rows = ScoringRows(np.zeros_like(labels), labels, np.zeros_like(labels), bytes=1, tokens=9, documents=2)
-    share = added_token_share(model, rows, first_added, 1, torch.device("cpu"))
+    _, share = score_rows(model, rows, 1, torch.device("cpu"), first_added=first_added)
     assert share == {"first_added": 6, "mass": pytest.approx(12 / 18), "base_targets": 6, "added_targets": 3}
-    assert added_token_share(model, rows, first_added, 2, torch.device("cpu")) == share  # batches change nothing
+    assert score_rows(model, rows, 2, torch.device("cpu"), first_added=first_added)[1] == share  # batches: the same
 
 
 def test_a_tokenizer_extends_the_base_when_every_base_token_keeps_its_id():
