@@ -11,6 +11,9 @@ the switch):
   keeps attention within each packed document. Head dims up to 128 in the Triton kernel.
 - `rms_norm(x, weight, eps)` and `layer_norm(x, weight, bias, eps)` (bias may be None): over the last axis,
   statistics in float32, output in x's dtype; the Triton kernels hold a row whole (hidden size <= 65536).
+- `add_rms_norm(x, addend, weight, eps)` and `add_layer_norm(x, addend, weight, bias, eps)` -> `(total, normed)`:
+  total = x + addend (same shape and dtype) and its norm, in one pass over the rows (a block's residual stream
+  and its attention output); the backward adds total's own gradient into the norm's.
 - `linear_cross_entropy(hidden, weight, targets, ignore_index=-100, chunk_size=None, reduction="mean",
   shard=None)`: the mean (or sum) cross-entropy of the LM head `hidden @ weight.T` (hidden (..., d), weight
   (vocab, d), targets hidden.shape[:-1]) over the targets that are not `ignore_index`, computed `chunk_size` rows
@@ -68,6 +71,32 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return reference.layer_norm(x, weight, bias, eps)
 
 
+def _check_addend(x: torch.Tensor, addend: torch.Tensor, where: str) -> None:
+    if addend.shape != x.shape or addend.dtype != x.dtype:
+        raise ValueError(f"{where}: the addend must have x's shape and dtype: x {tuple(x.shape)} {x.dtype}, addend "
+                         f"{tuple(addend.shape)} {addend.dtype}")
+
+
+def add_rms_norm(x: torch.Tensor, addend: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_addend(x, addend, "add_rms_norm")
+    if use_triton(x):
+        from pipeline.kernels import norms
+        return norms.add_rms_norm(x, addend, weight, eps)
+    total = x + addend
+    return total, reference.rms_norm(total, weight, eps)
+
+
+def add_layer_norm(x: torch.Tensor, addend: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_addend(x, addend, "add_layer_norm")
+    if use_triton(x):
+        from pipeline.kernels import norms
+        return norms.add_layer_norm(x, addend, weight, bias, eps)
+    total = x + addend
+    return total, reference.layer_norm(total, weight, bias, eps)
+
+
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
                          chunk_size: Optional[int] = None, reduction: str = "mean",
                          shard: Optional[VocabShard] = None) -> torch.Tensor:
@@ -87,5 +116,5 @@ def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
     return reference.vocab_shard_statistics(logits, targets, vocab_start)
 
 
-__all__ = ["VocabShard", "flash_attention", "get_backend", "kernel_backend", "layer_norm", "linear_cross_entropy",
+__all__ = ["VocabShard", "add_layer_norm", "add_rms_norm", "flash_attention", "get_backend", "kernel_backend", "layer_norm", "linear_cross_entropy",
            "rms_norm", "set_backend", "vocab_shard_statistics"]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.kernels import flash_attention, layer_norm, rms_norm
+from pipeline.kernels import add_layer_norm, add_rms_norm, flash_attention, layer_norm, rms_norm
 from pipeline.model.config import ModelConfig, RopeScaling
 
 
@@ -33,16 +33,32 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
+    def applied_weight(self) -> torch.Tensor:
+        """The weight as the norm applies it (a sequence-parallel norm routes its gradient through the ranks)."""
+        return self.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Statistics in float32 (bf16 sums of squares lose too much); the Triton kernel on a GPU.
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.applied_weight(), self.eps)
+
+    def add_forward(self, x: torch.Tensor, addend: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + addend, its norm) in one pass."""
+        return add_rms_norm(x, addend, self.applied_weight(), self.eps)
 
 
 class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm (same `weight`/`bias` parameters, `bias=False` allowed) run by the Triton kernel on a GPU."""
 
+    def applied_weights(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Weight and bias as the norm applies them (see RMSNorm.applied_weight)."""
+        return self.weight, self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps)
+        return layer_norm(x, *self.applied_weights(), self.eps)
+
+    def add_forward(self, x: torch.Tensor, addend: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + addend, its norm) in one pass."""
+        return add_layer_norm(x, addend, *self.applied_weights(), self.eps)
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -119,8 +135,10 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), segment_ids)
-        return x + self.mlp(self.mlp_norm(x))
+        # The residual addition after attention runs inside the MLP's norm (one pass over the activations, and
+        # in the backward the residual's gradient is added there too).
+        x, normed = self.mlp_norm.add_forward(x, self.attn(self.attn_norm(x), segment_ids))
+        return x + self.mlp(normed)
 
 
 class Embedding(nn.Module):

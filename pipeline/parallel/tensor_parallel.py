@@ -55,7 +55,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.model.config import ModelConfig
-from pipeline.kernels import layer_norm, rms_norm
 from pipeline.model.transformer import MLP, Attention, Block, Embedding, Head, LayerNorm, RMSNorm
 from pipeline.parallel.config import check_tensor_parallel
 
@@ -324,8 +323,8 @@ class SequenceParallelRMSNorm(RMSNorm):
         self.weight = full.weight
         self.eps = full.eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, _replicated(self.weight, self.group, True), self.eps)
+    def applied_weight(self) -> torch.Tensor:
+        return _replicated(self.weight, self.group, True)
 
 
 class SequenceParallelLayerNorm(LayerNorm):
@@ -340,9 +339,9 @@ class SequenceParallelLayerNorm(LayerNorm):
         self.weight = full.weight
         self.bias = full.bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def applied_weights(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         bias = None if self.bias is None else _replicated(self.bias, self.group, True)
-        return layer_norm(x, _replicated(self.weight, self.group, True), bias, self.eps)
+        return _replicated(self.weight, self.group, True), bias
 
 
 def sequence_parallel_norm(norm: nn.Module, group) -> nn.Module:

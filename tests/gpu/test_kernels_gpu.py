@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.kernels import (flash_attention, kernel_backend, layer_norm, linear_cross_entropy, rms_norm,
-                              vocab_shard_statistics)
+from pipeline.kernels import (add_layer_norm, add_rms_norm, flash_attention, kernel_backend, layer_norm,
+                              linear_cross_entropy, rms_norm, vocab_shard_statistics)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
@@ -25,19 +25,23 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def compare_with_reference(function, inputs: list[torch.Tensor], **kwargs) -> None:
-    """Run `function` with the Triton kernels on bf16 inputs and with the references on their float32 copies."""
+    """Run `function` with the Triton kernels on bf16 inputs and with the references on their float32 copies; a
+    function may return one tensor or a tuple, and every output gets a random gradient."""
     inputs = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
     expected_inputs = [x.detach().float().requires_grad_(x.is_floating_point()) if x.is_floating_point() else x
                        for x in inputs]
-    out = function(*inputs, **kwargs)
-    grad_out = torch.randn_like(out)
+    outs = function(*inputs, **kwargs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    grad_outs = [torch.randn_like(out) for out in outs]
     differentiable = [x for x in inputs if x.requires_grad]
-    grads = torch.autograd.grad(out, differentiable, grad_out)
+    grads = torch.autograd.grad(outs, differentiable, grad_outs)
     with kernel_backend("reference"):
         expected = function(*expected_inputs, **kwargs)
-    expected_grads = torch.autograd.grad(expected, [x for x in expected_inputs if x.requires_grad], grad_out.float())
-    for name, actual, reference in zip(["output"] + [f"grad {i}" for i in range(len(grads))], [out, *grads],
-                                       [expected, *expected_grads]):
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    expected_grads = torch.autograd.grad(expected, [x for x in expected_inputs if x.requires_grad],
+                                         [grad.float() for grad in grad_outs])
+    names = [f"output {i}" for i in range(len(outs))] + [f"grad {i}" for i in range(len(grads))]
+    for name, actual, reference in zip(names, [*outs, *grads], [*expected, *expected_grads], strict=True):
         error = relative_error(actual, reference)
         assert error < BF16_TOLERANCE, f"{name}: relative error {error:.2e} >= {BF16_TOLERANCE}"
 
@@ -84,6 +88,9 @@ def test_norms_match_reference_in_bf16(shape):
     weight, bias = (torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16) for _ in range(2))
     compare_with_reference(lambda x, w: rms_norm(x, w, 1e-5), [x, weight])
     compare_with_reference(lambda x, w, b: layer_norm(x, w, b, 1e-5), [x, weight, bias])
+    addend = torch.randn_like(x)
+    compare_with_reference(lambda x, a, w: add_rms_norm(x, a, w, 1e-5), [x, addend, weight])
+    compare_with_reference(lambda x, a, w, b: add_layer_norm(x, a, w, b, 1e-5), [x, addend, weight, bias])
 
 
 def test_linear_cross_entropy_matches_reference_in_bf16():

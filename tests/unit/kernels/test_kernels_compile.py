@@ -126,14 +126,20 @@ def test_rowwise_kernels_compile_without_spills(arch, tmp_path):
     builds = {
         "segment block ranges": (attention._segment_block_ranges, dict(OUTER=128, INNER=64, CHUNK=1024),
                                  dict(options, num_warps=4), frozenset()),
-        "norm forward": (norms._norm_forward, dict(BLOCK=8192, RMS=False, HAS_BIAS=True), options, hidden),
+        "norm forward": (norms._norm_forward, dict(BLOCK=8192, RMS=False, HAS_BIAS=True, HAS_ADDEND=False), options,
+                         hidden),
+        "residual addition and norm forward": (norms._norm_forward,
+                                               dict(BLOCK=8192, RMS=False, HAS_BIAS=True, HAS_ADDEND=True), options,
+                                               hidden),
         "cross-entropy statistics": (cross_entropy._row_statistics, dict(BLOCK=config.block_n), options,
                                      frozenset()),
         "cross-entropy gradient": (cross_entropy._softmax_gradient, dict(BLOCK=config.block_n), options,
                                    frozenset()),
     }
     for block in (4096, 8192):
-        builds[f"norm backward {block}"] = (norms._norm_backward, dict(BLOCK=block, RMS=False, HAS_BIAS=True),
-                                            dict(options, num_warps=norm_backward.num_warps(block)), hidden)
+        for addend in (False, True):
+            builds[f"norm backward {block}{' with an addend' if addend else ''}"] = (
+                norms._norm_backward, dict(BLOCK=block, RMS=False, HAS_BIAS=True, HAS_ADDEND=addend),
+                dict(options, num_warps=norm_backward.num_warps(block)), hidden)
     for name, (kernel, constexprs, kernel_options, divisible) in builds.items():
         check(build(kernel, constexprs, arch, kernel_options, tmp_path, divisible), arch, False, name)

@@ -84,16 +84,19 @@ def assert_close(actual, expected, dtype, what):
 
 
 def compare_with_reference(triton_fn, reference_fn, inputs, dtype, **kwargs):
-    """Outputs and every input gradient of the Triton path vs the reference on float64 copies of the inputs."""
+    """Outputs (one tensor or a tuple) and every input gradient of the Triton path vs the reference on float64 copies
+    of the inputs; every output gets a random gradient."""
     leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
     reference_leaves = [x.detach().double().requires_grad_() if x.is_floating_point() else x for x in inputs]
-    out = triton_fn(*leaves, **kwargs)
-    expected = reference_fn(*reference_leaves, **kwargs)
-    assert_close(out, expected, dtype, "output")
-    grad_out = torch.randn_like(expected)
+    outs, expected = triton_fn(*leaves, **kwargs), reference_fn(*reference_leaves, **kwargs)
+    outs, expected = (outs, expected) if isinstance(outs, tuple) else ((outs,), (expected,))
+    for index, (out, wanted) in enumerate(zip(outs, expected, strict=True)):
+        assert_close(out, wanted, dtype, f"output {index}")
+    grad_outs = [torch.randn_like(wanted) for wanted in expected]
     differentiable = [i for i, x in enumerate(leaves) if x.requires_grad]
-    grads = torch.autograd.grad(out, [leaves[i] for i in differentiable], grad_out.to(out.dtype))
-    expected_grads = torch.autograd.grad(expected, [reference_leaves[i] for i in differentiable], grad_out)
+    grads = torch.autograd.grad(outs, [leaves[i] for i in differentiable],
+                                [grad.to(out.dtype) for grad, out in zip(grad_outs, outs)])
+    expected_grads = torch.autograd.grad(expected, [reference_leaves[i] for i in differentiable], grad_outs)
     for i, actual, wanted in zip(differentiable, grads, expected_grads):
         assert_close(actual, wanted, dtype, f"gradient of input {i}")
 
@@ -291,6 +294,24 @@ def check_layer_norm_matches_reference(interpreted, shape, dtype, bias):
     triton_fn = lambda x, w, *b: kernels.layer_norm(x, w, b[0] if b else None, eps=1e-5)
     reference_fn = lambda x, w, *b: reference.layer_norm(x, w, b[0] if b else None, eps=1e-5)
     compare_with_reference(triton_fn, reference_fn, [t for t in inputs if t is not None], dtype)
+
+
+@pytest.mark.parametrize("shape, dtype, norm", [((37, 300), torch.float32, "layer"), ((2, 5, 1000), torch.float16, "rms"),
+                                                ((19, 64), torch.float32, "layer without bias"),
+                                                ((3, 7, 96), torch.float32, "rms")])
+def check_add_norm_matches_reference(interpreted, shape, dtype, norm):
+    """x + addend and its norm from one kernel, and both summands' gradients: the norm's plus the sum's own."""
+    torch.manual_seed(1)
+    x, addend = torch.randn(shape, dtype=dtype) * 3 + 1, torch.randn(shape, dtype=dtype)
+    weight = torch.randn(shape[-1], dtype=dtype)
+    if norm == "rms":
+        compare_with_reference(kernels.add_rms_norm, lambda x, a, w, eps: (x + a, reference.rms_norm(x + a, w, eps)),
+                               [x, addend, weight], dtype, eps=1e-5)
+        return
+    bias = [torch.randn(shape[-1], dtype=dtype)] if norm == "layer" else []
+    compare_with_reference(lambda x, a, w, *b: kernels.add_layer_norm(x, a, w, b[0] if b else None, eps=1e-5),
+                           lambda x, a, w, *b: (x + a, reference.layer_norm(x + a, w, b[0] if b else None, eps=1e-5)),
+                           [x, addend, weight, *bias], dtype)
 
 
 def check_linear_cross_entropy_matches_reference(interpreted):
