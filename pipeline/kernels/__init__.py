@@ -40,6 +40,7 @@ import torch
 from pipeline.kernels import reference
 from pipeline.kernels.backend import get_backend, kernel_backend, set_backend, use_triton
 from pipeline.kernels.fused_head import VocabShard, fused_linear_cross_entropy
+from pipeline.kernels.reference import unstack_qkv
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
@@ -55,6 +56,24 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     attend = reference.attention if building_graph else reference.scoring_attention
     return attend(q, k, v, causal=causal, alibi_slopes=alibi_slopes, segment_ids=segment_ids,
                   softmax_scale=softmax_scale)
+
+
+def stacked_flash_attention(qkv: torch.Tensor, heads: int, head_dim: int, *, causal: bool = True,
+                            alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
+                            softmax_scale: Optional[float] = None) -> torch.Tensor:
+    """`flash_attention` of q, k, v held side by side: qkv is (batch, seq, (heads + 2 kv_heads) x head_dim), as one
+    projection makes them; the result is (batch, heads, seq, head_dim). The Triton kernel's gradient is one tensor
+    like qkv, which reaches the projection without the copy that three separate gradients would need."""
+    if qkv.dim() != 3 or qkv.shape[-1] % head_dim or (qkv.shape[-1] // head_dim - heads) % 2 or \
+            qkv.shape[-1] // head_dim <= heads:
+        raise ValueError(f"stacked_flash_attention: qkv {tuple(qkv.shape)} is not (batch, seq, (heads + 2 kv_heads) x "
+                         f"head_dim) for {heads} query heads of {head_dim}")
+    if use_triton(qkv):
+        from pipeline.kernels.attention import stacked_flash_attention as triton_attention
+        return triton_attention(qkv, heads, head_dim, causal=causal, alibi_slopes=alibi_slopes,
+                                segment_ids=segment_ids, softmax_scale=softmax_scale)
+    return flash_attention(*unstack_qkv(qkv, heads, head_dim), causal=causal, alibi_slopes=alibi_slopes,
+                           segment_ids=segment_ids, softmax_scale=softmax_scale)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -116,5 +135,6 @@ def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
     return reference.vocab_shard_statistics(logits, targets, vocab_start)
 
 
-__all__ = ["VocabShard", "add_layer_norm", "add_rms_norm", "flash_attention", "get_backend", "kernel_backend", "layer_norm", "linear_cross_entropy",
-           "rms_norm", "set_backend", "vocab_shard_statistics"]
+__all__ = ["VocabShard", "add_layer_norm", "add_rms_norm", "flash_attention", "get_backend", "kernel_backend",
+           "layer_norm", "linear_cross_entropy", "rms_norm", "set_backend", "stacked_flash_attention", "unstack_qkv",
+           "vocab_shard_statistics"]

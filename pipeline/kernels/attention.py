@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from pipeline.kernels.launch_configs import AttentionConfigs, attention_configs, current_arch
+from pipeline.kernels.reference import unstack_qkv
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E): the kernels work in the log2 domain
 # Masked scores: finite, so that a forward row whose first key blocks are all masked gives exp2(0) = 1
@@ -591,74 +592,114 @@ def _check_inputs(q, k, v, alibi_slopes, segment_ids) -> None:
                          f"{tuple(segment_ids.shape)}")
 
 
+def _launch_forward(ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale,
+                    configs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward kernel; keeps the settings and document blocks on `ctx`. Returns the output (laid out like q), the
+    log-sum-exp and the scaled slopes: tensors the caller saves for the backward with `save_for_backward` (an output
+    kept on `ctx` would hold its own graph alive)."""
+    batch, heads, seq_len, head_dim = q.shape
+    kv_heads = k.shape[1]
+    arch = current_arch(q.device)
+    block_d, check_seq, check_d = _flags(seq_len, head_dim, configs)
+    sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    has_alibi, has_segments = alibi_slopes is not None, segment_ids is not None
+    slopes2 = alibi_slopes.to(torch.float32) * LOG2E if has_alibi else q  # q: an unused pointer
+    blocks = _document_blocks(segment_ids) if has_segments else None
+    segments = blocks.segments if has_segments else q.new_empty((1, 1), dtype=torch.int32)
+    cfg = configs.forward
+    ranges = blocks.ranges(cfg.block_m, cfg.block_n) if has_segments else segments
+    # In q's memory layout: a model's q is a (batch, seq, heads, head_dim) projection viewed as (batch, heads, seq,
+    # head_dim), and an output laid out like it is read back as (batch, seq, hidden) without a copy.
+    out = torch.empty_like(q)
+    lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
+    _attention_forward[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
+        q, k, v, out, lse, slopes2, segments, ranges,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), segments.stride(0),
+        heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi,
+        HAS_SEGMENTS=has_segments, CHECK_SEQ=check_seq, CHECK_D=check_d, **cfg.launch_options(arch))
+    ctx.settings = (causal, has_alibi, has_segments, sm_scale, configs)
+    ctx.blocks = blocks  # integer tensors, shared by the layers of a batch: not saved per layer
+    return out, lse, slopes2
+
+
+def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> None:
+    """The backward kernels, writing into dq, dk, dv (any strides with a contiguous head_dim)."""
+    causal, has_alibi, has_segments, sm_scale, configs = ctx.settings
+    blocks = ctx.blocks
+    segments = blocks.segments if has_segments else q.new_empty((1, 1), dtype=torch.int32)
+    batch, heads, seq_len, head_dim = q.shape
+    kv_heads = k.shape[1]
+    arch = current_arch(q.device)
+    block_d, check_seq, check_d = _flags(seq_len, head_dim, configs)
+    grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+
+    def ranges_for(outer: int, inner: int) -> torch.Tensor:
+        return blocks.ranges(outer, inner) if has_segments else segments
+
+    delta = torch.empty_like(lse)
+    flags = dict(BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi, HAS_SEGMENTS=has_segments,
+                 CHECK_SEQ=check_seq, CHECK_D=check_d)
+    cfg = configs.backward_q  # first: it stores delta, which the dK/dV kernel reads
+    _attention_backward_q[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
+        q, k, v, out, grad_out, dq, lse, delta, slopes2, segments, ranges_for(cfg.block_m, cfg.block_n),
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        grad_out.stride(0), grad_out.stride(1), grad_out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
+        segments.stride(0), heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
+    cfg = configs.backward_kv
+    _attention_backward_kv[(triton.cdiv(seq_len, cfg.block_n), batch * kv_heads)](
+        q, k, v, grad_out, dk, dv, lse, delta, slopes2, segments, ranges_for(cfg.block_n, cfg.block_m),
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), segments.stride(0),
+        heads, kv_heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
+
+
 class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs):
-        batch, heads, seq_len, head_dim = q.shape
-        kv_heads = k.shape[1]
-        arch = current_arch(q.device)
-        block_d, check_seq, check_d = _flags(seq_len, head_dim, configs)
-        sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-        has_alibi, has_segments = alibi_slopes is not None, segment_ids is not None
-        slopes2 = alibi_slopes.to(torch.float32) * LOG2E if has_alibi else q  # q: an unused pointer
-        blocks = _document_blocks(segment_ids) if has_segments else None
-        segments = blocks.segments if has_segments else q.new_empty((1, 1), dtype=torch.int32)
-        cfg = configs.forward
-        ranges = blocks.ranges(cfg.block_m, cfg.block_n) if has_segments else segments
-        # In q's memory layout: a model's q is a (batch, seq, heads, head_dim) projection viewed as (batch, heads, seq,
-        # head_dim), and an output laid out like it is read back as (batch, seq, hidden) without a copy.
-        out = torch.empty_like(q)
-        lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
-        _attention_forward[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
-            q, k, v, out, lse, slopes2, segments, ranges,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), segments.stride(0),
-            heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi,
-            HAS_SEGMENTS=has_segments, CHECK_SEQ=check_seq, CHECK_D=check_d, **cfg.launch_options(arch))
+        out, lse, slopes2 = _launch_forward(ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs)
         ctx.save_for_backward(q, k, v, out, lse, slopes2)
-        ctx.settings = (causal, has_alibi, has_segments, sm_scale, configs)
-        ctx.blocks = blocks  # integer tensors, shared by the layers of a batch: not saved per layer
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, slopes2 = ctx.saved_tensors
-        causal, has_alibi, has_segments, sm_scale, configs = ctx.settings
-        blocks = ctx.blocks
-        segments = blocks.segments if has_segments else q.new_empty((1, 1), dtype=torch.int32)
-        batch, heads, seq_len, head_dim = q.shape
-        kv_heads = k.shape[1]
-        arch = current_arch(q.device)
-        block_d, check_seq, check_d = _flags(seq_len, head_dim, configs)
-        grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
-
-        def ranges_for(outer: int, inner: int) -> torch.Tensor:
-            return blocks.ranges(outer, inner) if has_segments else segments
-
-        delta = torch.empty_like(lse)
+        q, k, v, *attention = ctx.saved_tensors
         # Laid out like q, k, v (see the forward's output): their projections' gradients then need no copy either.
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        flags = dict(BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi, HAS_SEGMENTS=has_segments,
-                     CHECK_SEQ=check_seq, CHECK_D=check_d)
-        cfg = configs.backward_q  # first: it stores delta, which the dK/dV kernel reads
-        _attention_backward_q[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
-            q, k, v, out, grad_out, dq, lse, delta, slopes2, segments, ranges_for(cfg.block_m, cfg.block_n),
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-            grad_out.stride(0), grad_out.stride(1), grad_out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-            segments.stride(0), heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
-        cfg = configs.backward_kv
-        _attention_backward_kv[(triton.cdiv(seq_len, cfg.block_n), batch * kv_heads)](
-            q, k, v, grad_out, dk, dv, lse, delta, slopes2, segments, ranges_for(cfg.block_n, cfg.block_m),
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
-            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), segments.stride(0),
-            heads, kv_heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
+        _launch_backward(ctx, q, k, v, *attention, grad_out, dq, dk, dv)
         return dq, dk, dv, None, None, None, None, None
+
+
+class _StackedFlashAttention(torch.autograd.Function):
+    """Attention over q, k, v held side by side in one tensor (one projection made them): the backward writes their
+    gradients side by side into one tensor too, where three separate gradients would be copied into one by
+    autograd to reach the projection."""
+
+    @staticmethod
+    def forward(ctx, qkv, heads, head_dim, causal, alibi_slopes, segment_ids, softmax_scale, configs):
+        out, lse, slopes2 = _launch_forward(ctx, *unstack_qkv(qkv, heads, head_dim), causal, alibi_slopes,
+                                            segment_ids, softmax_scale, configs)
+        ctx.save_for_backward(qkv, out, lse, slopes2)
+        ctx.shape = (heads, head_dim)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qkv, *attention = ctx.saved_tensors
+        grad_qkv = torch.empty_like(qkv)
+        _launch_backward(ctx, *unstack_qkv(qkv, *ctx.shape), *attention, grad_out,
+                         *unstack_qkv(grad_qkv, *ctx.shape))
+        return grad_qkv, None, None, None, None, None, None, None
+
+
+def _configs(q: torch.Tensor, has_segments: bool, configs: Optional[AttentionConfigs]) -> AttentionConfigs:
+    return (configs or attention_configs(current_arch(q.device), q.shape[-1])).specialised(has_segments)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
@@ -666,6 +707,16 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                     softmax_scale: Optional[float] = None, configs: Optional[AttentionConfigs] = None) -> torch.Tensor:
     """The Triton kernel behind pipeline.kernels.flash_attention; `configs` overrides the table (tests)."""
     _check_inputs(q, k, v, alibi_slopes, segment_ids)
-    has_segments = segment_ids is not None
-    configs = (configs or attention_configs(current_arch(q.device), q.shape[-1])).specialised(has_segments)
-    return _FlashAttention.apply(q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs)
+    return _FlashAttention.apply(q, k, v, causal, alibi_slopes, segment_ids, softmax_scale,
+                                 _configs(q, segment_ids is not None, configs))
+
+
+def stacked_flash_attention(qkv: torch.Tensor, heads: int, head_dim: int, *, causal: bool = True,
+                            alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
+                            softmax_scale: Optional[float] = None,
+                            configs: Optional[AttentionConfigs] = None) -> torch.Tensor:
+    """The Triton kernel behind pipeline.kernels.stacked_flash_attention."""
+    q, k, v = unstack_qkv(qkv, heads, head_dim)
+    _check_inputs(q, k, v, alibi_slopes, segment_ids)
+    return _StackedFlashAttention.apply(qkv, heads, head_dim, causal, alibi_slopes, segment_ids, softmax_scale,
+                                        _configs(q, segment_ids is not None, configs))

@@ -16,6 +16,14 @@ import torch
 from pipeline.kernels.fused_head import RowPrimitives
 
 
+def unstack_qkv(qkv: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as (batch, heads, seq, head_dim) views of their stack (batch, seq, (heads + 2 kv_heads) x head_dim)."""
+    batch, seq, width = qkv.shape
+    kv_heads = (width // head_dim - heads) // 2
+    q, k, v = qkv.view(batch, seq, -1, head_dim).split([heads, kv_heads, kv_heads], dim=2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"attention: {q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")

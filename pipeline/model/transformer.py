@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.kernels import add_layer_norm, add_rms_norm, flash_attention, layer_norm, rms_norm
+from pipeline.kernels import (add_layer_norm, add_rms_norm, flash_attention, layer_norm, rms_norm,
+                              stacked_flash_attention, unstack_qkv)
 from pipeline.model.config import ModelConfig, RopeScaling
 
 
@@ -67,6 +68,47 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
 
 
+def stacked_parameter_grads(grad: torch.Tensor, tokens: torch.Tensor, weights: list[torch.Tensor], has_bias: bool,
+                            wanted: tuple[bool, ...]) -> list[Optional[torch.Tensor]]:
+    """Weight and bias gradients of linear layers run as one over their stacked weights (`_StackedLinears`, and the
+    column-parallel layers): `grad` (tokens, stacked outputs) and `tokens` (tokens, inputs) in 2-D; `wanted` says
+    per layer whether its weight and its bias need one. Returns them in that order, None where not wanted."""
+    sizes = [weight.shape[0] for weight in weights]
+    grad_weights = (grad.t() @ tokens).split(sizes) if any(wanted[0::2]) else (None,) * len(sizes)
+    grad_biases = grad.sum(0).split(sizes) if has_bias and any(wanted[1::2]) else (None,) * len(sizes)
+    grads = []
+    for index, (grad_weight, grad_bias) in enumerate(zip(grad_weights, grad_biases)):
+        grads += [grad_weight if wanted[2 * index] else None, grad_bias if wanted[2 * index + 1] else None]
+    return grads
+
+
+class _StackedLinears(torch.autograd.Function):
+    """Linear layers that read the same x (q, k, v; gate, up) as one matrix product over their weights stacked; the
+    stack is built again in the backward rather than kept between the passes. The backward's gradient of x is then one
+    product too, instead of one per layer and the additions of their results."""
+
+    @staticmethod
+    def forward(ctx, x, *weights_and_biases):
+        weights, biases = weights_and_biases[0::2], weights_and_biases[1::2]
+        ctx.save_for_backward(x, *weights)
+        ctx.has_bias = biases[0] is not None
+        return F.linear(x, torch.cat(weights), torch.cat(biases) if ctx.has_bias else None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, *weights = ctx.saved_tensors
+        grad = grad.reshape(-1, grad.shape[-1])
+        grad_x = (grad @ torch.cat(weights)).view(x.shape) if ctx.needs_input_grad[0] else None
+        return grad_x, *stacked_parameter_grads(grad, x.reshape(-1, x.shape[-1]), weights, ctx.has_bias,
+                                                ctx.needs_input_grad[1:])
+
+
+def stacked_linears(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """The outputs of linear layers that all read x, side by side along the last axis, from one matrix product."""
+    parameters = [tensor for layer in layers for tensor in (layer.weight, layer.bias)]
+    return _StackedLinears.apply(x, *parameters)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -81,26 +123,28 @@ class Attention(nn.Module):
         """The ALiBi slope of each of this module's query heads."""
         return shared_alibi_slopes(self.cfg.num_heads, device)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k and v of every token: (batch, seq, heads x head_dim) each."""
-        return self.q(x), self.k(x), self.v(x)
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """q, k and v of every token side by side: (batch, seq, (heads + 2 kv_heads) x head_dim)."""
+        return stacked_linears(x, (self.q, self.k, self.v))
 
     def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         cfg = self.cfg
-        projections = self.project(x)
-        # The shapes follow the projections: a tensor-parallel rank holds a slice of the heads (and, with sequence
+        qkv = self.project(x)
+        # The shapes follow the projection: a tensor-parallel rank holds a slice of the heads (and, with sequence
         # parallelism, x only a part of the tokens).
-        batch, seq, _ = projections[0].shape
-        q, k, v = (projection.view(batch, seq, -1, cfg.head_dim).transpose(1, 2) for projection in projections)
-        slopes = None
+        batch, seq, width = qkv.shape
+        heads = width // cfg.head_dim * cfg.num_heads // (cfg.num_heads + 2 * cfg.num_kv_heads)
         if cfg.position == "rope":
+            q, k, v = unstack_qkv(qkv, heads, cfg.head_dim)
             # Positions count from the start of the sequence, also in packed sequences (documents
             # after the first do not start at 0); segment_ids only keep documents apart.
             cos, sin = shared_rope_tables(cfg, seq, q.dtype, q.device)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            # v copied out of the stack: attention saves v, and a view would keep the unrotated q and k alive too.
+            y = flash_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous(), causal=True,
+                                segment_ids=segment_ids)
         else:
-            slopes = self.alibi_slopes(q.device)
-        y = flash_attention(q, k, v, causal=True, alibi_slopes=slopes, segment_ids=segment_ids)
+            y = stacked_flash_attention(qkv, heads, cfg.head_dim, causal=True, alibi_slopes=self.alibi_slopes(x.device),
+                                        segment_ids=segment_ids)
         return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -114,8 +158,8 @@ class MLP(nn.Module):
         self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.bias)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """What the activation reads: gate and up (SwiGLU), or up alone."""
-        return (self.gate(x), self.up(x)) if self.swiglu else (self.up(x),)
+        """What the activation reads: gate and up (SwiGLU; one product, then views), or up alone."""
+        return stacked_linears(x, (self.gate, self.up)).chunk(2, dim=-1) if self.swiglu else (self.up(x),)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:

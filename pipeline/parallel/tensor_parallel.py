@@ -55,7 +55,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.model.config import ModelConfig
-from pipeline.model.transformer import MLP, Attention, Block, Embedding, Head, LayerNorm, RMSNorm
+from pipeline.model.transformer import (MLP, Attention, Block, Embedding, Head, LayerNorm, RMSNorm,
+                                        stacked_parameter_grads)
 from pipeline.parallel.config import check_tensor_parallel
 
 
@@ -146,46 +147,40 @@ class _ReduceScatterToSequenceParallel(torch.autograd.Function):
 
 
 class _ColumnParallel(torch.autograd.Function):
-    """x -> x W_i^T + b_i for each of the column-parallel layers that read x (q, k, v; gate, up), with x entering
-    the tensor-parallel region once (all-gathered from sequence parts with sequence parallelism). The backward sums
-    the layers' gradients of x, starts their all-reduce (reduce-scatter) over the ranks and computes the weights'
-    gradients while it runs."""
+    """x -> x W_i^T + b_i for each of the column-parallel layers that read x (q, k, v; gate, up), side by side along
+    the last axis from one product over their stacked weights, with x entering the tensor-parallel region once
+    (all-gathered from sequence parts with sequence parallelism). The backward computes x's gradient (one product),
+    starts its all-reduce (reduce-scatter) over the ranks and computes the weights' gradients while it runs."""
 
     @staticmethod
     def forward(ctx, x, group, sequence_parallel, *weights_and_biases):
         whole = _all_gather_sequence(x, group) if sequence_parallel else x
         weights, biases = weights_and_biases[0::2], weights_and_biases[1::2]
         ctx.save_for_backward(whole, *weights)
-        ctx.group, ctx.sequence_parallel = group, sequence_parallel
-        return tuple(F.linear(whole, weight, bias) for weight, bias in zip(weights, biases))
+        ctx.group, ctx.sequence_parallel, ctx.has_bias = group, sequence_parallel, biases[0] is not None
+        return F.linear(whole, torch.cat(weights), torch.cat(biases) if ctx.has_bias else None)
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx, grad):
         whole, *weights = ctx.saved_tensors
-        tokens = whole.reshape(-1, whole.shape[-1])
-        grads = [grad.reshape(-1, grad.shape[-1]) for grad in grads]
+        grad = grad.reshape(-1, grad.shape[-1])
         grad_x, pending = None, None
         if ctx.needs_input_grad[0]:
-            grad_whole = grads[0] @ weights[0]
-            for grad, weight in zip(grads[1:], weights[1:]):
-                grad_whole.addmm_(grad, weight)
-            grad_whole = grad_whole.view(whole.shape)
+            grad_whole = (grad @ torch.cat(weights)).view(whole.shape)
             if ctx.sequence_parallel:
                 grad_x, pending = _reduce_scatter_sequence(grad_whole, ctx.group, async_op=True)
             else:
                 grad_x, pending = grad_whole, dist.all_reduce(grad_whole, group=ctx.group, async_op=True)
-        parameter_grads = []
-        for index, grad in enumerate(grads):
-            needs_weight, needs_bias = ctx.needs_input_grad[3 + 2 * index:5 + 2 * index]
-            parameter_grads += [grad.t() @ tokens if needs_weight else None, grad.sum(0) if needs_bias else None]
+        parameter_grads = stacked_parameter_grads(grad, whole.reshape(-1, whole.shape[-1]), weights, ctx.has_bias,
+                                                  ctx.needs_input_grad[3:])
         if pending is not None:
             pending.wait()
         return grad_x, None, None, *parameter_grads
 
 
-def column_parallel(x: torch.Tensor, layers, group, sequence_parallel: bool) -> tuple[torch.Tensor, ...]:
-    """The outputs of column-parallel `layers` that all read `x`, which enters the tensor-parallel region here
-    (replicated, or this rank's part of the tokens with sequence parallelism)."""
+def column_parallel(x: torch.Tensor, layers, group, sequence_parallel: bool) -> torch.Tensor:
+    """The outputs of column-parallel `layers` that all read `x`, side by side along the last axis; `x` enters the
+    tensor-parallel region here (replicated, or this rank's part of the tokens with sequence parallelism)."""
     parameters = [tensor for layer in layers for tensor in (layer.weight, layer.bias)]
     return _ColumnParallel.apply(x, group, sequence_parallel, *parameters)
 
@@ -413,7 +408,7 @@ class TensorParallelAttention(Attention):
     def alibi_slopes(self, device: torch.device) -> torch.Tensor:
         return super().alibi_slopes(device)[self.heads]
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor) -> torch.Tensor:
         return column_parallel(x, (self.q, self.k, self.v), self.group, self.sequence_parallel)
 
 
@@ -431,8 +426,9 @@ class TensorParallelMLP(MLP):
         self.down = RowParallelLinear(full.down, group, sequence_parallel)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        layers = (self.gate, self.up) if self.swiglu else (self.up,)
-        return column_parallel(x, layers, self.group, self.sequence_parallel)
+        if self.swiglu:
+            return column_parallel(x, (self.gate, self.up), self.group, self.sequence_parallel).chunk(2, dim=-1)
+        return (column_parallel(x, (self.up,), self.group, self.sequence_parallel),)
 
 
 def apply_tensor_parallel(part: nn.Module, cfg: ModelConfig, group, sequence_parallel: bool = False) -> nn.Module:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.kernels import (add_layer_norm, add_rms_norm, flash_attention, kernel_backend, layer_norm,
-                              linear_cross_entropy, rms_norm, vocab_shard_statistics)
+                              linear_cross_entropy, rms_norm, stacked_flash_attention, vocab_shard_statistics)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
@@ -79,6 +79,16 @@ def test_attention_matches_reference_in_bf16(batch, heads, kv_heads, seq, head_d
     elif segments == "packed":
         segment_ids = packed_rows(batch, seq).cuda()
     compare_with_reference(flash_attention, [q, k, v], causal=causal, alibi_slopes=slopes, segment_ids=segment_ids)
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_stacked_attention_matches_reference_in_bf16(kv_heads):
+    """q, k, v side by side as one projection makes them (a model's layout), packed rows: output and gradient."""
+    torch.manual_seed(kv_heads)
+    qkv = torch.randn(4, 2048, (8 + 2 * kv_heads) * 128, device="cuda", dtype=torch.bfloat16)
+    slopes = torch.rand(8, device="cuda") * 0.5
+    compare_with_reference(stacked_flash_attention, [qkv], heads=8, head_dim=128, alibi_slopes=slopes,
+                           segment_ids=packed_rows(4, 2048).cuda())
 
 
 @pytest.mark.parametrize("shape", [(4, 1000, 4096), (3000, 5120), (77, 8191)])

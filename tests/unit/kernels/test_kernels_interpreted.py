@@ -133,6 +133,18 @@ def check_attention_matches_reference(interpreted, batch, heads, kv_heads, seq, 
     compare_with_reference(kernels.flash_attention, reference.attention, [q, k, v], dtype, **kwargs)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def check_stacked_attention_matches_reference(interpreted, dtype):
+    """q, k, v side by side in one tensor (GQA: 4 query and 2 key/value heads), with ALiBi and documents: the output,
+    and the one gradient that holds all three."""
+    torch.manual_seed(2)
+    qkv = torch.randn(2, 97, (4 + 2 * 2) * 32, dtype=dtype)
+    kwargs = dict(alibi_slopes=torch.rand(4) * 0.5, segment_ids=packed_documents(2, 97, [30, 50, 17]))
+    compare_with_reference(lambda qkv, **kw: kernels.stacked_flash_attention(qkv, 4, 32, **kw),
+                           lambda qkv, **kw: reference.attention(*reference.unstack_qkv(qkv, 4, 32), **kw), [qkv],
+                           dtype, **kwargs)
+
+
 @pytest.mark.parametrize("arch", sorted(ATTENTION))
 def check_attention_with_each_architecture_tiles(interpreted, arch):
     """The tile sizes of every table entry give the same result (the interpreter ignores warps and stages), dense

@@ -1,4 +1,4 @@
-"""The transformer on its own: presets, config checks, ALiBi slopes, packed documents, FLOPs."""
+"""The transformer on its own: presets, config checks, ALiBi slopes, packed documents, FLOPs, stacked projections."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pipeline.config import CONF_DIR
 from pipeline.errors import ConfigError
 from pipeline.model.config import ModelConfig, RopeScaling, flops_per_token, parameter_count, validate_model
 from pipeline.model.transformer import (Transformer, alibi_slopes, rope_cos_sin, rope_frequencies, shared_alibi_slopes,
-                                        shared_rope_tables)
+                                        shared_rope_tables, stacked_linears)
 
 PRESETS = ("tiny", "bloom-560m", "bloom-1b7", "bloom-7b1", "mistral-7b", "llama-3.2-1b", "llama-3.1-8b", "llama-2-13b",
            "poro-34b", "llama-3.1-70b", "megatron-146b", "bloom-176b")
@@ -157,3 +157,24 @@ def test_layers_share_one_rope_table_and_slope_tensor_per_shape_and_device():
     assert not torch.equal(shared_rope_tables(scaled, 32, torch.float32, cpu)[0], cos)
     assert shared_alibi_slopes(12, cpu) is shared_alibi_slopes(12, cpu)
     assert torch.equal(shared_alibi_slopes(12, cpu), alibi_slopes(12))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_stacked_linears_match_the_layers_one_by_one(bias):
+    """q, k, v (gate, up) from one product over their stacked weights: the same outputs and gradients as the layers
+    run apart, also when some of the weights are frozen."""
+    torch.manual_seed(0)
+    layers = tuple(torch.nn.Linear(16, width, bias=bias).double() for width in (8, 4, 4))
+    x = torch.randn(2, 5, 16, dtype=torch.double, requires_grad=True)
+    for frozen in (None, layers[1].weight):
+        if frozen is not None:
+            frozen.requires_grad_(False)
+        stacked = stacked_linears(x, layers).split([8, 4, 4], dim=-1)
+        apart = [layer(x) for layer in layers]
+        for mine, theirs in zip(stacked, apart, strict=True):
+            torch.testing.assert_close(mine, theirs)
+        trained = [x] + [p for layer in layers for p in layer.parameters() if p.requires_grad]
+        grads = [torch.randn_like(out) for out in apart]
+        for mine, theirs in zip(torch.autograd.grad(stacked, trained, grads), torch.autograd.grad(apart, trained, grads),
+                                strict=True):
+            torch.testing.assert_close(mine, theirs)
