@@ -9,6 +9,10 @@ the switch):
   gradients keep their input's memory layout); k and v may have fewer heads (GQA/MQA); `alibi_slopes` holds
   the slopes of the caller's own heads (tensor parallelism passes its slice); `segment_ids` (batch, seq)
   keeps attention within each packed document. Head dims up to 128 in the Triton kernel.
+- `stacked_flash_attention(qkv, heads, head_dim, *, causal=True, alibi_slopes=None, segment_ids=None,
+  softmax_scale=None)`: the same over q, k, v side by side in one (batch, seq, (heads + 2 kv_heads) x head_dim)
+  tensor, as one projection makes them (`unstack_qkv(qkv, heads, head_dim)` gives the three views); the Triton
+  kernel's gradient is one tensor like qkv.
 - `rms_norm(x, weight, eps)` and `layer_norm(x, weight, bias, eps)` (bias may be None): over the last axis,
   statistics in float32, output in x's dtype; the Triton kernels hold a row whole (hidden size <= 65536).
 - `add_rms_norm(x, addend, weight, eps)` and `add_layer_norm(x, addend, weight, bias, eps)` -> `(total, normed)`:
