@@ -12,8 +12,8 @@
 
 Each row-parallel layer all-reduces its output in the forward. In the backward, the gradient of an input that
 column-parallel layers share is all-reduced once, where it enters the attention, the MLP or the LM head: one
-all-reduce for q, k and v together and one for gate and up (`column_parallel`), as with Megatron's fused
-projections, which the separate projections here avoid so that every tensor keeps the single model's name; and, as
+all-reduce for q, k and v together and one for gate and up (`column_parallel`, one product over their weights
+stacked on the fly, as Megatron's fused projections are, while every tensor keeps the single model's name); and, as
 in Megatron, that all-reduce runs while the same layers compute their weights' gradients, which do not need it
 (on two H200 it gained little: the all-reduce kernels wait for the GEMMs' SMs; BENCHMARKS.md). So a block costs two
 all-reduces of its activations in the forward and two in the backward, in the activations' dtype (bf16 in training
