@@ -356,6 +356,34 @@ def check_block_matches_its_reference(interpreted, position):
             assert_close(actual, expected, torch.float32, name)
 
 
+def check_kernel_outputs_free_their_graph_without_the_garbage_collector(interpreted):
+    """An autograd Function that keeps its own output on `ctx` (rather than through save_for_backward) makes a
+    reference cycle: the output, its graph and every saved activation then live until the garbage collector runs,
+    which in training means out of memory. Each kernel's output must go as soon as its last reference does."""
+    import gc
+    import weakref
+
+    torch.manual_seed(6)
+    qkv = torch.randn(1, 40, 4 * 16, requires_grad=True)
+    q, k, v = (torch.randn(1, 2, 40, 16, requires_grad=True) for _ in range(3))
+    x, addend, weight = torch.randn(5, 32, requires_grad=True), torch.randn(5, 32), torch.randn(32, requires_grad=True)
+    calls = {
+        "flash_attention": lambda: kernels.flash_attention(q, k, v, alibi_slopes=torch.rand(2)),
+        "stacked_flash_attention": lambda: kernels.stacked_flash_attention(qkv, 2, 16),
+        "layer_norm": lambda: kernels.layer_norm(x, weight, None, 1e-5),
+        "add_rms_norm": lambda: kernels.add_rms_norm(x, addend, weight, 1e-5)[1],
+    }
+    gc.disable()
+    try:
+        for name, call in calls.items():
+            out = call()
+            alive = weakref.ref(out)
+            del out
+            assert alive() is None, f"{name}: its output outlives its last reference (a reference cycle)"
+    finally:
+        gc.enable()
+
+
 def check_linear_cross_entropy_matches_reference(interpreted):
     """Vocab wider than one block (1024 in the interpreter) with a ragged tail; chunks of 8 rows; ignored targets."""
     torch.manual_seed(0)
