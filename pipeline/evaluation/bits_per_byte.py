@@ -148,14 +148,18 @@ def score_rows(model: torch.nn.Module, rows: ScoringRows, batch_size: int, devic
                                     for array in (rows.inputs, rows.labels, rows.segment_ids))
         logits = model(inputs, segments)
         for row in range(len(inputs)):  # one row's log-softmax at a time: a large vocabulary stays in memory
-            nats += summed_nll(logits[row], labels[row]).double().item()
-            if first_added is not None:
-                scored = labels[row] != IGNORE
-                is_base = labels[row][scored] < first_added
-                log_probs = torch.log_softmax(logits[row][scored].float(), dim=-1)
-                mass += log_probs[is_base, first_added:].logsumexp(dim=-1).exp().double().sum().item()
-                base_targets += int(is_base.sum())
-                added_targets += int((~is_base).sum())
+            if first_added is None:
+                nats += summed_nll(logits[row], labels[row]).double().item()
+                continue
+            # The NLL and the added tokens' share from one log-softmax of the row.
+            scored = labels[row] != IGNORE
+            targets = labels[row][scored]
+            log_probs = torch.log_softmax(logits[row][scored].float(), dim=-1)
+            nats -= log_probs.gather(1, targets[:, None]).double().sum().item()
+            is_base = targets < first_added
+            mass += log_probs[is_base, first_added:].logsumexp(dim=-1).exp().double().sum().item()
+            base_targets += int(is_base.sum())
+            added_targets += int((~is_base).sum())
         if progress is not None:
             progress.update(int((labels != IGNORE).sum()))
     if first_added is None:

@@ -257,9 +257,11 @@ def run_evaluate(run: StageRun) -> dict:
     tasks, skipped_tasks = read_tasks(run, records[HELDOUT])
     texts = {name: [text for text, _ in documents] for name, documents in records.items()}
     scores, task_results, reproduced, added = {}, {}, {}, {}
-    base_vocab = load_tokenizer(found["base"]).get_vocab() if "base" in found else None
+    base_vocab = None  # the base comes first in `found`
     for name, folder in found.items():
         loaded = load_model(run, name, folder, device)
+        if name == "base":
+            base_vocab = loaded.tokenizer.get_vocab()
         first_added = None if name == "base" else first_added_id(base_vocab, loaded.tokenizer)
         scored = {set_name: score_set(run, loaded, text_set, texts[set_name], device,
                                       first_added if set_name == BASE_LANG else None)
