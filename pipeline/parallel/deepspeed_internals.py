@@ -11,7 +11,8 @@ CPU, the training engine keeps DeepSpeed from compiling its shared-memory collec
 (`skip_cpu_shared_memory_collective`), and its held-out loss crosses the pipeline in one shape on every stage
 (`broadcast_eval_loss_in_one_shape`); DeepSpeed's Muon optimizer, which ZeRO imports, is imported without compiling
 its kernel (`import_muon_uncompiled`); in bf16 the ZeRO optimizer's per-tensor overflow scan is left out where the
-gradient norm decides the same (`leave_out_overflow_scan`).
+gradient norm decides the same (`leave_out_overflow_scan`), and that norm is taken in a few launches rather than two
+per tensor (`grad_norm_in_few_launches`, which replaces ZeRO's `get_grad_norm_direct`).
 
 Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later DeepSpeed may
 rename any of these; the CPU tests (tests/unit/parallel/test_tensor_parallel.py, tests/stages/test_pretrain.py) fail if one moved.
@@ -21,10 +22,13 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections import defaultdict
 
 import deepspeed.ops
 import torch
+from deepspeed import comm
 from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+from deepspeed.runtime.utils import is_model_parallel_parameter, mask_nan_or_inf_with_val_inplace
 from torch import nn
 
 
@@ -116,3 +120,40 @@ def leave_out_overflow_scan(engine) -> None:
     optimizer = engine.optimizer
     if getattr(optimizer, "check_grad_overflow", False) and getattr(optimizer, "compute_grad_norm", False):
         optimizer.check_overflow = lambda partition_gradients=True: None
+
+
+def grad_norm_in_few_launches(engine) -> None:
+    """DeepSpeed's ZeRO optimizer takes the global gradient norm (`get_grad_norm_direct`) a tensor at a time: each
+    gradient copied to float64, then its norm, two launches per tensor issued from the host. For a 1.3B model that is
+    780 launches at the end of every step with the GPU waiting for them (one H100's trace). The replacement counts
+    the same tensors (not the alignment padding, not a pipeline-replicated copy, the model-parallel ones on every
+    rank and the others on model-parallel rank 0) and takes their norms with torch._foreach_norm, a few launches
+    per dtype, each tensor's sum of squares in float32 and their total in float64; the reductions over the
+    data- and model-parallel groups and the masking of a non-finite norm (which skips the step) are DeepSpeed's."""
+    optimizer = engine.optimizer
+    own = getattr(optimizer, "get_grad_norm_direct", None)
+    if own is None:
+        return
+
+    def grad_norm(gradients, params, norm_type=2):
+        if float(norm_type) != 2.0:
+            return own(gradients, params, norm_type)
+        unpadded = (g for g in gradients if not getattr(g, "_zero_padding", False))
+        by_kind = defaultdict(list)
+        for gradient, param in zip(unpadded, params):
+            if getattr(param, "ds_pipe_replicated", False):
+                continue
+            if is_model_parallel_parameter(param) or optimizer.model_parallel_rank == 0:
+                by_kind[(gradient.device, gradient.dtype)].append(gradient.detach())
+        total = torch.zeros((), dtype=torch.float64, device=optimizer.device)
+        for tensors in by_kind.values():
+            norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
+            total += torch.stack(norms).to(torch.float64).square().sum()
+        total = total.float()
+        comm.all_reduce(total, op=comm.ReduceOp.SUM, group=optimizer.dp_process_group)
+        optimizer._model_parallel_all_reduce(tensor=total, op=comm.ReduceOp.SUM)
+        total = total.sqrt()
+        mask_nan_or_inf_with_val_inplace(total, device=optimizer.device)
+        return total
+
+    optimizer.get_grad_norm_direct = grad_norm

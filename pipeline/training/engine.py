@@ -23,9 +23,9 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from pipeline.model.config import ModelConfig
 from pipeline.parallel.ranks import bound_collectives
 from pipeline.parallel.config import ParallelConfig
-from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_shape, holds_first_layer,
-                                                   import_muon_uncompiled, leave_out_overflow_scan,
-                                                   skip_cpu_shared_memory_collective)
+from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_shape, grad_norm_in_few_launches,
+                                                   holds_first_layer, import_muon_uncompiled,
+                                                   leave_out_overflow_scan, skip_cpu_shared_memory_collective)
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
 from pipeline.training.config import TrainConfig, lr_factor, use_bf16
 from pipeline.training.job import VOCABULARY_MATRICES
@@ -149,6 +149,7 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     broadcast_eval_loss_in_one_shape(engine)
     leave_out_overflow_scan(engine)
+    grad_norm_in_few_launches(engine)
     grid = engine.grid
     return Engine(engine=engine, layers=layers,
                   dp_rank=grid.get_data_parallel_rank(), dp_world=grid.get_data_parallel_world_size())

@@ -5,7 +5,7 @@ tiny ALiBi (BLOOM-style: tied head, biases, embedding LayerNorm) and RoPE (Llama
 models train 5 steps on the real engine with every parameter trainable and gradient clipping active, as one
 process and as TP-only, PP-only, DP-only (2 ranks) and TP=2 x PP=2 x DP=2 (8 ranks), the tensor-parallel layouts
 also with sequence parallelism, the fused head's tokens cut into several chunks: losses, global gradient norms and
-the saved full weights must agree; in bf16 over two data-parallel ranks, a non-finite gradient on one rank skips the
+the saved full weights must agree, and each gradient norm must be the one DeepSpeed's own loop takes; in bf16 over two data-parallel ranks, a non-finite gradient on one rank skips the
 step on both. The rank entries below run in the ranks that `pipeline.parallel.ranks` starts;
 each launch runs all of its layouts one after the other, to start as few processes as possible.
 """
@@ -232,6 +232,16 @@ def _train(model: str, layout: tuple, work_dir: Path) -> dict:
                           trainable=lambda _: True)
     ds = engine.engine
     losses, norms = [], []
+    # The engine's gradient norm (grad_norm_in_few_launches) beside DeepSpeed's own on the same gradients.
+    ours, both = ds.optimizer.get_grad_norm_direct, []
+
+    def with_deepspeeds_own(gradients, params, norm_type=2):
+        norm = ours(gradients, params, norm_type)
+        own = type(ds.optimizer).get_grad_norm_direct(ds.optimizer, gradients, params, norm_type)
+        both.append((float(norm), float(own)))
+        return norm
+
+    ds.optimizer.get_grad_norm_direct = with_deepspeeds_own
     for tokens, segments in _batches(MODELS[model].vocab_size, engine.dp_rank, engine.dp_world):
         losses.append(float(ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device)))))
         norms.append(float(ds.get_global_grad_norm()))
@@ -244,7 +254,8 @@ def _train(model: str, layout: tuple, work_dir: Path) -> dict:
         join_parts(sorted(parts.glob("stage*.safetensors")), work_dir / f"trained-{name}.safetensors")
     sequence_parallel_norms = sum(isinstance(module, (SequenceParallelLayerNorm, SequenceParallelRMSNorm))
                                   for module in ds.module.modules())
-    return {"losses": losses, "grad_norms": norms, "sequence_parallel_norms": sequence_parallel_norms}
+    return {"losses": losses, "grad_norms": norms, "norms_beside_deepspeeds": both,
+            "sequence_parallel_norms": sequence_parallel_norms}
 
 
 def _non_finite_gradient_skips_the_step(work_dir: Path) -> dict:
@@ -375,6 +386,11 @@ def test_acceptance_every_layout_trains_like_one_process(trained, model):
     assert reference.keys() == initial.keys()
     for name, tensor in reference.items():
         assert not torch.equal(tensor, initial[name]), f"{name} did not train"
+    for layout in (SINGLE, *LAYOUTS_OF_TWO, *LAYOUTS_OF_EIGHT):
+        # every step's norm of each parameter group as DeepSpeed's own per-tensor loop takes it (each stage, the
+        # replicated tied copy)
+        pairs = results[f"{model} {layout_name(layout)}"]["norms_beside_deepspeeds"]
+        assert len(pairs) >= TRAIN.steps and all(ours == pytest.approx(own, rel=1e-6) for ours, own in pairs), pairs
     for layout in (*LAYOUTS_OF_TWO, *LAYOUTS_OF_EIGHT):
         run = results[f"{model} {layout_name(layout)}"]
         # rank 0's stage: at least the first block's norms (and the embedding's) work on sequence parts
