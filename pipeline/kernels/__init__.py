@@ -17,7 +17,8 @@ the switch):
   statistics in float32, output in x's dtype; the Triton kernels hold a row whole (hidden size <= 65536).
 - `add_rms_norm(x, addend, weight, eps)` and `add_layer_norm(x, addend, weight, bias, eps)` -> `(total, normed)`:
   total = x + addend (same shape and dtype) and its norm, in one pass over the rows (a block's residual stream
-  and its attention output); the backward adds total's own gradient into the norm's.
+  and its attention output, or the previous block's MLP output); the backward adds total's own gradient into the
+  norm's.
 - `linear_cross_entropy(hidden, weight, targets, ignore_index=-100, chunk_size=None, reduction="mean",
   shard=None)`: the mean (or sum) cross-entropy of the LM head `hidden @ weight.T` (hidden (..., d), weight
   (vocab, d), targets hidden.shape[:-1]) over the targets that are not `ignore_index`, computed `chunk_size` rows

@@ -179,10 +179,20 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        # The residual addition after attention runs inside the MLP's norm (one pass over the activations, and
-        # in the backward the residual's gradient is added there too).
-        x, normed = self.mlp_norm.add_forward(x, self.attn(self.attn_norm(x), segment_ids))
-        return x + self.mlp(normed)
+        x, owed = self.residual_parts(x, segment_ids)
+        return x + owed
+
+    def residual_parts(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None,
+                       owed: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's residual stream and its MLP's output, not yet added to it: the next block adds that inside
+        its first norm, as this one adds `owed` (the previous block's) and its attention's output inside its norms.
+        Each addition is then one pass over the activations, and so is its gradient's in the backward."""
+        if owed is None:
+            normed = self.attn_norm(x)
+        else:
+            x, normed = self.attn_norm.add_forward(x, owed)
+        x, normed = self.mlp_norm.add_forward(x, self.attn(normed, segment_ids))
+        return x, self.mlp(normed)
 
 
 class Embedding(nn.Module):
@@ -248,10 +258,10 @@ class Transformer(nn.Module):
             raise ValueError(f"A sequence of {input_ids.shape[1]} tokens is longer than the model's sliding "
                              f"attention window ({window} tokens, model.sliding_window), which the attention "
                              f"kernels do not implement: use sequences of at most {window} tokens.")
-        x = self.embedding(input_ids)
+        x, owed = self.embedding(input_ids), None
         for block in self.blocks:
-            x = block(x, segment_ids)
-        return self.final_norm(x)
+            x, owed = block.residual_parts(x, segment_ids, owed)
+        return self.final_norm.add_forward(x, owed)[1]
 
 
 # The tensors with one row per vocabulary entry, padded to `pad_vocab_multiple` rows.

@@ -1,7 +1,9 @@
 """The transformer as DeepSpeed pipeline layers: embedding, blocks, final norm, head.
 
 Between stages an activation is `hidden` or `(hidden, segment_ids)`; the first layer takes the token ids
-(or `(token_ids, segment_ids)`). With tied embeddings the embedding is a TiedLayerSpec on the first and the
+(or `(token_ids, segment_ids)`). Within a stage run without activation checkpointing, a block hands the next layer
+its MLP's output unadded (`Owed`), which that layer adds inside its first norm; the stage's last block adds it
+itself, so that what crosses stages and checkpoints is one tensor. With tied embeddings the embedding is a TiedLayerSpec on the first and the
 last stage, and DeepSpeed sums the two stages' gradients of the shared matrix. Layer i of the pipeline
 holds the Transformer's module `LAYER_PREFIXES(i)`, so a stage's weights load from (and save to) the
 single-model names of a safetensors file.
@@ -14,6 +16,7 @@ this rank's vocabulary rows of the head.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -41,6 +44,14 @@ def _join(hidden: torch.Tensor, segment_ids: Optional[torch.Tensor]):
     return hidden if segment_ids is None else (hidden, segment_ids)
 
 
+@dataclass(frozen=True)
+class Owed:
+    """A block's output within a stage: the residual stream and the MLP's output still to be added to it."""
+    hidden: torch.Tensor
+    owed: torch.Tensor
+    segment_ids: Optional[torch.Tensor]
+
+
 class EmbeddingLayer(Embedding):
     def forward(self, inputs):
         token_ids, segment_ids = _split(inputs)
@@ -48,26 +59,38 @@ class EmbeddingLayer(Embedding):
 
 
 class BlockLayer(Block):
+    # Set by pipeline_module where the next layer runs on this stage and no checkpoint starts between them.
+    hands_on_owed = False
+
     def forward(self, inputs):
-        hidden, segment_ids = _split(inputs)
-        return _join(super().forward(hidden, segment_ids), segment_ids)
+        if isinstance(inputs, Owed):
+            hidden, owed, segment_ids = inputs.hidden, inputs.owed, inputs.segment_ids
+        else:
+            (hidden, segment_ids), owed = _split(inputs), None
+        hidden, mlp_out = self.residual_parts(hidden, segment_ids, owed)
+        if self.hands_on_owed:
+            return Owed(hidden, mlp_out, segment_ids)
+        return _join(hidden + mlp_out, segment_ids)
 
 
-class FinalRMSNormLayer(RMSNorm):
+class _FinalNorm:
+    """The final norm as a pipeline layer (before RMSNorm or LayerNorm in the bases): it adds the last block's owed
+    output inside the norm. Document boundaries end here: the head and the loss look at each token alone."""
+
+    def forward(self, inputs):
+        if isinstance(inputs, Owed):
+            return self.add_forward(inputs.hidden, inputs.owed)[1]
+        return super().forward(_split(inputs)[0])
+
+
+class FinalRMSNormLayer(_FinalNorm, RMSNorm):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg.hidden_size, cfg.norm_eps)
 
-    def forward(self, inputs):
-        # Document boundaries end here: the head and the loss look at each token alone.
-        return super().forward(_split(inputs)[0])
 
-
-class FinalLayerNormLayer(LayerNorm):
+class FinalLayerNormLayer(_FinalNorm, LayerNorm):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
-
-    def forward(self, inputs):
-        return super().forward(_split(inputs)[0])
 
 
 class SequenceParallelFinalRMSNormLayer(FinalRMSNormLayer, SequenceParallelRMSNorm):
@@ -218,6 +241,13 @@ def pipeline_module(cfg: ModelConfig, num_stages: int, topology=None, partition_
     group = slice_parallel_group(module)
     if dist.get_world_size(group) > 1:
         _tensor_parallel_stage(module, cfg, group, sequence_parallel)
+    if checkpoint_interval == 0:
+        # A checkpoint would save the owed output too, and a stage's output crosses to the next stage: there the
+        # block adds it itself.
+        blocks = [layer for _, layer in local_layers(module, cfg) if isinstance(layer, BlockLayer)]
+        last_here = local_layer(module, local_layer_indices(module)[-1])
+        for block in blocks:
+            block.hands_on_owed = block is not last_here
     return module
 
 

@@ -5,7 +5,8 @@ tiny ALiBi (BLOOM-style: tied head, biases, embedding LayerNorm) and RoPE (Llama
 models train 5 steps on the real engine with every parameter trainable and gradient clipping active, as one
 process and as TP-only, PP-only, DP-only (2 ranks) and TP=2 x PP=2 x DP=2 (8 ranks), the tensor-parallel layouts
 also with sequence parallelism, the fused head's tokens cut into several chunks: losses, global gradient norms and
-the saved full weights must agree, and each gradient norm must be the one DeepSpeed's own loop takes; in bf16 over two data-parallel ranks, a non-finite gradient on one rank skips the
+the saved full weights must agree (on one stage a block leaves its MLP's output to the next layer to add; a stage's
+last layer adds its own), and each gradient norm must be the one DeepSpeed's own loop takes; in bf16 over two data-parallel ranks, a non-finite gradient on one rank skips the
 step on both. The rank entries below run in the ranks that `pipeline.parallel.ranks` starts;
 each launch runs all of its layouts one after the other, to start as few processes as possible.
 """
@@ -254,8 +255,10 @@ def _train(model: str, layout: tuple, work_dir: Path) -> dict:
         join_parts(sorted(parts.glob("stage*.safetensors")), work_dir / f"trained-{name}.safetensors")
     sequence_parallel_norms = sum(isinstance(module, (SequenceParallelLayerNorm, SequenceParallelRMSNorm))
                                   for module in ds.module.modules())
+    # blocks of rank 0's stage that leave their MLP's output to the next layer to add (not the stage's last block)
+    handing_on = sum(getattr(module, "hands_on_owed", False) for module in ds.module.modules())
     return {"losses": losses, "grad_norms": norms, "norms_beside_deepspeeds": both,
-            "sequence_parallel_norms": sequence_parallel_norms}
+            "sequence_parallel_norms": sequence_parallel_norms, "blocks_handing_on": handing_on}
 
 
 def _non_finite_gradient_skips_the_step(work_dir: Path) -> dict:
@@ -389,7 +392,11 @@ def test_acceptance_every_layout_trains_like_one_process(trained, model):
     for layout in (SINGLE, *LAYOUTS_OF_TWO, *LAYOUTS_OF_EIGHT):
         # every step's norm of each parameter group as DeepSpeed's own per-tensor loop takes it (each stage, the
         # replicated tied copy)
-        pairs = results[f"{model} {layout_name(layout)}"]["norms_beside_deepspeeds"]
+        run = results[f"{model} {layout_name(layout)}"]
+        # two blocks: on one stage each hands its MLP's output on (the second to the final norm); over two stages
+        # the first stage's block adds its own
+        assert run["blocks_handing_on"] == (2 if layout[1] == 1 else 0), layout_name(layout)
+        pairs = run["norms_beside_deepspeeds"]
         assert len(pairs) >= TRAIN.steps and all(ours == pytest.approx(own, rel=1e-6) for ours, own in pairs), pairs
     for layout in (*LAYOUTS_OF_TWO, *LAYOUTS_OF_EIGHT):
         run = results[f"{model} {layout_name(layout)}"]
