@@ -141,9 +141,11 @@ def document_ids(step: int, rows: int, seq_len: int, mean: int) -> torch.Tensor:
 
 
 def micro_batches(rows: torch.Tensor, micro: int, device):
-    """(input ids, labels) per micro-batch, as DeepSpeed's pipeline engine reads them."""
+    """(input ids, labels) per micro-batch, as DeepSpeed's pipeline engine reads them; the rows go to the device in
+    one copy, as pipeline/training/heldout.py's do."""
+    rows = rows.to(device)
     for start in range(0, len(rows), micro):
-        window = rows[start:start + micro].to(device, non_blocking=True)
+        window = rows[start:start + micro]
         yield window[:, :-1], window[:, 1:]
 
 
@@ -240,10 +242,11 @@ def plain_trainer(model: torch.nn.Module, logits_of, train: TrainConfig, device:
 
     def step(rows: torch.Tensor, micro: int, segments: torch.Tensor | None = None) -> torch.Tensor:
         total = torch.zeros((), device=device)
+        segments = None if segments is None else segments.to(device)
         for index, (ids, labels) in enumerate(micro_batches(rows, micro, device)):
             extra = ()
             if segments is not None:
-                extra = (segments[index * micro:(index + 1) * micro, :-1].to(device, non_blocking=True),)
+                extra = (segments[index * micro:(index + 1) * micro, :-1],)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = logits_of(ids, *extra)
             # Ours: float32 cross-entropy of the next token at every position, averaged over the micro-batches.
