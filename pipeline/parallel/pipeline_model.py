@@ -46,9 +46,9 @@ def _join(hidden: torch.Tensor, segment_ids: Optional[torch.Tensor]):
 
 @dataclass(frozen=True)
 class Owed:
-    """A block's output within a stage: the residual stream and the MLP's output still to be added to it."""
+    """A block's output within a stage: the residual stream, and the MLP's output still to be added to it."""
     hidden: torch.Tensor
-    owed: torch.Tensor
+    addend: torch.Tensor
     segment_ids: Optional[torch.Tensor]
 
 
@@ -64,7 +64,7 @@ class BlockLayer(Block):
 
     def forward(self, inputs):
         if isinstance(inputs, Owed):
-            hidden, owed, segment_ids = inputs.hidden, inputs.owed, inputs.segment_ids
+            hidden, owed, segment_ids = inputs.hidden, inputs.addend, inputs.segment_ids
         else:
             (hidden, segment_ids), owed = _split(inputs), None
         hidden, mlp_out = self.residual_parts(hidden, segment_ids, owed)
@@ -79,7 +79,7 @@ class _FinalNorm:
 
     def forward(self, inputs):
         if isinstance(inputs, Owed):
-            return self.add_forward(inputs.hidden, inputs.owed)[1]
+            return self.add_forward(inputs.hidden, inputs.addend)[1]
         return super().forward(_split(inputs)[0])
 
 
