@@ -179,8 +179,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x, owed = self.residual_parts(x, segment_ids)
-        return x + owed
+        x, mlp_out = self.residual_parts(x, segment_ids)
+        return x + mlp_out
 
     def residual_parts(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None,
                        owed: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:

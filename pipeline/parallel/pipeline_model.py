@@ -3,8 +3,8 @@
 Between stages an activation is `hidden` or `(hidden, segment_ids)`; the first layer takes the token ids
 (or `(token_ids, segment_ids)`). Within a stage run without activation checkpointing, a block hands the next layer
 its MLP's output unadded (`Owed`), which that layer adds inside its first norm; the stage's last block adds it
-itself, so that what crosses stages and checkpoints is one tensor. With tied embeddings the embedding is a TiedLayerSpec on the first and the
-last stage, and DeepSpeed sums the two stages' gradients of the shared matrix. Layer i of the pipeline
+itself, so that what crosses stages and checkpoints is one tensor. With tied embeddings the embedding is a
+TiedLayerSpec on the first and the last stage, and DeepSpeed sums the two stages' gradients of the shared matrix. Layer i of the pipeline
 holds the Transformer's module `LAYER_PREFIXES(i)`, so a stage's weights load from (and save to) the
 single-model names of a safetensors file.
 

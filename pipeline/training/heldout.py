@@ -30,8 +30,8 @@ def load_rows(path: Path) -> ScoringRows:
 
 # Each function below copies all of its rows to the device at once, when the engine asks for the first micro-batch:
 # a copy from pageable host memory waits until the GPU has run everything queued before it, and one per micro-batch
-# left the GPU idle at every micro-batch while the host queued the next one's work (3-4 ms per micro-batch in an
-# H100 trace of the 1.3B model).
+# left the GPU idle at every micro-batch while the host queued the next one's work (2-4 ms per micro-batch in a
+# profiled H100 step of the 1.3B model).
 
 def micro_batches(tokens: np.ndarray, segment_ids: np.ndarray, micro: int, device: torch.device):
     """((input ids, segment ids), labels) of training windows (seq_len + 1 tokens each), `micro` at a time."""
