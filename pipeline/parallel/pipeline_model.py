@@ -4,9 +4,9 @@ Between stages an activation is `hidden` or `(hidden, segment_ids)`; the first l
 (or `(token_ids, segment_ids)`). Within a stage run without activation checkpointing, a block hands the next layer
 its MLP's output unadded (`Owed`), which that layer adds inside its first norm; the stage's last block adds it
 itself, so that what crosses stages and checkpoints is one tensor. With tied embeddings the embedding is a
-TiedLayerSpec on the first and the last stage, and DeepSpeed sums the two stages' gradients of the shared matrix. Layer i of the pipeline
-holds the Transformer's module `LAYER_PREFIXES(i)`, so a stage's weights load from (and save to) the
-single-model names of a safetensors file.
+TiedLayerSpec on the first and the last stage, and DeepSpeed sums the two stages' gradients of the shared matrix.
+Layer i of the pipeline holds the Transformer's module `LAYER_PREFIXES(i)`, so a stage's weights load from (and
+save to) the single-model names of a safetensors file.
 
 The last layer hands the hidden states and the head's weight to the loss, which fuses the LM head with the
 cross-entropy chunk by chunk (`token_loss`). With a tensor-parallel topology (parallel.tp > 1) each stage's layers
