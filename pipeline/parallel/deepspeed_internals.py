@@ -128,8 +128,9 @@ def grad_norm_in_few_launches(engine) -> None:
     780 launches at the end of every step with the GPU waiting for them (one H100's trace). The replacement counts
     the same tensors (not the alignment padding, not a pipeline-replicated copy, the model-parallel ones on every
     rank and the others on model-parallel rank 0) and takes their norms with torch._foreach_norm (as
-    torch.nn.utils.clip_grad_norm_ does), a few launches per dtype, each tensor's sum of squares in float32 and their total in float64; the reductions over the
-    data- and model-parallel groups and the masking of a non-finite norm (which skips the step) are DeepSpeed's."""
+    torch.nn.utils.clip_grad_norm_ does), a few launches per dtype, each tensor's sum of squares in float32 and their
+    total in float64; the reductions over the data- and model-parallel groups and the masking of a non-finite norm
+    (which skips the step) are DeepSpeed's."""
     optimizer = engine.optimizer
     own = getattr(optimizer, "get_grad_norm_direct", None)
     if own is None:
