@@ -1,16 +1,15 @@
 """Fused RMSNorm and LayerNorm in Triton, forward and backward, over the last axis.
 
-Imported only when a call runs the Triton backend. One program normalises one row held whole in
-registers (hidden sizes up to 65536), statistics in float32; the forward keeps only the per-row
-1/std (and mean) for the backward. With an addend (`add_rms_norm`, `add_layer_norm`: a block's residual
-stream plus its attention output), the forward first adds the two rows, writes the sum and normalises it, and the
-backward adds the sum's gradient from its other uses into dx: the additions that the model and autograd would run
-as two more passes over the activations happen in the norm's own. The backward recomputes the normalised row,
-writes dx, and sums
-the weight (and bias) gradients of a contiguous chunk of rows in float32 registers; the chunks' partial
-sums are added on the host in a fixed order, so the result is deterministic (no atomics). Its warps and
-programs come from the launch table (NORM_BACKWARD): few enough registers per lane that two programs share
-a multiprocessor, and each program requests the next row before it reduces the current one.
+Imported only when a call runs the Triton backend. One program normalises one row held whole in registers (hidden
+sizes up to 65536), statistics in float32; the forward keeps only the per-row 1/std (and mean) for the backward.
+With an addend (`add_rms_norm`, `add_layer_norm`: a block's residual stream plus its attention output, or plus the
+previous block's MLP output), the forward first adds the two rows, writes the sum and normalises it, and the
+backward adds the sum's gradient from its other uses into dx: the additions that the model and autograd would run as
+two more passes over the activations happen in the norm's own. The backward recomputes the normalised row, writes
+dx, and sums the weight (and bias) gradients of a contiguous chunk of rows in float32 registers; the chunks' partial
+sums are added on the host in a fixed order, so the result is deterministic (no atomics). Its warps and programs
+come from the launch table (NORM_BACKWARD): few enough registers per lane that two programs share a multiprocessor,
+and each program requests the next row before it reduces the current one.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections import defaultdict
 
 import deepspeed.ops
 import torch
@@ -128,7 +127,7 @@ def grad_norm_in_few_launches(engine) -> None:
     780 launches at the end of every step with the GPU waiting for them (one H100's trace). The replacement counts
     the same tensors (not the alignment padding, not a pipeline-replicated copy, the model-parallel ones on every
     rank and the others on model-parallel rank 0) and takes their norms with torch._foreach_norm (as
-    torch.nn.utils.clip_grad_norm_ does), a few launches per dtype, each tensor's sum of squares in float32 and their
+    torch.nn.utils.clip_grad_norm_ does), a few launches in all, each tensor's sum of squares in float32 and their
     total in float64; the reductions over the data- and model-parallel groups and the masking of a non-finite norm
     (which skips the step) are DeepSpeed's."""
     optimizer = engine.optimizer
@@ -140,17 +139,13 @@ def grad_norm_in_few_launches(engine) -> None:
         if float(norm_type) != 2.0:
             return own(gradients, params, norm_type)
         unpadded = (g for g in gradients if not getattr(g, "_zero_padding", False))
-        by_kind = defaultdict(list)
-        for gradient, param in zip(unpadded, params):
-            if getattr(param, "ds_pipe_replicated", False):
-                continue
-            if is_model_parallel_parameter(param) or optimizer.model_parallel_rank == 0:
-                by_kind[(gradient.device, gradient.dtype)].append(gradient.detach())
-        total = torch.zeros((), dtype=torch.float64, device=optimizer.device)
-        for tensors in by_kind.values():
-            norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
-            total += torch.stack(norms).to(torch.float64).square().sum()
-        total = total.float()
+        counted = [gradient.detach() for gradient, param in zip(unpadded, params)
+                   if not getattr(param, "ds_pipe_replicated", False)
+                   and (is_model_parallel_parameter(param) or optimizer.model_parallel_rank == 0)]
+        total = torch.zeros((), dtype=torch.float32, device=optimizer.device)
+        if counted:
+            norms = torch._foreach_norm(counted, 2, dtype=torch.float32)
+            total = torch.stack(norms).to(torch.float64).square().sum().float()
         comm.all_reduce(total, op=comm.ReduceOp.SUM, group=optimizer.dp_process_group)
         optimizer._model_parallel_all_reduce(tensor=total, op=comm.ReduceOp.SUM)
         total = total.sqrt()
