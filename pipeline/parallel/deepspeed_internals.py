@@ -27,7 +27,7 @@ import deepspeed.ops
 import torch
 from deepspeed import comm
 from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-from deepspeed.runtime.utils import is_model_parallel_parameter, mask_nan_or_inf_with_val_inplace
+from deepspeed.runtime.utils import is_model_parallel_parameter
 from torch import nn
 
 
@@ -128,8 +128,8 @@ def grad_norm_in_few_launches(engine) -> None:
     the same tensors (not the alignment padding, not a pipeline-replicated copy, the model-parallel ones on every
     rank and the others on model-parallel rank 0) and takes their norms with torch._foreach_norm (as
     torch.nn.utils.clip_grad_norm_ does), a few launches in all, each tensor's sum of squares in float32 and their
-    total in float64; the reductions over the data- and model-parallel groups and the masking of a non-finite norm
-    (which skips the step) are DeepSpeed's."""
+    total in float64; the reductions over the data- and model-parallel groups are DeepSpeed's, and a non-finite norm
+    becomes DeepSpeed's -1, which skips the step."""
     optimizer = engine.optimizer
     own = getattr(optimizer, "get_grad_norm_direct", None)
     if own is None:
@@ -148,8 +148,10 @@ def grad_norm_in_few_launches(engine) -> None:
             total = torch.stack(norms).to(torch.float64).square().sum().float()
         comm.all_reduce(total, op=comm.ReduceOp.SUM, group=optimizer.dp_process_group)
         optimizer._model_parallel_all_reduce(tensor=total, op=comm.ReduceOp.SUM)
-        total = total.sqrt()
-        mask_nan_or_inf_with_val_inplace(total, device=optimizer.device)
-        return total
+        # DeepSpeed's sentinel for a norm that is not finite (its step then skips the update). Its own helper makes the
+        # sentinel with torch.tensor on the device and fills with that tensor: a blocking copy to the device and an
+        # .item(), each of which waits for the GPU's queue to drain; a Python scalar needs neither.
+        norm = total.sqrt()
+        return norm.masked_fill_(~torch.isfinite(norm), -1.0)
 
     optimizer.get_grad_norm_direct = grad_norm
