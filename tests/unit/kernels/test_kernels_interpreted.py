@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import pipeline.kernels as kernels
 from pipeline.kernels import reference
+from pipeline.kernels.backend import mend_triton_interpreter
 from pipeline.kernels.launch_configs import ATTENTION
 
 REPO = Path(__file__).resolve().parents[3]
@@ -37,34 +38,16 @@ def test_kernels_under_the_triton_interpreter():
         f"the interpreted kernel checks failed ({result.returncode}):\n{result.stdout[-8000:]}\n{result.stderr[-3000:]}")
 
 
-def _fix_interpreter_scalar_index():
-    """Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds with int(array),
-    which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted"); convert through .item() instead.
-    Returns the function to restore."""
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    interpreter._patch_lang_tensor = patch_lang_tensor
-    return lambda: setattr(interpreter, "_patch_lang_tensor", original)
-
-
 @pytest.fixture(scope="module")
 def interpreted():
     """The Triton kernel modules, interpreted, with the `triton` backend forced for CPU tensors."""
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_kernels_under_the_triton_interpreter"
     from pipeline.kernels import attention, cross_entropy, norms
 
-    restore_interpreter = _fix_interpreter_scalar_index()
-    try:
-        with kernels.kernel_backend("triton"):
-            yield {"attention": attention, "norms": norms, "cross_entropy": cross_entropy}
-    finally:
-        restore_interpreter()
+    # Some checks launch the kernel modules' own functions, not through the dispatch that mends the interpreter.
+    mend_triton_interpreter()
+    with kernels.kernel_backend("triton"):
+        yield {"attention": attention, "norms": norms, "cross_entropy": cross_entropy}
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

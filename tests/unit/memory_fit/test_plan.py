@@ -209,14 +209,9 @@ def check_block_activations_of_the_triton_kernels(interpreted):
 def interpreted():
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through the test below"
     from pipeline.kernels import kernel_backend
-    from tests.unit.kernels.test_kernels_interpreted import _fix_interpreter_scalar_index
 
-    restore = _fix_interpreter_scalar_index()
-    try:
-        with kernel_backend("triton"):
-            yield
-    finally:
-        restore()
+    with kernel_backend("triton"):
+        yield
 
 
 def test_block_activations_of_the_triton_kernels_under_the_interpreter():
