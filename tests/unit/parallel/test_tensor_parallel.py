@@ -6,9 +6,10 @@ models train 5 steps on the real engine with every parameter trainable and gradi
 process and as TP-only, PP-only, DP-only (2 ranks) and TP=2 x PP=2 x DP=2 (8 ranks), the tensor-parallel layouts
 also with sequence parallelism, the fused head's tokens cut into several chunks: losses, global gradient norms and
 the saved full weights must agree (on one stage a block leaves its MLP's output to the next layer to add; a stage's
-last layer adds its own), and each gradient norm must be the one DeepSpeed's own loop takes; in bf16 over two data-parallel ranks, a non-finite gradient on one rank skips the
-step on both. The rank entries below run in the ranks that `pipeline.parallel.ranks` starts;
-each launch runs all of its layouts one after the other, to start as few processes as possible.
+last layer adds its own), and each gradient norm must be the one DeepSpeed's own loop takes; in bf16 over two
+data-parallel ranks, a non-finite gradient on one rank skips the step on both. The rank entries below run in the
+ranks that `pipeline.parallel.ranks` starts; each launch runs all of its layouts one after the other, to start as
+few processes as possible.
 """
 
 from __future__ import annotations
