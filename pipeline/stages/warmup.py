@@ -40,10 +40,14 @@ def run_warmup(run: StageRun) -> dict:
                                                            cfg.warmup.train_embedding_norm, cfg.model.num_layers))
     start, transfer = warm_start(cfg.model, cfg.warmup, training.tokenizer_dir, training.tokenizer,
                                  run.input("clean"), run.lang, run.work_dir / SCRATCH / "transfer")
-    if not cfg.warmup.train_base_rows:
-        training.job.frozen_rows = transfer["base_rows"]
-        log.info("warmup %s: the first %d rows are the base's own and stay as they are (warmup.train_base_rows=false)",
-                 run.lang, transfer["base_rows"])
+    if cfg.warmup.base_rows != "trained":
+        training.job.gated_rows = transfer["base_rows"]
+        if cfg.warmup.base_rows == "replayed":
+            others = [source["name"] for source in training.packed["sources"] if source["name"] != run.lang]
+            training.job.gated_rows_learn_from = others
+        log.info("warmup %s: the first %d rows are the base's own and %s (warmup.base_rows=%s)", run.lang,
+                 transfer["base_rows"], f"learn only from {', '.join(training.job.gated_rows_learn_from)}"
+                 if training.job.gated_rows_learn_from else "stay as they are", cfg.warmup.base_rows)
     # Where the base is, relative to the work folder when inside it: stage=evaluate scores it too.
     report = train_stage(training, start, cfg.cluster, cfg.export,
                          about={"base": portable_path(cfg, cfg.model.base), "init": cfg.warmup.init, "rows": transfer})

@@ -63,30 +63,17 @@ class Engine:
     dp_world: int
 
 
-def keep_leading_rows(parameter: torch.nn.Parameter, rows: int) -> None:
-    """Zero the gradient of the vocabulary rows below id `rows` (a tensor-parallel shard's rows start at its
-    `tp_shard.start`): with no weight decay on the matrix, Adam then never moves them."""
-    start = getattr(getattr(parameter, "tp_shard", None), "start", 0)
-    local = max(0, min(rows - start, parameter.shape[0]))
-    if local:
-        def masked(gradient: torch.Tensor) -> torch.Tensor:
-            gradient = gradient.clone()
-            gradient[:local] = 0
-            return gradient
-
-        parameter.register_hook(masked)
-
-
 def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelConfig, init_file,
-                 trainable: Callable[[str], bool], frozen_rows: int = 0) -> Engine:
+                 trainable: Callable[[str], bool], gated_rows: int = 0) -> Engine:
     """The engine over this rank's stage, its weights loaded from `init_file` (single-model names); the vocabulary
-    rows below `frozen_rows` of the trained embedding and head stay as they are."""
+    rows below `gated_rows` of the trained embedding and head learn only from the sequences that a micro-batch
+    marks (pipeline/parallel/pipeline_model.py), and stay as they are where none is marked."""
     topology = PipeModelDataParallelTopology(num_pp=parallel.pp, num_mp=parallel.tp, num_dp=parallel.dp)
     torch.manual_seed(train.seed)
     # Tensor-parallel layers and loss when parallel.tp > 1 (pipeline/parallel/tensor_parallel.py).
     module = pipeline_module(model_cfg, parallel.pp, topology=topology,
                              checkpoint_interval=train.activation_checkpoint_interval,
-                             sequence_parallel=parallel.sequence_parallel)
+                             sequence_parallel=parallel.sequence_parallel, gated_rows=gated_rows)
     layers = local_layers(module, model_cfg)
     # Built on the meta device: only this rank's share (its stage, its tensor-parallel slices) is ever allocated,
     # then read from the file slice by slice.
@@ -98,10 +85,8 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
             # The last stage's copy of a tied embedding trains only the shared matrix.
             shared_copy = prefix == "embedding." and not first and name != "tokens.weight"
             parameter.requires_grad_(trainable(prefix + name) and not shared_copy)
-    kept = [parameter for prefix, layer in layers for name, parameter in layer.named_parameters()
-            if parameter.requires_grad and prefix + name in VOCABULARY_MATRICES] if frozen_rows else []
-    for parameter in kept:
-        keep_leading_rows(parameter, frozen_rows)
+    gated = [parameter for prefix, layer in layers for name, parameter in layer.named_parameters()
+             if parameter.requires_grad and prefix + name in VOCABULARY_MATRICES] if gated_rows else []
     trained = [p for p in module.parameters() if p.requires_grad]
     count = sum(p.numel() for p in trained)
     stage = module.stage_id
@@ -112,8 +97,8 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
         trained = [module.idle_anchor]
     else:
         log.info("pipeline stage %d trains %s parameters", stage, f"{count:,}")
-    # A matrix with frozen rows has no weight decay: decay would shrink those rows.
-    undecayed = {id(p) for p in kept}
+    # A matrix with gated rows has no weight decay: decay would shrink those rows at every step, marked or not.
+    undecayed = {id(p) for p in gated}
     decay = [p for p in trained if p.dim() >= 2 and id(p) not in undecayed]
     no_decay = [p for p in trained if p.dim() < 2 or id(p) in undecayed]
     # Empty groups left out: ZeRO drops them, and the scheduler would then see fewer groups than it made.

@@ -38,9 +38,11 @@ class TrainingJob:
     kernels: str = "auto"
     # Name prefixes of the parameters that train (warmup: the embeddings and the head); null: all of them.
     trainable: Optional[List[str]] = None
-    # The vocabulary rows below this id of the trained VOCABULARY_MATRICES stay as they are (warmup with
-    # warmup.train_base_rows=false: the base's own rows).
-    frozen_rows: int = 0
+    # The vocabulary rows below this id of the trained VOCABULARY_MATRICES (warmup: the base's own rows, with
+    # warmup.base_rows other than `trained`) learn only from the sequences of the pack's sources named in
+    # `gated_rows_learn_from`: with none, they stay as they are.
+    gated_rows: int = 0
+    gated_rows_learn_from: List[str] = field(default_factory=list)
     # `auto`: continue from the newest checkpoint in checkpoints/ and write new ones (pretrain); `never`: start
     # again; null: no checkpoints (warmup, which is short, starts again).
     resume: Optional[str] = None

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -50,8 +51,9 @@ class Checkpointing:
 
 def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows, metrics_file: Path,
                is_logger: bool, flops_per_token: int, run: Optional[RunState] = None,
-               checkpointing: Optional[Checkpointing] = None) -> dict:
-    """Train up to step `train.steps` from `run.step`; returns the run's summary."""
+               checkpointing: Optional[Checkpointing] = None, learning_sources: Optional[np.ndarray] = None) -> dict:
+    """Train up to step `train.steps` from `run.step`; returns the run's summary. `learning_sources`: the indices of
+    the sampler's sources whose sequences the gated rows learn from (pipeline/training/job.py), None if none."""
     ds = engine.engine
     run = run or RunState()
     world = ds.world_size
@@ -89,8 +91,9 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
         while run.step < train.steps:
             batch = next(batches)
             lr = ds.get_lr()[0]  # the rate this step uses (the schedule moves on inside train_batch)
+            learns = None if learning_sources is None else np.isin(batch.source, learning_sources)
             loss = float(ds.train_batch(iter(micro_batches(batch.tokens, batch.segment_ids,
-                                                           train.micro_batch_size, ds.device))))
+                                                           train.micro_batch_size, ds.device, learns))))
             run.step += 1
             run.tokens += step_tokens
             window_tokens += step_tokens

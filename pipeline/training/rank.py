@@ -16,6 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch.distributed as dist
 
 from pipeline.contract import write_json_atomic
@@ -47,10 +48,14 @@ def train_rank(job: TrainingJob) -> None:
     folder = Path(job.folder)
     model_cfg = read_model_config(folder / INIT / CHECKPOINT_CONFIG)
     engine = build_engine(model_cfg, job.train, job.parallel, folder / INIT / CHECKPOINT_WEIGHTS, job.trains,
-                          job.frozen_rows)
+                          job.gated_rows)
     heldout = load_rows(folder / HELDOUT_FILE)
     sampler = PackedSampler(Path(job.pack), seq_len=job.seq_len, global_batch_size=job.train.global_batch_size,
                             seed=job.train.seed, rank=engine.dp_rank, world=engine.dp_world)
+    learning_sources = np.flatnonzero(np.isin(sampler.names, job.gated_rows_learn_from))
+    if rank == 0 and job.gated_rows:
+        log.info("%s: the vocabulary rows below %d learn from the sequences of %s", job.stage, job.gated_rows,
+                 ", ".join(sampler.names[i] for i in learning_sources) or "no source: they stay as they are")
     state, checkpointing = RunState(), None
     if job.resume is not None:
         root = folder / CHECKPOINTS
@@ -69,7 +74,8 @@ def train_rank(job: TrainingJob) -> None:
         checkpointing = Checkpointing(job.train.checkpoint_every, save)
     result = train_loop(engine, sampler, job.train, heldout, folder / METRICS_FILE, is_logger=rank == 0,
                         flops_per_token=flops_per_token(model_cfg, job.seq_len), run=state,
-                        checkpointing=checkpointing)
+                        checkpointing=checkpointing,
+                        learning_sources=learning_sources if job.gated_rows and len(learning_sources) else None)
     _save_trained(engine, folder)
     # After the save, so that the peaks include it; the launching process adds its own (the export).
     peaks = peaks_of_all_ranks(engine.engine.grid)

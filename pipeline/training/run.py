@@ -255,7 +255,8 @@ def kept_checkpoints(partial: Path) -> str:
 def _check_frozen_unchanged(initial: Path, trained: Path, job: TrainingJob,
                             held: torch.dtype) -> tuple[list[str], int]:
     """Fail if training moved any frozen tensor of the checkpoint `trained` away from the starting one `initial`
-    (for warmup the base's body, and with warmup.train_head=false the transferred head), as the engine held it
+    (for warmup the base's body, with warmup.train_head=false the transferred head, with warmup.base_rows=frozen
+    the base's rows of the embedding and head), as the engine held it
     (`held`: bf16 on a GPU, where a frozen float32 tensor is rounded once and never updated); compared a tensor at a
     time. Returns the trained tensors' names and their number of values."""
     moved, trained_names, trained_values = [], [], 0
@@ -265,7 +266,7 @@ def _check_frozen_unchanged(initial: Path, trained: Path, job: TrainingJob,
             if job.trains(name):
                 trained_names.append(name)
                 trained_values += tensor.numel()
-                rows = job.frozen_rows if name in VOCABULARY_MATRICES else 0
+                rows = job.gated_rows if name in VOCABULARY_MATRICES and not job.gated_rows_learn_from else 0
                 if rows and not torch.equal(tensor[:rows], before.read(name)[:rows].to(held).to(tensor.dtype)):
                     moved.append(f"{name}[:{rows}]")
             elif not torch.equal(tensor, before.read(name).to(held).to(tensor.dtype)):

@@ -9,6 +9,8 @@ from pipeline.training.config import TrainConfig
 
 # pipeline/warmstart/transfer.py describes them; `focus` and `align` learn from warmup.transfer_bytes of text.
 WARMUP_INITS = ("mean", "random", "focus", "align")
+# What the rows of tokens that keep the base's id learn from: every sequence, none, or the replayed sources' alone.
+BASE_ROWS = ("trained", "frozen", "replayed")
 
 
 def _warmup_training() -> TrainConfig:
@@ -31,11 +33,12 @@ class WarmupConfig:
     train_head: bool = True
     train_norms: bool = False
     train_embedding_norm: bool = False
-    # false: the rows of tokens that keep the base's id (an extended base tokenizer's: every base token, special
-    # tokens included) stay as the base trained them, so that only the added tokens learn and the base's language
-    # is touched only by the new tokens' share of the output. False with model.base (conf/pretrained_base.yaml says
-    # what it measured).
-    train_base_rows: bool = True
+    # The rows of tokens that keep the base's id (an extended base tokenizer's: every base token, special tokens
+    # included): `trained` like the added ones; `frozen`, as the base trained them, so that only the added tokens
+    # learn; `replayed`, trained only by the sequences of the plan's sources other than the language (the base's
+    # language replayed, fillers), so that the language cannot move them. `replayed` with model.base
+    # (conf/pretrained_base.yaml says what it measured).
+    base_rows: str = "trained"
     # warmup.train.steps null: this share of the tokens the mix planned (pretrain then trains the whole plan).
     plan_share: float = 0.1
     train: TrainConfig = field(default_factory=_warmup_training)
@@ -44,6 +47,8 @@ class WarmupConfig:
 def validate_warmup(warmup: WarmupConfig) -> None:
     if warmup.init not in WARMUP_INITS:
         raise ConfigError("warmup.init", warmup.init, WARMUP_INITS)
+    if warmup.base_rows not in BASE_ROWS:
+        raise ConfigError("warmup.base_rows", warmup.base_rows, BASE_ROWS)
     if not 0 < warmup.plan_share <= 1:
         raise ConfigError("warmup.plan_share", warmup.plan_share, ["a share of the mix plan's tokens in (0, 1]"])
     if warmup.transfer_bytes < 1:

@@ -188,7 +188,7 @@ def test_keep_base_adopts_the_base_tokenizer_and_pack_and_pretrain_from_the_base
     assert marker(tmp_path / "work", "nob", "pretrain")["metrics"]["steps"] == 2
 
 
-def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_keeps_its_rows(trained, english_base,
+def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_gates_the_base_rows(trained, english_base,
                                                                                          tmp_path):
     cwd, _ = trained
     for lang in ("nob", "eng"):
@@ -216,31 +216,38 @@ def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_keeps_i
     assert "extended (tokenizer.extend_base=true) by" in (folder / "report.md").read_text()
 
     run_cli("stage=pack", "lang=nob", f"model.base={english_base}", cwd=tmp_path)
-    run_cli("stage=warmup", "lang=nob", f"model.base={english_base}", "model.num_layers=2", "model.max_seq_len=128",
-            "warmup.train.steps=1", "warmup.train.warmup_steps=0", "warmup.train.global_batch_size=2",
-            "warmup.train.micro_batch_size=2", "warmup.train.eval_tokens=256", "warmup.train_base_rows=true",
-            cwd=tmp_path)
+
+    def warmup(*overrides):
+        return run_cli("stage=warmup", "lang=nob", f"model.base={english_base}", "model.num_layers=2",
+                       "model.max_seq_len=128", "warmup.train.steps=1", "warmup.train.warmup_steps=0",
+                       "warmup.train.global_batch_size=8", "warmup.train.micro_batch_size=2",
+                       "warmup.train.eval_tokens=256", *overrides, cwd=tmp_path)
+
+    warmup("warmup.base_rows=trained")
     metrics = marker(tmp_path / "work", "nob", "warmup")["metrics"]
     rows = metrics["rows"]["embedding"]
     # every base token's row copied, the new ones averaged over the base's pieces
     assert rows["special"] + rows["copied"] == 512 and rows["averaged"] == section["added_tokens"]
     assert metrics["rows"]["base_rows"] == 512
 
-    # warmup.train_base_rows=false (the default with model.base): the base's rows stay as they are, the added ones
-    # train; with true every row trains
+    # warmup.base_rows: `trained`, every row trains; `frozen`, the base's rows stay as they are, the added ones train;
+    # `replayed` (the default with model.base), the base's rows learn from the sequences of the plan's other sources
+    # alone (here eng; a step of 8 sequences holds some)
     def embedding(folder):
         return load_file(str(folder / "model.safetensors"))["model.embed_tokens.weight"].float()
 
     base_rows = embedding(english_base)[:512]
     trained_all = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
     assert not torch.equal(trained_all[:512], base_rows)
-    result = run_cli("stage=warmup", "lang=nob", f"model.base={english_base}", "model.num_layers=2",
-                     "model.max_seq_len=128", "warmup.train.steps=1", "warmup.train.warmup_steps=0",
-                     "warmup.train.global_batch_size=2", "warmup.train.micro_batch_size=2",
-                     "warmup.train.eval_tokens=256", cwd=tmp_path)
+    result = warmup("warmup.base_rows=frozen")
     assert "the first 512 rows are the base's own and stay as they are" in result.stderr
     kept = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
     assert torch.equal(kept[:512], base_rows) and not torch.equal(kept[512:], trained_all[512:])
+    result = warmup()
+    assert "the first 512 rows are the base's own and learn only from eng (warmup.base_rows=replayed)" in result.stderr
+    assert "the vocabulary rows below 512 learn from the sequences of eng" in result.stderr
+    replayed = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
+    assert not torch.equal(replayed[:512], base_rows)
 
     # evaluate: the warm start's added tokens take a share of the probability on English, which the report gives
     run_cli("stage=evaluate", "lang=nob", f"model.base={english_base}", "eval.max_bytes=20000", cwd=tmp_path)

@@ -49,7 +49,9 @@ MODELS = {
 # grad_clip far below the gradients' norm (asserted), so every step is clipped with the global norm.
 # Kept rows of the embedding in the tensor-parallel check: more than the first shard's 256 of the 300 rows (padded
 # to 512).
-FROZEN_ROWS = 280
+GATED_ROWS = 280
+# The sequences of a global batch that the gated rows learn from, in the gated-row check's last two steps.
+LEARNS = np.array([True, False, False, True])
 TRAIN = TrainConfig(steps=5, global_batch_size=4, micro_batch_size=1, seq_len=16, lr=1e-2, schedule="cosine",
                     warmup_steps=1, grad_clip=0.05, precision="fp32", seed=3)
 # (tp, pp, dp, sequence parallelism)
@@ -289,29 +291,43 @@ def _non_finite_gradient_skips_the_step(work_dir: Path) -> dict:
     return {"applied": applied, "unchanged": unchanged, "scan_left_out": "check_overflow" in vars(ds.optimizer)}
 
 
-def _frozen_rows_stay_under_tensor_parallelism(work_dir: Path) -> dict:
-    """The embedding alone trains over two tensor-parallel ranks with its first FROZEN_ROWS rows kept (warmup with
-    warmup.train_base_rows=false): they cross the shards' boundary, so each shard keeps the part below it. Every
-    rank's count of rows that moved, below and from FROZEN_ROWS on, in its shard (padding rows left out)."""
+def _gated_rows_under_tensor_parallelism(work_dir: Path) -> dict:
+    """The embedding alone trains over two tensor-parallel ranks with its first GATED_ROWS rows gated (warmup's
+    base rows): they cross the shards' boundary, so each shard gates the part below it. Two steps with no sequence
+    marked (warmup.base_rows=frozen), then two with the sequences of LEARNS marked (`replayed`). Every rank's count
+    of rows that moved, in its shard (padding rows left out): below GATED_ROWS and from it on in the first two
+    steps; then, below it, the rows of tokens that only unmarked sequences hold and those of the marked ones."""
     import torch.distributed as dist
 
     from pipeline.training.engine import build_engine
     from pipeline.training.heldout import micro_batches
 
     engine = build_engine(MODELS["rope"], TRAIN, ParallelConfig(tp=2), work_dir / "init-rope" / CHECKPOINT_WEIGHTS,
-                          trainable=lambda name: name.startswith("embedding.tokens."), frozen_rows=FROZEN_ROWS)
+                          trainable=lambda name: name.startswith("embedding.tokens."), gated_rows=GATED_ROWS)
     ds = engine.engine
     matrix = next(p for name, p in ds.module.named_parameters() if name.endswith("tokens.weight"))
     before = matrix.detach().clone()
-    for tokens, segments in _batches(MODELS["rope"].vocab_size, engine.dp_rank, engine.dp_world)[:2]:
+    batches = _batches(MODELS["rope"].vocab_size, engine.dp_rank, engine.dp_world)
+    for tokens, segments in batches[:2]:
         ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device)))
     start = matrix.tp_shard.start
     ids = torch.arange(start, start + matrix.shape[0])
     moved = (matrix.detach() != before).any(dim=1)
     real = ids < MODELS["rope"].vocab_size  # the padding rows never move
-    counts = {"start": start, "moved_below": int(moved[ids < FROZEN_ROWS].sum()),
-              "moved_above": int(moved[(ids >= FROZEN_ROWS) & real].sum()),
-              "rows_above": int(((ids >= FROZEN_ROWS) & real).sum())}
+    below = ids < GATED_ROWS
+    counts = {"start": start, "moved_below": int(moved[below].sum()),
+              "moved_above": int(moved[~below & real].sum()), "rows_above": int((~below & real).sum())}
+
+    before = matrix.detach().clone()
+    for tokens, segments in batches[2:4]:
+        ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device, LEARNS)))
+    moved = (matrix.detach() != before).any(dim=1)
+    inputs = [tokens[:, :-1] for tokens, _ in batches[2:4]]
+    marked = torch.from_numpy(np.isin(ids.numpy(), np.concatenate([part[LEARNS] for part in inputs])))
+    anywhere = torch.from_numpy(np.isin(ids.numpy(), np.concatenate(inputs)))
+    counts.update(moved_below_unmarked=int(moved[below & anywhere & ~marked].sum()),
+                  rows_below_unmarked=int((below & anywhere & ~marked).sum()),
+                  moved_below_marked=int(moved[below & marked].sum()))
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, counts)
     return gathered
@@ -331,7 +347,7 @@ def rank_entry(work_dir: Path) -> None:
     if job.get("layer_checks"):
         results["layers"] = _layer_errors()
         results["non-finite step"] = _non_finite_gradient_skips_the_step(work_dir)
-        results["frozen rows"] = _frozen_rows_stay_under_tensor_parallelism(work_dir)
+        results["gated rows"] = _gated_rows_under_tensor_parallelism(work_dir)
     for model, layout in job["runs"]:
         results[f"{model} {layout_name(layout)}"] = _train(model, tuple(layout), work_dir)
     if dist.get_rank() == 0:
@@ -422,13 +438,17 @@ def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank_in_bf16(
     assert results["non-finite step"] == {"applied": [True, False, True], "unchanged": True, "scan_left_out": True}
 
 
-def test_the_frozen_vocabulary_rows_stay_on_each_tensor_parallel_shard_and_the_others_train(trained):
+def test_gated_vocabulary_rows_learn_only_from_marked_sequences_on_each_tensor_parallel_shard(trained):
     _, results = trained
-    first, second = results["frozen rows"]
-    assert first["start"] == 0 < FROZEN_ROWS - second["start"]  # the kept rows reach into the second shard
+    first, second = results["gated rows"]
+    assert first["start"] == 0 < GATED_ROWS - second["start"]  # the gated rows reach into the second shard
+    # no sequence marked: the gated rows stay; the rows above train (an input row moves when its token is in a batch)
     assert first["moved_below"] == second["moved_below"] == 0
-    # the rows above train (an input row moves when its token is in a batch)
-    assert first["rows_above"] == 0 and 0 < second["moved_above"] <= second["rows_above"] == 300 - FROZEN_ROWS
+    assert first["rows_above"] == 0 and 0 < second["moved_above"] <= second["rows_above"] == 300 - GATED_ROWS
+    # some marked: a gated row moves when a marked sequence holds its token, and only then
+    for shard in (first, second):
+        assert shard["moved_below_unmarked"] == 0 < shard["rows_below_unmarked"]
+        assert shard["moved_below_marked"] > 0
 
 
 def test_multi_query_attention_cannot_be_cut_across_ranks():
