@@ -119,8 +119,8 @@ def added_tokens_line(added: dict[str, dict], title: str) -> str:
     return (f"On the {title} set the added tokens (ids from {first:,}) take this share of the probability where a "
             f"base token is the target: {shares}. Where the text is cut as the base cuts it, a model whose body and "
             f"base rows are frozen (warmup with warmup.base_rows=frozen) gives the right token the base's "
-            f"probability times one minus that share, so it cannot do better than the base there; training the base's "
-            f"rows on its own language (warmup.base_rows=replayed) or the body (pretrain) can.")
+            f"probability times one minus that share, so it cannot do better than the base there; training the body "
+            f"(pretrain) can.")
 
 
 def markdown(lang: str, report: dict, plots: list[str]) -> str:

@@ -36,7 +36,7 @@ class WarmupConfig:
     # The rows of tokens that keep the base's id (an extended base tokenizer's: every base token, special tokens
     # included): `trained` like the added ones; `frozen`, as the base trained them, so that only the added tokens
     # learn; `replayed`, trained only by the sequences of the plan's sources other than the language (the base's
-    # language replayed, fillers), so that the language cannot move them. `replayed` with model.base
+    # language replayed, fillers), so that the language cannot move them. `frozen` with model.base
     # (conf/pretrained_base.yaml says what it measured).
     base_rows: str = "trained"
     # warmup.train.steps null: this share of the tokens the mix planned (pretrain then trains the whole plan).

@@ -230,20 +230,20 @@ def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_gates_t
     assert rows["special"] + rows["copied"] == 512 and rows["averaged"] == section["added_tokens"]
     assert metrics["rows"]["base_rows"] == 512
 
-    # warmup.base_rows: `trained`, every row trains; `frozen`, the base's rows stay as they are, the added ones train;
-    # `replayed` (the default with model.base), the base's rows learn from the sequences of the plan's other sources
-    # alone (here eng; a step of 8 sequences holds some)
+    # warmup.base_rows: `trained`, every row trains; `frozen` (the default with model.base), the base's rows stay as
+    # they are, the added ones train; `replayed`, the base's rows learn from the sequences of the plan's other
+    # sources alone (here eng; a step of 8 sequences holds some)
     def embedding(folder):
         return load_file(str(folder / "model.safetensors"))["model.embed_tokens.weight"].float()
 
     base_rows = embedding(english_base)[:512]
     trained_all = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
     assert not torch.equal(trained_all[:512], base_rows)
-    result = warmup("warmup.base_rows=frozen")
+    result = warmup()
     assert "the first 512 rows are the base's own and stay as they are" in result.stderr
     kept = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
     assert torch.equal(kept[:512], base_rows) and not torch.equal(kept[512:], trained_all[512:])
-    result = warmup()
+    result = warmup("warmup.base_rows=replayed")
     assert "the first 512 rows are the base's own and learn only from eng (warmup.base_rows=replayed)" in result.stderr
     assert "the vocabulary rows below 512 learn from the sequences of eng" in result.stderr
     replayed = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
