@@ -14,6 +14,7 @@ before and after. Outputs: `checkpoint/` (the pipeline checkpoint that
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, portable_path
@@ -42,9 +43,9 @@ def run_warmup(run: StageRun) -> dict:
                                  run.input("clean"), run.lang, run.work_dir / SCRATCH / "transfer")
     if cfg.warmup.base_rows != "trained":
         training.job.gated_rows = transfer["base_rows"]
-        if cfg.warmup.base_rows == "replayed":
-            others = [source["name"] for source in training.packed["sources"] if source["name"] != run.lang]
-            training.job.gated_rows_learn_from = others
+        samples = portable_path(cfg, Path(cfg.work_dir) / cfg.model.base_lang / "replay")
+        training.job.gated_rows_learn_from = base_rows_sources(cfg.warmup.base_rows, run.lang, samples,
+                                                               training.packed["sources"])
         log.info("warmup %s: the first %d rows are the base's own and %s (warmup.base_rows=%s)", run.lang,
                  transfer["base_rows"], f"learn only from {', '.join(training.job.gated_rows_learn_from)}"
                  if training.job.gated_rows_learn_from else "stay as they are", cfg.warmup.base_rows)
@@ -56,6 +57,17 @@ def run_warmup(run: StageRun) -> dict:
              run.lang, report["heldout_bpb_before"], cfg.warmup.init, report["heldout_bpb_after"], report["steps"],
              f"{report['heldout_scored']['tokens']:,}")
     return report
+
+
+def base_rows_sources(base_rows: str, lang: str, samples: str, sources: list[dict]) -> list[str]:
+    """The pack's sources (packed.json's entries) whose sequences train the base's rows: with `replayed`, every one
+    but the language's; with `samples`, the one read from `samples` (the replay stage's folder, as the plan writes
+    paths); with `frozen`, none."""
+    if base_rows == "replayed":
+        return [source["name"] for source in sources if source["name"] != lang]
+    if base_rows == "samples":
+        return [source["name"] for source in sources if source["path"] == samples]
+    return []
 
 
 STAGE = Stage(

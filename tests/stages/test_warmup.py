@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pipeline.stages.warmup import base_rows_sources
 from tests.conftest import CHAIN_OPTIONS, marker, packed_copy, run_cli
 
 STEPS = 8
@@ -152,3 +153,13 @@ def test_acceptance_pretrain_continues_from_warmup_and_improves_heldout_bpb(nob_
 
     other_tokenizer = run_cli(*pretrain, "init=hf", f"model.base={english_base}", cwd=nob_packed, check=False)
     assert other_tokenizer.returncode == 1 and "is not the one the data was packed with" in other_tokenizer.stderr
+
+
+def test_the_base_rows_learn_from_the_sources_that_warmup_base_rows_names():
+    sources = [{"name": "nob", "path": "${work_dir}/nob/clean"}, {"name": "eng", "path": "${work_dir}/eng/clean"},
+               {"name": "eng-samples", "path": "${work_dir}/eng/replay"}]
+    samples = "${work_dir}/eng/replay"
+    assert base_rows_sources("replayed", "nob", samples, sources) == ["eng", "eng-samples"]
+    assert base_rows_sources("samples", "nob", samples, sources) == ["eng-samples"]
+    assert base_rows_sources("samples", "nob", samples, sources[:2]) == []  # no replay stage in the plan: none
+    assert base_rows_sources("frozen", "nob", samples, sources) == []
