@@ -14,7 +14,6 @@ before and after. Outputs: `checkpoint/` (the pipeline checkpoint that
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun, portable_path
@@ -43,8 +42,7 @@ def run_warmup(run: StageRun) -> dict:
                                  run.input("clean"), run.lang, run.work_dir / SCRATCH / "transfer")
     if cfg.warmup.base_rows != "trained":
         training.job.gated_rows = transfer["base_rows"]
-        samples = portable_path(cfg, Path(cfg.work_dir) / cfg.model.base_lang / "replay")
-        training.job.gated_rows_learn_from = base_rows_sources(cfg.warmup.base_rows, run.lang, samples,
+        training.job.gated_rows_learn_from = base_rows_sources(cfg.warmup.base_rows, run.lang,
                                                                training.packed["sources"])
         log.info("warmup %s: the first %d rows are the base's own and %s (warmup.base_rows=%s)", run.lang,
                  transfer["base_rows"], f"learn only from {', '.join(training.job.gated_rows_learn_from)}"
@@ -59,15 +57,10 @@ def run_warmup(run: StageRun) -> dict:
     return report
 
 
-def base_rows_sources(base_rows: str, lang: str, samples: str, sources: list[dict]) -> list[str]:
+def base_rows_sources(base_rows: str, lang: str, sources: list[dict]) -> list[str]:
     """The pack's sources (packed.json's entries) whose sequences train the base's rows: with `replayed`, every one
-    but the language's; with `samples`, the one read from `samples` (the replay stage's folder, as the plan writes
-    paths); with `frozen`, none."""
-    if base_rows == "replayed":
-        return [source["name"] for source in sources if source["name"] != lang]
-    if base_rows == "samples":
-        return [source["name"] for source in sources if source["path"] == samples]
-    return []
+    but the language's; with `frozen`, none."""
+    return [source["name"] for source in sources if source["name"] != lang] if base_rows == "replayed" else []
 
 
 STAGE = Stage(

@@ -9,9 +9,8 @@ from pipeline.training.config import TrainConfig
 
 # pipeline/warmstart/transfer.py describes them; `focus` and `align` learn from warmup.transfer_bytes of text.
 WARMUP_INITS = ("mean", "random", "focus", "align")
-# What the rows of tokens that keep the base's id learn from: every sequence, none, the replayed sources' alone, or
-# the base's own samples alone.
-BASE_ROWS = ("trained", "frozen", "replayed", "samples")
+# What the rows of tokens that keep the base's id learn from: every sequence, none, or the replayed sources' alone.
+BASE_ROWS = ("trained", "frozen", "replayed")
 
 
 def _warmup_training() -> TrainConfig:
@@ -37,9 +36,8 @@ class WarmupConfig:
     # The rows of tokens that keep the base's id (an extended base tokenizer's: every base token, special tokens
     # included): `trained` like the added ones; `frozen`, as the base trained them, so that only the added tokens
     # learn; `replayed`, trained only by the sequences of the plan's sources other than the language (the base's
-    # language replayed, fillers), so that the language cannot move them; `samples`, only by the text the base wrote
-    # itself (stage=replay), where the base is right already: what they learn there is to win back the probability
-    # that the added tokens take. `frozen` with model.base (conf/pretrained_base.yaml says what it measured).
+    # language replayed, fillers), so that the language cannot move them. `frozen` with model.base
+    # (conf/pretrained_base.yaml says what it measured).
     base_rows: str = "trained"
     # warmup.train.steps null: this share of the tokens the mix planned (pretrain then trains the whole plan).
     plan_share: float = 0.1

@@ -156,10 +156,7 @@ def test_acceptance_pretrain_continues_from_warmup_and_improves_heldout_bpb(nob_
 
 
 def test_the_base_rows_learn_from_the_sources_that_warmup_base_rows_names():
-    sources = [{"name": "nob", "path": "${work_dir}/nob/clean"}, {"name": "eng", "path": "${work_dir}/eng/clean"},
-               {"name": "eng-samples", "path": "${work_dir}/eng/replay"}]
-    samples = "${work_dir}/eng/replay"
-    assert base_rows_sources("replayed", "nob", samples, sources) == ["eng", "eng-samples"]
-    assert base_rows_sources("samples", "nob", samples, sources) == ["eng-samples"]
-    assert base_rows_sources("samples", "nob", samples, sources[:2]) == []  # no replay stage in the plan: none
-    assert base_rows_sources("frozen", "nob", samples, sources) == []
+    sources = [{"name": "nob"}, {"name": "eng"}, {"name": "eng-samples"}]
+    assert base_rows_sources("replayed", "nob", sources) == ["eng", "eng-samples"]
+    assert base_rows_sources("replayed", "nob", sources[:1]) == []  # nothing replayed: the rows stay
+    assert base_rows_sources("frozen", "nob", sources) == []
