@@ -20,8 +20,8 @@ the switch):
   and its attention output, or the previous block's MLP output); the backward adds total's own gradient into the
   norm's.
 - `linear_cross_entropy(hidden, weight, targets, ignore_index=-100, chunk_size=None, reduction="mean",
-  shard=None, gated=None)`: the mean (or sum) cross-entropy of the LM head `hidden @ weight.T` (hidden (..., d), weight
-  (vocab, d), targets hidden.shape[:-1]) over the targets that are not `ignore_index`, computed `chunk_size` rows
+  shard=None, gated=None)`: the mean (or sum) cross-entropy of the LM head `hidden @ weight.T` (hidden (..., d),
+  weight (vocab, d), targets hidden.shape[:-1]) over the targets that are not `ignore_index`, computed `chunk_size` rows
   at a time (default: ~128M logits per chunk) so that the whole (tokens, vocab) logits never exist; gradients flow
   to hidden and weight. With `shard` (a `VocabShard`), `weight` is this rank's real rows of a head cut by
   vocabulary, the statistics are combined over the ranks and the chunks follow the shard's full size, the same on
@@ -141,6 +141,6 @@ def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
     return reference.vocab_shard_statistics(logits, targets, vocab_start)
 
 
-__all__ = ["GatedRows", "VocabShard", "add_layer_norm", "add_rms_norm", "flash_attention", "get_backend", "kernel_backend",
-           "layer_norm", "linear_cross_entropy", "rms_norm", "set_backend", "stacked_flash_attention", "unstack_qkv",
-           "vocab_shard_statistics"]
+__all__ = ["GatedRows", "VocabShard", "add_layer_norm", "add_rms_norm", "flash_attention", "get_backend",
+           "kernel_backend", "layer_norm", "linear_cross_entropy", "rms_norm", "set_backend", "stacked_flash_attention",
+           "unstack_qkv", "vocab_shard_statistics"]

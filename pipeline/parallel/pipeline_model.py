@@ -1,19 +1,19 @@
 """The transformer as DeepSpeed pipeline layers: embedding, blocks, final norm, head.
 
-Between stages an activation is `hidden` or `(hidden, segment_ids)`; the first layer takes the token ids
-(or `(token_ids, segment_ids)`, or `(token_ids, segment_ids, learns)`). Within a stage run without activation checkpointing, a block hands the next layer
-its MLP's output unadded (`Owed`), which that layer adds inside its first norm; the stage's last block adds it
-itself, so that what crosses stages and checkpoints is one tensor. With tied embeddings the embedding is a
-TiedLayerSpec on the first and the last stage, and DeepSpeed sums the two stages' gradients of the shared matrix.
-Layer i of the pipeline holds the Transformer's module `LAYER_PREFIXES(i)`, so a stage's weights load from (and
-save to) the single-model names of a safetensors file.
+Between stages an activation is `hidden` or `(hidden, segment_ids)`; the first layer takes the token ids (or
+`(token_ids, segment_ids)`, or `(token_ids, segment_ids, learns)`). Within a stage run without activation
+checkpointing, a block hands the next layer its MLP's output unadded (`Owed`), which that layer adds inside its
+first norm; the stage's last block adds it itself, so that what crosses stages and checkpoints is one tensor. With
+tied embeddings the embedding is a TiedLayerSpec on the first and the last stage, and DeepSpeed sums the two
+stages' gradients of the shared matrix. Layer i of the pipeline holds the Transformer's module `LAYER_PREFIXES(i)`,
+so a stage's weights load from (and save to) the single-model names of a safetensors file.
 
 The last layer hands the hidden states and the head's weight to the loss, which fuses the LM head with the
 cross-entropy chunk by chunk (`token_loss`). With `gated_rows` (a warm start's base rows) the vocabulary rows below
 that id learn only from the sequences that a micro-batch marks: `learns`, (batch, 1) bool, beside the first layer's
-input and beside the labels (`(labels, learns)`); unmarked, from none. With a tensor-parallel topology (parallel.tp > 1) each stage's layers
-are cut over the topology's tensor-slicing group (`pipeline/parallel/tensor_parallel.py`), and the loss works on
-this rank's vocabulary rows of the head.
+input and beside the labels (`(labels, learns)`); unmarked, from none. With a tensor-parallel topology
+(parallel.tp > 1) each stage's layers are cut over the topology's tensor-slicing group
+(`pipeline/parallel/tensor_parallel.py`), and the loss works on this rank's vocabulary rows of the head.
 """
 
 from __future__ import annotations
