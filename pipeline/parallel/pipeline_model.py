@@ -59,8 +59,8 @@ class EmbeddingLayer(Embedding):
     gated_rows = 0
 
     def forward(self, inputs):
-        token_ids, segment_ids, learns = (*inputs, None)[:3] if isinstance(inputs, tuple) else (inputs, None, None)
-        keep = GatedRows(self.gated_rows, learns).keeps(token_ids) if self.gated_rows else None
+        token_ids, segment_ids, *marks = inputs if isinstance(inputs, tuple) else (inputs, None)
+        keep = GatedRows(self.gated_rows, *marks).keeps(token_ids) if self.gated_rows else None
         return _join(super().forward(token_ids, keep), segment_ids)
 
 
