@@ -64,7 +64,13 @@ def test_unknown_or_aliased_language(tmp_path, typed, first):
     (["stage=clean", "lang=nob", "clean.heldout_fraction=1.5"], 1,
      "Invalid value for `clean.heldout_fraction`: 1.5. Allowed: a number in [0, 1)"),
     (["stage=clean"], 2, "Missing `lang=`"),
-], ids=["stage", "key", "type-float", "type-int", "type-bool", "type-optional", "range", "missing-lang"])
+    # the key warmup.train_base_rows (a bool) became warmup.base_rows (a choice)
+    (["stage=warmup", "lang=nob", "warmup.train_base_rows=false"], 2,
+     "Unknown config key `warmup.train_base_rows`. Did you mean: `warmup.base_rows`"),
+    (["stage=warmup", "lang=nob", "warmup.base_rows=yes"], 1,
+     "Invalid value for `warmup.base_rows`: 'yes'. Allowed: trained, frozen, replayed."),
+], ids=["stage", "key", "type-float", "type-int", "type-bool", "type-optional", "range", "missing-lang", "renamed-key",
+        "choice"])
 def test_mistakes_fail_at_once_naming_the_key_and_the_fix(tmp_path, args, code, message):
     result = run_cli(*args, cwd=tmp_path, check=False)
     assert result.returncode == code
