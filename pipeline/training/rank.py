@@ -75,7 +75,7 @@ def train_rank(job: TrainingJob) -> None:
     result = train_loop(engine, sampler, job.train, heldout, folder / METRICS_FILE, is_logger=rank == 0,
                         flops_per_token=flops_per_token(model_cfg, job.seq_len), run=state,
                         checkpointing=checkpointing,
-                        learning_sources=learning_sources if job.gated_rows and len(learning_sources) else None)
+                        learning_sources=learning_sources if len(learning_sources) else None)
     _save_trained(engine, folder)
     # After the save, so that the peaks include it; the launching process adds its own (the export).
     peaks = peaks_of_all_ranks(engine.engine.grid)
