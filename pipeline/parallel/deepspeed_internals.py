@@ -12,7 +12,9 @@ CPU, the training engine keeps DeepSpeed from compiling its shared-memory collec
 (`broadcast_eval_loss_in_one_shape`); DeepSpeed's Muon optimizer, which ZeRO imports, is imported without compiling
 its kernel (`import_muon_uncompiled`); in bf16 the ZeRO optimizer's per-tensor overflow scan is left out where the
 gradient norm decides the same (`leave_out_overflow_scan`), and that norm is taken in a few launches rather than two
-per tensor (`grad_norm_in_few_launches`, which replaces ZeRO's `get_grad_norm_direct`).
+per tensor (`grad_norm_in_few_launches`, which replaces ZeRO's `get_grad_norm_direct`); the leading rows of a
+vocabulary matrix take scaled steps through ZeRO's map from a weight to its fp32 partition (`scale_leading_row_steps`,
+`_hp_mapping`) and a wrapper around the step of the optimizer that ZeRO drives.
 
 Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later DeepSpeed may
 rename any of these; the CPU tests (tests/unit/parallel/test_tensor_parallel.py, tests/stages/test_pretrain.py) fail if one moved.
@@ -155,3 +157,39 @@ def grad_norm_in_few_launches(engine) -> None:
         return norm.masked_fill_(~torch.isfinite(norm), -1.0)
 
     optimizer.get_grad_norm_direct = grad_norm
+
+
+def scale_leading_row_steps(engine, matrices: list[nn.Parameter], rows: int, scale: float) -> None:
+    """Each optimizer step moves the rows below the global id `rows` of `matrices` (vocabulary matrices; a
+    tensor-parallel shard counts from its `tp_shard.start`) by `scale` times the step the optimizer computed: a
+    learning rate of their own for part of a tensor, which param groups (whole tensors) cannot give. The step is
+    scaled in ZeRO's fp32 partition, between the optimizer's update and ZeRO's copy back to the model's weights, so
+    the master copy and the model agree. Adam's moments stay those of the unscaled step, as with a smaller learning
+    rate (without weight decay, which matrices with gated rows do not have, the two are the same update)."""
+    optimizer = engine.optimizer.optimizer
+    update = optimizer.step
+
+    def leading_fragments() -> list[torch.Tensor]:
+        # Looked up at every step: ZeRO links the partitions anew when it loads a checkpoint.
+        fragments = []
+        for matrix in matrices:
+            mapping = getattr(matrix, "_hp_mapping", None)
+            if mapping is None:  # this data-parallel rank's partition holds none of the matrix
+                continue
+            shard_start = matrix.tp_shard.start if hasattr(matrix, "tp_shard") else 0
+            end = min(max(rows - shard_start, 0), matrix.shape[0]) * matrix[0].numel()  # in the flat matrix
+            held = mapping.lp_fragment_address
+            if end > held.start:
+                fragments.append(mapping.hp_fragment.narrow(0, 0, min(end, held.start + held.numel) - held.start))
+        return fragments
+
+    def scaled_update(*args, **kwargs):
+        fragments = leading_fragments()
+        before = [fragment.clone() for fragment in fragments]
+        result = update(*args, **kwargs)
+        with torch.no_grad():  # the partitions are the optimizer's leaf tensors
+            for fragment, old in zip(fragments, before):
+                fragment.lerp_(old, 1.0 - scale)
+        return result
+
+    optimizer.step = scaled_update

@@ -14,8 +14,9 @@ before and after. Outputs: `checkpoint/` (the pipeline checkpoint that
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
-from pipeline.config import PipelineConfig
+from pipeline.config import REPLAY_TARGET, PipelineConfig
 from pipeline.contract import Stage, StageRun, portable_path
 from pipeline.errors import StageError
 from pipeline.memory_fit import fitting_micro_batch
@@ -40,13 +41,16 @@ def run_warmup(run: StageRun) -> dict:
                                                            cfg.warmup.train_embedding_norm, cfg.model.num_layers))
     start, transfer = warm_start(cfg.model, cfg.warmup, training.tokenizer_dir, training.tokenizer,
                                  run.input("clean"), run.lang, run.work_dir / SCRATCH / "transfer")
-    if cfg.warmup.base_rows != "trained":
+    step = (cfg.warmup.base_rows_lr or train.lr) / train.lr
+    if cfg.warmup.base_rows != "trained" or step != 1.0:
         training.job.gated_rows = transfer["base_rows"]
         training.job.gated_rows_learn_from = base_rows_sources(cfg.warmup.base_rows, run.lang,
                                                                training.packed["sources"])
+        training.job.gated_rows_step = step
+        learn_from = training.job.gated_rows_learn_from
         log.info("warmup %s: the first %d rows are the base's own and %s (warmup.base_rows=%s)", run.lang,
-                 transfer["base_rows"], f"learn only from {', '.join(training.job.gated_rows_learn_from)}"
-                 if training.job.gated_rows_learn_from else "stay as they are", cfg.warmup.base_rows)
+                 transfer["base_rows"], f"learn only from {', '.join(learn_from)} at lr {step * train.lr:g}"
+                 if learn_from else "stay as they are", cfg.warmup.base_rows)
     # Where the base is, relative to the work folder when inside it: stage=evaluate scores it too.
     report = train_stage(training, start, cfg.cluster, cfg.export,
                          about={"base": portable_path(cfg, cfg.model.base), "init": cfg.warmup.init, "rows": transfer})
@@ -58,9 +62,16 @@ def run_warmup(run: StageRun) -> dict:
 
 
 def base_rows_sources(base_rows: str, lang: str, sources: list[dict]) -> list[str]:
-    """The pack's sources (packed.json's entries) whose sequences train the base's rows: with `replayed`, every one
-    but the language's; with `frozen`, none."""
-    return [source["name"] for source in sources if source["name"] != lang] if base_rows == "replayed" else []
+    """The pack's sources (packed.json's entries) whose sequences train the base's rows: every one with `trained`;
+    with `replayed`, every one but the language's and the base's own samples (stage=replay's output), which top-p
+    sampling makes sharper than text: trained by them, the rows lose the base's language (BENCHMARKS.md, "The warm
+    start's base rows trained by the replayed English"); with `frozen`, none."""
+    if base_rows == "trained":
+        return [source["name"] for source in sources]
+    if base_rows == "replayed":
+        return [source["name"] for source in sources
+                if source["name"] != lang and Path(source["path"]).name != REPLAY_TARGET]
+    return []
 
 
 STAGE = Stage(

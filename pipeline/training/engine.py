@@ -25,7 +25,8 @@ from pipeline.parallel.ranks import bound_collectives
 from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_shape, grad_norm_in_few_launches,
                                                    holds_first_layer, import_muon_uncompiled,
-                                                   leave_out_overflow_scan, skip_cpu_shared_memory_collective)
+                                                   leave_out_overflow_scan, scale_leading_row_steps,
+                                                   skip_cpu_shared_memory_collective)
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
 from pipeline.training.config import TrainConfig, lr_factor, use_bf16
 from pipeline.training.job import VOCABULARY_MATRICES
@@ -64,10 +65,11 @@ class Engine:
 
 
 def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelConfig, init_file,
-                 trainable: Callable[[str], bool], gated_rows: int = 0) -> Engine:
+                 trainable: Callable[[str], bool], gated_rows: int = 0, gated_rows_step: float = 1.0) -> Engine:
     """The engine over this rank's stage, its weights loaded from `init_file` (single-model names); the vocabulary
     rows below `gated_rows` of the trained embedding and head learn only from the sequences that a micro-batch
-    marks (pipeline/parallel/pipeline_model.py), and stay as they are where none is marked."""
+    marks (pipeline/parallel/pipeline_model.py), and stay as they are where none is marked; their optimizer steps are
+    `gated_rows_step` times the ones the learning rate gives."""
     topology = PipeModelDataParallelTopology(num_pp=parallel.pp, num_mp=parallel.tp, num_dp=parallel.dp)
     torch.manual_seed(train.seed)
     # Tensor-parallel layers and loss when parallel.tp > 1 (pipeline/parallel/tensor_parallel.py).
@@ -135,6 +137,8 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     broadcast_eval_loss_in_one_shape(engine)
     leave_out_overflow_scan(engine)
     grad_norm_in_few_launches(engine)
+    if gated and gated_rows_step != 1.0:
+        scale_leading_row_steps(engine, gated, gated_rows, gated_rows_step)
     grid = engine.grid
     return Engine(engine=engine, layers=layers,
                   dp_rank=grid.get_data_parallel_rank(), dp_world=grid.get_data_parallel_world_size())

@@ -40,9 +40,11 @@ class TrainingJob:
     trainable: Optional[List[str]] = None
     # The vocabulary rows below this id of the trained VOCABULARY_MATRICES (warmup: the base's own rows, with
     # warmup.base_rows other than `trained`) learn only from the sequences of the pack's sources named in
-    # `gated_rows_learn_from`: with none, they stay as they are.
+    # `gated_rows_learn_from`: with none, they stay as they are. Their optimizer steps are `gated_rows_step` times
+    # the ones the learning rate gives (warmup.base_rows_lr / warmup.train.lr).
     gated_rows: int = 0
     gated_rows_learn_from: List[str] = field(default_factory=list)
+    gated_rows_step: float = 1.0
     # `auto`: continue from the newest checkpoint in checkpoints/ and write new ones (pretrain); `never`: start
     # again; null: no checkpoints (warmup, which is short, starts again).
     resume: Optional[str] = None

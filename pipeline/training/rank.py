@@ -48,14 +48,16 @@ def train_rank(job: TrainingJob) -> None:
     folder = Path(job.folder)
     model_cfg = read_model_config(folder / INIT / CHECKPOINT_CONFIG)
     engine = build_engine(model_cfg, job.train, job.parallel, folder / INIT / CHECKPOINT_WEIGHTS, job.trains,
-                          job.gated_rows)
+                          job.gated_rows, job.gated_rows_step)
     heldout = load_rows(folder / HELDOUT_FILE)
     sampler = PackedSampler(Path(job.pack), seq_len=job.seq_len, global_batch_size=job.train.global_batch_size,
                             seed=job.train.seed, rank=engine.dp_rank, world=engine.dp_world)
     learning_sources = np.flatnonzero(np.isin(sampler.names, job.gated_rows_learn_from))
     if rank == 0 and job.gated_rows:
-        log.info("%s: the vocabulary rows below %d learn from the sequences of %s", job.stage, job.gated_rows,
-                 ", ".join(sampler.names[i] for i in learning_sources) or "no source: they stay as they are")
+        log.info("%s: the vocabulary rows below %d learn from the sequences of %s%s", job.stage, job.gated_rows,
+                 ", ".join(sampler.names[i] for i in learning_sources) or "no source: they stay as they are",
+                 f", by steps {job.gated_rows_step:g} times the learning rate's" if len(learning_sources)
+                 and job.gated_rows_step != 1.0 else "")
     state, checkpointing = RunState(), None
     if job.resume is not None:
         root = folder / CHECKPOINTS

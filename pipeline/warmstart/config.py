@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from pipeline.errors import ConfigError
 from pipeline.training.config import TrainConfig
 
 # pipeline/warmstart/transfer.py describes them; `focus` and `align` learn from warmup.transfer_bytes of text.
 WARMUP_INITS = ("mean", "random", "focus", "align")
-# What the rows of tokens that keep the base's id learn from: every sequence, none, or the replayed sources' alone.
+# What the rows of tokens that keep the base's id learn from: every sequence, none, or the replayed text's alone.
 BASE_ROWS = ("trained", "frozen", "replayed")
 
 
@@ -35,10 +36,13 @@ class WarmupConfig:
     train_embedding_norm: bool = False
     # The rows of tokens that keep the base's id (an extended base tokenizer's: every base token, special tokens
     # included): `trained` like the added ones; `frozen`, as the base trained them, so that only the added tokens
-    # learn; `replayed`, trained only by the sequences of the plan's sources other than the language (the base's
-    # language replayed, fillers), so that the language cannot move them. `frozen` with model.base
-    # (conf/pretrained_base.yaml says what it measured).
+    # learn; `replayed`, trained only by the sequences of the plan's sources other than the language and the base's
+    # own samples (the base's language replayed, fillers), so that the language cannot move them. `replayed` with
+    # model.base (conf/pretrained_base.yaml says what it measured).
     base_rows: str = "trained"
+    # The learning rate of the base's rows where they learn (`trained`, `replayed`): their steps are this over
+    # warmup.train.lr times the schedule's; null: warmup.train.lr's.
+    base_rows_lr: Optional[float] = None
     # warmup.train.steps null: this share of the tokens the mix planned (pretrain then trains the whole plan).
     plan_share: float = 0.1
     train: TrainConfig = field(default_factory=_warmup_training)
@@ -49,6 +53,8 @@ def validate_warmup(warmup: WarmupConfig) -> None:
         raise ConfigError("warmup.init", warmup.init, WARMUP_INITS)
     if warmup.base_rows not in BASE_ROWS:
         raise ConfigError("warmup.base_rows", warmup.base_rows, BASE_ROWS)
+    if warmup.base_rows_lr is not None and not warmup.base_rows_lr > 0:
+        raise ConfigError("warmup.base_rows_lr", warmup.base_rows_lr, ["null (warmup.train.lr)", "a learning rate > 0, e.g. 1e-4"])
     if not 0 < warmup.plan_share <= 1:
         raise ConfigError("warmup.plan_share", warmup.plan_share, ["a share of the mix plan's tokens in (0, 1]"])
     if warmup.transfer_bytes < 1:

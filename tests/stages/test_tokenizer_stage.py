@@ -244,10 +244,18 @@ def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_gates_t
     kept = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
     assert torch.equal(kept[:512], base_rows) and not torch.equal(kept[512:], trained_all[512:])
     result = warmup("warmup.base_rows=replayed")
-    assert "the first 512 rows are the base's own and learn only from eng (warmup.base_rows=replayed)" in result.stderr
+    assert "the first 512 rows are the base's own and learn only from eng at lr 0.001 (warmup.base_rows=replayed)" in \
+        result.stderr
     assert "the vocabulary rows below 512 learn from the sequences of eng" in result.stderr
     replayed = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
     assert not torch.equal(replayed[:512], base_rows)
+    # warmup.base_rows_lr: the base's rows take steps of their own size (here half of warmup.train.lr's 1e-3); the
+    # added rows' first step is the same
+    result = warmup("warmup.base_rows=replayed", "warmup.base_rows_lr=5e-4")
+    assert "learn only from eng at lr 0.0005 (warmup.base_rows=replayed)" in result.stderr
+    half = embedding(tmp_path / "work" / "nob" / "warmup" / "hf")
+    torch.testing.assert_close(half[:512] - base_rows, 0.5 * (replayed[:512] - base_rows), rtol=0, atol=1e-6)
+    torch.testing.assert_close(half[512:], replayed[512:], rtol=0, atol=1e-6)
 
     # evaluate: the warm start's added tokens take a share of the probability on English, which the report gives
     run_cli("stage=evaluate", "lang=nob", f"model.base={english_base}", "eval.max_bytes=20000", cwd=tmp_path)

@@ -156,7 +156,10 @@ def test_acceptance_pretrain_continues_from_warmup_and_improves_heldout_bpb(nob_
 
 
 def test_the_base_rows_learn_from_the_sources_that_warmup_base_rows_names():
-    sources = [{"name": "nob"}, {"name": "eng"}, {"name": "eng-samples"}]
-    assert base_rows_sources("replayed", "nob", sources) == ["eng", "eng-samples"]
+    sources = [{"name": "nob", "path": "${work_dir}/nob/clean"}, {"name": "eng", "path": "${work_dir}/eng/clean"},
+               {"name": "own-text", "path": "${work_dir}/eng/replay"}, {"name": "fill", "path": "/data/fao/clean"}]
+    # The base's own samples are recognised by the replay stage's folder, whatever the mix names them.
+    assert base_rows_sources("replayed", "nob", sources) == ["eng", "fill"]
     assert base_rows_sources("replayed", "nob", sources[:1]) == []  # nothing replayed: the rows stay
     assert base_rows_sources("frozen", "nob", sources) == []
+    assert base_rows_sources("trained", "nob", sources) == ["nob", "eng", "own-text", "fill"]

@@ -333,6 +333,43 @@ def _gated_rows_under_tensor_parallelism(work_dir: Path) -> dict:
     return gathered
 
 
+def _scaled_gated_row_steps(work_dir: Path) -> dict:
+    """One step from the same start with every sequence marked, by engines whose gated rows take whole steps and
+    half steps (warmup.base_rows_lr at half the learning rate), under two tensor-parallel ranks (the gated rows cross
+    the shards' boundary) and two data-parallel ranks (they cross the boundary of ZeRO's fp32 partitions). Per layout
+    and rank: how far the half-step engine's moves are from half the other's below GATED_ROWS and from the same
+    above it, and how many rows below moved."""
+    import torch.distributed as dist
+
+    from pipeline.training.engine import build_engine
+    from pipeline.training.heldout import micro_batches
+
+    results = {}
+    for layout in (ParallelConfig(tp=2), ParallelConfig(dp=2)):
+        moves = {}
+        for step in (1.0, 0.5):
+            engine = build_engine(MODELS["rope"], TRAIN, layout, work_dir / "init-rope" / CHECKPOINT_WEIGHTS,
+                                  trainable=lambda name: name.startswith("embedding.tokens."), gated_rows=GATED_ROWS,
+                                  gated_rows_step=step)
+            ds = engine.engine
+            matrix = next(p for name, p in ds.module.named_parameters() if name.endswith("tokens.weight"))
+            before = matrix.detach().clone()
+            tokens, segments = _batches(MODELS["rope"].vocab_size, engine.dp_rank, engine.dp_world)[2]
+            ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device,
+                                              np.ones(len(tokens), dtype=bool))))
+            moves[step] = matrix.detach() - before
+            start = getattr(matrix, "tp_shard", None)
+            below = torch.arange(matrix.shape[0]) + (start.start if start is not None else 0) < GATED_ROWS
+        whole, half = moves[1.0], moves[0.5]
+        results[f"tp={layout.tp} dp={layout.dp}"] = {
+            "below_error": float((half[below] - 0.5 * whole[below]).abs().max()),
+            "above_error": float((half[~below] - whole[~below]).abs().max()) if (~below).any() else 0.0,
+            "moved_below": int((whole[below] != 0).any(dim=1).sum())}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, results)
+    return gathered
+
+
 def rank_entry(work_dir: Path) -> None:
     """Run the job of `job.json` (layer checks and/or layouts) on this launch's ranks; rank 0 writes results."""
     import torch.distributed as dist
@@ -348,6 +385,7 @@ def rank_entry(work_dir: Path) -> None:
         results["layers"] = _layer_errors()
         results["non-finite step"] = _non_finite_gradient_skips_the_step(work_dir)
         results["gated rows"] = _gated_rows_under_tensor_parallelism(work_dir)
+        results["gated row steps"] = _scaled_gated_row_steps(work_dir)
     for model, layout in job["runs"]:
         results[f"{model} {layout_name(layout)}"] = _train(model, tuple(layout), work_dir)
     if dist.get_rank() == 0:
@@ -449,6 +487,14 @@ def test_gated_vocabulary_rows_learn_only_from_marked_sequences_on_each_tensor_p
     for shard in (first, second):
         assert shard["moved_below_unmarked"] == 0 < shard["rows_below_unmarked"]
         assert shard["moved_below_marked"] > 0
+
+
+def test_gated_vocabulary_rows_take_scaled_steps_across_shards_and_zero_partitions(trained):
+    _, results = trained
+    for rank in results["gated row steps"]:
+        for layout, moves in rank.items():
+            assert moves["moved_below"] > 0, layout
+            assert moves["below_error"] < 1e-7 and moves["above_error"] < 1e-7, (layout, moves)
 
 
 def test_multi_query_attention_cannot_be_cut_across_ranks():
