@@ -7,7 +7,9 @@ same mix plan of `--tokens` tokens (warmup arms add their warmup.plan_share of i
               stage=pretrain init=warmup
   extended    the defaults since: the base's tokenizer extended (tokenizer.extend_base), the base's own English
               samples replayed beside the novels (stage=replay), warmup of the added tokens' rows, pretrain
-  extended-all-rows    as extended, the warm start training the base's rows too (warmup.base_rows=trained)
+  extended-all-rows    as extended, the warm start training the base's rows like the added ones
+                       (warmup.base_rows=trained warmup.base_rows_lr=null; the defaults since 2026-11-27 train them
+                       at a tenth of the learning rate)
   random      as recipe, the new rows random (warmup.init=random)
   no-warmup   as recipe without embedding training (one warmup step at a learning rate of 1e-30)
   keep        the base's tokenizer kept (tokenizer.keep_base=true), stage=pretrain init=hf
@@ -58,7 +60,7 @@ ARMS = {
     "lr-1e-3": ("new", ("warmup", "pretrain"), ("train.lr=1e-3",)),
     "no-replay": ("no-replay", ("warmup", "pretrain"), ()),
     "extended": ("extended", ("warmup", "pretrain"), ()),
-    "extended-all-rows": ("extended", ("warmup", "pretrain"), ("warmup.base_rows=trained",)),
+    "extended-all-rows": ("extended", ("warmup", "pretrain"), ("warmup.base_rows=trained", "warmup.base_rows_lr=null")),
 }
 
 

@@ -120,7 +120,7 @@ def added_tokens_line(added: dict[str, dict], title: str) -> str:
             f"base token is the target: {shares}. Where the text is cut as the base cuts it, a model whose body and "
             f"base rows are frozen (warmup with warmup.base_rows=frozen) gives the right token the base's "
             f"probability times one minus that share, so it cannot do better than the base there; training the body "
-            f"(pretrain) can.")
+            f"(pretrain) or the base rows at a small learning rate (warmup.base_rows_lr) can.")
 
 
 def markdown(lang: str, report: dict, plots: list[str]) -> str:

@@ -49,7 +49,7 @@ def run_warmup(run: StageRun) -> dict:
         training.job.gated_rows_step = step
         learn_from = training.job.gated_rows_learn_from
         log.info("warmup %s: the first %d rows are the base's own and %s (warmup.base_rows=%s)", run.lang,
-                 transfer["base_rows"], f"learn only from {', '.join(learn_from)} at lr {step * train.lr:g}"
+                 transfer["base_rows"], f"learn from {', '.join(learn_from)} at lr {step * train.lr:g}"
                  if learn_from else "stay as they are", cfg.warmup.base_rows)
     # Where the base is, relative to the work folder when inside it: stage=evaluate scores it too.
     report = train_stage(training, start, cfg.cluster, cfg.export,

@@ -37,11 +37,11 @@ class WarmupConfig:
     # The rows of tokens that keep the base's id (an extended base tokenizer's: every base token, special tokens
     # included): `trained` like the added ones; `frozen`, as the base trained them, so that only the added tokens
     # learn; `replayed`, trained only by the sequences of the plan's sources other than the language and the base's
-    # own samples (the base's language replayed, fillers), so that the language cannot move them. `replayed` with
-    # model.base (conf/pretrained_base.yaml says what it measured).
+    # own samples (the base's language replayed, fillers), so that the language cannot move them.
     base_rows: str = "trained"
     # The learning rate of the base's rows where they learn (`trained`, `replayed`): their steps are this over
-    # warmup.train.lr times the schedule's; null: warmup.train.lr's.
+    # warmup.train.lr times the schedule's; null: warmup.train.lr's. With model.base, `trained` at 1e-4 against the
+    # added rows' 1e-3 (conf/pretrained_base.yaml says what it measured).
     base_rows_lr: Optional[float] = None
     # warmup.train.steps null: this share of the tokens the mix planned (pretrain then trains the whole plan).
     plan_share: float = 0.1

@@ -108,7 +108,8 @@ def test_cfg_job_shows_the_base_models_shape_over_the_preset(tmp_path):
     assert (config["tokenizer"]["extend_base"], config["tokenizer"]["added_tokens"]) == (True, 16384)
     assert (config["train"]["steps"], config["warmup"]["train"]["steps"]) == (None, None)
     assert (config["train"]["lr"], config["train"]["global_batch_size"]) == (3e-4, 64)
-    assert (config["replay"]["tokens"], config["warmup"]["base_rows"]) == (6_000_000, "frozen")
+    assert (config["replay"]["tokens"], config["warmup"]["base_rows"]) == (6_000_000, "trained")
+    assert (config["warmup"]["base_rows_lr"], config["warmup"]["train"]["lr"]) == (1e-4, 1e-3)
     # ... and the command line's own values still win
     own = yaml.safe_load(run_cli("--cfg", "job", "stage=warmup", "lang=nob", f"model.base={base}", "train.lr=1e-5",
                                  "tokenizer.extend_base=false", "tokenizer.vocab_size=4096", cwd=tmp_path).stdout)
