@@ -46,8 +46,8 @@ def run_warmup(run: StageRun) -> dict:
         training.job.gated_rows = transfer["base_rows"]
         training.job.gated_rows_learn_from = base_rows_sources(cfg.warmup.base_rows, run.lang,
                                                                training.packed["sources"])
-        training.job.gated_rows_step = step
         learn_from = training.job.gated_rows_learn_from
+        training.job.gated_rows_step = step if learn_from else 1.0
         log.info("warmup %s: the first %d rows are the base's own and %s (warmup.base_rows=%s)", run.lang,
                  transfer["base_rows"], f"learn from {', '.join(learn_from)} at lr {step * train.lr:g}"
                  if learn_from else "stay as they are", cfg.warmup.base_rows)

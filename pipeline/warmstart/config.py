@@ -54,7 +54,8 @@ def validate_warmup(warmup: WarmupConfig) -> None:
     if warmup.base_rows not in BASE_ROWS:
         raise ConfigError("warmup.base_rows", warmup.base_rows, BASE_ROWS)
     if warmup.base_rows_lr is not None and not warmup.base_rows_lr > 0:
-        raise ConfigError("warmup.base_rows_lr", warmup.base_rows_lr, ["null (warmup.train.lr)", "a learning rate > 0, e.g. 1e-4"])
+        raise ConfigError("warmup.base_rows_lr", warmup.base_rows_lr,
+                          ["null (warmup.train.lr's)", "a learning rate > 0, e.g. 1e-4"])
     if not 0 < warmup.plan_share <= 1:
         raise ConfigError("warmup.plan_share", warmup.plan_share, ["a share of the mix plan's tokens in (0, 1]"])
     if warmup.transfer_bytes < 1:

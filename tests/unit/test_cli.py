@@ -69,6 +69,8 @@ def test_unknown_or_aliased_language(tmp_path, typed, first):
      "Unknown config key `warmup.train_base_rows`. Did you mean: `warmup.base_rows`"),
     (["stage=warmup", "lang=nob", "warmup.base_rows=yes"], 1,
      "Invalid value for `warmup.base_rows`: 'yes'. Allowed: trained, frozen, replayed."),
+    (["stage=warmup", "lang=nob", "warmup.base_rows_lr=0"], 1,
+     "Invalid value for `warmup.base_rows_lr`: 0.0. Allowed: null (warmup.train.lr's), a learning rate > 0"),
 ], ids=["stage", "key", "type-float", "type-int", "type-bool", "type-optional", "range", "missing-lang", "renamed-key",
         "choice"])
 def test_mistakes_fail_at_once_naming_the_key_and_the_fix(tmp_path, args, code, message):
