@@ -72,7 +72,7 @@ def test_unknown_or_aliased_language(tmp_path, typed, first):
     (["stage=warmup", "lang=nob", "warmup.base_rows_lr=0"], 1,
      "Invalid value for `warmup.base_rows_lr`: 0.0. Allowed: null (warmup.train.lr's), a learning rate > 0"),
 ], ids=["stage", "key", "type-float", "type-int", "type-bool", "type-optional", "range", "missing-lang", "renamed-key",
-        "choice"])
+        "choice", "positive"])
 def test_mistakes_fail_at_once_naming_the_key_and_the_fix(tmp_path, args, code, message):
     result = run_cli(*args, cwd=tmp_path, check=False)
     assert result.returncode == code
