@@ -42,7 +42,8 @@ def run_warmup(run: StageRun) -> dict:
     start, transfer = warm_start(cfg.model, cfg.warmup, training.tokenizer_dir, training.tokenizer,
                                  run.input("clean"), run.lang, run.work_dir / SCRATCH / "transfer")
     step = (cfg.warmup.base_rows_lr or train.lr) / train.lr
-    if cfg.warmup.base_rows != "trained" or step != 1.0:
+    # Without rows that keep a base id at their place (a new tokenizer may have none), nothing to treat apart.
+    if transfer["base_rows"] and (cfg.warmup.base_rows != "trained" or step != 1.0):
         training.job.gated_rows = transfer["base_rows"]
         training.job.gated_rows_learn_from = base_rows_sources(cfg.warmup.base_rows, run.lang,
                                                                training.packed["sources"])
