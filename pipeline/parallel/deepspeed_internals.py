@@ -177,7 +177,7 @@ def scale_leading_row_steps(engine, matrices: list[nn.Parameter], rows: int, sca
             if mapping is None:  # this data-parallel rank's partition holds none of the matrix
                 continue
             shard_start = matrix.tp_shard.start if hasattr(matrix, "tp_shard") else 0
-            end = min(max(rows - shard_start, 0), matrix.shape[0]) * matrix[0].numel()  # in the flat matrix
+            end = min(max(rows - shard_start, 0), matrix.shape[0]) * matrix.shape[1]  # in the flat matrix
             held = mapping.lp_fragment_address
             if end > held.start:
                 fragments.append(mapping.hp_fragment.narrow(0, 0, min(end, held.start + held.numel) - held.start))
