@@ -44,10 +44,11 @@ def run_warmup(run: StageRun) -> dict:
     step = (cfg.warmup.base_rows_lr or train.lr) / train.lr
     # Without rows that keep a base id at their place (a new tokenizer may have none), nothing to treat apart.
     if transfer["base_rows"] and (cfg.warmup.base_rows != "trained" or step != 1.0):
+        sources = training.packed["sources"]
+        learn_from = base_rows_sources(cfg.warmup.base_rows, run.lang, sources)
         training.job.gated_rows = transfer["base_rows"]
-        training.job.gated_rows_learn_from = base_rows_sources(cfg.warmup.base_rows, run.lang,
-                                                               training.packed["sources"])
-        learn_from = training.job.gated_rows_learn_from
+        # Rows that learn from every sequence need no gate, only their own step size.
+        training.job.gated_rows_learn_from = None if len(learn_from) == len(sources) else learn_from
         training.job.gated_rows_step = step if learn_from else 1.0
         log.info("warmup %s: the first %d rows are the base's own and %s (warmup.base_rows=%s)", run.lang,
                  transfer["base_rows"], f"learn from {', '.join(learn_from)} at lr {step * train.lr:g}"

@@ -65,17 +65,18 @@ class Engine:
 
 
 def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelConfig, init_file,
-                 trainable: Callable[[str], bool], gated_rows: int = 0, gated_rows_step: float = 1.0) -> Engine:
+                 trainable: Callable[[str], bool], gated_rows: int = 0, gated_rows_step: float = 1.0,
+                 gate: bool = True) -> Engine:
     """The engine over this rank's stage, its weights loaded from `init_file` (single-model names); the vocabulary
-    rows below `gated_rows` of the trained embedding and head learn only from the sequences that a micro-batch
-    marks (pipeline/parallel/pipeline_model.py), and stay as they are where none is marked; their optimizer steps are
-    `gated_rows_step` times the ones the learning rate gives."""
+    rows below `gated_rows` of the trained embedding and head take optimizer steps `gated_rows_step` times the ones
+    the learning rate gives and, with `gate`, learn only from the sequences that a micro-batch marks
+    (pipeline/parallel/pipeline_model.py), staying as they are where none is marked."""
     topology = PipeModelDataParallelTopology(num_pp=parallel.pp, num_mp=parallel.tp, num_dp=parallel.dp)
     torch.manual_seed(train.seed)
     # Tensor-parallel layers and loss when parallel.tp > 1 (pipeline/parallel/tensor_parallel.py).
     module = pipeline_module(model_cfg, parallel.pp, topology=topology,
                              checkpoint_interval=train.activation_checkpoint_interval,
-                             sequence_parallel=parallel.sequence_parallel, gated_rows=gated_rows)
+                             sequence_parallel=parallel.sequence_parallel, gated_rows=gated_rows if gate else 0)
     layers = local_layers(module, model_cfg)
     # Built on the meta device: only this rank's share (its stage, its tensor-parallel slices) is ever allocated,
     # then read from the file slice by slice.

@@ -38,12 +38,12 @@ class TrainingJob:
     kernels: str = "auto"
     # Name prefixes of the parameters that train (warmup: the embeddings and the head); null: all of them.
     trainable: Optional[List[str]] = None
-    # The vocabulary rows below this id of the trained VOCABULARY_MATRICES (warmup: the base's own rows, unless they
-    # train like the added ones) learn only from the sequences of the pack's sources named in
-    # `gated_rows_learn_from`: with none, they stay as they are. Their optimizer steps are `gated_rows_step` times
-    # the ones the learning rate gives (warmup.base_rows_lr / warmup.train.lr).
+    # The vocabulary rows below this id of the trained VOCABULARY_MATRICES (warmup: the base's own rows) learn only
+    # from the sequences of the pack's sources named in `gated_rows_learn_from` (with none, they stay as they are;
+    # null: from every sequence, with no gate), by optimizer steps `gated_rows_step` times the ones the learning
+    # rate gives (warmup.base_rows_lr / warmup.train.lr).
     gated_rows: int = 0
-    gated_rows_learn_from: List[str] = field(default_factory=list)
+    gated_rows_learn_from: Optional[List[str]] = field(default_factory=list)
     gated_rows_step: float = 1.0
     # `auto`: continue from the newest checkpoint in checkpoints/ and write new ones (pretrain); `never`: start
     # again; null: no checkpoints (warmup, which is short, starts again).

@@ -47,17 +47,17 @@ def train_rank(job: TrainingJob) -> None:
     rank = dist.get_rank()
     folder = Path(job.folder)
     model_cfg = read_model_config(folder / INIT / CHECKPOINT_CONFIG)
+    gate = job.gated_rows_learn_from is not None  # null: the rows learn from every sequence
     engine = build_engine(model_cfg, job.train, job.parallel, folder / INIT / CHECKPOINT_WEIGHTS, job.trains,
-                          job.gated_rows, job.gated_rows_step)
+                          job.gated_rows, job.gated_rows_step, gate)
     heldout = load_rows(folder / HELDOUT_FILE)
     sampler = PackedSampler(Path(job.pack), seq_len=job.seq_len, global_batch_size=job.train.global_batch_size,
                             seed=job.train.seed, rank=engine.dp_rank, world=engine.dp_world)
-    learning_sources = np.flatnonzero(np.isin(sampler.names, job.gated_rows_learn_from))
+    learning_sources = np.flatnonzero(np.isin(sampler.names, job.gated_rows_learn_from if gate else sampler.names))
     if rank == 0 and job.gated_rows:
         log.info("%s: the vocabulary rows below %d learn from the sequences of %s%s", job.stage, job.gated_rows,
                  ", ".join(sampler.names[i] for i in learning_sources) or "no source: they stay as they are",
-                 f", by steps {job.gated_rows_step:g} times the learning rate's" if len(learning_sources)
-                 and job.gated_rows_step != 1.0 else "")
+                 f", by steps {job.gated_rows_step:g} times the learning rate's" if job.gated_rows_step != 1.0 else "")
     state, checkpointing = RunState(), None
     if job.resume is not None:
         root = folder / CHECKPOINTS
@@ -77,7 +77,7 @@ def train_rank(job: TrainingJob) -> None:
     result = train_loop(engine, sampler, job.train, heldout, folder / METRICS_FILE, is_logger=rank == 0,
                         flops_per_token=flops_per_token(model_cfg, job.seq_len), run=state,
                         checkpointing=checkpointing,
-                        learning_sources=learning_sources if len(learning_sources) else None)
+                        learning_sources=learning_sources if gate and len(learning_sources) else None)
     _save_trained(engine, folder)
     # After the save, so that the peaks include it; the launching process adds its own (the export).
     peaks = peaks_of_all_ranks(engine.engine.grid)

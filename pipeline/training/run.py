@@ -266,7 +266,7 @@ def _check_frozen_unchanged(initial: Path, trained: Path, job: TrainingJob,
             if job.trains(name):
                 trained_names.append(name)
                 trained_values += tensor.numel()
-                rows = job.gated_rows if name in VOCABULARY_MATRICES and not job.gated_rows_learn_from else 0
+                rows = job.gated_rows if name in VOCABULARY_MATRICES and job.gated_rows_learn_from == [] else 0
                 if rows and not torch.equal(tensor[:rows], before.read(name)[:rows].to(held).to(tensor.dtype)):
                     moved.append(f"{name}[:{rows}]")
             elif not torch.equal(tensor, before.read(name).to(held).to(tensor.dtype)):
