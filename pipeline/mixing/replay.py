@@ -40,7 +40,10 @@ def _load_base(base: str, device: str):
         raise StageError(f"replay samples text from a Hugging Face folder (config.json, weights, tokenizer files); "
                          f"model.base={base} has no config.json. Export the model with transformers' "
                          f"save_pretrained, or set replay.tokens=0 to go without samples.")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(base, trust_remote_code=False)
+    # Decoded exactly: a base's tokenizer_config.json may ask for transformers' clean-up of spaces around punctuation
+    # (SmolLM2's does), which older transformers apply and which would write text the base did not sample.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(base, trust_remote_code=False,
+                                                           clean_up_tokenization_spaces=False)
     if tokenizer.eos_token_id is None:
         raise StageError(f"replay: the tokenizer of model.base={base} names no end-of-text token, which the samples "
                          f"begin after and end at: set eos_token in its tokenizer_config.json.")

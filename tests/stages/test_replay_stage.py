@@ -4,12 +4,13 @@ the small English base of tests/english_base_model.py."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from tokenizers import Tokenizer
 
 from pipeline.mixing.config import ReplayConfig
-from pipeline.mixing.replay import SOURCE, write_samples
+from pipeline.mixing.replay import SOURCE, _load_base, write_samples
 from tests.conftest import copy_of, marker, read_jsonl_gz, run_cli
 
 SAMPLES = ("replay.tokens=3000", "replay.length=48")
@@ -68,6 +69,20 @@ def test_an_interrupted_replay_keeps_its_shards_and_samples_the_same_rest(englis
     # The same seeds give the same text, shard by shard.
     write_samples(str(english_base), tmp_path / "b", settings, "cpu")
     assert read_jsonl_gz(tmp_path / "a") == read_jsonl_gz(tmp_path / "b")
+
+
+def test_samples_are_decoded_without_the_bases_clean_up_of_spaces(english_base, tmp_path):
+    # SmolLM2's tokenizer_config.json asks for transformers' clean-up ("Hello , world" -> "Hello, world"), which
+    # transformers before 5 applies when decoding: the samples would not be the text the base wrote.
+    base = tmp_path / "base"
+    shutil.copytree(english_base, base)
+    config_file = base / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.exists() else {}
+    config_file.write_text(json.dumps({**config, "clean_up_tokenization_spaces": True}), encoding="utf-8")
+    _, tokenizer, _ = _load_base(str(base), "cpu")
+    assert tokenizer.clean_up_tokenization_spaces is False
+    text = "Hello , world . Isn 't it ?"
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
 
 
 def test_stage_all_samples_the_base_before_the_mix(tmp_path_factory, nob_eng_cleaned, english_base):
