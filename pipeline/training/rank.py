@@ -53,10 +53,12 @@ def train_rank(job: TrainingJob) -> None:
     heldout = load_rows(folder / HELDOUT_FILE)
     sampler = PackedSampler(Path(job.pack), seq_len=job.seq_len, global_batch_size=job.train.global_batch_size,
                             seed=job.train.seed, rank=engine.dp_rank, world=engine.dp_world)
-    learning_sources = np.flatnonzero(np.isin(sampler.names, job.gated_rows_learn_from if gate else sampler.names))
+    # The sources whose sequences a micro-batch marks for the gated rows (none marked: the rows stay as they are).
+    marked = np.flatnonzero(np.isin(sampler.names, job.gated_rows_learn_from)) if gate else None
     if rank == 0 and job.gated_rows:
+        learning = sampler.names if marked is None else [sampler.names[i] for i in marked]
         log.info("%s: the vocabulary rows below %d learn from the sequences of %s%s", job.stage, job.gated_rows,
-                 ", ".join(sampler.names[i] for i in learning_sources) or "no source: they stay as they are",
+                 ", ".join(learning) or "no source: they stay as they are",
                  f", by steps {job.gated_rows_step:g} times the learning rate's" if job.gated_rows_step != 1.0 else "")
     state, checkpointing = RunState(), None
     if job.resume is not None:
@@ -77,7 +79,7 @@ def train_rank(job: TrainingJob) -> None:
     result = train_loop(engine, sampler, job.train, heldout, folder / METRICS_FILE, is_logger=rank == 0,
                         flops_per_token=flops_per_token(model_cfg, job.seq_len), run=state,
                         checkpointing=checkpointing,
-                        learning_sources=learning_sources if gate and len(learning_sources) else None)
+                        learning_sources=marked if marked is not None and len(marked) else None)
     _save_trained(engine, folder)
     # After the save, so that the peaks include it; the launching process adds its own (the export).
     peaks = peaks_of_all_ranks(engine.engine.grid)
