@@ -26,9 +26,10 @@ attention kernels run (`_segment_block_ranges`, one small launch per tiling): ea
 other side's blocks that share a segment with it, and inside it the run of "full" blocks where every pair
 does; the kernels loop over that range only. The ranges are resolved once per batch: every layer that gets the
 same `segment_ids` tensor (unchanged: its version counter) reuses the int32 ids and the ranges of the first
-(`_document_blocks`). Each kernel applies the document mask to the partial blocks at the range's ends and
-nothing to the full ones. The loops have no data-dependent branch, so Triton's software pipeliner streams
-their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's work, as this kernel had
+(`_document_blocks`). The forward and dQ kernels apply the document mask to the partial blocks at the range's ends
+and nothing to the full ones; the dK/dV kernel runs its range and diagonal as one masked loop, which leaves it the
+registers for one more pipeline stage. The loops have no data-dependent branch, so Triton's software pipeliner
+streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's work, as this kernel had
 before, keeps the loads out of the pipeline (BENCHMARKS.md, packed rows).
 """
 
@@ -362,8 +363,8 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
     # Queries after the key block see all of it (causal); the diagonal queries need the causal mask.
     diagonal_end = tl.minimum(anchor + BLOCK_N, seq_len)
     region_lo = diagonal_end if CAUSAL else 0
-    lo, full_lo, full_hi, hi, seg_k = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_n, seq_len,
-                                                     region_lo, seq_len, HAS_SEGMENTS=HAS_SEGMENTS)
+    lo, _, _, hi, seg_k = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_n, seq_len, region_lo, seq_len,
+                                         HAS_SEGMENTS=HAS_SEGMENTS)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -371,29 +372,28 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
     q_ptrs = q_ptr + batch * stride_qb + first_head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
     do_ptrs = do_ptr + batch * stride_dob + first_head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :]
     row_offset = (batch * heads + first_head) * seq_len  # lse, delta: (batch, heads, seq), a group's heads adjacent
-    if CAUSAL:
-        dk, dv = _backward_kv_query_blocks(
-            dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
-            delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
-            qk_scale, seq_len, head_dim, group, anchor, diagonal_end, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=True, CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=HAS_SEGMENTS, CHECK_D=CHECK_D)
     if HAS_SEGMENTS:
+        # The diagonal and the document range in one loop, every block masked. Split into the masked ends and the
+        # unmasked run (as the forward and dQ kernels run theirs), the kernel needed 2 pipeline stages to compile
+        # without spills; as one loop it runs 3, which measured 1.06x forward+backward on packed rows (BENCHMARKS.md).
+        start = anchor if CAUSAL else lo
         dk, dv = _backward_kv_query_blocks(
             dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
             delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
-            qk_scale, seq_len, head_dim, group, lo, full_lo, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False,
+            qk_scale, seq_len, head_dim, group, start, hi, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL,
             CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=True, CHECK_D=CHECK_D)
-    dk, dv = _backward_kv_query_blocks(
-        dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
-        delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
-        qk_scale, seq_len, head_dim, group, full_lo, full_hi, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False,
-        CHECK_QUERIES=CHECK_SEQ and not HAS_SEGMENTS, SEGMENT_MASK=False, CHECK_D=CHECK_D)
-    if HAS_SEGMENTS:
+    else:
+        if CAUSAL:
+            dk, dv = _backward_kv_query_blocks(
+                dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
+                delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
+                qk_scale, seq_len, head_dim, group, anchor, diagonal_end, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI,
+                CAUSAL_MASK=True, CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=False, CHECK_D=CHECK_D)
         dk, dv = _backward_kv_query_blocks(
             dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
             delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
-            qk_scale, seq_len, head_dim, group, full_hi, hi, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False,
-            CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=True, CHECK_D=CHECK_D)
+            qk_scale, seq_len, head_dim, group, lo, hi, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False,
+            CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=False, CHECK_D=CHECK_D)
 
     dk = dk * sm_scale
     _store_tile(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],

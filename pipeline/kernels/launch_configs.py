@@ -72,23 +72,24 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
         # Backward dK/dV: the program keeps its keys' K and V tiles in shared memory (wgmma operands) and the dK/dV
         # accumulators (fp32) in registers while query blocks stream by: 64 keys x 32-query steps with one
         # warpgroup and 3 stages, which replaced 128 keys x 16 queries with 8 warps (2026-11-26, H100; figures in
-        # BENCHMARKS.md); on packed rows 2 stages (its loops over the masked and the unmasked query blocks spill 16
-        # bytes with 3). dQ: 128 queries, 64-key blocks. Every entry compiles without spills, with one query
-        # head per key head and with several (tests/unit/kernels/test_kernels_compile.py).
+        # BENCHMARKS.md); the same on packed rows, where its one masked loop leaves the registers for the third stage
+        # (1.06x forward+backward against 2 stages, 2026-11-27). dQ: 128 queries, 64-key blocks. Every entry
+        # compiles without spills, with one query head per key head and with several
+        # (tests/unit/kernels/test_kernels_compile.py).
         128: AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
                               backward_kv=KernelConfig(32, 64, 4, 3),
                               backward_q=KernelConfig(128, 64, 8, 3),
                               documents=AttentionConfigs(forward=KernelConfig(64, 64, 4, 2),
-                                                         backward_kv=KernelConfig(32, 64, 4, 2),
+                                                         backward_kv=KernelConfig(32, 64, 4, 3),
                                                          backward_q=KernelConfig(64, 64, 4, 2))),
         # D=64 halves every tile: 4 warps suffice for the forward's 128x64 tiles (3 stages; on packed rows 64 x 32
-        # with 2 stages, +19%), dK/dV 64 keys x 64 queries with one warpgroup (3 stages; 2 on packed rows), dQ 64 queries
-        # x 32 keys with 4 stages.
+        # with 2 stages, +19%), dK/dV 64 keys x 64 queries with one warpgroup and 3 stages (packed rows too), dQ 64
+        # queries x 32 keys with 4 stages.
         64: AttentionConfigs(forward=KernelConfig(128, 64, 4, 3),
                              backward_kv=KernelConfig(64, 64, 4, 3),
                              backward_q=KernelConfig(64, 32, 4, 4),
                              documents=AttentionConfigs(forward=KernelConfig(64, 32, 4, 2),
-                                                        backward_kv=KernelConfig(64, 64, 4, 2),
+                                                        backward_kv=KernelConfig(64, 64, 4, 3),
                                                         backward_q=KernelConfig(64, 32, 4, 4))),
     },
     "gfx90a": {
