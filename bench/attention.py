@@ -282,8 +282,9 @@ def block_ranges(ids: torch.Tensor, outer: int, inner: int) -> torch.Tensor:
 
 def kernel_tiles(segment_ids: torch.Tensor, block_m: int, block_n: int, queries_outer: bool) -> dict:
     """The tile pairs (block_m queries x block_n keys) a causal document-mask kernel of ours runs, by whether it
-    masks them (per score): each kernel runs its range's full run unmasked, its ends and the diagonal masked (the
-    forward and dQ kernels, queries_outer, over the keys before the diagonal; dK/dV over the queries after it)."""
+    masks them (per score): the forward and dQ kernels (queries_outer) run their range of keys before the diagonal
+    with its full run unmasked and its ends and the diagonal masked; the dK/dV kernel runs the diagonal and its range
+    of queries after it as one masked loop."""
     counts, area = visible_per_tile(segment_ids, block_m, block_n)
     run = {"unmasked": 0, "masked": 0}
     empty = computed = 0
@@ -295,8 +296,11 @@ def kernel_tiles(segment_ids: torch.Tensor, block_m: int, block_n: int, queries_
             diagonal = range(anchor // inner, -(-min(anchor + outer, seq) // inner))
             region = (0, anchor // inner) if queries_outer else (diagonal.stop, -(-seq // inner))
             lo, full_lo, full_hi, hi = (min(max(x, region[0]), region[1]) for x in (lo, full_lo, full_hi, hi))
-            kinds = [("masked", range(lo, full_lo)), ("unmasked", range(full_lo, full_hi)),
-                     ("masked", range(full_hi, hi)), ("masked", diagonal)]
+            if queries_outer:
+                kinds = [("masked", range(lo, full_lo)), ("unmasked", range(full_lo, full_hi)),
+                         ("masked", range(full_hi, hi)), ("masked", diagonal)]
+            else:
+                kinds = [("masked", range(diagonal.start, max(hi, diagonal.stop)))]
             for kind, inners in kinds:
                 for other in inners:
                     q_tile, k_tile = (block, other) if queries_outer else (other, block)
