@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.contract import StageRun
-from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
 from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, top_up_heldout
 from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader
@@ -110,7 +109,7 @@ def _tally(run: StageRun, label: str) -> SourceTally:
     return SourceTally(run.work_dir / TALLIES, label)
 
 
-def _split_and_write(run: StageRun) -> list:
+def _split_and_write(run: StageRun, heldout_sources: list[str]) -> list:
     from datatrove.pipeline.writers import JsonlWriter
 
 
@@ -120,7 +119,7 @@ def _split_and_write(run: StageRun) -> list:
         return JsonlWriter(str(work / split), max_file_size=clean.shard_bytes)
 
     return [
-        HeldoutSourceSplit(heldout_source_patterns(clean, run.cfg.lang), writer("heldout_source")),
+        HeldoutSourceSplit(heldout_sources, writer("heldout_source")),
         _tally(run, HELDOUT_SOURCE),
         HeldoutSplit(clean.heldout_fraction, writer("heldout")), _tally(run, HELDOUT),
         writer("train"),
@@ -134,9 +133,10 @@ def _minhash_config(clean):
     return MinhashConfig(n_grams=d.n_grams, num_buckets=d.num_buckets, hashes_per_bucket=d.hashes_per_bucket, seed=d.seed)
 
 
-def build_phases(run: StageRun, tasks: int, tokenizer,
-                 filters: list[tuple[str, object]]) -> list[tuple[str, list, int]]:
-    """The phases as (name, datatrove pipeline, number of tasks), from the (name, step) pairs of `quality_filters`."""
+def build_phases(run: StageRun, tasks: int, tokenizer, filters: list[tuple[str, object]],
+                 heldout_sources: list[str]) -> list[tuple[str, list, int]]:
+    """The phases as (name, datatrove pipeline, number of tasks), from the (name, step) pairs of `quality_filters`;
+    the documents of `heldout_sources` (patterns) go to `heldout_source/`."""
     from datatrove.pipeline.dedup.minhash import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
                                                   MinhashDedupSignature)
     from datatrove.pipeline.writers import JsonlWriter
@@ -148,7 +148,7 @@ def build_phases(run: StageRun, tasks: int, tokenizer,
     for name, step in filters:
         filtering += [step, _tally(run, name)]
     if not clean.dedup.enabled:
-        return [(FILTER_PHASE, filtering + _split_and_write(run), tasks)]
+        return [(FILTER_PHASE, filtering + _split_and_write(run, heldout_sources), tasks)]
 
     minhash, words = _minhash_config(clean), minhash_word_tokenizer(run.cfg.lang, tokenizer)
     signatures, buckets, clusters = (str(work / "minhash" / part) for part in ("signatures", "buckets", "clusters"))
@@ -163,7 +163,7 @@ def build_phases(run: StageRun, tasks: int, tokenizer,
             TaskOutputReader(str(work / "filtered")),
             MinhashDedupFilter(clusters, exclusion_writer=_rejected(work, DUPLICATES), load_cluster_sizes=True),
             _tally(run, DUPLICATES),
-            *_split_and_write(run),
+            *_split_and_write(run, heldout_sources),
         ], tasks),
     ]
 

@@ -4,8 +4,10 @@
 - `heldout_source`: the clean stage's `heldout_source` split, whole sources (`clean.heldout_sources`) that no stage
   trains on: the language outside the training text's domain;
 - `base_lang`: held-out text of the base model's language (`model.base_lang`): `eval.base_lang_path`, or what that
-  language's clean stage held out when it is done (its held-out sources, else its held-out split); a recipe that
-  makes the model forget it shows here.
+  language's clean stage held out when it is done: its held-out sources, one set per pattern of its
+  `heldout_sources` when there are several (`base_lang:<pattern>`; English: a novel the replay never reads, and
+  Universal Dependencies' web text, reviews and email, a domain it never replays), else its held-out split; a
+  recipe that makes the model forget it shows here.
 
 A set without text is skipped with the reason, never an error; only `heldout` is required.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from pipeline.contract import read_marker, stage_dir
+from pipeline.corpus.heldout import is_heldout_source
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files
 from pipeline.corpus.sources import RAW_FOLDER, SourceInput, clean_output, read_documents
 from pipeline.languages import LANGUAGES, language_config
@@ -59,12 +62,14 @@ def _raw(folder: Path, files: list[str], scratch: Path) -> Iterator:
 class TextSet:
     """One held-out set: a clean stage's split, or a file or folder the user gave."""
 
-    name: str   # HELDOUT, HELDOUT_SOURCE or BASE_LANG
+    name: str   # HELDOUT, HELDOUT_SOURCE, BASE_LANG or `BASE_LANG:<pattern>`
     title: str  # its column in the report
     where: str  # what the text is, for people
-    # Either a clean stage output and its split ...
+    # Either a clean stage output and its split (of a held-out source split, only the documents of the sources that
+    # these `clean.heldout_sources` patterns name; empty: all of it) ...
     clean: Optional[Path] = None
     split: str = HELDOUT_SPLIT
+    sources: tuple[str, ...] = ()
     # ... or a file or folder of JSONL/Parquet, or of plain text with one document per line.
     path: Optional[str] = None
 
@@ -73,7 +78,9 @@ class TextSet:
         that crosses it included). Plain text has no metadata; the clean reader's records carry their raw file."""
         if self.path is None:
             found = ((document.text, document.metadata) for document in
-                     read_documents(clean_output(self.name, self.clean, split=self.split), scratch / self.name))
+                     read_documents(clean_output(self.name, self.clean, split=self.split), scratch / self.name)
+                     if not self.sources or is_heldout_source(document.metadata.get("raw_file", ""),
+                                                              str(document.metadata.get("source", "")), self.sources))
         else:
             folder, files, raw = text_files(Path(self.path))
             found = (((document.text, document.metadata) for document in _raw(folder, files, scratch / self.name))
@@ -92,7 +99,8 @@ class TextSet:
         if self.path is not None:
             folder, files, _ = text_files(Path(self.path))
             return fingerprint_files(folder, files)
-        return {"clean_config_hash": read_marker(self.clean)["config_hash"], "split": self.split}
+        return {"clean_config_hash": read_marker(self.clean)["config_hash"], "split": self.split,
+                "sources": list(self.sources)}
 
 
 def _has_files(folder: Path) -> bool:
@@ -124,35 +132,46 @@ def base_lang_clean(cfg) -> Path:
     return stage_dir(dataclasses.replace(cfg, lang=language_config(code, LANGUAGES[code])), "clean")
 
 
-def base_lang_set(cfg) -> TextSet | str:
+def is_base_lang(name: str) -> bool:
+    """Whether the set `name` is text of the base model's language."""
+    return name == BASE_LANG or name.startswith(f"{BASE_LANG}:")
+
+
+def base_lang_sets(cfg) -> list[TextSet] | str:
     """Held-out text of the base model's language, or why there is none."""
     code = cfg.model.base_lang
     title = f"{code} held-out"
     if cfg.eval.base_lang_path is not None:
-        return TextSet(BASE_LANG, title, str(Path(cfg.eval.base_lang_path).resolve()), path=cfg.eval.base_lang_path)
+        return [TextSet(BASE_LANG, title, str(Path(cfg.eval.base_lang_path).resolve()), path=cfg.eval.base_lang_path)]
     if code == cfg.lang.code:
         return f"model.base_lang is {code}, the language evaluated: its held-out text is the `{HELDOUT}` set"
     clean = base_lang_clean(cfg)
-    if read_marker(clean) is None:
+    marker = read_marker(clean)
+    if marker is None:
         return (f"no held-out text of the base model's language {code} (model.base_lang): run python -m pipeline "
                 f"stage=clean lang={code} work_dir={cfg.work_dir}, or give eval.base_lang_path=<file or folder>")
-    # A source it held out whole first: the mix replays its training text several times, so held-out pages of the
-    # same books flatter the model.
+    # The sources it held out whole first: the mix replays its training text several times, so held-out pages of the
+    # same books flatter the model. Each source apart: text of the replayed kind, and of kinds never replayed.
     if _has_files(clean / HELDOUT_SOURCE_SPLIT):
-        return TextSet(BASE_LANG, title, f"the sources {code}'s clean stage held out whole "
-                       f"({clean / HELDOUT_SOURCE_SPLIT})", clean=clean, split=HELDOUT_SOURCE_SPLIT)
+        where = f"of the sources {code}'s clean stage held out whole ({clean / HELDOUT_SOURCE_SPLIT})"
+        patterns = marker.get("metrics", {}).get("heldout_source_patterns") or []
+        if len(patterns) < 2:
+            return [TextSet(BASE_LANG, title, f"the documents {where}", clean=clean, split=HELDOUT_SOURCE_SPLIT)]
+        return [TextSet(f"{BASE_LANG}:{pattern}", f"{code} held-out {pattern}", f"the documents matching {pattern} "
+                        f"{where}", clean=clean, split=HELDOUT_SOURCE_SPLIT, sources=(pattern,))
+                for pattern in patterns]
     if not _has_files(clean / HELDOUT_SPLIT):
         return f"{code}'s clean stage ({clean}) held out no document"
-    return TextSet(BASE_LANG, title, f"the held-out split of {code}'s clean stage ({clean / HELDOUT_SPLIT})",
-                   clean=clean)
+    return [TextSet(BASE_LANG, title, f"the held-out split of {code}'s clean stage ({clean / HELDOUT_SPLIT})",
+                    clean=clean)]
 
 
 def text_sets(cfg, clean: Optional[Path]) -> tuple[list[TextSet], dict[str, str]]:
     """The sets to score, in the report's order, and the reason each missing one is skipped."""
     sets, skipped = [heldout_set(cfg.eval.path, cfg.lang.code, clean)], {}
-    for name, found in ((HELDOUT_SOURCE, heldout_source_set(cfg.lang.code, clean)), (BASE_LANG, base_lang_set(cfg))):
-        if isinstance(found, TextSet):
-            sets.append(found)
-        else:
+    for name, found in ((HELDOUT_SOURCE, heldout_source_set(cfg.lang.code, clean)), (BASE_LANG, base_lang_sets(cfg))):
+        if isinstance(found, str):
             skipped[name] = found
+        else:
+            sets.extend([found] if isinstance(found, TextSet) else found)
     return sets, skipped

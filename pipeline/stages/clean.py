@@ -107,25 +107,31 @@ def _check_slurm_script(run: StageRun) -> None:
         check_script_word("lang", f"clean-{run.lang}-{phase}")
 
 
-def heldout_source_files(cfg: PipelineConfig, folder: Path, files: list[str]) -> list[str]:
-    """The raw files that `clean.heldout_sources` holds out whole, saying which patterns match none (they may still
-    match records' `source`); refuses to hold out every file, which would leave nothing to train on."""
+def heldout_sources(cfg: PipelineConfig, folder: Path, files: list[str]) -> tuple[list[str], list[str]]:
+    """The patterns of `clean.heldout_sources` and the raw files they hold out whole, saying which patterns match no
+    file (they may still match records' `source`). Holding out every file would leave nothing to train on: refused
+    for patterns the user gave; the language table's are dropped (its `ud_*` is the whole of a UD-only sample)."""
     patterns = heldout_source_patterns(cfg.clean, cfg.lang)
     if not patterns:
-        return []
+        return [], []
     for pattern in patterns:
         if not any(is_heldout_source(name, "", [pattern]) for name in files):
             log.info("clean %s: clean.heldout_sources pattern %r matches no raw file in %s (it holds out the records "
                      "whose `source` it matches).", cfg.lang.code, pattern, folder)
     held = [name for name in files if is_heldout_source(name, "", patterns)]
     if held and len(held) == len(files):
+        if cfg.clean.heldout_sources is None:
+            log.warning("clean %s: the language table's held-out sources %s would hold out every raw file in %s, "
+                        "which leaves nothing to train on: none is held out. Give clean.heldout_sources=[...] to hold "
+                        "out a source.", cfg.lang.code, patterns, folder)
+            return [], []
         raise StageError(f"clean {cfg.lang.code}: clean.heldout_sources={list(patterns)} holds out every raw file in "
                          f"{folder}, which leaves nothing to train on. Narrow the patterns, or set "
                          "clean.heldout_sources=[] to hold out no source.")
     if held:
         log.info("clean %s: %d raw files held out whole (clean.heldout_sources, written to heldout_source/): %s",
                  cfg.lang.code, len(held), ", ".join(held[:10]) + (" ..." if len(held) > 10 else ""))
-    return held
+    return patterns, held
 
 
 def run_clean(run: StageRun):
@@ -145,15 +151,15 @@ def run_clean(run: StageRun):
     _write_bad_names(run, bad_names)
     tokenizer, tokenizer_name = resolve_word_tokenizer(cfg.lang)
     filters = quality_filters(run, tokenizer)
-    phases = build_phases(run, tasks, tokenizer, filters)
+    patterns, held = heldout_sources(cfg, folder, files)
+    phases = build_phases(run, tasks, tokenizer, filters, patterns)
     language_id = choose_language_id(cfg.lang, cfg.clean.lid)
     # Falling back to the records' own label is worth a warning: web crawls get it wrong for small languages.
     log.log(logging.WARNING if language_id.model is None else logging.INFO, "clean %s: language ID by %s",
             cfg.lang.code, language_id.description)
     settings = {"filters": [(step_key(step), name) for name, step in filters], "language_id": language_id.marker(),
                 "word_tokenizer": tokenizer_name, "input_files": files, "unreadable_names": bad_names,
-                "heldout_source_patterns": heldout_source_patterns(cfg.clean, cfg.lang),
-                "heldout_source_files": heldout_source_files(cfg, folder, files)}
+                "heldout_source_patterns": patterns, "heldout_source_files": held}
     (run.work_dir / "settings.json").write_text(json.dumps(settings, ensure_ascii=False))
 
     log.info("clean %s: %d files in %s, %d tasks, %d local workers", cfg.lang.code, len(files), folder, tasks,

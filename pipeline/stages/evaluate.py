@@ -33,7 +33,7 @@ from pipeline.evaluation.report import (added_tokens_line, find_regressions, mar
 from pipeline.evaluation.task_builder import build_heldout_tasks
 from pipeline.evaluation.task_files import Task, read_task
 from pipeline.evaluation.task_scoring import ScoringModel, score_task
-from pipeline.evaluation.texts import (BASE_LANG, HELDOUT, TextSet, base_lang_set, heldout_set, text_files,
+from pipeline.evaluation.texts import (HELDOUT, TextSet, base_lang_sets, heldout_set, is_base_lang, text_files,
                                       text_sets)
 from pipeline.kernels import set_backend
 from pipeline.model.config import training_seq_len
@@ -78,9 +78,9 @@ def describe_inputs(cfg: PipelineConfig) -> dict:
         inputs["base"] = base_identity(cfg, base)
     if cfg.eval.path is not None:
         inputs["text"] = heldout_set(cfg.eval.path, cfg.lang.code, None).identity()
-    base_lang = base_lang_set(cfg)
-    if isinstance(base_lang, TextSet):
-        inputs["base_lang_text"] = base_lang.identity()
+    base_lang = base_lang_sets(cfg)
+    if not isinstance(base_lang, str):
+        inputs["base_lang_text"] = {text_set.name: text_set.identity() for text_set in base_lang}
     if cfg.eval.tasks:
         inputs["tasks"] = {task_name(task): fingerprint_files(*text_files(Path(task.path))[:2])
                            for task in cfg.eval.tasks}
@@ -256,6 +256,8 @@ def run_evaluate(run: StageRun) -> dict:
     sets, records, skipped = read_sets(run)
     tasks, skipped_tasks = read_tasks(run, records[HELDOUT])
     texts = {name: [text for text, _ in documents] for name, documents in records.items()}
+    # What the added tokens take is measured on the first set of the base's language (the unread book for English).
+    base_set = next((name for name in sets if is_base_lang(name)), None)
     scores, task_results, reproduced, added = {}, {}, {}, {}
     base_vocab = None  # the base comes first in `found`
     for name, folder in found.items():
@@ -264,12 +266,12 @@ def run_evaluate(run: StageRun) -> dict:
             base_vocab = loaded.tokenizer.get_vocab()
         first_added = None if name == "base" else first_added_id(base_vocab, loaded.tokenizer)
         scored = {set_name: score_set(run, loaded, text_set, texts[set_name], device,
-                                      first_added if set_name == BASE_LANG else None)
+                                      first_added if is_base_lang(set_name) else None)
                   for set_name, text_set in sets.items()}
         scores[name] = {set_name: {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
                         for set_name, score in scored.items()}
-        if BASE_LANG in scored and scored[BASE_LANG].added is not None:
-            added[name] = scored[BASE_LANG].added
+        if base_set is not None and scored[base_set].added is not None:
+            added[name] = scored[base_set].added
         again = reproduce_training_score(run, loaded, device)
         if again is not None:
             reproduced[name] = again
@@ -281,8 +283,8 @@ def run_evaluate(run: StageRun) -> dict:
     regressions = find_regressions(bpb)
     for regression in regressions:
         log.warning("evaluate %s: %s", run.lang, regression_line(regression, sets[regression["set"]].title))
-    if added and any(regression["set"] == BASE_LANG for regression in regressions):
-        log.warning("evaluate %s: %s", run.lang, added_tokens_line(added, sets[BASE_LANG].title))
+    if added and any(is_base_lang(regression["set"]) for regression in regressions):
+        log.warning("evaluate %s: %s", run.lang, added_tokens_line(added, sets[base_set].title))
     if "base" not in found:
         log.info("evaluate %s: no base model to compare with (model.base), so no regression is checked.", run.lang)
     curves = {stage: run.input(stage) / METRICS_FILE for stage in TRAINED
@@ -295,7 +297,7 @@ def run_evaluate(run: StageRun) -> dict:
     task_report = {task.name: {**describe_task(run, task), "results": {model: task_results[model][task.name]
                                                                   for model in found}} for task in tasks}
     report = {"lang": run.lang, "models": found, "sets": described, "skipped_sets": skipped, "scores": scores,
-              "regressions": regressions, "added_tokens": {"set": BASE_LANG, "models": added} if added else {},
+              "regressions": regressions, "added_tokens": {"set": base_set, "models": added} if added else {},
               "training_heldout": reproduced, "tasks": task_report,
               "skipped_tasks": skipped_tasks}
     write_json_atomic(run.work_dir / "report.json", report)

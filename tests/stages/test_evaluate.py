@@ -180,16 +180,17 @@ def test_a_flag_on_the_base_language_says_what_the_added_tokens_take():
     assert "the added tokens" not in markdown("nob", report, [])
 
 
-def _clean_output(folder: Path, splits: dict[str, list[str]]) -> Path:
-    """A finished clean stage output as `clean` writes it: its marker, and gzipped JSONL shards of datatrove's
-    JsonlWriter records per split (`heldout`, `heldout_source`)."""
+def _clean_output(folder: Path, splits: dict[str, list[str]], metrics: dict | None = None) -> Path:
+    """A finished clean stage output as `clean` writes it: its marker (with `metrics`), and gzipped JSONL shards of
+    datatrove's JsonlWriter records per split (`heldout`, `heldout_source`)."""
     folder.mkdir(parents=True, exist_ok=True)
     for split, texts in splits.items():
         write_jsonl_gz(folder / split / "000_00000.jsonl.gz",
                        [{"text": text, "id": f"{split}/{index}", "metadata": {"minhash_cluster_size": 1}}
                         for index, text in enumerate(texts)])
     (folder / "_SUCCESS.json").write_text(json.dumps({"stage": "clean", "lang": folder.parent.name,
-                                                      "config_hash": f"test-{folder.parent.name}", "metrics": {}}))
+                                                      "config_hash": f"test-{folder.parent.name}",
+                                                      "metrics": metrics or {}}))
     return folder
 
 
@@ -219,7 +220,7 @@ def test_the_base_languages_text_is_a_source_its_clean_stage_held_out_whole_when
     from omegaconf import OmegaConf
 
     from pipeline.config import PipelineConfig
-    from pipeline.evaluation.texts import HELDOUT_SOURCE_SPLIT, HELDOUT_SPLIT, base_lang_set
+    from pipeline.evaluation.texts import HELDOUT_SOURCE_SPLIT, HELDOUT_SPLIT, base_lang_sets
     from pipeline.languages import LANGUAGES, language_config
 
     cfg = OmegaConf.to_object(OmegaConf.merge(
@@ -227,11 +228,25 @@ def test_the_base_languages_text_is_a_source_its_clean_stage_held_out_whole_when
         {"stage": "evaluate", "work_dir": str(tmp_path / "work")}))
     eng = tmp_path / "work" / "eng" / "clean"
     _clean_output(eng, {"heldout": ["Pages of a book the replay reads."]})
-    assert base_lang_set(cfg).split == HELDOUT_SPLIT
+    assert [text_set.split for text_set in base_lang_sets(cfg)] == [HELDOUT_SPLIT]
     # the replay repeats the books it reads: a book it never reads is the fairer test, and comes first
     _clean_output(eng, {"heldout_source": ["A book it never reads."]})
-    chosen = base_lang_set(cfg)
+    chosen, = base_lang_sets(cfg)
     assert chosen.split == HELDOUT_SOURCE_SPLIT and str(eng / HELDOUT_SOURCE_SPLIT) in chosen.where
+    # Several held-out sources (the table's English: a novel, and UD's web text, a kind the replay never reads): a set
+    # each, with its own documents only.
+    book, web = "*Sherlock-Holmes*", "ud_*"
+    _clean_output(eng, {}, metrics={"heldout_source_patterns": [book, web]})
+    write_jsonl_gz(eng / HELDOUT_SOURCE_SPLIT / "000_00000.jsonl.gz", [
+        {"text": "A book it never reads.", "id": "b", "metadata": {"raw_file": "gutenberg.jsonl.gz",
+                                                                  "source": "GITenberg/The-Sherlock-Holmes_1661"}},
+        *({"text": text, "id": text, "metadata": {"raw_file": "ud_test.jsonl.gz", "source": "UD_English-EWT"}}
+          for text in ("A review.", "An email."))])
+    sets = base_lang_sets(cfg)
+    assert [text_set.name for text_set in sets] == [f"base_lang:{book}", f"base_lang:{web}"]
+    assert [[text for text, _ in text_set.records(tmp_path / "scratch", 10**6)] for text_set in sets] == [
+        ["A book it never reads."], ["A review.", "An email."]]
+    assert sets[0].identity() != sets[1].identity()
 
 
 def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(tmp_path, english_base):

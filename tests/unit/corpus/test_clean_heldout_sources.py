@@ -26,7 +26,7 @@ from pipeline.corpus.source_counts import (
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.stages.clean import heldout_source_files
+from pipeline.stages.clean import heldout_sources
 from tests.conftest import read_jsonl_gz, run_cli
 
 
@@ -43,7 +43,8 @@ def _patterns(lang: str, *overrides: str) -> list[str]:
 
 def test_the_default_comes_from_the_language_table():
     assert _patterns("nob") == ["ud_*", "regjeringen_*"]
-    assert _patterns("eng") == ["*Adventures-of-Sherlock-Holmes*"]  # one book, by its records' source
+    # one book, by its records' source, and UD's web text, reviews and email
+    assert _patterns("eng") == ["*Adventures-of-Sherlock-Holmes*", "ud_*"]
     assert _patterns("fin") == []  # a language without the field holds out no source
     assert _patterns("nob", "clean.heldout_sources=[stortinget_*]") == ["stortinget_*"]
     assert _patterns("nob", "lang.heldout_sources=[]") == []
@@ -56,7 +57,7 @@ def test_the_default_follows_the_language_a_run_cleans():
     nob = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PipelineConfig), {
         "lang": OmegaConf.structured(language_config("nob", LANGUAGES["nob"]))}, {"stage": "clean"}))
     eng = dataclasses.replace(nob, lang=language_config("eng", LANGUAGES["eng"]))
-    assert heldout_source_patterns(eng.clean, eng.lang) == ["*Adventures-of-Sherlock-Holmes*"]
+    assert heldout_source_patterns(eng.clean, eng.lang) == ["*Adventures-of-Sherlock-Holmes*", "ud_*"]
 
 
 def test_the_command_line_shows_the_default(tmp_path):
@@ -112,11 +113,14 @@ def test_tallies_give_what_each_step_took_from_each_file(tmp_path):
     assert sources["empty.jsonl"]["docs_in"] == 0  # a file that gave no document is still listed
 
 
-def _files(cfg_patterns, files, caplog):
+def _files(cfg_patterns, files, caplog, table=()):
+    """The raw files held out with clean.heldout_sources=`cfg_patterns` (None: the table's, `table`)."""
     cfg = SimpleNamespace(clean=SimpleNamespace(heldout_sources=cfg_patterns),
-                          lang=SimpleNamespace(code="nob", heldout_sources=[]))
+                          lang=SimpleNamespace(code="nob", heldout_sources=list(table)))
     with caplog.at_level(logging.INFO, logger="pipeline.stages.clean"):
-        return heldout_source_files(cfg, "/raw/nob", files)
+        patterns, held = heldout_sources(cfg, "/raw/nob", files)
+    assert patterns == (list(table) if cfg_patterns is None else cfg_patterns) or held == []
+    return held
 
 
 def test_a_pattern_that_matches_no_file_is_logged_not_an_error(caplog):
@@ -133,6 +137,17 @@ def test_a_pattern_that_matches_no_file_is_logged_not_an_error(caplog):
 def test_holding_out_every_file_is_refused(caplog):
     with pytest.raises(StageError, match=r"holds out every raw file .*clean.heldout_sources=\[\]"):
         _files(["*"], ["lovdata_a.jsonl.gz", "ud_test.jsonl.gz"], caplog)
+
+
+def test_the_language_tables_sources_are_dropped_where_they_would_take_every_file(caplog):
+    """The table's Faroese `ud_*` holds out UD beside the parliament's text, and nothing of a UD-only sample."""
+    ud_only = ["ud_dev.jsonl.gz", "ud_test.jsonl.gz", "ud_train.jsonl.gz"]
+    assert _files(None, ud_only, caplog, table=["ud_*"]) == []
+    assert "would hold out every raw file" in caplog.text
+    cfg = SimpleNamespace(clean=SimpleNamespace(heldout_sources=None),
+                          lang=SimpleNamespace(code="fao", heldout_sources=["ud_*"]))
+    assert heldout_sources(cfg, "/raw/fao", ud_only) == ([], [])
+    assert heldout_sources(cfg, "/raw/fao", ["tingmal.jsonl.gz", *ud_only]) == (["ud_*"], ud_only)
 
 
 def test_an_empty_or_missing_split_reads_as_no_documents(tmp_path):
