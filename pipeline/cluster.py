@@ -54,6 +54,13 @@ class ClusterConfig:
     gpu_cpus_per_task: int = 1
     gpu_time: str = "12:00:00"
     gpu_mem_per_node_gb: Optional[int] = None
+    # Whether gpu_partition gives whole nodes only (LUMI's standard-g): then the training stages fill their nodes,
+    # with the data-parallel ranks that the fewest tensor x pipeline ranks that fit leave room for, unless the command
+    # line sets parallel.tp, .pp or .dp.
+    gpu_whole_nodes: bool = False
+    # The partition of the jobs that use one GPU (replay; evaluate of a model large enough to need one); null:
+    # gpu_partition. On a cluster whose GPU partition gives whole nodes, one that shares nodes (LUMI: small-g).
+    one_gpu_partition: Optional[str] = None
 
 
 @dataclass
@@ -66,6 +73,9 @@ class WorkflowConfig:
     stages: Optional[List[str]] = None
     # GPU stages get SIGUSR1 this many seconds before their time limit: they checkpoint and requeue themselves.
     signal_seconds: int = 300
+    # A training task that stops again within signal_seconds of its start (it gains nothing: a time limit shorter
+    # than the warning, preemption after preemption) is requeued at most this many times in a row, then fails.
+    max_requeues: int = 3
     # The jobs' Python; null: the interpreter that runs stage=workflow (right for a virtual environment on a shared
     # file system). With cluster.container, the container's (e.g. `python3`).
     python: Optional[str] = None
@@ -78,7 +88,7 @@ def validate_cluster(cluster: ClusterConfig) -> None:
         if not _TIME.fullmatch(getattr(cluster, key)):
             raise ConfigError(f"cluster.{key}", getattr(cluster, key), [
                 "a Slurm time limit: minutes, HH:MM:SS or D-HH:MM:SS, e.g. 24:00:00"])
-    for key in ("partition", "gpu_partition", "account", "qos"):
+    for key in ("partition", "gpu_partition", "one_gpu_partition", "account", "qos"):
         value = getattr(cluster, key)
         if value is not None and not _TOKEN.fullmatch(value):
             raise ConfigError(f"cluster.{key}", value, ["null", "one word of letters, digits and _.-"])

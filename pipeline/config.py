@@ -163,7 +163,8 @@ def validate(cfg: PipelineConfig) -> None:
     validate_eval(cfg.eval)
     validate_plan(cfg.plan)
     validate_export(cfg.export)
-    validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
+    if cfg.model.base is None:  # the demo's base is made only without one
+        validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
     if cfg.model.base_lang not in LANGUAGES:
         raise ConfigError("model.base_lang", cfg.model.base_lang, closest_first(cfg.model.base_lang, list(LANGUAGES)))
     if cfg.kernels not in KERNEL_BACKENDS:

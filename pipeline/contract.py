@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MARKER = "_SUCCESS.json"
+# Where a stage runs on a cluster: a job on the CPU partition; one process on one GPU; or parallel.tp x pp x dp
+# training ranks, one per GPU, that the stage starts with srun inside its allocation (pipeline/training/).
+ON_CPU, ON_ONE_GPU, ON_RANKS = "cpu", "one GPU", "ranks"
 # In a partial folder: the config hash, hashed config and inputs of the run that works there.
 PARTIAL_RECORD = "_PARTIAL.json"
 WORK_DIR_PREFIX = "${work_dir}/"
@@ -72,8 +75,8 @@ class Stage:
     kept_state: Callable[[Path], str] = lambda folder: ""
     # Describes external inputs (e.g. a fingerprint of the raw files); hashed too.
     describe_inputs: Callable[[Any], dict] = lambda cfg: {}
-    # Trains on GPUs (pipeline/training/): stage=workflow gives it GPU nodes and srun starts its ranks.
-    gpu: bool = False
+    # Where stage=workflow runs it under `cfg`: ON_CPU, ON_ONE_GPU or ON_RANKS (below).
+    placement: Callable[[Any], str] = lambda cfg: ON_CPU
 
 
 @dataclass

@@ -208,8 +208,10 @@ def preflight(argv: list[str]) -> CommandLine:
                 check_value(key, value, leaf)
         out.append(f"{key}={value}")
     shape = shape_of_base(seen.get("model.base"))
-    if shape is not None and BASE_SHAPE_GROUP not in seen:  # a workflow job gets it with the user's overrides
-        out.append(BASE_SHAPE_OVERRIDE)
+    if shape is not None and BASE_SHAPE_GROUP not in seen:
+        # Among the overrides, not after a flag such as `--cfg job`, which would end Hydra's list of them.
+        last = max(i for i, arg in enumerate(out) if (_split_override(arg) or ("", "", ""))[1] == "model.base")
+        out.insert(last + 1, BASE_SHAPE_OVERRIDE)
     if hydra_help and "lang" not in seen:
         out.append("lang=nob")  # Hydra composes the config even for --hydra-help; any language will do
         languages = ["nob"]

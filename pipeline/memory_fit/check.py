@@ -15,6 +15,7 @@ from pipeline.memory_fit.devices import GIB, resolve_device
 from pipeline.memory_fit.layout import Layout
 from pipeline.memory_fit.plan import Plan, make_plan, numerics_for, smallest_fitting, with_layout
 from pipeline.model.config import ModelConfig, parameter_count, training_seq_len, uneven_for_tensor_parallel
+from pipeline.parallel.config import ParallelConfig
 from pipeline.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,28 @@ def fitting_micro_batch(cfg, train: TrainConfig, prefix: str = "train",
              "per rank of %.1f GiB usable on %s).", prefix, micro, "/".join(map(str, deep)),
              chosen.largest.peak / GIB, plan.capacity / GIB, plan.device.label)
     return dataclasses.replace(train, micro_batch_size=micro)
+
+
+def node_filling_layout(cfg, per_node: int, sections: tuple[TrainConfig, ...]) -> ParallelConfig:
+    """The layout that fills whole nodes of `per_node` GPUs for cfg's model (stage=workflow on a partition that gives
+    whole nodes): the fewest tensor x pipeline ranks that fit the device, as stage=plan finds them (`smallest_fitting`,
+    planned with micro-batches of one, at the data-parallel degree they leave room for), and the data-parallel ranks
+    that fill the rest of the node, as many as divide every training section's global batch. A model that fits one
+    GPU trains with dp = per_node; an unknown device memory leaves tp = pp = 1."""
+    tp, pp = 1, 1
+    while True:
+        room = max(1, per_node // (tp * pp))
+        dp = max(d for d in range(1, room + 1)
+                 if all(section.global_batch_size % (d * (section.micro_batch_size or 1)) == 0 for section in sections))
+        layout = dataclasses.replace(cfg.parallel, tp=tp, pp=pp, dp=dp)
+        trial = dataclasses.replace(cfg, parallel=layout)
+        plan = plan_for_config(trial, train=dataclasses.replace(cfg.train, micro_batch_size=1))
+        if plan.capacity is None or plan.fits:
+            return layout
+        found = smallest_fitting(plan)
+        if found is None or (found.layout.tp, found.layout.pp) == (tp, pp):
+            return layout  # nothing fits: pretrain refuses it at start, naming what to change
+        tp, pp = found.layout.tp, found.layout.pp
 
 
 def refusal(plan: Plan) -> str:

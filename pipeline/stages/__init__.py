@@ -1,10 +1,17 @@
-"""The stages, in the order the recipe runs them. Each module exposes `STAGE` (a contract.Stage).
+"""The stages, and the recipe: which stage runs for which language, after which. `stage=all` runs the recipe's steps
+here, in order; `stage=workflow` (pipeline/workflow/) submits the same steps to Slurm, each waiting for the steps it
+`needs`. Each stage module exposes `STAGE` (a contract.Stage).
 
-The demo's base model, for `stage=all` without `model.base`: nothing is downloaded, so the pipeline
-pretrains a small one itself, from scratch, on the embedded text of `model.base_lang` (English), with the
-run's own model shape, tokenizer settings and `demo_base.train` budget. It lives in
-`${work_dir}/<model.base_lang>/pretrain/hf` like any pretrain output, so the stage contract caches it: the
-next run finds it up to date and goes straight on.
+For every language of a run: clean -> mix -> tokenizer -> pack -> warmup -> pretrain -> evaluate. Before the
+languages' mix, once for all of them, the steps that make what the mix replays of the base model's language
+(`model.base_lang`, English by default; conf/mix/default.yaml):
+- with `model.base`: that language's clean text, when the raw folder has it (without it the mix goes on without, as
+  it says), and the base's own samples of it (`replay`), when `replay.tokens` asks for them;
+- without (the demo): nothing is downloaded, so the pipeline pretrains a small base itself, from scratch, on the
+  embedded text of that language (clean .. pretrain with `init=scratch` and the `demo_base.train` budget), in
+  `${work_dir}/<model.base_lang>/pretrain/hf` like any pretrain output, so the stage contract caches it; the
+  languages then start from it.
+The base's language itself takes the same steps (its clean once).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -22,101 +30,80 @@ from pipeline.languages import LANGUAGES, language_config
 
 log = logging.getLogger(__name__)
 
+# Every stage of the recipe: the chain of each language, and replay, which runs for the base's language only.
+RECIPE_STAGES: tuple[str, ...] = (STAGE_NAMES[0], REPLAY_TARGET, *STAGE_NAMES[1:])
+
 
 class _Stages(Mapping[str, Stage]):
-    """Each stage by name (pipeline/config.py's order), its module imported when first asked for: the data stages
+    """Each stage by name (in RECIPE_STAGES' order), its module imported when first asked for: the data stages
     need no torch, so that `stage=clean` starts in under a second rather than three."""
 
     def __getitem__(self, name: str) -> Stage:
-        if name not in STAGE_NAMES:
+        if name not in RECIPE_STAGES:
             raise KeyError(name)
         stage = importlib.import_module(f"pipeline.stages.{name}").STAGE
         assert stage.name == name, f"pipeline/stages/{name}.py declares the stage {stage.name}"
         return stage
 
     def __iter__(self) -> Iterator[str]:
-        return iter(STAGE_NAMES)
+        return iter(RECIPE_STAGES)
 
     def __len__(self) -> int:
-        return len(STAGE_NAMES)
+        return len(RECIPE_STAGES)
 
 
 STAGES = _Stages()
 
-
-def run_target(cfg: PipelineConfig) -> None:
-    """`stage=all` (the whole recipe for one language), `stage=replay` or one stage of the chain."""
-    if cfg.stage == "all":
-        run_all(cfg)
-    elif cfg.stage == REPLAY_TARGET:
-        run_replay(cfg)
-    else:
-        run_chain(cfg, (cfg.stage,))
+Key = tuple[str, str]  # (language code, stage)
 
 
-def prepare_base_language(cfg: PipelineConfig) -> None:
-    """What the default mix replays of `model.base_lang` (conf/mix/default.yaml): its clean text, when the raw folder
-    has that language (without it the mix goes on without, as it says), and the base's own samples of it
-    (`stage=replay`) when `replay.tokens` asks for them."""
-    if cfg.model.base_lang == cfg.lang.code:
-        return
-    base_lang = dataclasses.replace(cfg, lang=language_config(cfg.model.base_lang, LANGUAGES[cfg.model.base_lang]))
-    try:
-        STAGES["clean"].describe_inputs(base_lang)
-    except StageError as missing:
-        log.warning("No text of the base model's language to replay (model.base_lang=%s): %s %s", cfg.model.base_lang,
-                    missing, "Only the base's own samples of it are replayed." if cfg.replay.tokens > 0 else
-                    "The model may forget it.")
-    else:
-        run_chain(base_lang, ("clean",))
-    if cfg.replay.tokens > 0:
-        run_replay(base_lang)
+@dataclass(frozen=True)
+class Step:
+    """One stage for one language, with the config it runs with."""
+
+    stage: str
+    cfg: PipelineConfig
+    # The steps whose outputs it reads: its language's previous step, and the base language's steps (`shared`).
+    previous: Key | None = None
+    shared: tuple[Key, ...] = ()
+
+    @property
+    def needs(self) -> tuple[Key, ...]:
+        return tuple(dict.fromkeys(((self.previous,) if self.previous else ()) + self.shared))
+
+    @property
+    def lang(self) -> str:
+        return self.cfg.lang.code
+
+    @property
+    def key(self) -> Key:
+        return self.lang, self.stage
+
+    @property
+    def downstream(self) -> tuple[str, ...]:
+        """The stages of its language's chain after it, whose markers a rerun removes (their inputs change)."""
+        return STAGE_NAMES[STAGE_NAMES.index(self.stage) + 1:] if self.stage in STAGE_NAMES else ()
 
 
-def run_replay(cfg: PipelineConfig) -> None:
-    """stage=replay, for cfg's language: outside the chain of STAGE_NAMES, which only reads it (through the mix)."""
-    execute(importlib.import_module(f"pipeline.stages.{REPLAY_TARGET}").STAGE, cfg)
+def chain(cfg: PipelineConfig, stages: tuple[str, ...], shared: tuple[Key, ...] = ()) -> list[Step]:
+    """`stages` in order for cfg's language, each after the one before; its mix also after the `shared` steps."""
+    steps: list[Step] = []
+    for stage in stages:
+        steps.append(Step(stage, cfg, steps[-1].key if steps else None, shared if stage == "mix" else ()))
+    return steps
 
 
-def run_chain(cfg: PipelineConfig, names: tuple[str, ...]) -> bool:
-    """Run `names` in order; False if one went to Slurm (the rest must wait for it)."""
-    for name in names:
-        later = STAGE_NAMES[STAGE_NAMES.index(name) + 1:]
-        marker = execute(STAGES[name], cfg, downstream=later)
-        if marker is None:
-            log.info("Stage %s for %s was submitted; run the command again when it has finished to go on.",
-                     name, cfg.lang.code)
-            return False
-    return True
+def base_language_config(cfg: PipelineConfig) -> PipelineConfig:
+    code = cfg.model.base_lang
+    return dataclasses.replace(cfg, lang=language_config(code, LANGUAGES[code]))
 
 
-def run_all(cfg: PipelineConfig) -> None:
-    """The whole recipe for one language; without `model.base`, first the demo's own base model, with it, first the
-    text of the base's language that the mix replays."""
-    if cfg.model.base is not None:
-        prepare_base_language(cfg)
-    else:
-        base_cfg = demo_base_config(cfg)
-        log.info("model.base is not set: using the demo's base model, pretrained from scratch on the embedded %s "
-                 "text in %s (made once, then reused). Give model.base=<Hugging Face folder> to start from a real "
-                 "one.", base_cfg.lang.name, demo_base_folder(cfg))
-        if not run_chain(base_cfg, BASE_STAGES) or cfg.lang.code == base_cfg.lang.code:
-            return
-        cfg = with_demo_base(cfg)
-    if run_chain(cfg, STAGE_NAMES):
-        report = stage_dir(cfg, "evaluate") / "report.md"
-        log.info("The whole recipe for %s is done.", cfg.lang.code)
-        print(f"Report: {report}")
-
-
-# The stages that make the base: everything up to pretrain, which starts from random weights.
+# The stages that make the demo's base: everything up to pretrain, which starts from random weights.
 BASE_STAGES = ("clean", "mix", "tokenizer", "pack", "pretrain")
 
 
 def demo_base_config(cfg: PipelineConfig) -> PipelineConfig:
-    lang = cfg.model.base_lang
-    return dataclasses.replace(cfg, lang=language_config(lang, LANGUAGES[lang]), init="scratch",
-                               train=cfg.demo_base.train)
+    return dataclasses.replace(base_language_config(cfg), init="scratch", train=cfg.demo_base.train)
 
 
 def demo_base_folder(cfg: PipelineConfig) -> Path:
@@ -125,7 +112,68 @@ def demo_base_folder(cfg: PipelineConfig) -> Path:
 
 
 def with_demo_base(cfg: PipelineConfig) -> PipelineConfig:
-    """`cfg` as `stage=all` runs it: without `model.base`, the demo base is the base."""
+    """`cfg` as the recipe runs it: without `model.base`, the demo base is the base."""
     if cfg.model.base is not None:
         return cfg
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=str(demo_base_folder(cfg))))
+
+
+def base_language_steps(cfg: PipelineConfig) -> list[Step]:
+    """What the languages' mix replays of the base's language, made once per run (module docstring)."""
+    if cfg.model.base is None:
+        return chain(demo_base_config(cfg), BASE_STAGES)
+    base = base_language_config(cfg)
+    steps = []
+    try:
+        STAGES["clean"].describe_inputs(base)
+    except StageError as missing:
+        log.warning("No text of the base model's language to replay (model.base_lang=%s): %s %s", cfg.model.base_lang,
+                    missing, "Only the base's own samples of it are replayed." if cfg.replay.tokens > 0 else
+                    "The model may forget it.")
+    else:
+        steps.append(Step("clean", base))
+    if cfg.replay.tokens > 0:
+        steps.append(Step(REPLAY_TARGET, base))
+    return steps
+
+
+def recipe(configs: Mapping[str, PipelineConfig]) -> list[Step]:
+    """The steps for the languages of `configs` (code -> its config), each after the steps it needs: the base
+    language's steps first (once), then each language's chain, whose mix waits for them."""
+    first = next(iter(configs.values()))
+    base = base_language_steps(first)
+    # The languages' mix waits for the base steps that no other base step waits for.
+    waited = {key for step in base for key in step.needs}
+    last = tuple(step.key for step in base if step.key not in waited)
+    steps = {step.key: step for step in base}
+    for code, cfg in configs.items():
+        if code == first.model.base_lang and cfg.model.base is None:
+            continue  # the demo's base is this language's recipe
+        for step in chain(with_demo_base(cfg), STAGE_NAMES, last):
+            steps.setdefault(step.key, step)
+    return list(steps.values())
+
+
+def run_target(cfg: PipelineConfig) -> None:
+    """`stage=all` (the whole recipe for one language), or one stage."""
+    if cfg.stage == "all":
+        run_all(cfg)
+    else:
+        step = Step(cfg.stage, cfg)
+        execute(STAGES[step.stage], cfg, downstream=step.downstream)
+
+
+def run_all(cfg: PipelineConfig) -> None:
+    """The recipe's steps for one language, in order."""
+    if cfg.model.base is None:
+        log.info("model.base is not set: using the demo's base model, pretrained from scratch on the embedded %s "
+                 "text in %s (made once, then reused). Give model.base=<Hugging Face folder> to start from a real "
+                 "one.", demo_base_config(cfg).lang.name, demo_base_folder(cfg))
+    for step in recipe({cfg.lang.code: cfg}):
+        if execute(STAGES[step.stage], step.cfg, downstream=step.downstream) is None:
+            log.info("Stage %s for %s was submitted; run the command again when it has finished to go on.",
+                     step.stage, step.lang)
+            return
+    if cfg.lang.code != cfg.model.base_lang or cfg.model.base is not None:
+        log.info("The whole recipe for %s is done.", cfg.lang.code)
+        print(f"Report: {stage_dir(cfg, 'evaluate') / 'report.md'}")

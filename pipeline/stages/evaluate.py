@@ -23,7 +23,8 @@ import torch
 from tqdm import tqdm
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import MARKER, Stage, StageRun, read_marker, resolve_path, stage_dir, write_json_atomic
+from pipeline.contract import (MARKER, ON_CPU, ON_ONE_GPU, Stage, StageRun, read_marker, resolve_path, stage_dir,
+                               write_json_atomic)
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import Score, bits_per_byte, score_documents, score_rows
@@ -36,7 +37,7 @@ from pipeline.evaluation.task_scoring import ScoringModel, score_task
 from pipeline.evaluation.texts import (HELDOUT, TextSet, base_lang_sets, heldout_set, is_base_lang, text_files,
                                       text_sets)
 from pipeline.kernels import set_backend
-from pipeline.model.config import training_seq_len
+from pipeline.model.config import parameter_count, training_seq_len
 from pipeline.model.files import base_identity, check_finite, load_base
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import load_tokenizer, token_roles
@@ -46,6 +47,9 @@ from pipeline.training.job import EXPORT, HELDOUT_FILE, METRICS_FILE
 log = logging.getLogger(__name__)
 
 TRAINED = ("warmup", "pretrain")
+# stage=workflow scores models of this size or more on a GPU (a real base: SmolLM2-135M took 2.2 minutes on one H100);
+# the demo's small model on a CPU.
+GPU_SCORING_PARAMETERS = 50_000_000
 # The exported model rescoring its training stage's own held-out rows may differ from the number the stage logged by
 # rounding only (bf16 on a GPU, other batches): more than this share is a disagreement between the two computations.
 REPRODUCTION_TOLERANCE = 0.02
@@ -310,6 +314,11 @@ def run_evaluate(run: StageRun) -> dict:
                              for model, by_model in about["results"].items()} for task, about in task_report.items()}}
 
 
+def placement(cfg: PipelineConfig) -> str:
+    """One GPU for models large enough to need one (the model's shape is the base's, which the trained ones keep)."""
+    return ON_ONE_GPU if parameter_count(cfg.model) >= GPU_SCORING_PARAMETERS else ON_CPU
+
+
 STAGE = Stage(
     name="evaluate",
     run=run_evaluate,
@@ -322,4 +331,5 @@ STAGE = Stage(
     # by where they are.
     unhashed_keys=("eval.batch_size", "eval.path", "eval.base_lang_path", "eval.tasks.*.path"),
     describe_inputs=describe_inputs,
+    placement=placement,
 )

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import Stage, StageRun
+from pipeline.contract import ON_RANKS, Stage, StageRun
 from pipeline.memory_fit import check_layout, fitting_micro_batch
 from pipeline.training.run import (check_resume, describe_start, kept_checkpoints, model_as_trained, prepare_training,
                                    pretrain_start, train_stage)
@@ -68,5 +68,5 @@ STAGE = Stage(
     check_resume=check_resume,
     kept_state=kept_checkpoints,
     describe_inputs=describe_start,
-    gpu=True,
+    placement=lambda cfg: ON_RANKS,
 )

@@ -11,7 +11,7 @@ its finished shards. Outputs: `train/samples-*.jsonl.gz` and the marker.
 from __future__ import annotations
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import Stage, StageRun
+from pipeline.contract import ON_ONE_GPU, Stage, StageRun
 from pipeline.errors import StageError
 from pipeline.mixing.replay import write_samples
 from pipeline.model.files import base_model_input
@@ -38,5 +38,5 @@ STAGE = Stage(
     config_sections=("replay",),
     # The base enters the hash by its content (base_model_input), not by where it is.
     describe_inputs=base_model_input,
-    gpu=True,
+    placement=lambda cfg: ON_ONE_GPU,
 )

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from pipeline.config import REPLAY_TARGET, PipelineConfig
-from pipeline.contract import Stage, StageRun, portable_path
+from pipeline.contract import ON_RANKS, Stage, StageRun, portable_path
 from pipeline.errors import StageError
 from pipeline.memory_fit import fitting_micro_batch
 from pipeline.model.files import base_model_input
@@ -85,5 +85,5 @@ STAGE = Stage(
     # cuts the global batch.
     unhashed_keys=("model.base", "warmup.train.micro_batch_size"),
     describe_inputs=base_model_input,
-    gpu=True,
+    placement=lambda cfg: ON_RANKS,
 )

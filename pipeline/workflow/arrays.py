@@ -1,17 +1,19 @@
-"""What a stage=workflow run submits: for each language, the stages from its first one that is not done, as job
-arrays whose task for language i waits for language i's previous stage (`aftercorr`).
+"""What a stage=workflow run submits: the recipe's steps (pipeline/stages/) that are not done, as job arrays whose
+task for language i waits for language i's previous step (`aftercorr`) and for the base language's steps that every
+language's mix reads (`afterok` on those tasks: one replay serves every language).
 
-A stage that is done is skipped, unless an earlier stage runs again (its inputs will change). A stage whose task
-from an earlier submission is still queued or running is not submitted again: the next stage waits for that task
+A step that is done is skipped, unless a step it needs runs again (its inputs will change). A step whose task from
+an earlier submission is still queued or running is not submitted again: the steps after it wait for that task
 instead (aftercorr on the old array works because every array's task ids are the languages' table indices).
-Languages that wait for the same array are grouped into one array, so a fresh sweep is one array per stage.
+Languages that wait for the same tasks are grouped into one array, so a fresh sweep is one array per stage.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Mapping, Optional, Union
 
+from pipeline.stages import Key, Step
 from pipeline.workflow.progress import Cell
 
 
@@ -24,34 +26,40 @@ class Existing:
 
 @dataclass(eq=False)
 class Planned:
-    """One array to submit: `stage` for `languages`, each task after its language's task of `after`."""
+    """One array to submit: `stage` for `languages`, each task after its language's task of `after` and after the
+    tasks `also_after` (an array and the table index of the task waited for)."""
 
     stage: str
     after: Union[Existing, "Planned", None]
+    also_after: tuple[tuple[Union[Existing, "Planned"], int], ...] = ()
     name: str = ""
     languages: list[str] = field(default_factory=list)
 
 
-def plan(languages: list[str], stages: tuple[str, ...], cells: dict[tuple[str, str], Cell]) -> list[Planned]:
-    """The arrays to submit, each after the one it waits for."""
+def _identity(array: Union[Existing, Planned, None]):
+    return array.job_id if isinstance(array, Existing) else id(array)
+
+
+def plan(steps: list[Step], cells: Mapping[Key, Cell], index: Mapping[str, int]) -> list[Planned]:
+    """The arrays to submit, each after the ones it waits for; `index`: a language's array index."""
     arrays: dict[tuple, Planned] = {}
-    for code in languages:
-        after: Union[Existing, Planned, None] = None
-        rerun = False  # an earlier stage of this language runs (or is queued to): the rest must follow it
-        for stage in stages:
-            cell = cells[code, stage]
-            if cell.status == "done" and not rerun:
-                continue
-            rerun = True
-            if cell.active:
-                after = Existing(cell.task.job_id)
-                continue
-            key = (stage, after.job_id if isinstance(after, Existing) else id(after))
-            array = arrays.setdefault(key, Planned(stage, after))
-            array.languages.append(code)
-            after = array
-    planned = list(arrays.values())  # in creation order: every array comes after the one it waits for
-    for stage in stages:
+    waits: dict[Key, Union[Existing, Planned]] = {}  # the steps that run or are queued: what waits for them waits here
+    for step in steps:
+        cell = cells[step.key]
+        if cell.status == "done" and not any(key in waits for key in step.needs):
+            continue
+        if cell.active:
+            waits[step.key] = Existing(cell.task.job_id)
+            continue
+        after = waits.get(step.previous) if step.previous else None
+        # The base language's own mix waits for its clean twice (aftercorr and afterok): one array with the others.
+        also = tuple((waits[key], index[key[0]]) for key in step.shared if key in waits)
+        group = (step.stage, _identity(after), tuple((_identity(array), task) for array, task in also))
+        array = arrays.setdefault(group, Planned(step.stage, after, also))
+        array.languages.append(step.lang)
+        waits[step.key] = array
+    planned = list(arrays.values())  # in creation order: every array comes after the ones it waits for
+    for stage in dict.fromkeys(array.stage for array in planned):
         of_stage = [array for array in planned if array.stage == stage]
         for number, array in enumerate(of_stage, start=1):
             array.name = stage if len(of_stage) == 1 else f"{stage}.{number}"
@@ -69,9 +77,12 @@ def array_spec(indices: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def dependency(planned: Planned, job_ids: dict[int, str]) -> Optional[str]:
+def dependency(planned: Planned, job_ids: Mapping[int, str]) -> Optional[str]:
     """The --dependency value, with the job ids of arrays submitted in this run (`id(array)` -> job id)."""
-    if planned.after is None:
-        return None
-    job = planned.after.job_id if isinstance(planned.after, Existing) else job_ids[id(planned.after)]
-    return f"aftercorr:{job}"
+
+    def job(array: Union[Existing, Planned]) -> str:
+        return array.job_id if isinstance(array, Existing) else job_ids[id(array)]
+
+    parts = [f"aftercorr:{job(planned.after)}"] if planned.after is not None else []
+    parts += [f"afterok:{job(array)}_{task}" for array, task in planned.also_after]
+    return ",".join(parts) or None

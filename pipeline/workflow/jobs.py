@@ -13,14 +13,16 @@ The command line of a workflow job: `python -m pipeline stage=<s> lang=<code> <t
 
 The user's overrides are passed on as typed (each one word for the shell), without those the workflow sets
 itself: the stage and language, the workflow's own options, the work folder (absolute, so that a job finds it
-wherever it starts) and how the job runs its stage (CPU stages in the job itself with `workers` = its CPUs,
-training stages with srun inside the allocation).
+wherever it starts) and how the job runs its stage (CPU and one-GPU stages in the job itself with `workers` = its
+CPUs, training stages with srun inside the allocation, and on whole nodes the layout that fills them when the user
+set none). Nothing else: the job's own command line check adds what it derives (model.base's shape).
 
-The Slurm resources of a workflow's jobs, from the `cluster` section, as `#SBATCH` options.
-
-CPU stages get one task with `workflow_cpus` CPUs on the CPU partition. GPU stages get nodes enough for
-parallel.tp x pp x dp ranks, one per GPU (GCD on LUMI), the `--signal` that warns them before the time limit and
-`--requeue`. Every value is one plain token: the config's checks (pipeline/cluster.py) make sure of it.
+The Slurm resources of a workflow's jobs, from the `cluster` section, as `#SBATCH` options, by where the stage runs
+(contract.Stage.placement): CPU stages get one task with `workflow_cpus` CPUs on the CPU partition; stages of one
+GPU (replay; evaluate of a model that needs one) one task with one GPU on `one_gpu_partition` (else the GPU
+partition); training stages nodes enough for parallel.tp x pp x dp ranks, one per GPU (GCD on LUMI), the `--signal`
+that warns them before the time limit and `--requeue`. Every value is one plain token: the config's checks
+(pipeline/cluster.py) make sure of it.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import PipelineConfig
+from pipeline.config import BASE_SHAPE_GROUP, PipelineConfig
+from pipeline.contract import ON_ONE_GPU, ON_RANKS
 from pipeline.errors import ConfigError, StageInterrupted
+from pipeline.parallel.config import ParallelConfig
 
 _HEADER = """\
 #!/bin/bash
@@ -50,14 +54,16 @@ _ANNOUNCE = """
 echo "[workflow] $(date '+%F %T') ${{SLURM_ARRAY_JOB_ID:-?}}_${{SLURM_ARRAY_TASK_ID:-?}} on $(hostname): {stage} $lang"
 """
 
-_RUN_CPU = """\
+_RUN_IN_JOB = """\
 exec "${command[@]}"
 """
 
-_RUN_GPU = """\
+_RUN_RANKS = """\
 # Slurm sends SIGUSR1 to this shell before the time limit (--signal=B:USR1@...), and SIGTERM on scancel or
 # preemption: pass them on to the stage, which saves a checkpoint and exits with {interrupted}. Then requeue this
-# task: it resumes from the checkpoint (resume=auto).
+# task: it resumes from the checkpoint (resume=auto). A task that stops again within {quick} s of its start gains
+# nothing: after {max_requeues} such requeues in a row it fails instead.
+started=$SECONDS
 "${{command[@]}}" &
 child=$!
 trap 'kill -USR1 "$child" 2>/dev/null' USR1
@@ -70,6 +76,18 @@ while kill -0 "$child" 2>/dev/null; do
     status=$?
 done
 if [[ $status == {interrupted} ]]; then
+    quick_stops={requeues}/"{stage}_${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"
+    stops=0
+    if (( SECONDS - started < {quick} )); then
+        stops=$(( $(cat "$quick_stops" 2>/dev/null || echo 0) + 1 ))
+    fi
+    mkdir -p {requeues} && echo "$stops" > "$quick_stops"
+    if (( stops > {max_requeues} )); then
+        echo "[workflow] $(date '+%F %T') stage {stage} stopped within {quick} s of its start $stops times in a row:" \\
+             "not requeued again (workflow.max_requeues={max_requeues}). Check cluster.gpu_time against" \\
+             "workflow.signal_seconds and the preemptions above; run stage=workflow again to resume it." >&2
+        exit 1
+    fi
     echo "[workflow] $(date '+%F %T') stage {stage} saved a checkpoint and stopped: requeueing it to resume"
     scontrol requeue "${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"  # the bare job id could name the whole array
 fi
@@ -86,24 +104,30 @@ def sbatch_line(key: str, value) -> str:
     return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={value}"
 
 
-def render_script(stage: str, gpu: bool, options: list[tuple[str, object]], languages: dict[int, str],
-                  env_command: str | None, argv: list[str]) -> str:
-    """The script for `stage`, whose array tasks are the `languages` (array index -> code)."""
+def render_script(stage: str, placement: str, options: list[tuple[str, object]], languages: dict[int, str],
+                  cfg: PipelineConfig, argv: list[str], requeues: Path) -> str:
+    """The script for `stage`, whose array tasks are the `languages` (array index -> code); a training stage counts
+    its quick stops in the folder `requeues`."""
     lines = [_HEADER.format(stage=stage).rstrip("\n"), sbatch_line("job-name", f"pipeline-{stage}"),
              *(sbatch_line(key, value) for key, value in options)]
     cases = "\n".join(f"    {index}) lang={shlex.quote(code)} ;;" for index, code in sorted(languages.items()))
     lines.append(_LANGUAGE.format(cases=cases).rstrip("\n"))
     lines += ["", "# OpenMP and PyTorch threads: the job's CPUs, not all of the node's (env_command may change it).",
               'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"']
-    if env_command:
-        lines += ["", "# cluster.env_command", env_command.rstrip("\n")]
+    if cfg.cluster.env_command:
+        lines += ["", "# cluster.env_command", cfg.cluster.env_command.rstrip("\n")]
     lines += ["", f"command=({shell_words(argv)})", _ANNOUNCE.format(stage=stage).strip("\n")]
-    lines.append(_RUN_GPU.format(stage=stage, interrupted=StageInterrupted.exit_code) if gpu else _RUN_CPU)
+    if placement == ON_RANKS:
+        lines.append(_RUN_RANKS.format(stage=stage, interrupted=StageInterrupted.exit_code,
+                                       requeues=shlex.quote(str(requeues)),
+                                       quick=cfg.workflow.signal_seconds, max_requeues=cfg.workflow.max_requeues))
+    else:
+        lines.append(_RUN_IN_JOB)
     return "\n".join(lines)
 
 
-# Set by the workflow for each job; a user's value of these is replaced, not passed on.
-_SET_BY_WORKFLOW = {"stage", "lang", "langs", "work_dir", "workers", "cluster.executor"}
+# Set by the workflow for each job, or by the job's own command line (base_shape): not passed on.
+_SET_BY_WORKFLOW = {"stage", "lang", "langs", "work_dir", "workers", "cluster.executor", BASE_SHAPE_GROUP}
 
 # Stands for the array task's language in a job's argv; the script puts `"lang=${lang}"` there.
 LANG_ARG = "lang=${lang}"
@@ -141,18 +165,27 @@ def work_dir_override(work_dir: Path) -> str:
     raise ConfigError("work_dir", text, ["a path without `${` and control characters"])
 
 
-def python_command(workflow, container: str | None, gpu: bool) -> list[str]:
-    """The Python a job runs its stage with: in the container for CPU stages (training stages run the
-    container around each rank instead, in its srun command: pipeline/slurm.py)."""
+def python_command(workflow, container: str | None, placement: str) -> list[str]:
+    """The Python a job runs its stage with: in the container, except for training stages, which run the container
+    around each rank instead (in its srun command: pipeline/slurm.py)."""
     python = shlex.split(workflow.python) if workflow.python else [sys.executable]
-    return python if gpu or not container else [*shlex.split(container), *python]
+    return python if placement == ON_RANKS or not container else [*shlex.split(container), *python]
 
 
-def job_argv(cfg: PipelineConfig, stage: str, gpu: bool, overrides: list[str], cpus: int) -> list[str]:
-    """The job's argv, with LANG_ARG where the array task's language goes."""
-    runs = ["cluster.executor=slurm"] if gpu else ["cluster.executor=local", f"workers={cpus}"]
-    return [*python_command(cfg.workflow, cfg.cluster.container, gpu), "-m", "pipeline", f"stage={stage}", LANG_ARG,
-            *overrides, work_dir_override(Path(cfg.work_dir).absolute()), *runs]
+def layout_overrides(parallel: ParallelConfig) -> list[str]:
+    return [f"parallel.{key}={getattr(parallel, key)}" for key in ("tp", "pp", "dp")]
+
+
+def job_argv(cfg: PipelineConfig, stage: str, placement: str, overrides: list[str],
+             layout: ParallelConfig | None = None) -> list[str]:
+    """The job's argv, with LANG_ARG where the array task's language goes; `layout`: the training ranks that the
+    workflow chose to fill whole nodes (the user set none)."""
+    if placement == ON_RANKS:
+        runs = [*(layout_overrides(layout) if layout else []), "cluster.executor=slurm"]
+    else:
+        runs = ["cluster.executor=local", f"workers={job_cpus(cfg.cluster, placement)}"]
+    return [*python_command(cfg.workflow, cfg.cluster.container, placement), "-m", "pipeline", f"stage={stage}",
+            LANG_ARG, *overrides, work_dir_override(Path(cfg.work_dir).absolute()), *runs]
 
 
 @dataclass(frozen=True)
@@ -162,9 +195,8 @@ class GpuLayout:
     gpus_per_node: int  # 0: no GPU options (a CPU-only cluster)
 
 
-def gpu_layout(cluster, parallel) -> GpuLayout:
-    """One rank per GPU: whole nodes of `gpus_per_node` ranks, or one node with fewer."""
-    world = parallel.world_size
+def gpu_layout(cluster, world: int) -> GpuLayout:
+    """One rank per GPU for `world` ranks: whole nodes of `gpus_per_node` ranks, or one node with fewer."""
     per_node = cluster.gpus_per_node
     if per_node == 0:
         return GpuLayout(nodes=1, tasks_per_node=world, gpus_per_node=0)
@@ -177,23 +209,28 @@ def gpu_layout(cluster, parallel) -> GpuLayout:
     return GpuLayout(nodes=world // per_node, tasks_per_node=per_node, gpus_per_node=per_node)
 
 
-def cpu_stage_cpus(cluster) -> int:
-    return cluster.workflow_cpus or cluster.cpus_per_task
+def job_cpus(cluster, placement: str) -> int:
+    """The CPUs of a job that runs its stage itself (the stage's `workers`)."""
+    return cluster.gpu_cpus_per_task if placement == ON_ONE_GPU else cluster.workflow_cpus or cluster.cpus_per_task
 
 
-def sbatch_options(cfg: PipelineConfig, gpu: bool) -> list[tuple[str, object]]:
+def sbatch_options(cfg: PipelineConfig, placement: str, parallel: ParallelConfig) -> list[tuple[str, object]]:
     """(option, value) pairs in the order they are written; value True is a flag without a value."""
     cluster = cfg.cluster
-    if gpu:
-        layout = gpu_layout(cluster, cfg.parallel)
+    if placement == ON_RANKS:
+        layout = gpu_layout(cluster, parallel.world_size)
         mem = f"{cluster.gpu_mem_per_node_gb}G" if cluster.gpu_mem_per_node_gb else None
         options = [("partition", cluster.gpu_partition or cluster.partition), ("nodes", layout.nodes),
                    ("ntasks-per-node", layout.tasks_per_node), ("gpus-per-node", layout.gpus_per_node or None),
                    ("cpus-per-task", cluster.gpu_cpus_per_task), ("mem", mem), ("time", cluster.gpu_time),
                    ("signal", f"B:USR1@{cfg.workflow.signal_seconds}"), ("requeue", True)]
+    elif placement == ON_ONE_GPU:
+        options = [("partition", cluster.one_gpu_partition or cluster.gpu_partition or cluster.partition),
+                   ("nodes", 1), ("ntasks", 1), ("gpus-per-node", 1 if cluster.gpus_per_node else None),
+                   ("cpus-per-task", job_cpus(cluster, placement)), ("time", cluster.gpu_time)]
     else:
         options = [("partition", cluster.partition), ("nodes", 1), ("ntasks", 1),
-                   ("cpus-per-task", cpu_stage_cpus(cluster)), ("mem-per-cpu", f"{cluster.mem_per_cpu_gb}G"),
+                   ("cpus-per-task", job_cpus(cluster, placement)), ("mem-per-cpu", f"{cluster.mem_per_cpu_gb}G"),
                    ("time", cluster.cpu_time)]
     # A requeued task appends to its log instead of starting it again.
     options += [("account", cluster.account), ("qos", cluster.qos), ("open-mode", "append"),
@@ -201,8 +238,9 @@ def sbatch_options(cfg: PipelineConfig, gpu: bool) -> list[tuple[str, object]]:
     return [(key, value) for key, value in options if value is not None and value is not False]
 
 
-def check_resources(cfg: PipelineConfig, gpu: bool) -> None:
-    """Every value that goes into an `#SBATCH` line, and the numbers behind them."""
+def check_resources(cfg: PipelineConfig) -> None:
+    """The numbers behind the `#SBATCH` lines (the values themselves, times, partitions and sbatch_args, are
+    checked with the config: cluster.py)."""
     cluster = cfg.cluster
     for key in ("workflow_cpus", "cpus_per_task", "mem_per_cpu_gb", "gpu_cpus_per_task", "gpu_mem_per_node_gb"):
         value = getattr(cluster, key)
@@ -213,6 +251,5 @@ def check_resources(cfg: PipelineConfig, gpu: bool) -> None:
         raise ConfigError("cluster.gpus_per_node", cluster.gpus_per_node, ["0 (a CPU-only cluster)", "an integer > 0"])
     if cfg.workflow.signal_seconds < 1:
         raise ConfigError("workflow.signal_seconds", cfg.workflow.signal_seconds, ["an integer >= 1, e.g. 300"])
-    # The #SBATCH values themselves (times, partitions, sbatch_args) are checked with the config (cluster.py).
-    for gpu_stage in (True, False) if gpu else (False,):
-        sbatch_options(cfg, gpu_stage)  # raises for a parallel layout that does not fill whole nodes
+    if cfg.workflow.max_requeues < 0:
+        raise ConfigError("workflow.max_requeues", cfg.workflow.max_requeues, ["an integer >= 0, e.g. 3"])

@@ -36,7 +36,7 @@ from pipeline.config import PipelineConfig
 from pipeline.contract import is_current, write_json_atomic
 from pipeline.languages import LANGUAGES
 from pipeline.slurm import TaskState
-from pipeline.stages import STAGES, with_demo_base
+from pipeline.stages import RECIPE_STAGES, STAGES, Key, Step
 from pipeline.workflow import selection
 from pipeline.workflow.jobs import passed_on, work_dir_override
 
@@ -56,22 +56,20 @@ class Cell:
         return self.status in (RUNNING, QUEUED)
 
 
-def observe(configs: dict, stages: tuple[str, ...], tasks: dict[tuple[str, str], Task],
-            states: dict[tuple[str, int], TaskState]) -> dict[tuple[str, str], Cell]:
-    """(language, stage) -> Cell for every language of `configs` and every stage of the chain."""
+def observe(steps: list[Step], tasks: dict[Key, Task], states: dict[tuple[str, int], TaskState]) -> dict[Key, Cell]:
+    """(language, stage) -> Cell for every step of the recipe (in its order: a step after the steps it needs)."""
 
-    cells = {}
-    for code, cfg in configs.items():
-        previous: Optional[Cell] = None
-        for stage in stages:
-            task = tasks.get((code, stage))
-            queue = states.get((task.job_id, task.index)) if task else None
-            done = (previous is None or previous.status == DONE) and is_current(STAGES[stage], cfg)
-            # Slurm flags a task whose predecessor failed only when it next looks at it (and forgets a cancelled
-            # pending task at once): a queued task whose predecessor will not run is as good as dead.
-            stuck = queue is not None and (queue.stuck or queue.queued and previous is not None and
-                                           not (previous.status == DONE or previous.active))
-            previous = cells[code, stage] = Cell(_status(done, task, queue, stuck), task, queue, stuck)
+    cells: dict[Key, Cell] = {}
+    for step in steps:
+        task = tasks.get(step.key)
+        queue = states.get((task.job_id, task.index)) if task else None
+        needed = [cells[key] for key in step.needs]
+        done = all(cell.status == DONE for cell in needed) and is_current(STAGES[step.stage], step.cfg)
+        # Slurm flags a task whose predecessor failed only when it next looks at it (and forgets a cancelled
+        # pending task at once): a queued task whose predecessor will not run is as good as dead.
+        stuck = queue is not None and (queue.stuck or queue.queued and
+                                       any(not (cell.status == DONE or cell.active) for cell in needed))
+        cells[step.key] = Cell(_status(done, task, queue, stuck), task, queue, stuck)
     return cells
 
 
@@ -181,33 +179,37 @@ def print_status(cfg: PipelineConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     work = Path(cfg.work_dir).absolute()
-    codes, chain = selection.languages(cfg), selection.stages(cfg)
+    codes = selection.languages(cfg)
     state = WorkflowState.load(work)
     overrides = passed_on(list(HydraConfig.get().overrides.task))
     if not overrides and state.overrides:
         overrides = state.overrides
         log.info("Checking the markers with the options of the last stage=workflow here: %s", " ".join(overrides))
     configs = selection.language_configs(cfg, [*overrides, work_dir_override(work)], codes)
-    if not state.overrides:  # no stage=workflow here: the markers are stage=all's, whose base is the demo's without one
-        configs = {code: with_demo_base(config) for code, config in configs.items()}
+    steps = selection.steps(cfg, configs)
     states = slurm.task_states(state.job_ids()) if slurm.available() else {}
-    cells = observe(configs, chain, state.latest_tasks(), states)
-    print(table(codes, chain, cells, work))
+    cells = observe(steps, state.latest_tasks(), states)
+    print(table(steps, cells, work))
 
 
-def table(codes: list[str], chain: tuple[str, ...], cells: dict, work: Path) -> str:
-    names = {code: LANGUAGES[code]["name"][:14] for code in codes}
-    header = ["language", *chain]
-    rows = [[f"{code} {names[code]}", *(_SHOWN[cells[code, stage].status] for stage in chain)] for code in codes]
-    rows.append(["done", *(f"{sum(cells[code, stage].status == DONE for code in codes)}/{len(codes)}"
-                           for stage in chain)])
+def table(steps: list[Step], cells: dict[Key, Cell], work: Path) -> str:
+    """Languages x stages; the base language's row (what every language's mix replays) first, marked."""
+    codes = list(dict.fromkeys(step.lang for step in steps))
+    stages = [stage for stage in RECIPE_STAGES if any(step.stage == stage for step in steps)]
+    base = steps[0].cfg.model.base_lang
+    names = {code: LANGUAGES[code]["name"][:14] + (" (base)" if code == base else "") for code in codes}
+    shown = {key: _SHOWN[cell.status] for key, cell in cells.items()}
+    header = ["language", *stages]
+    rows = [[f"{code} {names[code]}", *(shown.get((code, stage), "") for stage in stages)] for code in codes]
+    rows.append(["done", *(f"{sum(cells[code, stage].status == DONE for code in codes if (code, stage) in cells)}/"
+                           f"{sum((code, stage) in cells for code in codes)}" for stage in stages)])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [f"Workflow in {work}: {len(codes)} language(s) x {len(chain)} stage(s); - = not started", ""]
+    lines = [f"Workflow in {work}: {len(codes)} language(s), {len(steps)} step(s); - = not started", ""]
     for row in [header, *rows[:-1], ["-" * w for w in widths], rows[-1]]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     counts = {status: sum(cell.status == status for cell in cells.values()) for status in _SHOWN}
     lines += ["", ", ".join(f"{counts[status]} {status}" for status in _SHOWN)]
-    failed = [(code, stage) for code in codes for stage in chain if cells[code, stage].status == FAILED]
+    failed = [step.key for step in steps if cells[step.key].status == FAILED]
     if failed:
         lines += ["", "Failed (the log says why; fix it, then run the same stage=workflow command again):"]
         for code, stage in failed:

@@ -12,12 +12,12 @@ import dataclasses
 import os
 from pathlib import Path
 
-from pipeline.config import STAGE_NAMES, PipelineConfig, register_base_shape
+from pipeline.config import BASE_SHAPE_OVERRIDE, PipelineConfig, register_base_shape
 from pipeline.errors import ConfigError, closest_first
 from pipeline.languages import LANGUAGES, language_config, resolve_languages
 from pipeline.overrides import shape_of_overrides
-from pipeline.stages import STAGES, demo_base_folder
-from pipeline.workflow.jobs import check_resources, work_dir_override
+from pipeline.stages import RECIPE_STAGES, Step, demo_base_folder, recipe
+from pipeline.workflow.jobs import work_dir_override
 
 TABLE_INDEX: dict[str, int] = {code: index for index, code in enumerate(LANGUAGES)}
 
@@ -28,11 +28,10 @@ def languages(cfg: PipelineConfig) -> list[str]:
     return sorted(set(codes), key=TABLE_INDEX.__getitem__)
 
 
-def stages(cfg: PipelineConfig) -> tuple[str, ...]:
-    """The stages the workflow chains, in the pipeline's order."""
-
+def steps(cfg: PipelineConfig, configs: dict) -> list[Step]:
+    """The recipe's steps for the languages of `configs` (code -> its jobs' config), those of `workflow.stages`."""
     chosen = cfg.workflow.stages
-    return STAGE_NAMES if chosen is None else tuple(name for name in STAGE_NAMES if name in chosen)
+    return [step for step in recipe(configs) if chosen is None or step.stage in chosen]
 
 
 def languages_argument(cfg: PipelineConfig) -> str:
@@ -58,6 +57,7 @@ def language_configs(cfg: PipelineConfig, job_overrides: list[str], codes: list[
     shape = shape_of_overrides(job_overrides)
     if shape is not None:
         register_base_shape(shape)
+        job_overrides = [*job_overrides, BASE_SHAPE_OVERRIDE]  # as the job's own command line check adds it
     first = codes[0]
     composed = OmegaConf.to_object(compose(config_name=HydraConfig.get().job.config_name,
                                            overrides=[*job_overrides, f"stage={cfg.stage}", f"lang={first}"]))
@@ -77,25 +77,25 @@ def validate_workflow(cfg: PipelineConfig) -> None:
             raise ConfigError("langs", code, closest_first(code, LANGUAGES)[:8])
     chosen = cfg.workflow.stages
     if chosen is not None:
-        unknown = [name for name in chosen if name not in STAGE_NAMES]
+        unknown = [name for name in chosen if name not in RECIPE_STAGES]
         if unknown or not chosen:
             raise ConfigError("workflow.stages", chosen, ["null (every stage)", f"a list of stages out of "
-                                                                                f"{', '.join(STAGE_NAMES)}"])
+                                                                                f"{', '.join(RECIPE_STAGES)}"])
     if cfg.stage != "workflow":
         return
     work_dir_override(Path(cfg.work_dir).absolute())  # raises if the path cannot be passed on to a job
-    check_resources(cfg, gpu=any(STAGES[name].gpu for name in stages(cfg)))
-    if "warmup" in stages(cfg):
-        _check_base_model(cfg)
+    if cfg.model.base is None and not set(chosen or RECIPE_STAGES) <= {"clean"}:
+        _refuse_without_base(cfg)
+    elif cfg.model.base is not None and not os.path.isdir(cfg.model.base):
+        raise ConfigError("model.base", cfg.model.base, ["the local Hugging Face folder of the base model (with its "
+                                                         "tokenizer.json)"])
 
 
-def _check_base_model(cfg: PipelineConfig) -> None:
-    if cfg.model.base is not None and os.path.isdir(cfg.model.base):
-        return
-
+def _refuse_without_base(cfg: PipelineConfig) -> None:
+    """The demo's base model is made by stage=all (its pretrain runs with settings of its own, not the jobs')."""
     demo = demo_base_folder(cfg)
     raise ConfigError("model.base", cfg.model.base, [
         "the local Hugging Face folder that warmup starts from (with its tokenizer.json)",
         f"the demo's small English base model: build it once with `python -m pipeline stage=all lang=nob "
         f"work_dir={cfg.work_dir}`, which caches it in {demo}, then give model.base={demo}",
-        "or leave warmup out: workflow.stages=[clean,mix,tokenizer,pack]"])
+        "or run only the clean stage without a base: workflow.stages=[clean]"])

@@ -11,11 +11,15 @@ from pathlib import Path
 
 from pipeline import slurm
 from pipeline.config import PipelineConfig
+from pipeline.contract import ON_RANKS
 from pipeline.errors import StageError
+from pipeline.memory_fit import node_filling_layout
+from pipeline.parallel.config import ParallelConfig
 from pipeline.stages import STAGES
 from pipeline.workflow import selection
 from pipeline.workflow.arrays import Planned, array_spec, dependency, plan
-from pipeline.workflow.jobs import cpu_stage_cpus, job_argv, passed_on, render_script, sbatch_options, work_dir_override
+from pipeline.workflow.jobs import (check_resources, job_argv, layout_overrides, passed_on, render_script,
+                                    sbatch_options, work_dir_override)
 from pipeline.workflow.progress import DONE, Submission, WorkflowState, locked, observe, state_dir
 from pipeline.workflow.selection import TABLE_INDEX
 
@@ -25,11 +29,14 @@ log = logging.getLogger(__name__)
 def submit_workflow(cfg: PipelineConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-
     work = Path(cfg.work_dir).absolute()
-    codes, chain = selection.languages(cfg), selection.stages(cfg)
+    codes = selection.languages(cfg)
     overrides = passed_on(list(HydraConfig.get().overrides.task))
     configs = selection.language_configs(cfg, [*overrides, work_dir_override(work)], codes)
+    steps = selection.steps(cfg, configs)
+    check_resources(cfg)
+    placements = {step.stage: STAGES[step.stage].placement(step.cfg) for step in steps}
+    layout, filled = training_layout(configs[codes[0]], overrides) if ON_RANKS in placements.values() else (None, False)
     dry_run = cfg.workflow.dry_run
     if not dry_run and not slurm.available():
         raise StageError("sbatch and squeue are not found here: run stage=workflow where Slurm's commands work (a "
@@ -39,21 +46,26 @@ def submit_workflow(cfg: PipelineConfig) -> None:
     with contextlib.nullcontext() if dry_run else locked(work):
         state = WorkflowState.load(work)
         states = slurm.task_states(state.job_ids()) if slurm.available() else {}
-        cells = observe(configs, chain, state.latest_tasks(), states)
-        planned = plan(codes, chain, cells)
+        cells = observe(steps, state.latest_tasks(), states)
+        planned = plan(steps, cells, TABLE_INDEX)
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         scripts = {}
         for stage in dict.fromkeys(array.stage for array in planned):
             languages = {TABLE_INDEX[code]: code for array in planned if array.stage == stage
                          for code in array.languages}
-            gpu = STAGES[stage].gpu
-            argv = job_argv(cfg, stage, gpu, overrides, cpu_stage_cpus(cfg.cluster))
-            text = render_script(stage, gpu, sbatch_options(cfg, gpu), languages, cfg.cluster.env_command, argv)
+            placement = placements[stage]
+            argv = job_argv(cfg, stage, placement, overrides, layout if filled else None)
+            text = render_script(stage, placement, sbatch_options(cfg, placement, layout), languages, cfg, argv,
+                                 state_dir(work) / "requeues")
             scripts[stage] = (state_dir(work) / "scripts" / f"{stage}-{stamp}.sh", text)
         done = sum(cell.status == DONE for cell in cells.values())
         active = sum(cell.active for cell in cells.values())
-        print(f"Workflow of {len(codes)} language(s) x {len(chain)} stage(s) in {work}: {done} done, {active} queued "
-              f"or running, {sum(len(a.languages) for a in planned)} to submit as {len(planned)} job array(s).")
+        print(f"Workflow of {len(codes)} language(s), {len(steps)} step(s) in {work}: {done} done, {active} queued or "
+              f"running, {sum(len(a.languages) for a in planned)} to submit as {len(planned)} job array(s).")
+        if filled:
+            print(f"Training layout: {' '.join(layout_overrides(layout))}, which fills whole nodes of "
+                  f"{cfg.cluster.gpus_per_node} GPUs (cluster.gpu_whole_nodes; set parallel.tp, .pp or .dp for "
+                  f"another).")
         if dry_run:
             _print_dry_run(scripts, planned, work)
             return
@@ -67,6 +79,17 @@ def submit_workflow(cfg: PipelineConfig) -> None:
     if planned:
         print(f"Follow it with: python -m pipeline stage=status {selection.languages_argument(cfg)} "
               f"{shlex.quote(work_dir_override(work))}")
+
+
+def training_layout(cfg: PipelineConfig, overrides: list[str]) -> tuple[ParallelConfig, bool]:
+    """The training stages' layout (`cfg`: a job's config) and whether the workflow chose it: on a partition of whole
+    nodes without a layout on the command line, the one that fills them (memory_fit.node_filling_layout)."""
+    cluster = cfg.cluster
+    given = any(override.split("=", 1)[0].lstrip("+~") in ("parallel", "parallel.tp", "parallel.pp", "parallel.dp")
+                for override in overrides)
+    if not cluster.gpu_whole_nodes or cluster.gpus_per_node == 0 or given:
+        return cfg.parallel, False
+    return node_filling_layout(cfg, cluster.gpus_per_node, (cfg.train, cfg.warmup.train)), True
 
 
 def _submit(planned: list[Planned], scripts: dict, state: WorkflowState, work: Path) -> None:

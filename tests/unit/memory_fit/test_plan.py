@@ -389,3 +389,27 @@ def test_the_training_stages_train_with_the_planned_micro_batch(monkeypatch, sta
     expected = planning.fitting_micro_batch(cfg, train, model=trained)
     assert seen == [expected.micro_batch_size] and seen[0] > 1
     assert seen[0] < planning.fitting_micro_batch(cfg, train).micro_batch_size
+
+
+@pytest.mark.parametrize("preset", ["tiny", "mistral-7b", "llama-3.1-70b"])
+def test_the_layout_that_fills_whole_nodes_has_the_fewest_model_parallel_ranks_that_fit(preset):
+    """stage=workflow on LUMI's whole nodes without a layout of the user's (memory_fit.node_filling_layout)."""
+    cfg = lumi(preset, "train.global_batch_size=64", "warmup.train.global_batch_size=64")
+    layout = planning.node_filling_layout(cfg, 8, (cfg.train, cfg.warmup.train))
+    mp = layout.tp * layout.pp
+    assert layout.dp == max(1, 8 // mp) and (mp * layout.dp) % 8 == 0  # whole nodes, nothing idle
+
+    def fits(tp: int, pp: int, dp: int) -> bool:
+        trial = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp, dp=dp))
+        return plan_for_config(trial, train=dataclasses.replace(cfg.train, micro_batch_size=1)).fits
+
+    assert fits(layout.tp, layout.pp, layout.dp)
+    # Every layout of fewer model-parallel ranks, at the data-parallel degree it would leave, does not fit.
+    assert not any(fits(tp, pp, max(1, 8 // (tp * pp))) for tp in tensor_parallel_choices(cfg.model, devices.DEVICES["mi250x"])
+                   for pp in range(1, cfg.model.num_layers + 1) if tp * pp < mp)
+    if preset == "tiny":
+        assert (layout.tp, layout.pp, layout.dp) == (1, 1, 8)
+        # The data-parallel ranks divide every global batch (by the micro-batch where it is set): 6 of 12.
+        odd = lumi("tiny", *(f"{section}.{key}={value}" for section in ("train", "warmup.train")
+                             for key, value in (("global_batch_size", 12), ("micro_batch_size", "null"))))
+        assert planning.node_filling_layout(odd, 8, (odd.train, odd.warmup.train)).dp == 6
