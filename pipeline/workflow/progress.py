@@ -1,6 +1,7 @@
 """Where each (language, stage) of a workflow stands, from the markers, the workflow's record and Slurm.
 
-- done: the stage's marker matches its config and inputs (contract.is_current), and so do the earlier stages';
+- done: the stage's marker matches its config and inputs (contract.is_current), and so do those of the steps it
+  needs (its language's earlier stages, and for a mix the base language's clean and replay);
 - running / queued: the latest task submitted for it is running / waiting in Slurm;
 - failed: that task ended without a matching marker and left a log (the reason is in it);
 - not started: never submitted, or its task ended before it ran (cancelled, or its predecessor failed), or
@@ -12,12 +13,13 @@ Slurm knows a task by its array job id and index only; `state.json` maps them ba
 submission's script and log paths, so that a later stage=workflow waits for tasks already queued instead of
 submitting them again, and stage=status finds a failed task's log. Scripts are in `scripts/`, logs in `logs/`.
 
-stage=status: a table languages x stages of a workflow (done, running, queued, failed, not started).
+stage=status: a table languages x stages of a workflow (done, running, queued, failed, not started), the base
+language's row (its clean and replay) first.
 
 The markers are checked against the options of this command line, or, when it gives none besides the
 languages, against those of the last stage=workflow command in this work folder (recorded in
 .workflow/state.json), so that `stage=status langs=...` alone answers for the workflow that was submitted.
-Where no workflow was submitted, the markers are `stage=all`'s: without `model.base`, the demo base is the base.
+Where no workflow was submitted, the recipe is `stage=all`'s: without `model.base`, the demo's base is the base.
 """
 
 from __future__ import annotations
