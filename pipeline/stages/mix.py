@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import Stage, StageRun, portable_path, write_json_atomic
+from pipeline.contract import Stage, StageRun, portable_path, read_marker, write_json_atomic
 from pipeline.corpus.sources import clean_output
 from pipeline.errors import StageError
 from pipeline.mixing.planner import FIXED_BUDGET, Allocation, PlanError, Source, default_budget, plan_mixture
@@ -51,8 +51,12 @@ def run_mix(run: StageRun) -> dict:
 
     target = Source(lang, unique_tokens(lang), mix.max_epochs)
     if target.unique_tokens == 0:
-        raise StageError(f"mix {lang}: the clean output {target_input.folder} holds no training text. Check "
-                         f"its marker's metrics (docs_out) and the raw input of {lang}.")
+        kept = read_marker(run.input("clean"))["metrics"]
+        rejected = ", ".join(f"{name} {count:,}" for name, count in kept["rejected"].items() if count) or "none"
+        raise StageError(f"mix {lang}: the clean stage kept no training text of {lang} ({target_input.folder}): "
+                         f"{kept['docs_out']:,} of {kept['docs_in']:,} documents kept, rejected by {rejected}, "
+                         f"{kept['bad_records']:,} bad records ({run.input('clean') / 'report.md'}). Check the raw "
+                         f"input of {lang} and its filters (lang.filters.*, clean.lid).")
     others = [Source(s.name, unique_tokens(s.name), configured[s.name].max_epochs, configured[s.name].priority,
                      configured[s.name].ratio, configured[s.name].optional) for s in found]
     if mix.tokens is not None:

@@ -205,3 +205,18 @@ def test_clean_then_rehydration_on_known_cluster_sizes(tmp_path, embedded_record
     assert [b["epochs"] for b in buckets.values()] == pytest.approx([w * 4 / mean_weight for w in (1, 2, 3, 5, 8)])
     assert rehydration["mean_epochs"] == pytest.approx(fao["epochs"]) and fao["epochs"] == 4
     assert "## Rehydration" in (tmp_path / "work" / "fao" / "mix" / "plan.md").read_text(encoding="utf-8")
+
+
+def test_a_language_whose_text_is_all_rejected_fails_at_its_mix_naming_the_language_and_the_cause(tmp_path):
+    """A workflow over many languages lets such a language fail alone (tests/slurm/test_workflow_slurm.py): the clean
+    stage finishes with nothing kept, and the mix says what was rejected where."""
+    write_jsonl_gz(tmp_path / "raw" / "dan" / "junk.jsonl.gz",
+                   [{"id": f"junk/{i}", "text": "ok " * 3, "lang": "dan"} for i in range(30)])
+    options = ("lang=dan", f"raw_dir={tmp_path / 'raw'}")
+    run_cli("stage=clean", *options, cwd=tmp_path)
+    assert marker(tmp_path / "work", "dan", "clean")["metrics"]["docs_out"] == 0
+    result = run_cli("stage=mix", *options, cwd=tmp_path, check=False)
+    assert result.returncode == 1
+    assert "mix dan: the clean stage kept no training text of dan" in result.stderr
+    assert "0 of 30 documents kept, rejected by language_id 30" in result.stderr
+    assert str(tmp_path / "work" / "dan" / "clean" / "report.md") in result.stderr
