@@ -66,6 +66,9 @@ class Step:
     # The steps whose outputs it reads: its language's previous step, and the base language's steps (`shared`).
     previous: Key | None = None
     shared: tuple[Key, ...] = ()
+    # A step of the base's language for the run's mix, which the run does not name: the command line's settings of
+    # the run's languages' text (RUN_LANGUAGE_KEYS) do not apply to it.
+    for_base: bool = False
 
     @property
     def needs(self) -> tuple[Key, ...]:
@@ -93,9 +96,16 @@ def chain(cfg: PipelineConfig, stages: tuple[str, ...], shared: tuple[Key, ...] 
     return steps
 
 
+# What the command line says of the text of the languages it names: not of the base's language, which a run cleans
+# for its mix with the table's entry and held-out sources.
+RUN_LANGUAGE_KEYS = ("lang", "clean.heldout_sources")
+
+
 def base_language_config(cfg: PipelineConfig) -> PipelineConfig:
+    """cfg for the base model's language when the run does not name it: its table entry and held-out sources."""
     code = cfg.model.base_lang
-    return dataclasses.replace(cfg, lang=language_config(code, LANGUAGES[code]))
+    return dataclasses.replace(cfg, lang=language_config(code, LANGUAGES[code]),
+                               clean=dataclasses.replace(cfg.clean, heldout_sources=None))
 
 
 # The stages that make the demo's base: everything up to pretrain, which starts from random weights.
@@ -118,11 +128,14 @@ def with_demo_base(cfg: PipelineConfig) -> PipelineConfig:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=str(demo_base_folder(cfg))))
 
 
-def base_language_steps(cfg: PipelineConfig) -> list[Step]:
-    """What the languages' mix replays of the base's language, made once per run (module docstring)."""
+def base_language_steps(cfg: PipelineConfig, named: Mapping[str, PipelineConfig]) -> list[Step]:
+    """What the languages' mix replays of the base's language, made once per run (module docstring); with the
+    config of the run's languages (`named`) where the run names the base's language too."""
+    code = cfg.model.base_lang
     if cfg.model.base is None:
-        return chain(demo_base_config(cfg), BASE_STAGES)
-    base = base_language_config(cfg)
+        return [dataclasses.replace(step, for_base=True) for step in chain(demo_base_config(cfg), BASE_STAGES)]
+    base = named.get(code) or base_language_config(cfg)
+    mark = code not in named
     steps = []
     try:
         STAGES["clean"].describe_inputs(base)
@@ -131,9 +144,9 @@ def base_language_steps(cfg: PipelineConfig) -> list[Step]:
                     missing, "Only the base's own samples of it are replayed." if cfg.replay.tokens > 0 else
                     "The model may forget it.")
     else:
-        steps.append(Step("clean", base))
+        steps.append(Step("clean", base, for_base=mark))
     if cfg.replay.tokens > 0:
-        steps.append(Step(REPLAY_TARGET, base))
+        steps.append(Step(REPLAY_TARGET, base, for_base=mark))
     return steps
 
 
@@ -141,7 +154,7 @@ def recipe(configs: Mapping[str, PipelineConfig]) -> list[Step]:
     """The steps for the languages of `configs` (code -> its config), each after the steps it needs: the base
     language's steps first (once), then each language's chain, whose mix waits for them."""
     first = next(iter(configs.values()))
-    base = base_language_steps(first)
+    base = base_language_steps(first, configs)
     # The languages' mix waits for the base steps that no other base step waits for.
     waited = {key for step in base for key in step.needs}
     last = tuple(step.key for step in base if step.key not in waited)

@@ -32,8 +32,15 @@ class Planned:
     stage: str
     after: Union[Existing, "Planned", None]
     also_after: tuple[tuple[Union[Existing, "Planned"], int], ...] = ()
+    # The base language's step, which the run does not name (Step.for_base): a script of its own.
+    for_base: bool = False
     name: str = ""
     languages: list[str] = field(default_factory=list)
+
+    @property
+    def script(self) -> tuple[str, bool]:
+        """Which script its tasks run."""
+        return self.stage, self.for_base
 
 
 def _identity(array: Union[Existing, Planned, None]):
@@ -54,15 +61,16 @@ def plan(steps: list[Step], cells: Mapping[Key, Cell], index: Mapping[str, int])
         after = waits.get(step.previous) if step.previous else None
         # The base language's own mix waits for its clean twice (aftercorr and afterok): one array with the others.
         also = tuple((waits[key], index[key[0]]) for key in step.shared if key in waits)
-        group = (step.stage, _identity(after), tuple((_identity(array), task) for array, task in also))
-        array = arrays.setdefault(group, Planned(step.stage, after, also))
+        group = (step.stage, step.for_base, _identity(after), tuple((_identity(array), task) for array, task in also))
+        array = arrays.setdefault(group, Planned(step.stage, after, also, step.for_base))
         array.languages.append(step.lang)
         waits[step.key] = array
     planned = list(arrays.values())  # in creation order: every array comes after the ones it waits for
-    for stage in dict.fromkeys(array.stage for array in planned):
-        of_stage = [array for array in planned if array.stage == stage]
-        for number, array in enumerate(of_stage, start=1):
-            array.name = stage if len(of_stage) == 1 else f"{stage}.{number}"
+    for script in dict.fromkeys(array.script for array in planned):
+        alike = [array for array in planned if array.script == script]
+        for number, array in enumerate(alike, start=1):
+            name = f"{array.stage}.base" if array.for_base else array.stage
+            array.name = name if len(alike) == 1 else f"{name}.{number}"
     return planned
 
 

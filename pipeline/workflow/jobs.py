@@ -36,6 +36,7 @@ from pipeline.config import BASE_SHAPE_GROUP, PipelineConfig
 from pipeline.contract import ON_ONE_GPU, ON_RANKS
 from pipeline.errors import ConfigError, StageInterrupted
 from pipeline.parallel.config import ParallelConfig
+from pipeline.stages import RUN_LANGUAGE_KEYS
 
 _HEADER = """\
 #!/bin/bash
@@ -144,6 +145,17 @@ def passed_on(task_overrides: list[str]) -> list[str]:
             continue
         kept.append(override.input_line)
     return kept
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def base_language_overrides(overrides: list[str]) -> list[str]:
+    """The overrides of the base language's jobs where the run does not name that language: without the settings of
+    the named languages' text (stages.RUN_LANGUAGE_KEYS), as the recipe gives them (stages.base_language_config)."""
+    return [override for override in overrides if not any(
+        override_key(override) == key or override_key(override).startswith(f"{key}.") for key in RUN_LANGUAGE_KEYS)]
 
 
 def work_dir_override(work_dir: Path) -> str:

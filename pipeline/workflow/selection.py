@@ -17,7 +17,7 @@ from pipeline.errors import ConfigError, closest_first
 from pipeline.languages import LANGUAGES, language_config, resolve_languages
 from pipeline.overrides import shape_of_overrides
 from pipeline.stages import RECIPE_STAGES, Step, demo_base_folder, recipe
-from pipeline.workflow.jobs import work_dir_override
+from pipeline.workflow.jobs import override_key, work_dir_override
 
 TABLE_INDEX: dict[str, int] = {code: index for index, code in enumerate(LANGUAGES)}
 
@@ -46,7 +46,8 @@ def language_configs(cfg: PipelineConfig, job_overrides: list[str], codes: list[
 
     Hydra composes the jobs' overrides once (with the absolute work_dir, so that interpolations such as the mix
     sources' `${work_dir}` come out as in the jobs), and each language's table entry then takes the place of
-    `lang` (composing costs about 0.2 s: 15 s for 75 languages).
+    `lang` (composing costs about 0.2 s: 15 s for 75 languages); overrides of `lang.*`, which every language's entry
+    takes, have each language composed.
     """
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
@@ -58,11 +59,14 @@ def language_configs(cfg: PipelineConfig, job_overrides: list[str], codes: list[
     if shape is not None:
         register_base_shape(shape)
         job_overrides = [*job_overrides, BASE_SHAPE_OVERRIDE]  # as the job's own command line check adds it
-    first = codes[0]
-    composed = OmegaConf.to_object(compose(config_name=HydraConfig.get().job.config_name,
-                                           overrides=[*job_overrides, f"stage={cfg.stage}", f"lang={first}"]))
-    return {code: composed if code == first else
-            dataclasses.replace(composed, lang=language_config(code, LANGUAGES[code])) for code in codes}
+    def composed(code: str) -> PipelineConfig:
+        return OmegaConf.to_object(compose(config_name=HydraConfig.get().job.config_name,
+                                           overrides=[*job_overrides, f"stage={cfg.stage}", f"lang={code}"]))
+
+    if any(override_key(override).startswith("lang.") for override in job_overrides):
+        return {code: composed(code) for code in codes}
+    first = composed(codes[0])
+    return {code: dataclasses.replace(first, lang=language_config(code, LANGUAGES[code])) for code in codes}
 
 
 def validate_workflow(cfg: PipelineConfig) -> None:

@@ -18,8 +18,8 @@ from pipeline.parallel.config import ParallelConfig
 from pipeline.stages import STAGES
 from pipeline.workflow import selection
 from pipeline.workflow.arrays import Planned, array_spec, dependency, plan
-from pipeline.workflow.jobs import (check_resources, job_argv, layout_overrides, passed_on, render_script,
-                                    sbatch_options, work_dir_override)
+from pipeline.workflow.jobs import (base_language_overrides, check_resources, job_argv, layout_overrides,
+                                    override_key, passed_on, render_script, sbatch_options, work_dir_override)
 from pipeline.workflow.progress import DONE, Submission, WorkflowState, locked, observe, state_dir
 from pipeline.workflow.selection import TABLE_INDEX
 
@@ -50,14 +50,17 @@ def submit_workflow(cfg: PipelineConfig) -> None:
         planned = plan(steps, cells, TABLE_INDEX)
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         scripts = {}
-        for stage in dict.fromkeys(array.stage for array in planned):
-            languages = {TABLE_INDEX[code]: code for array in planned if array.stage == stage
+        for script in dict.fromkeys(array.script for array in planned):
+            stage, for_base = script
+            languages = {TABLE_INDEX[code]: code for array in planned if array.script == script
                          for code in array.languages}
             placement = placements[stage]
-            argv = job_argv(cfg, stage, placement, overrides, layout if filled else None)
+            argv = job_argv(cfg, stage, placement, base_language_overrides(overrides) if for_base else overrides,
+                            layout if filled else None)
             text = render_script(stage, placement, sbatch_options(cfg, placement, layout), languages, cfg, argv,
                                  state_dir(work) / "requeues")
-            scripts[stage] = (state_dir(work) / "scripts" / f"{stage}-{stamp}.sh", text)
+            name = f"{stage}{'-base' if for_base else ''}-{stamp}.sh"
+            scripts[script] = (state_dir(work) / "scripts" / name, text)
         done = sum(cell.status == DONE for cell in cells.values())
         active = sum(cell.active for cell in cells.values())
         print(f"Workflow of {len(codes)} language(s), {len(steps)} step(s) in {work}: {done} done, {active} queued or "
@@ -85,7 +88,7 @@ def training_layout(cfg: PipelineConfig, overrides: list[str]) -> tuple[Parallel
     """The training stages' layout (`cfg`: a job's config) and whether the workflow chose it: on a partition of whole
     nodes without a layout on the command line, the one that fills them (memory_fit.node_filling_layout)."""
     cluster = cfg.cluster
-    given = any(override.split("=", 1)[0].lstrip("+~") in ("parallel", "parallel.tp", "parallel.pp", "parallel.dp")
+    given = any(override_key(override) in ("parallel", "parallel.tp", "parallel.pp", "parallel.dp")
                 for override in overrides)
     if not cluster.gpu_whole_nodes or cluster.gpus_per_node == 0 or given:
         return cfg.parallel, False
@@ -99,7 +102,7 @@ def _submit(planned: list[Planned], scripts: dict, state: WorkflowState, work: P
     (state_dir(work) / "logs").mkdir(parents=True, exist_ok=True)
     job_ids: dict[int, str] = {}
     for array in planned:
-        script = scripts[array.stage][0]
+        script = scripts[array.script][0]
         log_pattern = _log_pattern(work, array.stage)
         after = dependency(array, job_ids)
         argv = _sbatch_argv(array, script, log_pattern, after)
@@ -137,4 +140,4 @@ def _print_dry_run(scripts: dict, planned: list[Planned], work: Path) -> None:
         waits = dependency(array, {id(a): a.name for a in planned}) or "-"
         print(f"{array.name}: stage={array.stage} array={array_spec(indices)} tasks={len(indices)} after={waits}")
         shown = dependency(array, {id(a): f"<job id of {a.name}>" for a in planned})
-        print("    " + shlex.join(_sbatch_argv(array, scripts[array.stage][0], _log_pattern(work, array.stage), shown)))
+        print("    " + shlex.join(_sbatch_argv(array, scripts[array.script][0], _log_pattern(work, array.stage), shown)))

@@ -335,13 +335,21 @@ def test_the_recipe_is_one_definition_for_stage_all_and_the_workflow(tmp_path):
             "lang": OmegaConf.structured(language_config(code, LANGUAGES[code]))},
             {"stage": "all", "work_dir": str(tmp_path / "work"), **changes}))
 
-    with_base = {"model": {"base": str(tmp_path / "base")}, "replay": {"tokens": 1000}}
+    with_base = {"model": {"base": str(tmp_path / "base")}, "replay": {"tokens": 1000},
+                 "clean": {"heldout_sources": ["later_*"]}}
     steps = recipe({"nob": config("nob", **with_base), "fao": config("fao", **with_base)})
     assert [step.key for step in steps] == [("eng", "clean"), ("eng", "replay"),
                                             *((code, stage) for code in ("nob", "fao") for stage in STAGE_NAMES)]
     mix = next(step for step in steps if step.key == ("fao", "mix"))
     assert mix.needs == (("fao", "clean"), ("eng", "clean"), ("eng", "replay"))
     assert all(step.cfg.lang.code == step.lang for step in steps)
+    # The command line's held-out sources are the named languages' files: English, which the run does not name, is
+    # cleaned with its table's (and gets scripts of its own in a workflow); where the run names it, with the run's.
+    assert [step.for_base for step in steps[:3]] == [True, True, False]
+    assert steps[0].cfg.clean.heldout_sources is None and mix.cfg.clean.heldout_sources == ["later_*"]
+    named = recipe({"eng": config("eng", **with_base), "nob": config("nob", **with_base)})
+    assert [step.key for step in named[:3]] == [("eng", "clean"), ("eng", "replay"), ("eng", "mix")]
+    assert not any(step.for_base for step in named) and named[0].cfg.clean.heldout_sources == ["later_*"]
     # No replay asked for: none; English's text missing from the raw folder: the mix goes on without it.
     no_replay = recipe({"nob": config("nob", model={"base": str(tmp_path / "base")}, replay={"tokens": 0})})
     assert [step.key for step in no_replay][:2] == [("eng", "clean"), ("nob", "clean")]
@@ -356,6 +364,20 @@ def test_the_recipe_is_one_definition_for_stage_all_and_the_workflow(tmp_path):
     assert demo[4].cfg.init == "scratch" and demo[4].cfg.train == demo[4].cfg.demo_base.train
     assert all(step.cfg.model.base == str(demo_base_folder(step.cfg)) for step in demo[5:])
     assert [step.key for step in recipe({"eng": config("eng")})] == [step.key for step in demo[:5]]
+
+
+def test_the_base_languages_jobs_take_no_setting_of_the_named_languages_text(tmp_path):
+    base = base_folder(tmp_path / "base")
+    out = run_cli("stage=workflow", "langs=[swa,fao]", "workflow.dry_run=true", f"model.base={base}",
+                  "clean.heldout_sources=[later_*]", cwd=tmp_path).stdout
+    graph = {name: (stage, expand(spec), after) for name, stage, spec, _, after in GRAPH_LINE.findall(out)}
+    eng = list(LANGUAGES).index("eng")
+    assert graph["clean.base"] == ("clean", [eng], "-") and graph["replay.base"] == ("replay", [eng], "-")
+    assert graph["clean"][1] == [list(LANGUAGES).index("swa"), list(LANGUAGES).index("fao")]
+    assert graph["mix"][2] == f"aftercorr:clean,afterok:clean.base_{eng},afterok:replay.base_{eng}"
+    scripts = {Path(path).name.rsplit("-", 2)[0]: text for path, text in SCRIPT.findall(out)}  # <stage>[-base]-<time>
+    assert "clean.heldout_sources=[later_*]" not in job_words(scripts["clean-base"])
+    assert "clean.heldout_sources=[later_*]" in job_words(scripts["clean"])
 
 
 def test_cfg_job_after_model_base_and_unused_sections_refuse_nothing(tmp_path):
