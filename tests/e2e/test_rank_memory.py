@@ -87,9 +87,11 @@ def test_acceptance_no_process_holds_the_whole_model(large, scratch):
     assert model > 0.35
     idle = peaks(scratch["tp2-pp2"], "pretrain")
     warmup, pretrain = peaks(large["cwd"], "warmup"), peaks(large["cwd"], "pretrain")
-    # The launching process writes the starting model and the export a tensor at a time.
+    # The launching process writes the starting model and the export a tensor at a time: the largest tensor is 3% of
+    # the model (an MLP matrix); measured 0.13x (warmup) and 0.08x (pretrain) above an idle process. Holding a
+    # pipeline stage's blocks (half the model) or a rank's quarter would cross the bound.
     for stage in (warmup, pretrain):
-        assert stage["process"] - idle["process"] <= 0.5 * model, (warmup, pretrain, idle, model)
+        assert stage["process"] - idle["process"] <= 0.2 * model, (warmup, pretrain, idle, model)
     # warmup: a rank holds its quarter of the frozen body (0.25 x the model) and trains its part of the vocabulary
     # matrices; measured 0.43-0.51 x the model above an idle rank (the rest: training's and saving's transients).
     for rank, idle_rank in zip(warmup["ranks"], idle["ranks"]):

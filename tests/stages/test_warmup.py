@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file
 
 from pipeline.stages.warmup import base_rows_sources
@@ -63,7 +64,6 @@ def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(nob_p
             assert torch.equal(exported[name], tensor), f"{name} changed although the body is frozen"
     assert exported[embedding].shape == (2048, tensor.shape[-1]) != original[embedding].shape
 
-    transformers = pytest.importorskip("transformers")
     hf_dir = nob_packed / "work" / "nob" / "warmup" / "hf"
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)

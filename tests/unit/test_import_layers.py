@@ -15,7 +15,8 @@ from tests.conftest import REPO
 
 PACKAGE = REPO / "pipeline"
 # The ground floor imports nothing above it; the units above it, by name (a unit that no longer exists is no harm).
-GROUND_FLOOR = ("kernels", "contract", "errors", "languages", "slurm")
+GROUND_FLOOR = ("kernels", "contract", "errors", "languages", "slurm", "cluster", "tensor_files", "stage_lock",
+                "config_keys")
 ABOVE_GROUND = ("__main__", "overrides", "config", "workflow", "stages", "training", "evaluation", "parallel",
                 "warmstart", "packing", "mixing", "tokenization", "model", "corpus", "memory_fit")
 

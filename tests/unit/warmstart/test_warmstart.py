@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import gzip
 import json
+import resource
 
 import pytest
 import torch
@@ -21,8 +22,8 @@ from pipeline.tokenization.folder import TrainedTokenizer, write_tokenizer_folde
 from pipeline.tokenization.surfaces import spelling, token_bytes
 from pipeline.tokenization.training import train_tokenizer
 from pipeline.warmstart.focus import sparsemax
-from pipeline.warmstart.initialise import (leading_base_rows, token_sequences, transfer_plan, warm_started,
-                                          warmup_trainable)
+from pipeline.warmstart.initialise import (leading_base_rows, resident_bytes, token_sequences, transfer_plan,
+                                          warm_started, warmup_trainable)
 from pipeline.warmstart.transfer import build_matrix, fasttext_vectors, plan_rows
 
 ENGLISH = ["the king had three daughters and a house by the sea"] * 50 + ["she walked home in the rain"] * 50
@@ -166,7 +167,8 @@ def test_each_init_copies_shared_rows_and_builds_finite_deterministic_new_ones(t
     if method == "align":
         assert all(len(plan.rows[new_id].old_ids) == 1 for new_id in built)
         assert learnt["anchors"] >= 20 and learnt["held_out_shared_tokens"] > 0
-        assert 0 <= learnt["held_out_shared_recovered"] <= 1
+        # shared tokens held out of the anchors, matched back among ~330 old tokens with vectors: 1 in 330 by chance
+        assert learnt["held_out_shared_recovered"] >= 0.1
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -175,11 +177,17 @@ def test_tied_and_untied_heads_get_the_planned_rows_and_the_body_is_kept(transfe
     old, new = transfer["old"], transfer["new"]
     base = Transformer(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, ffn_size=64,
                                    vocab_size=old.get_vocab_size(), tie_embeddings=tied, init_std=0.5))
+    before = resident_bytes() / 2**20
     started, summary = warm_started(ModuleTensors(base), transfer["old_dir"], old, transfer["new_dir"], new, method,
                                     0, texts=transfer["texts"])
+    highest = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     model = build_model(started)
-    assert summary["method"] == method and summary["cost"]["seconds"] > 0
-    assert summary["cost"]["peak_rss_mib"] > 0 and summary["cost"]["peak_added_mib"] >= 0
+    cost = summary["cost"]
+    assert summary["method"] == method and cost["seconds"] > 0
+    # the process's resident set, sampled: from where it started up to no more than the process's own peak, and the
+    # added memory measured from that start
+    assert before - 1 <= cost["peak_rss_mib"] <= highest + 1, (before, cost, highest)
+    assert cost["peak_rss_mib"] - cost["peak_added_mib"] == pytest.approx(before, abs=2), (before, cost)
     new_id = next(i for i in plan_of(transfer, "mean")[0].ids_of("copied") if len(new.decode([i])) > 2)
     old_id = old.token_to_id(new.id_to_token(new_id))
     assert torch.equal(model.embedding.tokens.weight[new_id], base.embedding.tokens.weight[old_id])
