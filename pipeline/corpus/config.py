@@ -46,6 +46,10 @@ class CleanConfig:
     heldout_min_documents: int = 10
     # Output shards are cut at this many bytes (compressed); -1 means one shard per task.
     shard_bytes: int = 256 * 2**20
+    # The most of one raw record the reader holds (a JSONL line, or a Parquet record's text): a longer one is a bad
+    # record, `record_too_long`, skipped unread, so a broken dump's one-line hundreds of MB cannot exhaust memory.
+    # 64 MiB is thousands of times a web page's text and more than a long book's: no real document is that long.
+    max_record_bytes: int = 64 * 2**20
     # datatrove tasks (units of work, each a share of the input files); None: as many as workers.
     tasks: Optional[int] = None
 
@@ -65,6 +69,8 @@ def validate_clean(clean: CleanConfig) -> None:
             raise ConfigError("clean.heldout_sources", list(clean.heldout_sources),
                               ["a list of glob patterns of raw file names or records' source, e.g. [regjeringen_*]",
                                "[] for none"])
+    if clean.max_record_bytes < 1:
+        raise ConfigError("clean.max_record_bytes", clean.max_record_bytes, ["an integer >= 1 (bytes)"])
     if clean.tasks is not None and clean.tasks < 1:
         raise ConfigError("clean.tasks", clean.tasks, ["null", "an integer >= 1"])
     if clean.lid.model is not None and not os.path.isfile(clean.lid.model):

@@ -143,7 +143,8 @@ def build_phases(run: StageRun, tasks: int, tokenizer, filters: list[tuple[str, 
 
 
     work, clean = run.work_dir, run.cfg.clean
-    reader = RawCorpusReader(str(raw_language_folder(run.cfg)), str(work / "raw_files.txt"), str(work / "bad_records"))
+    reader = RawCorpusReader(str(raw_language_folder(run.cfg)), str(work / "raw_files.txt"), str(work / "bad_records"),
+                             max_record_bytes=clean.max_record_bytes)
     filtering = [reader, _tally(run, READ)]
     for name, step in filters:
         filtering += [step, _tally(run, name)]

@@ -30,6 +30,11 @@ _URL_FIELDS = ("url", "u")
 _LANG_FIELDS = ("lang", "document_lang")
 _KEPT_FIELDS = ("source", "collection")
 _MAX_LOGGED_PER_FILE = 20
+TOO_LONG = "record_too_long"
+# The rest of a too-long line is read in pieces of at most this size (or the limit, if smaller) and dropped.
+_SKIP_BYTES = 2**20
+# Parquet rows converted at a time: web documents are ~10 KB, so a batch is small next to the record limit.
+_PARQUET_BATCH_ROWS = 64
 
 
 def _raw_file_names(folder: Path) -> list[str]:
@@ -90,9 +95,13 @@ class BadRecord(Exception):
 class RawCorpusReader(BaseDiskReader):
     name = "📖 Raw corpus"
 
-    def __init__(self, data_folder: str, paths_file: str, bad_records_folder: str, file_progress: bool = True):
+    def __init__(self, data_folder: str, paths_file: str, bad_records_folder: str, file_progress: bool = True,
+                 max_record_bytes: Optional[int] = None):
+        """`max_record_bytes`: the clean stage's `clean.max_record_bytes`. None reads records whole: the readers of
+        the clean stage's own outputs, whose records were read within that limit."""
         super().__init__(data_folder, paths_file=paths_file, file_progress=file_progress, add_file_path=False)
         self.bad_records_folder = Path(bad_records_folder)
+        self.max_record_bytes = max_record_bytes
         self._bad_log = None
         self._logged: dict[str, int] = {}
 
@@ -133,6 +142,9 @@ class RawCorpusReader(BaseDiskReader):
         elif count == _MAX_LOGGED_PER_FILE + 1:
             logger.warning(f"More bad records in {path}; see {self.bad_records_folder} for all of them.")
 
+    def _too_long_detail(self) -> str:
+        return f"over clean.max_record_bytes={self.max_record_bytes}; raise it to keep such records"
+
     # -- files ---------------------------------------------------------------------------------------
 
     def _open_lines(self, path: str):
@@ -145,17 +157,39 @@ class RawCorpusReader(BaseDiskReader):
             return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
         return raw
 
+    def _lines(self, stream) -> Iterator[Optional[bytes]]:
+        """Each line of `stream` (with its newline), or None for one longer than `max_record_bytes`: of that one no
+        more than the limit is ever held, and the rest is read in bounded pieces, each dropped, up to its newline."""
+        if self.max_record_bytes is None:
+            yield from iter(stream.readline, b"")
+            return
+        # One byte over the limit tells a line of exactly the limit (plus its newline) from a longer one.
+        while raw_line := stream.readline(self.max_record_bytes + 1):
+            if len(raw_line) <= self.max_record_bytes or raw_line.endswith(b"\n"):
+                yield raw_line
+                continue
+            del raw_line  # not held while the rest is skipped
+            yield None
+            skip = min(self.max_record_bytes, _SKIP_BYTES)
+            while (piece := stream.readline(skip)) and not piece.endswith(b"\n"):
+                pass
+
     def _read_jsonl(self, path: str) -> Iterator[Document]:
         line = 0
         stream = self._open_lines(path)
+        lines = self._lines(stream)
         try:
             while True:
                 try:
-                    raw_line = stream.readline()
+                    raw_line = next(lines, b"")
                 except (EOFError, zlib.error, OSError, ValueError) as error:
                     # Truncated or corrupt compressed data: keep what was read, count the rest once.
                     self._bad(path, line + 1, "truncated_or_corrupt_file", str(error))
                     return
+                if raw_line is None:
+                    line += 1
+                    self._bad(path, line, TOO_LONG, self._too_long_detail())
+                    continue
                 if not raw_line:
                     break
                 line += 1
@@ -178,16 +212,37 @@ class RawCorpusReader(BaseDiskReader):
         if line == 0:
             self._bad(path, 0, "empty_file")
 
+    def _parquet_rows(self, batch) -> Iterator[Optional[dict]]:
+        """Each row of a record batch as a dict, or None for one whose `text` is longer than `max_record_bytes`,
+        never made a Python string."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        text = batch.column("text") if "text" in batch.schema.names else None
+        limited = self.max_record_bytes is not None and text is not None and (pa.types.is_string(text.type)
+                                                                               or pa.types.is_large_string(text.type))
+        too_long = [(n or 0) > self.max_record_bytes for n in pc.binary_length(text).to_pylist()] if limited else []
+        if not any(too_long):
+            yield from batch.to_pylist()
+            return
+        for index, skipped in enumerate(too_long):
+            yield None if skipped else batch.slice(index, 1).to_pylist()[0]
+
     def _read_parquet(self, path: str) -> Iterator[Document]:
         import pyarrow.parquet as pq
 
+        # Bounded here: the rows converted at a time (one small batch), and a too-long text never becomes a Python
+        # string. Not bounded: pyarrow reads a row group's column chunk and decodes its pages whole, so a long text is
+        # held once in Arrow's memory before it is counted; the file's writer bounds those, not this limit.
         row = 0
         try:
             with self.data_folder.open(path, "rb") as f:
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
-                    for record in batch.to_pylist():
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+                    for record in self._parquet_rows(batch):
                         row += 1
                         try:
+                            if record is None:
+                                raise BadRecord(TOO_LONG, self._too_long_detail())
                             yield self._document(record, path, row)
                         except BadRecord as bad:
                             self._bad(path, row, bad.reason, bad.detail)
