@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
+import tempfile
+from typing import Optional
 
 import hydra
 import yaml
@@ -12,12 +15,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config import (CONF_DIR, PLAN_TARGET, WORKFLOW_TARGETS, PipelineConfig, check_target, register_configs,
                              validate)
-from pipeline.errors import ConfigError, StageError, StageInterrupted
+from pipeline.errors import ConfigError, StageError, StageInterrupted, os_error_message
 from pipeline.languages import UnknownLanguageError
 from pipeline.memory_fit import print_plan
-from pipeline.overrides import OverrideError, preflight
+from pipeline.overrides import CommandLine, OverrideError, preflight
 
 log = logging.getLogger("pipeline")
+
+# Hydra's flags after which it prints something and runs no stage, making no run folder.
+_NO_RUN_FLAGS = {"--cfg", "-c", "--info", "-i", "--hydra-help", "--shell-completion", "-sc"}
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -42,6 +48,12 @@ def hydra_main(cfg: DictConfig) -> None:
     except (ConfigError, StageError) as error:
         log.error("%s", error)
         sys.exit(1)
+    except OSError as error:
+        if error.errno is None:  # a library's own error in OSError's clothes (a model it cannot load), no OS error
+            raise
+        # datatrove's worker processes hand their OSError back as it was raised, errno and path included.
+        log.error("%s", os_error_message(error, {"work_dir": cfg.work_dir, "raw_dir": cfg.raw_dir}))
+        sys.exit(1)
 
 
 def usage() -> str:
@@ -49,6 +61,41 @@ def usage() -> str:
     first (seconds) although the text shows none of them: it names no `$` variable of Hydra's (tests/unit/test_cli.py)."""
     with open(CONF_DIR / "config.yaml", encoding="utf-8") as handle:
         return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["hydra"]["help"]["template"]
+
+
+def _work_dir(argv: list[str]) -> Optional[str]:
+    """The work folder the command line names, as Hydra reads it; None for one only Hydra can tell (an
+    interpolation, a sweep over several)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = [arg for arg in argv if arg.startswith("work_dir=")]
+    if not given:
+        return PipelineConfig.work_dir
+    parsed = OverridesParser.create().parse_override(given[-1])
+    value = None if parsed.is_sweep_override() else str(parsed.value())
+    return None if value is None or "${" in value else value
+
+
+def check_work_dir(command: CommandLine) -> None:
+    """Write a page into the work folder before Hydra makes its run folder there (config copies, the log): Hydra
+    catches an OS error of its own writes and prints a traceback, HYDRA_FULL_ERROR or not, before any code of ours
+    runs. Writing, not only making the folder, finds a full disk too: tmpfs makes a folder on a full one."""
+    work_dir = _work_dir(command.argv)
+    if work_dir is None or any(arg.split("=", 1)[0] in _NO_RUN_FLAGS for arg in command.argv):
+        return
+    one_language = command.languages is not None and len(command.languages) == 1
+    folder = os.path.join(work_dir, command.languages[0]) if one_language else work_dir
+    try:
+        os.makedirs(folder, exist_ok=True)
+        try:
+            with tempfile.TemporaryFile(dir=folder) as probe:
+                probe.write(bytes(4096))
+                probe.flush()
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, folder) from None  # the probe's own name means nothing
+    except OSError as error:
+        print(f"error: {os_error_message(error, {'work_dir': work_dir})}", file=sys.stderr)
+        sys.exit(1)
 
 
 def main() -> None:
@@ -62,6 +109,10 @@ def main() -> None:
         return
     sys.argv[1:] = command.argv
     register_configs(command.languages, command.base_shape)
+    check_work_dir(command)
+    # On a full disk the log file takes no more lines: each would print a traceback of logging's own on stderr,
+    # above the one line that says what happened (the console still shows every line).
+    logging.raiseExceptions = False
     hydra_main()
 
 
