@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.config import CONF_DIR, register_configs
+from pipeline.errors import StageError
 from pipeline.model.files import save_checkpoint
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.model.transformer import Transformer
@@ -248,3 +249,93 @@ def test_bad_training_options_fail_before_any_work(tmp_path, override, message):
     result = run_cli("stage=pretrain", "lang=nob", "train.micro_batch_size=4", override, cwd=tmp_path, check=False)
     assert result.returncode == 1 and message in result.stderr
     assert not list((tmp_path / "work" / "nob").glob("*pretrain*"))
+
+
+def _flip_a_byte(path) -> None:
+    """The same size, one byte of the tensor data changed: what a bad disk or a copy gone wrong leaves, which the size
+    check cannot see (safetensors still reads it, with other weights)."""
+    data = bytearray(path.read_bytes())
+    data[-len(data) // 4] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_checkpoints_that_fail_their_checksums_are_skipped_or_refused_and_a_budget_below_them_is_refused(fresh):
+    """Guards (pipeline/training/checkpoint.py `choose`): the checksum check (a same-size byte flip), and the refusal
+    when no checkpoint verifies; (pipeline/training/run.py `check_resume`) pretrain's own refusal of a budget that
+    ends before its newest checkpoint. Each fails with its guard removed."""
+    process = start(fresh, *SCRATCH, "train.checkpoint_every=2")
+    wait_for_step(fresh, 7, process)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    checkpoints = next((fresh / "work" / "nob").glob(".pretrain.partial-*")) / "checkpoints"
+    kept = sorted(checkpoints.iterdir())
+    before, newest = (int(path.name.split("-")[1]) for path in kept[-2:])
+
+    # A budget that ends before the newest checkpoint: refused by pretrain, nothing deleted.
+    refused = run_cli(*SCRATCH, f"train.steps={newest - 1}", cwd=fresh, check=False)
+    assert refused.returncode == 1
+    assert f"its newest checkpoint is at step {newest}, past train.steps={newest - 1}" in refused.stderr
+    assert sorted(checkpoints.iterdir()) == kept
+
+    # Every checkpoint fails its checksum: refused, nothing deleted; the same files again, untouched.
+    originals = {path: path.read_bytes() for path in checkpoints.glob("*/model-pp0-tp0.safetensors")}
+    for path in originals:
+        _flip_a_byte(path)
+    refused = run_cli(*SCRATCH, cwd=fresh, check=False)
+    assert refused.returncode == 1 and "None of the checkpoints" in refused.stderr and "resume=never" in refused.stderr
+    assert refused.stderr.count("does not match the checksum written with it") == len(kept)
+    assert sorted(checkpoints.iterdir()) == kept
+
+    # Only the newest fails its checksum: the run goes back to the one before and finishes.
+    for path, data in originals.items():
+        path.write_bytes(data)
+    _flip_a_byte(checkpoints / f"step-{newest:08d}" / "model-pp0-tp0.safetensors")
+    logged_before = len(metrics(fresh))
+    result = run_cli(*SCRATCH, cwd=fresh)
+    assert "Skipping checkpoint" in result.stderr and "does not match the checksum written with it" in result.stderr
+    assert f"step-{before:08d} (step {before} of 12)" in result.stderr
+    resumed = [entry["step"] for entry in metrics(fresh)[logged_before:] if "loss" in entry]
+    assert resumed == list(range(before + 1, 13))
+
+
+def test_training_that_ends_non_finite_keeps_its_checkpoints_and_exports_nothing(fresh):
+    """Guard (pipeline/training/run.py, after the ranks): a run that ends with a non-finite loss, its bad-steps limits
+    lifted so that it reaches its end, is neither exported nor marked done, and its checkpoints stay. Its newest
+    checkpoint holds a NaN in the optimizer's fp32 weights, written with its checksums (as a bad step saved would
+    be): it verifies, the first step copies the NaN into the model, and every later loss is NaN."""
+    from pipeline.training.checkpoint_files import FILES_KEY, STATE_FILE, file_entry
+
+    process = start(fresh, *SCRATCH, "train.checkpoint_every=2")
+    wait_for_step(fresh, 5, process)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    partial = next((fresh / "work" / "nob").glob(".pretrain.partial-*"))
+    newest = sorted((partial / "checkpoints").iterdir())[-1]
+    optimizer = newest / "optim-pp0-tp0-dp0.safetensors"
+    tensors = load_file(str(optimizer))
+    tensors["fp32.0"].view(-1)[0] = float("nan")
+    save_file(tensors, str(optimizer))
+    state = json.loads((newest / STATE_FILE).read_text())
+    state[FILES_KEY][optimizer.name] = file_entry(optimizer)
+    (newest / STATE_FILE).write_text(json.dumps(state))
+
+    result = run_cli(*SCRATCH, "train.max_bad_steps=1000", "train.max_skipped_fraction=1", cwd=fresh, check=False)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "training ended with last_loss nan" in result.stderr and "neither exported nor marked done" in result.stderr
+    assert "Resuming from" in result.stderr and newest.name in result.stderr
+    assert not (fresh / "work" / "nob" / "pretrain").exists()
+    partial = next((fresh / "work" / "nob").glob(".pretrain.partial-*"))
+    assert sorted(path.name for path in (partial / "checkpoints").iterdir())[-1] == "step-00000012"
+    assert not (partial / "hf").exists()
+
+
+def test_the_export_refuses_non_finite_weights_and_leaves_no_hf_folder(fresh, tmp_path):
+    """Guard (pipeline/training/run.py `export_trained`): a trained checkpoint holding a NaN is not written as a
+    transformers folder (its loss and held-out score can be finite when the NaN is in a row no text uses)."""
+    from pipeline.training.job import EXPORT, TRAINED
+    from pipeline.training.run import export_trained
+
+    _model_with_a_nan(tmp_path / TRAINED, fresh)
+    with pytest.raises(StageError, match="holds non-finite values .* neither exported nor marked done"):
+        export_trained(tmp_path, fresh / "work" / "nob" / "tokenizer", 2**30)
+    assert not (tmp_path / EXPORT).exists()
