@@ -129,6 +129,12 @@ def _split_override(arg: str) -> Optional[tuple[str, str, str]]:
     return prefix, key, value
 
 
+def override_key(arg: str) -> str:
+    """The key of a `key=value` override without Hydra's `+`/`~` prefixes; "" for any other argument."""
+    parsed = _split_override(arg)
+    return parsed[1] if parsed else ""
+
+
 def _is_sweep_function(value: str) -> bool:
     return any(value.startswith(f"{fn}(") for fn in ("choice", "range", "glob", "interval", "sort", "shuffle"))
 
@@ -210,7 +216,7 @@ def preflight(argv: list[str]) -> CommandLine:
     shape = shape_of_base(seen.get("model.base"))
     if shape is not None and BASE_SHAPE_GROUP not in seen:
         # Among the overrides, not after a flag such as `--cfg job`, which would end Hydra's list of them.
-        last = max(i for i, arg in enumerate(out) if (_split_override(arg) or ("", "", ""))[1] == "model.base")
+        last = max(i for i, arg in enumerate(out) if override_key(arg) == "model.base")
         out.insert(last + 1, BASE_SHAPE_OVERRIDE)
     if hydra_help and "lang" not in seen:
         out.append("lang=nob")  # Hydra composes the config even for --hydra-help; any language will do

@@ -135,7 +135,7 @@ def base_language_steps(cfg: PipelineConfig, named: Mapping[str, PipelineConfig]
     if cfg.model.base is None:
         return [dataclasses.replace(step, for_base=True) for step in chain(demo_base_config(cfg), BASE_STAGES)]
     base = named.get(code) or base_language_config(cfg)
-    mark = code not in named
+    not_named = code not in named
     steps = []
     try:
         STAGES["clean"].describe_inputs(base)
@@ -144,9 +144,9 @@ def base_language_steps(cfg: PipelineConfig, named: Mapping[str, PipelineConfig]
                     missing, "Only the base's own samples of it are replayed." if cfg.replay.tokens > 0 else
                     "The model may forget it.")
     else:
-        steps.append(Step("clean", base, for_base=mark))
+        steps.append(Step("clean", base, for_base=not_named))
     if cfg.replay.tokens > 0:
-        steps.append(Step(REPLAY_TARGET, base, for_base=mark))
+        steps.append(Step(REPLAY_TARGET, base, for_base=not_named))
     return steps
 
 

@@ -270,7 +270,7 @@ def run_evaluate(run: StageRun) -> dict:
             base_vocab = loaded.tokenizer.get_vocab()
         first_added = None if name == "base" else first_added_id(base_vocab, loaded.tokenizer)
         scored = {set_name: score_set(run, loaded, text_set, texts[set_name], device,
-                                      first_added if is_base_lang(set_name) else None)
+                                      first_added if set_name == base_set else None)
                   for set_name, text_set in sets.items()}
         scores[name] = {set_name: {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
                         for set_name, score in scored.items()}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
 from pipeline.stages import Key, Step
-from pipeline.workflow.progress import Cell
+from pipeline.workflow.progress import DONE, Cell
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def plan(steps: list[Step], cells: Mapping[Key, Cell], index: Mapping[str, int])
     waits: dict[Key, Union[Existing, Planned]] = {}  # the steps that run or are queued: what waits for them waits here
     for step in steps:
         cell = cells[step.key]
-        if cell.status == "done" and not any(key in waits for key in step.needs):
+        if cell.status == DONE and not any(key in waits for key in step.needs):
             continue
         if cell.active:
             waits[step.key] = Existing(cell.task.job_id)

@@ -35,6 +35,7 @@ from pathlib import Path
 from pipeline.config import BASE_SHAPE_GROUP, PipelineConfig
 from pipeline.contract import ON_ONE_GPU, ON_RANKS
 from pipeline.errors import ConfigError, StageInterrupted
+from pipeline.overrides import override_key
 from pipeline.parallel.config import ParallelConfig
 from pipeline.stages import RUN_LANGUAGE_KEYS
 
@@ -145,10 +146,6 @@ def passed_on(task_overrides: list[str]) -> list[str]:
             continue
         kept.append(override.input_line)
     return kept
-
-
-def override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def base_language_overrides(overrides: list[str]) -> list[str]:

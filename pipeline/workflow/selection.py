@@ -15,9 +15,9 @@ from pathlib import Path
 from pipeline.config import BASE_SHAPE_OVERRIDE, PipelineConfig, register_base_shape
 from pipeline.errors import ConfigError, closest_first
 from pipeline.languages import LANGUAGES, language_config, resolve_languages
-from pipeline.overrides import shape_of_overrides
+from pipeline.overrides import override_key, shape_of_overrides
 from pipeline.stages import RECIPE_STAGES, Step, demo_base_folder, recipe
-from pipeline.workflow.jobs import override_key, work_dir_override
+from pipeline.workflow.jobs import work_dir_override
 
 TABLE_INDEX: dict[str, int] = {code: index for index, code in enumerate(LANGUAGES)}
 

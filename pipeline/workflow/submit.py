@@ -18,8 +18,9 @@ from pipeline.parallel.config import ParallelConfig
 from pipeline.stages import STAGES
 from pipeline.workflow import selection
 from pipeline.workflow.arrays import Planned, array_spec, dependency, plan
-from pipeline.workflow.jobs import (base_language_overrides, check_resources, job_argv, layout_overrides,
-                                    override_key, passed_on, render_script, sbatch_options, work_dir_override)
+from pipeline.overrides import override_key
+from pipeline.workflow.jobs import (base_language_overrides, check_resources, job_argv, layout_overrides, passed_on,
+                                    render_script, sbatch_options, work_dir_override)
 from pipeline.workflow.progress import DONE, Submission, WorkflowState, locked, observe, state_dir
 from pipeline.workflow.selection import TABLE_INDEX
 
