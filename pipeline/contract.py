@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from omegaconf import OmegaConf
 
+from pipeline.commit_steps import commit_step
 from pipeline.config_keys import differences, drop, matches_any
 from pipeline.errors import StageError
 from pipeline.stage_lock import stage_lock
@@ -77,6 +78,9 @@ class Stage:
     describe_inputs: Callable[[Any], dict] = lambda cfg: {}
     # Where stage=workflow runs it under `cfg`: ON_CPU, ON_ONE_GPU or ON_RANKS (below).
     placement: Callable[[Any], str] = lambda cfg: ON_CPU
+    # What the work folder holds while the stage runs and its output does not keep (pretrain's resumable
+    # checkpoints): removed once the marker is written, so that a run killed before then still has it.
+    scratch: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,6 +97,8 @@ class StageRun:
     final_dir: Path
     # The finished outputs of earlier stages this run reads (`input`).
     upstream: dict[str, Path] = field(default_factory=dict)
+    # Stage.scratch
+    scratch: tuple[str, ...] = ()
 
     def input(self, stage: str) -> Path:
         """The finished output folder of an earlier stage that this stage declares it reads."""
@@ -127,7 +133,7 @@ class StageRun:
                           f"{stage_command(stage, self.cfg)}")
 
     def commit(self, metrics: dict) -> dict:
-        """Write the marker into the finished work folder and move it into place."""
+        """Write the marker into the finished work folder, then move the folder into place (`publish`)."""
         marker = {
             "stage": self.stage,
             "lang": self.lang,
@@ -137,15 +143,43 @@ class StageRun:
             "config": self.hashed_config,
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }
+        commit_step(f"{self.stage}: write the marker")
         write_json_atomic(self.work_dir / MARKER, marker)
+        return self.publish(marker)
+
+    def publish(self, marker: dict) -> dict:
+        """Move the work folder, whose marker is written, into place. Every step may be taken again: a run killed on
+        the way is finished by the same command (`execute`), from the marker, without doing the work again."""
+        if self.scratch:
+            commit_step(f"{self.stage}: remove {', '.join(self.scratch)}")
+        for name in self.scratch:
+            remove(self.work_dir / name)
         (self.work_dir / PARTIAL_RECORD).unlink(missing_ok=True)
-        old = self.final_dir.with_name(f".{self.stage}.replaced-{os.getpid()}")
+        old = replaced_dir(self.final_dir)
         if self.final_dir.exists():
+            commit_step(f"{self.stage}: set the old output aside")
+            shutil.rmtree(old, ignore_errors=True)
             os.replace(self.final_dir, old)
+        commit_step(f"{self.stage}: move the output into place")
         os.replace(self.work_dir, self.final_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        if old.exists():
+            commit_step(f"{self.stage}: remove the old output")
+            shutil.rmtree(old, ignore_errors=True)
         log.info("%s for %s finished: %s", self.stage, self.lang, self.final_dir / MARKER)
         return marker
+
+
+def replaced_dir(final_dir: Path) -> Path:
+    """Where the output a run replaces waits until the new one is in place."""
+    return final_dir.with_name(f".{final_dir.name}.replaced")
+
+
+def remove(path: Path) -> None:
+    """Remove a file or a folder that may be gone already (a step taken again)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def stage_dir(cfg, stage: str) -> Path:
@@ -305,7 +339,7 @@ def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun
     write_json_atomic(work_dir / PARTIAL_RECORD, {"config_hash": digest, "config": config, "inputs": inputs})
     return StageRun(
         stage=stage.name, lang=cfg.lang.code, cfg=cfg, config_hash=digest, inputs=inputs,
-        hashed_config=config, work_dir=work_dir, final_dir=final_dir, upstream=now.upstream,
+        hashed_config=config, work_dir=work_dir, final_dir=final_dir, upstream=now.upstream, scratch=stage.scratch,
     )
 
 
@@ -386,10 +420,18 @@ def invalidate(cfg, stages: tuple[str, ...]) -> None:
 
 def execute(stage: Stage, cfg, downstream: tuple[str, ...] = ()) -> Optional[dict]:
     """Run one stage under the contract and its lock. Returns its marker, or None if it went to Slurm."""
-    with stage_lock(stage_dir(cfg, stage.name), f"stage {stage.name} for {cfg.lang.code}"):
+    final_dir = stage_dir(cfg, stage.name)
+    with stage_lock(final_dir, f"stage {stage.name} for {cfg.lang.code}"):
+        # An output replaced by a run killed before it could remove it.
+        shutil.rmtree(replaced_dir(final_dir), ignore_errors=True)
         run = prepare(stage, cfg, downstream)
         if run is None:
-            return read_marker(stage_dir(cfg, stage.name))
+            return read_marker(final_dir)
+        finished = read_marker(run.work_dir)
+        if finished is not None and finished.get("config_hash") == run.config_hash:
+            log.info("The interrupted run of %s for %s in %s had finished its work; moving its output into place.",
+                     stage.name, run.lang, run.work_dir)
+            return run.publish(finished)
         log.info("Running %s for %s (config hash %s) in %s", stage.name, run.lang, run.config_hash, run.work_dir)
         metrics = stage.run(run)
         if metrics is not None:

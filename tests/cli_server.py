@@ -10,7 +10,9 @@ What a fork shares that a fresh process would not, and why it does not matter he
 - import-time reads of the environment (torch.distributed reads TORCH_DISTRIBUTED_DEBUG, OpenMP its
   OMP_NUM_THREADS): the client forks only for a command whose environment is the one the server started with,
   and starts a real process otherwise (tests/conftest.py: run_cli);
-- random state: the child reseeds Python's and NumPy's global generators, as a new process would;
+- random state: the child reseeds Python's, NumPy's and torch's global generators, as a new process would;
+- peak memory: the child's peak resident set is reset to what it holds when it starts (/proc/self/clear_refs), so
+  that the peaks a stage reports are its own, not the server's;
 - threads: the server starts none (torch's thread pools start on first use, in the child).
 
 Ranks: a stage's training ranks (and the ranks some tests start) are `python -m <module>` or `python -c <code>`
@@ -46,6 +48,8 @@ import threading
 import traceback
 import warnings
 
+from pipeline.commit_steps import KILL_AT_STEP, STEPS_FILE
+
 # What `python -m pipeline` imports for some command: the CLI, every stage (torch, datatrove, DeepSpeed through
 # the training rank) and what a stage imports on first use. Not pipeline.__main__ itself: the child runs it as
 # __main__, once, as the real command does.
@@ -63,9 +67,9 @@ def preload() -> None:
         importlib.import_module(f"pipeline.stages.{stage}")
 
 
-# Set by torch._inductor in a process when it first compiles, read by it at run time only: a command or a rank may
-# have its own.
-RUN_TIME_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR"}
+# Read at run time only, so a command or a rank may have its own: set by torch._inductor in a process when it first
+# compiles; the fault-injection harness's (pipeline/commit_steps.py).
+RUN_TIME_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR", KILL_AT_STEP, STEPS_FILE}
 # Variables a forked rank may have of its own: the modules the server imported do not read them on import.
 RANK_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                   "PYTHONPATH", "HYDRA_FULL_ERROR", "PYTEST_CURRENT_TEST"} | RUN_TIME_VARIABLES
@@ -119,9 +123,15 @@ def _become(request: dict, fds: tuple[int, int, int]) -> None:
     for fd, opened in enumerate(fds):
         os.dup2(opened, fd)
         os.close(opened)
+    # A new interpreter seeds Python's, NumPy's and torch's generators from the system's randomness.
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+    # Its peak resident set (VmHWM, what the stages report) starts from what it holds now, not the server's peak.
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+        handle.write("5")
 
 
 def _run(main) -> None:

@@ -163,10 +163,11 @@ def _run_forked(command: list[str], cwd: Path, env: dict[str, str], timeout: flo
                                            stderr.read_text(encoding="utf-8"))
 
 
-def run_cli(*overrides: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    """`python -m pipeline <overrides>` in `cwd`, as a user would type it: forked from the CLI server
-    (tests/cli_server.py) where the environment allows, else as a process of its own."""
-    command, env = [sys.executable, "-m", "pipeline", *overrides], cli_env()
+def run_cli(*overrides: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+    """`python -m pipeline <overrides>` in `cwd`, as a user would type it, with `env` added to the environment:
+    forked from the CLI server (tests/cli_server.py) where the environment allows, else as a process of its own."""
+    command, env = [sys.executable, "-m", "pipeline", *overrides], {**cli_env(), **(env or {})}
     if _forkable(env):
         result = _run_forked(command, cwd, env, timeout=900)
     else:

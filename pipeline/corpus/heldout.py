@@ -22,6 +22,7 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.disk_base import DiskWriter
 
+from pipeline.commit_steps import commit_step
 from pipeline.corpus.source_counts import UNKNOWN_FILE, Counts
 
 # A fixed salt keeps the split independent of any other hash of the ids (e.g. sharding).
@@ -100,33 +101,56 @@ def _lines(path: Path) -> list[bytes]:
         return [line for line in handle if line.strip()]
 
 
-def top_up_heldout(train: Path, heldout: Path, missing: int) -> Counts:
-    """Move the `missing` training documents with the smallest id hashes from the `train` shards to `heldout`;
-    returns the documents and characters moved, per raw file ({raw file: [documents, characters]}). Reads every
-    training document once: it runs when the split holds too few documents, i.e. on a small corpus."""
+def _id(line: bytes) -> str:
+    return json.loads(line)["id"]
+
+
+def choose_top_up(train: Path, missing: int) -> tuple[dict[str, list[str]], Counts]:
+    """The `missing` training documents with the smallest id hashes: their ids by `train` shard, and the documents
+    and characters they hold per raw file ({raw file: [documents, characters]}). Reads every training document: it
+    runs when the split holds too few documents, i.e. on a small corpus. Changes nothing (`move_to_heldout` does)."""
     if missing <= 0:
-        return {}
+        return {}, {}
     shards = sorted(train.glob("*.jsonl.gz"))
-    order = ((id_hash(json.loads(line)["id"]), shard, index)
-             for shard in shards for index, line in enumerate(_lines(shard)))
+    order = ((id_hash(_id(line)), shard.name, index) for shard in shards for index, line in enumerate(_lines(shard)))
     chosen = {(shard, index) for _, shard, index in heapq.nsmallest(missing, order)}
-    moved: list[bytes] = []
-    for shard in shards:
-        lines = _lines(shard)
-        kept = [line for index, line in enumerate(lines) if (shard, index) not in chosen]
-        moved += [line for index, line in enumerate(lines) if (shard, index) in chosen]
-        if not kept:
-            shard.unlink()
-        elif len(kept) < len(lines):
-            _write_atomic(shard, kept)
-    heldout.mkdir(parents=True, exist_ok=True)
-    _write_atomic(heldout / TOP_UP_SHARD, moved)
+    ids: dict[str, list[str]] = defaultdict(list)
     by_file: Counts = defaultdict(lambda: [0, 0])
-    for record in map(json.loads, moved):
-        entry = by_file[record.get("metadata", {}).get("raw_file", UNKNOWN_FILE)]
-        entry[0] += 1
-        entry[1] += len(record["text"])
-    return dict(by_file)
+    for shard in shards:
+        for index, line in enumerate(_lines(shard)):
+            if (shard.name, index) in chosen:
+                record = json.loads(line)
+                ids[shard.name].append(record["id"])
+                entry = by_file[record.get("metadata", {}).get("raw_file", UNKNOWN_FILE)]
+                entry[0] += 1
+                entry[1] += len(record["text"])
+    return dict(ids), dict(by_file)
+
+
+def move_to_heldout(train: Path, heldout: Path, chosen: dict[str, list[str]]) -> None:
+    """Move the documents `choose_top_up` chose from their `train` shards to `heldout/`'s top-up shard. Taken again
+    after a kill, it finishes the move: the top-up shard is written whole before any training shard loses a
+    document, and a shard that has lost its documents already is left alone."""
+    if not chosen:
+        return
+    leaving = {name: set(ids) for name, ids in chosen.items()}
+    target = heldout / TOP_UP_SHARD
+    if not target.exists():
+        moved = [line for name in sorted(chosen) for line in _lines(train / name) if _id(line) in leaving[name]]
+        heldout.mkdir(parents=True, exist_ok=True)
+        commit_step("clean: write the held-out top-up")
+        _write_atomic(target, moved)
+    for name in sorted(chosen):
+        shard = train / name
+        lines = _lines(shard) if shard.exists() else []
+        kept = [line for line in lines if _id(line) not in leaving[name]]
+        if len(kept) == len(lines):
+            continue
+        commit_step(f"clean: take the top-up out of train/{name}")
+        if kept:
+            _write_atomic(shard, kept)
+        else:
+            shard.unlink()
 
 
 def _write_atomic(path: Path, lines: list[bytes]) -> None:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.contract import StageRun
+from pipeline.commit_steps import commit_step
+from pipeline.contract import StageRun, read_json, write_json_atomic
 from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
-from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, top_up_heldout
+from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, choose_top_up, move_to_heldout
 from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader
 from pipeline.corpus.report import count, markdown, step_key, summed_stats
 from pipeline.corpus.source_counts import HELDOUT, HELDOUT_SOURCE, READ, SourceTally, moved_to_heldout, per_source
@@ -35,7 +35,10 @@ log = logging.getLogger(__name__)
 FILTER_PHASE, BUCKETS_PHASE = "1_filter", "2_minhash_buckets"
 CLUSTER_PHASE, SPLIT_PHASE = "3_minhash_clusters", "4_dedup_split"
 TALLIES = "source_counts"
-INTERMEDIATE_DIRS = ("filtered", "minhash", TALLIES)
+# The commit's statistics and the documents it moves to the held-out split (CommitWhenDone).
+COMMIT_PLAN = "commit_plan.json"
+# What the phases write for the phases after them and the commit: gone once the marker is written.
+INTERMEDIATE = ("filtered", "minhash", TALLIES, COMMIT_PLAN)
 BAD_FILE_NAME = "file_name_not_utf8"
 DUPLICATES = "minhash_duplicate"
 
@@ -161,7 +164,8 @@ def build_phases(run: StageRun, tasks: int, tokenizer, filters: list[tuple[str, 
         (BUCKETS_PHASE, [MinhashDedupBuckets(signatures, buckets, config=minhash)], minhash.num_buckets),
         (CLUSTER_PHASE, [MinhashDedupCluster(buckets, clusters, config=minhash, save_cluster_size=True)], 1),
         (SPLIT_PHASE, [
-            TaskOutputReader(str(work / "filtered")),
+            # Not the intermediate file's path (datatrove's `file_path`): it is gone once the stage is done.
+            TaskOutputReader(str(work / "filtered"), add_file_path=False),
             MinhashDedupFilter(clusters, exclusion_writer=_rejected(work, DUPLICATES), load_cluster_sizes=True),
             _tally(run, DUPLICATES),
             *_split_and_write(run, heldout_sources),
@@ -220,12 +224,12 @@ def collect_metrics(run: StageRun) -> dict:
     return metrics
 
 
-def guarantee_heldout(run: StageRun, metrics: dict) -> dict:
-    """Top the held-out split up to `clean.heldout_min_documents` (at most a quarter of the kept documents), warning
-    when the corpus is too small for it; the metrics with the documents moved."""
+def top_up_plan(run: StageRun, metrics: dict) -> dict:
+    """The commit's plan: the documents that top the held-out split up to `clean.heldout_min_documents` (at most a
+    quarter of the kept documents) and the metrics with them moved; warns when the corpus is too small for it."""
     minimum, kept, heldout = run.cfg.clean.heldout_min_documents, metrics["docs_out"], metrics["docs_heldout"]
     wanted = min(minimum, (kept + heldout) // 4)
-    moved = top_up_heldout(run.work_dir / "train", run.work_dir / "heldout", wanted - heldout)
+    chosen, moved = choose_top_up(run.work_dir / "train", wanted - heldout)
     docs, chars = sum(d for d, _ in moved.values()), sum(c for _, c in moved.values())
     if docs:
         log.warning("clean %s: clean.heldout_fraction=%g of %d kept documents held out %d; %d more are held out "
@@ -235,21 +239,32 @@ def guarantee_heldout(run: StageRun, metrics: dict) -> dict:
         log.warning("clean %s: only %d documents kept, too few for clean.heldout_min_documents=%d: %d held out (a "
                     "quarter), so held-out scores will be noisy. Add text to %s if you can.", run.lang, kept + heldout,
                     minimum, heldout + docs, raw_language_folder(run.cfg))
-    return {**metrics, "docs_out": kept - docs, "docs_heldout": heldout + docs,
-            "chars_out": metrics["chars_out"] - chars, "chars_heldout": metrics["chars_heldout"] + chars,
-            "heldout_added_for_minimum": docs, "sources": moved_to_heldout(metrics["sources"], moved)}
+    metrics = {**metrics, "docs_out": kept - docs, "docs_heldout": heldout + docs,
+               "chars_out": metrics["chars_out"] - chars, "chars_heldout": metrics["chars_heldout"] + chars,
+               "heldout_added_for_minimum": docs, "sources": moved_to_heldout(metrics["sources"], moved)}
+    return {"metrics": metrics, "top_up": chosen}
 
 
 @dataclass
 class CommitWhenDone:
-    """The last step: turns the statistics into the marker. A datatrove pipeline step, for Slurm."""
+    """The last step: turns the statistics into the marker. A datatrove pipeline step, for Slurm.
+
+    The statistics are summed, and the held-out top-up chosen, once: recorded in COMMIT_PLAN before any document
+    moves, so that a commit killed on the way is finished by the same command with the same documents and counts
+    (the intermediate folders it reads go only once the marker is written: the stage's scratch)."""
 
     run: StageRun
 
     def __call__(self, data=None, rank: int = 0, world_size: int = 1):
-        metrics = guarantee_heldout(self.run, collect_metrics(self.run))
-        for name in INTERMEDIATE_DIRS:
-            shutil.rmtree(self.run.work_dir / name, ignore_errors=True)
+        recorded = self.run.work_dir / COMMIT_PLAN
+        if recorded.is_file():
+            plan = read_json(recorded)
+        else:
+            plan = top_up_plan(self.run, collect_metrics(self.run))
+            commit_step("clean: record the commit's plan")
+            write_json_atomic(recorded, plan)
+        metrics = plan["metrics"]
+        move_to_heldout(self.run.work_dir / "train", self.run.work_dir / "heldout", plan["top_up"])
         for split in CLEAN_SPLITS:  # an empty split is an empty folder, which the later stages read as no documents
             (self.run.work_dir / split).mkdir(exist_ok=True)
         (self.run.work_dir / "report.md").write_text(markdown(self.run.lang, metrics), encoding="utf-8")

@@ -29,8 +29,9 @@ from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
 from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.filters import choose_language_id
 from pipeline.corpus.heldout import is_heldout_source
-from pipeline.corpus.phases import (BAD_FILE_NAME, BUCKETS_PHASE, CLUSTER_PHASE, FILTER_PHASE, SPLIT_PHASE,
-                                    CommitWhenDone, build_phases, executor, quality_filters, raw_language_folder)
+from pipeline.corpus.phases import (BAD_FILE_NAME, BUCKETS_PHASE, CLUSTER_PHASE, FILTER_PHASE, INTERMEDIATE,
+                                    SPLIT_PHASE, CommitWhenDone, build_phases, executor, quality_filters,
+                                    raw_language_folder)
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files, unreadable_names
 from pipeline.corpus.report import step_key
 from pipeline.corpus.words import resolve_word_tokenizer
@@ -202,4 +203,5 @@ STAGE = Stage(
     unhashed_keys=("clean.tasks", "lang.name", "lang.flores", "lang.filters_source", "lang.in_hplt_v1_2"),
     kept_state=kept_state,
     describe_inputs=describe_inputs,
+    scratch=INTERMEDIATE,
 )

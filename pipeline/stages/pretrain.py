@@ -21,6 +21,7 @@ import logging
 from pipeline.config import PipelineConfig
 from pipeline.contract import ON_RANKS, Stage, StageRun
 from pipeline.memory_fit import check_layout, fitting_micro_batch
+from pipeline.training.job import WHILE_TRAINING
 from pipeline.training.run import (check_resume, describe_start, kept_checkpoints, model_as_trained, prepare_training,
                                    pretrain_start, train_stage)
 
@@ -69,4 +70,5 @@ STAGE = Stage(
     kept_state=kept_checkpoints,
     describe_inputs=describe_start,
     placement=lambda cfg: ON_RANKS,
+    scratch=WHILE_TRAINING,
 )

@@ -27,7 +27,7 @@ from datatrove.utils.word_tokenizers import load_word_tokenizer
 from tokenizers import Tokenizer
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
+from pipeline.contract import Stage, StageRun, portable_path, read_json, write_json_atomic
 from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.corpus.report import bytes_text
 from pipeline.corpus.sources import clean_output, read_documents
@@ -141,6 +141,8 @@ def _sample(run: StageRun, sample_file: Path, scratch: Path, target_only: bool =
     sources = [source for source in read_plan(run)["sources"] if not target_only or source["name"] == run.lang]
     sampled = write_sample(sources, options.sample_bytes, options.seed, sample_file, scratch, cfg.work_dir,
                            cfg.workers)
+    for source in sampled:  # recorded as the contract records paths: relative to the work folder when inside it
+        source.folder = source.folder and portable_path(cfg, source.folder)
     sample = sample_section(sampled, options.sample_bytes)
     if sample["bytes"] == 0:
         raise StageError(_empty_sample_message(run, sampled))
@@ -288,14 +290,14 @@ def run_tokenizer(run: StageRun) -> dict:
         "lang": lang,
         "tokenizer": section,
         "sample": sample,
-        "heldout": {"folder": str(heldout.source.folder), "documents": new.documents, "bytes": new.bytes,
+        "heldout": {"folder": portable_path(run.cfg, heldout.source.folder), "documents": new.documents, "bytes": new.bytes,
                     "words": new.words, "word_tokenizer": word_tokenizer_name, "eval_bytes": options.eval_bytes,
                     "truncated": heldout.truncated, "advice": no_heldout_advice(run.cfg.clean)},
         "new": {"name": _name(options, lang),
-                "path": str(run.final_dir / TOKENIZER_FILE),
+                "path": portable_path(run.cfg, run.final_dir / TOKENIZER_FILE),
                 "scores": new.summary()},
         "base": None if base is None else {"name": base_source(run.cfg),
-                                           "path": str(base_file(run.cfg).resolve()),
+                                           "path": portable_path(run.cfg, base_file(run.cfg)),
                                            "scores": base.summary()},
         "new_vs_base": comparison(new, base),
         "notes": notes,

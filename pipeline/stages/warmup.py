@@ -21,6 +21,7 @@ from pipeline.contract import ON_RANKS, Stage, StageRun, portable_path
 from pipeline.errors import StageError
 from pipeline.memory_fit import fitting_micro_batch
 from pipeline.model.files import base_model_input
+from pipeline.training.job import WHILE_TRAINING
 from pipeline.training.run import SCRATCH, model_as_trained, prepare_training, train_stage
 from pipeline.warmstart.initialise import warm_start, warmup_trainable
 
@@ -86,4 +87,5 @@ STAGE = Stage(
     unhashed_keys=("model.base", "warmup.train.micro_batch_size"),
     describe_inputs=base_model_input,
     placement=lambda cfg: ON_RANKS,
+    scratch=WHILE_TRAINING,
 )

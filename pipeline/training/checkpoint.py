@@ -36,6 +36,7 @@ from deepspeed.checkpoint.constants import (BASE_OPTIMIZER_STATE, BASE_OPTIMIZER
                                             SINGLE_PARTITION_OF_FP32_GROUPS)
 from safetensors.torch import load_file
 
+from pipeline.commit_steps import commit_step
 from pipeline.contract import write_json_atomic
 from pipeline.errors import StageError
 from pipeline.tensor_files import save_tensors
@@ -169,11 +170,14 @@ def save(engine: Engine, root: Path, step: int, state: dict, keep: int) -> Path:
             listed = tmp / _RANK_FILES.format(rank=r)
             files.update(json.loads(listed.read_text(encoding="utf-8")))
             listed.unlink()
+        commit_step(f"checkpoint {step}: write {STATE_FILE}")
         write_json_atomic(tmp / STATE_FILE, {"step": step, "layout": layout, FILES_KEY: files,
                                              "scheduler": engine.engine.lr_scheduler.state_dict(), **state})
         shutil.rmtree(final, ignore_errors=True)
+        commit_step(f"checkpoint {step}: move it into place")
         tmp.rename(final)
         for old in checkpoints(root)[keep:]:
+            commit_step(f"checkpoint {step}: remove {old.name}")
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final

@@ -70,3 +70,5 @@ METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "train_result.json"
 TRAINED = "checkpoint"         # the trained model as a pipeline checkpoint (what pretrain's init=warmup reads)
 EXPORT = "hf"                  # the trained model as a transformers folder
+# What a training stage's folder holds only while it runs: removed once its marker is written (Stage.scratch).
+WHILE_TRAINING = (CHECKPOINTS, INIT)

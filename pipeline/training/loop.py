@@ -85,7 +85,7 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
     stop = StopRequest()
     progress = tqdm(total=train.steps, initial=run.step, desc="training", unit="step", disable=not is_logger)
     started, started_tokens = time.perf_counter(), run.tokens
-    window_start, window_tokens, last_checkpoint, loss = time.perf_counter(), 0, None, None
+    window_start, window_tokens, last_checkpoint = time.perf_counter(), 0, None
     batches = iter(sampler)  # this rank's rows, from the sampler's step on
     try:
         while run.step < train.steps:
@@ -94,6 +94,7 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
             learns = None if learning_sources is None else np.isin(batch.source, learning_sources)
             loss = float(ds.train_batch(iter(micro_batches(batch.tokens, batch.segment_ids,
                                                            train.micro_batch_size, ds.device, learns))))
+            run.last_loss = loss
             run.step += 1
             run.tokens += step_tokens
             window_tokens += step_tokens
@@ -143,7 +144,7 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
             board.flush()
     seconds = time.perf_counter() - started
     trained_tokens = run.tokens - started_tokens
-    summary = {"steps": run.step, "tokens": run.tokens, "last_loss": loss,
+    summary = {"steps": run.step, "tokens": run.tokens, "last_loss": run.last_loss,
                "skipped_steps": run.skipped_steps, "heldout_bpb_before": run.heldout_bpb_before,
                "heldout_bpb_after": evaluate(), "seconds": round(seconds, 2),
                "tokens_per_s": round(trained_tokens / seconds, 1) if seconds else None}
@@ -161,6 +162,8 @@ class RunState:
     # The skipped steps among the last `train.skipped_window`.
     recent_skips: list[int] = field(default_factory=list)
     heldout_bpb_before: Optional[float] = None
+    # Kept in checkpoints: a run resumed from its last step's checkpoint reports the loss it ended with.
+    last_loss: Optional[float] = None
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "recent_skips": list(self.recent_skips)}

@@ -22,6 +22,7 @@ import torch
 from tokenizers import Tokenizer
 
 from pipeline.cluster import ClusterConfig
+from pipeline.commit_steps import commit_step
 from pipeline.contract import MARKER, StageRun, read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
@@ -89,17 +90,30 @@ def launch(job: TrainingJob, cluster) -> dict:
         train_rank(job)
     else:
         run_ranks(["-m", "pipeline.training.rank", str(write_job(job))], world_size, cluster, folder / "rank_logs")
-    result = json.loads((folder / RESULT_FILE).read_text(encoding="utf-8"))
-    # last_loss is None when a resumed run had no step left to take.
+    return json.loads((folder / RESULT_FILE).read_text(encoding="utf-8"))
+
+
+def refuse_non_finite_end(job: TrainingJob, result: dict) -> None:
+    """A run whose final loss or held-out score is not finite is neither exported nor marked done; its checkpoints
+    stay. last_loss is None when no step was taken (a budget already met)."""
     bad = {key: result[key] for key in ("last_loss", "heldout_bpb_after")
            if result[key] is not None and not math.isfinite(result[key])}
     if bad:
         raise StageError(f"{job.stage}: training ended with {', '.join(f'{key} {value}' for key, value in bad.items())}"
                          f" ({result['skipped_steps']} of {result['steps']} steps skipped); the model is neither "
-                         f"exported nor marked done. Its metrics are in {folder / METRICS_FILE}. Lower the "
+                         f"exported nor marked done. Its metrics are in {Path(job.folder) / METRICS_FILE}. Lower the "
                          f"learning rate, raise its warm-up steps or check the data and the starting model, then "
                          f"run again.")
-    return result
+
+
+def _finished_result(folder: Path, job: TrainingJob) -> Optional[dict]:
+    """What the ranks wrote when they finished this job's steps (the result file is written last, after the trained
+    model), or None; a non-finite end is trained again from the checkpoints, as before."""
+    if not (folder / RESULT_FILE).is_file():
+        return None
+    result = read_json(folder / RESULT_FILE)
+    finite = all(result.get(key) is None or math.isfinite(result[key]) for key in ("last_loss", "heldout_bpb_after"))
+    return result if finite and result.get("steps") == job.train.steps else None
 
 
 def export_trained(folder: Path, tokenizer_dir: Path, max_shard_bytes: int) -> None:
@@ -169,31 +183,37 @@ def train_stage(training: StageTraining, start: StartingModel, cluster: ClusterC
     The launching process writes the starting model to `init/` a tensor at a time, and the held-out rows; the ranks
     train (pipeline/training/rank.py); the trained model in `checkpoint/` becomes a transformers folder `hf/`. A job
     that trains only some parameters (warmup) must have left every other tensor as it was. The resumable checkpoints
-    and the starting model go once the run is complete."""
+    and the starting model go once the marker is written (the stages' scratch, pipeline/contract.py)."""
     job, folder = training.job, Path(training.job.folder)
-    if job.resume is None or not checkpoints(folder / CHECKPOINTS):
+    # A run killed after its ranks finished (in the export, say) is not trained again.
+    finished = _finished_result(folder, job)
+    if finished is not None:
+        log.info("%s: the ranks of the interrupted run had finished its %d steps; their trained model in %s is "
+                 "exported.", job.stage, job.train.steps, folder / TRAINED)
+    elif job.resume is None or not checkpoints(folder / CHECKPOINTS):
         # A fresh start: no metrics of an attempt that left no checkpoint.
         (folder / METRICS_FILE).unlink(missing_ok=True)
         shutil.rmtree(folder / "tensorboard", ignore_errors=True)
-    # Written a tensor at a time: this process never holds the model.
-    refuse_non_finite(write_checkpoint(start.tensors, folder / INIT), start.what, start.advice)
+    if finished is None:
+        # Written a tensor at a time: this process never holds the model.
+        refuse_non_finite(write_checkpoint(start.tensors, folder / INIT), start.what, start.advice)
     check_pack_tokenizer(job, training.packed, training.tokenizer_file, training.tokenizer.get_vocab_size())
     eos = token_roles(training.tokenizer_dir, training.tokenizer)["eos"]
     scored = write_heldout(job, training.heldout, training.tokenizer, eos)
     shutil.rmtree(folder / SCRATCH, ignore_errors=True)
-    result = launch(job, cluster)
+    result = finished or launch(job, cluster)
+    refuse_non_finite_end(job, result)
+    commit_step(f"{job.stage}: export hf/")
     export_trained(folder, training.tokenizer_dir, shard_bytes(export))
     frozen = {}
     if job.trainable is not None:
         held = torch.bfloat16 if use_bf16(job.train) else torch.float32
         names, values = _check_frozen_unchanged(folder / INIT, folder / TRAINED, job, held)
         frozen = {"trained_tensors": names, "trained_parameters": values}
-    # The run is complete: the final model is in checkpoint/ and hf/; the resumable states are not needed.
-    shutil.rmtree(folder / CHECKPOINTS, ignore_errors=True)
-    shutil.rmtree(folder / INIT)
     report = {**about, **frozen, "heldout_scored": scored, **result,
               # this process: the starting model, the export (and the training, with one rank started here)
               "peak_memory_stage_process": peak_memory()}
+    commit_step(f"{job.stage}: write report.json")
     write_json_atomic(folder / "report.json", report)
     return report
 

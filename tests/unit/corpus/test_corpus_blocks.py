@@ -6,7 +6,7 @@ import json
 
 from datatrove.data import Document
 
-from pipeline.corpus.heldout import id_hash, is_heldout, top_up_heldout
+from pipeline.corpus.heldout import choose_top_up, id_hash, is_heldout, move_to_heldout
 from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, bundled_lid176
 from pipeline.corpus.words import SpaceSplitTokenizer, minhash_word_tokenizer, resolve_word_tokenizer
 from pipeline.corpus.reader import RawCorpusReader, fingerprint_files
@@ -76,8 +76,10 @@ def test_the_heldout_top_up_moves_the_documents_with_the_smallest_id_hashes(tmp_
     records = [{"id": f"doc-{i}", "text": "x" * i, "metadata": {"raw_file": f"{i % 3}.jsonl"}} for i in range(40)]
     write_jsonl_gz(tmp_path / "train" / "000_00000.jsonl.gz", records[:25])
     write_jsonl_gz(tmp_path / "train" / "001_00000.jsonl.gz", records[25:])
-    assert top_up_heldout(tmp_path / "train", tmp_path / "heldout", 0) == {}
-    moved = top_up_heldout(tmp_path / "train", tmp_path / "heldout", 6)
+    assert choose_top_up(tmp_path / "train", 0) == ({}, {})
+    chosen, moved = choose_top_up(tmp_path / "train", 6)
+    assert len(read_jsonl_gz(tmp_path / "train")) == 40  # choosing moves nothing
+    move_to_heldout(tmp_path / "train", tmp_path / "heldout", chosen)
     smallest = sorted(records, key=lambda r: id_hash(r["id"]))[:6]
     # per raw file: the documents and characters moved
     expected = {}
@@ -88,6 +90,9 @@ def test_the_heldout_top_up_moves_the_documents_with_the_smallest_id_hashes(tmp_
     assert sorted(r["id"] for r in read_jsonl_gz(tmp_path / "heldout")) == sorted(r["id"] for r in smallest)
     train = read_jsonl_gz(tmp_path / "train")
     assert len(train) == 34 and not {r["id"] for r in train} & {r["id"] for r in smallest}
+    # Taken again (a commit killed after the move), the move changes nothing.
+    move_to_heldout(tmp_path / "train", tmp_path / "heldout", chosen)
+    assert len(read_jsonl_gz(tmp_path / "heldout")) == 6 and read_jsonl_gz(tmp_path / "train") == train
 
 
 def test_minhash_splits_at_spaces_where_the_script_has_them_and_finds_the_same_shingles():

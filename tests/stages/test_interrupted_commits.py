@@ -1,0 +1,67 @@
+"""Each stage killed at each of its commit steps in turn, then run again, leaves what an uninterrupted run leaves
+(tests/fault_injection.py): the same documents and counts, marker and outputs agreeing, nothing left behind."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.conftest import CHAIN_OPTIONS, marker, read_jsonl_gz, run_cli, write_jsonl_gz
+from tests.fault_injection import entries, folder_outputs, kill_at_each_step
+
+
+def _stage_outputs(cwd: Path, stage: str, skip=lambda path: False) -> dict:
+    """A stage's output folder and what else the run left in the language's folder."""
+    work = cwd / "work" / "nob"
+    return {"files": folder_outputs(work / stage, skip), "language_folder": entries(work)}
+
+
+def test_clean_killed_at_each_commit_step_leaves_the_documents_and_counts_of_an_uninterrupted_run(
+        tmp_path, embedded_records):
+    """The held-out top-up (recorded before any document moves, then finished by the rerun), datatrove's phases
+    and the contract's marker and rename. Before the plan was recorded, a rerun after a kill in the top-up moved
+    other documents again and lost the first ones, or counted them twice."""
+    long = [record for record in embedded_records["nob"] if len(record["text"]) > 400][:40]
+    assert len(long) == 40
+
+    # One raw folder for every run: documents record their raw file's path, the marker its time.
+    write_jsonl_gz(tmp_path / "raw" / "nob" / "a.jsonl.gz", long[:20])
+    write_jsonl_gz(tmp_path / "raw" / "nob" / "b.jsonl.gz", long[20:] + long[:3])  # three duplicates
+
+    def start() -> Path:
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
+        (tmp_path / "run").mkdir()
+        return tmp_path / "run"
+
+    options = ("stage=clean", "lang=nob", f"raw_dir={tmp_path / 'raw'}", "workers=1", "clean.tasks=1")
+    steps = kill_at_each_step(options, start,
+                              lambda cwd: _stage_outputs(cwd, "clean", lambda path: path.parts[0] == "logs"))
+    assert "clean: write the held-out top-up" in steps and "clean: take the top-up out of train/" in " ".join(steps)
+    # The run's counts agree with its documents.
+    cwd = tmp_path / "run"
+    metrics = marker(cwd / "work", "nob", "clean")["metrics"]
+    train, heldout = (read_jsonl_gz(cwd / "work" / "nob" / "clean" / split) for split in ("train", "heldout"))
+    assert metrics["heldout_added_for_minimum"] > 0
+    assert (metrics["docs_out"], metrics["docs_heldout"]) == (len(train), len(heldout))
+    assert sum(source["docs_out"] for source in metrics["sources"].values()) == len(train)
+
+
+def test_mix_tokenizer_and_pack_killed_at_each_commit_step_leave_what_an_uninterrupted_run_leaves(
+        nob_eng_cleaned, tmp_path):
+    """The contract's commit: the marker, the rename into place and, for mix, the output it replaces set aside and
+    removed (a run with another epoch cap before it)."""
+    ready = tmp_path / "ready"
+    shutil.copytree(nob_eng_cleaned / "work" / "nob", ready / "work" / "nob")
+    run_cli("stage=mix", *CHAIN_OPTIONS, "mix.max_epochs=3", cwd=ready)
+    for stage in ("mix", "tokenizer", "pack"):
+        def start() -> Path:
+            shutil.rmtree(tmp_path / "run", ignore_errors=True)
+            return shutil.copytree(ready, tmp_path / "run")
+
+        steps = kill_at_each_step((f"stage={stage}", *CHAIN_OPTIONS), start, lambda cwd, stage=stage:
+                                  _stage_outputs(cwd, stage))
+        assert f"{stage}: write the marker" in steps and f"{stage}: move the output into place" in steps
+        if stage == "mix":
+            assert "mix: set the old output aside" in steps and "mix: remove the old output" in steps
+        shutil.rmtree(ready)
+        shutil.copytree(tmp_path / "run", ready)
