@@ -24,6 +24,9 @@ from filelock import FileLock
 
 from tests.cli_server import RUN_TIME_VARIABLES, popen_through, shim_path
 
+# The harness's comparisons show what differs, as a test's own asserts do.
+pytest.register_assert_rewrite("tests.fault_injection")
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Every multi-rank run a test starts (its own ranks, or a training stage's through the CLI) checks its collectives:

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
-from tests.conftest import CHAIN_OPTIONS, marker, read_jsonl_gz, run_cli, write_jsonl_gz
+import pytest
+
+from tests.conftest import CHAIN_OPTIONS, marker, packed_copy, read_jsonl_gz, run_cli, write_jsonl_gz
 from tests.fault_injection import entries, folder_outputs, kill_at_each_step
 
 
@@ -65,3 +68,43 @@ def test_mix_tokenizer_and_pack_killed_at_each_commit_step_leave_what_an_uninter
             assert "mix: set the old output aside" in steps and "mix: remove the old output" in steps
         shutil.rmtree(ready)
         shutil.copytree(tmp_path / "run", ready)
+
+
+# A few steps of the tiny model: checkpoints at each (the newest kept), so that a kill meets every checkpoint step.
+TRAINING = {
+    "pretrain": ("stage=pretrain", *CHAIN_OPTIONS, "model.num_layers=2", "model.max_seq_len=128", "init=scratch",
+                 "train.steps=2", "train.warmup_steps=1", "train.checkpoint_every=1", "train.keep_checkpoints=1",
+                 "train.eval_tokens=512"),
+    "warmup": ("stage=warmup", *CHAIN_OPTIONS, "model.num_layers=2", "model.max_seq_len=128", "warmup.train.steps=2",
+               "warmup.train.warmup_steps=1", "warmup.train.global_batch_size=8", "warmup.train.eval_tokens=512"),
+}
+
+
+def _trained_outputs(cwd: Path, stage: str) -> dict:
+    """The stage's files (weights byte for byte, reports less their timings) and the last loss logged for each step
+    (a resumed run logs the steps after its checkpoint again; tensorboard's files hold the time)."""
+    folder = cwd / "work" / "nob" / stage
+    losses = {entry["step"]: entry["loss"] for entry in map(json.loads, (folder / "metrics.jsonl").read_text(
+        encoding="utf-8").splitlines()) if "loss" in entry}
+    skip = {"metrics.jsonl", "tensorboard"}
+    return {**_stage_outputs(cwd, stage, lambda path: path.parts[0] in skip), "losses": losses}
+
+
+@pytest.mark.parametrize("stage", sorted(TRAINING))
+def test_a_training_stage_killed_at_each_commit_step_ends_with_the_weights_of_an_uninterrupted_run(
+        stage, nob_packed, english_base, tmp_path):
+    """Checkpoint writes (state file, rename, rotation), the export, the report, the marker and the removal of the
+    checkpoints and the starting model: a rerun resumes from the newest checkpoint, or uses the ranks' finished
+    result, and ends bit for bit where the uninterrupted run ended."""
+    options = (*TRAINING[stage], f"model.base={english_base}") if stage == "warmup" else TRAINING[stage]
+
+    def start() -> Path:
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
+        return packed_copy(nob_packed, tmp_path / "run")
+
+    steps = kill_at_each_step(options, start, lambda cwd: _trained_outputs(cwd, stage))
+    assert f"{stage}: export hf/" in steps and f"{stage}: remove checkpoints, init" in steps
+    if stage == "pretrain":
+        assert steps[:5] == ["checkpoint 1: write state.json", "checkpoint 1: move it into place",
+                             "checkpoint 2: write state.json", "checkpoint 2: move it into place",
+                             "checkpoint 2: remove step-00000001"]
