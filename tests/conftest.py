@@ -171,6 +171,14 @@ def run_cli(*overrides: str, cwd: Path, check: bool = True, env: dict[str, str] 
     """`python -m pipeline <overrides>` in `cwd`, as a user would type it, with `env` added to the environment:
     forked from the CLI server (tests/cli_server.py) where the environment allows, else as a process of its own."""
     command, env = [sys.executable, "-m", "pipeline", *overrides], {**cli_env(), **(env or {})}
+    import time as _t; _t0 = _t.time()
+    try:
+        return _run_cli_timed(command, cwd, env, overrides, check)
+    finally:
+        print(f"TIMING {_t.time()-_t0:.1f}s {' '.join(overrides)}", file=sys.__stderr__, flush=True)
+
+
+def _run_cli_timed(command, cwd, env, overrides, check):
     if _forkable(env):
         result = _run_forked(command, cwd, env, timeout=900)
     else:

@@ -3,6 +3,8 @@ would reach its batch scripts refused before anything is submitted."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 
 import pytest
@@ -20,9 +22,20 @@ def _wait_for_marker(path, seconds: int = 300) -> None:
 
 
 def test_clean_on_slurm_matches_the_local_run(tmp_path, slurm_cluster):
-    slurm = run_cli("stage=clean", "lang=fao", "work_dir=slurm", "cluster.executor=slurm",
-                    f"cluster.partition={slurm_cluster}", cwd=tmp_path)
+    """...and a second submission is refused while the first one's jobs are queued (the guard: stages/clean.py,
+    `_live_jobs` in run_clean; without it the phases are submitted twice, writing into the same folder)."""
+    submit = ("stage=clean", "lang=fao", "work_dir=slurm", "cluster.executor=slurm",
+              f"cluster.partition={slurm_cluster}")
+    # Held, so that they are still queued when the second command asks (cluster.* is not hashed: the same run).
+    slurm = run_cli(*submit, "+cluster.sbatch_args.hold=true", cwd=tmp_path)
     assert "submitted to Slurm" in slurm.stderr + slurm.stdout
+    (listing,) = (tmp_path / "slurm" / "fao").glob(".clean.partial-*/slurm_jobs.json")
+    submitted = json.loads(listing.read_text())["job_ids"]
+    assert len(submitted) == 5  # four phases and the commit
+    again = run_cli(*submit, cwd=tmp_path, check=False)
+    assert again.returncode == 1 and "its jobs are still queued or running" in again.stderr, again.stderr[-2000:]
+    assert submitted[0] in again.stderr and json.loads(listing.read_text())["job_ids"] == submitted
+    subprocess.run(["scontrol", "release", ",".join(submitted)], check=True, timeout=60)
     _wait_for_marker(tmp_path / "slurm" / "fao" / "clean" / "_SUCCESS.json")
     run_cli("stage=clean", "lang=fao", "work_dir=local", cwd=tmp_path)
 
@@ -33,8 +46,7 @@ def test_clean_on_slurm_matches_the_local_run(tmp_path, slurm_cluster):
            for where in ("slurm", "local")}
     assert ids["slurm"] == ids["local"]
 
-    again = run_cli("stage=clean", "lang=fao", "work_dir=slurm", "cluster.executor=slurm",
-                    f"cluster.partition={slurm_cluster}", cwd=tmp_path)
+    again = run_cli(*submit, cwd=tmp_path)
     assert "Skipping clean for fao" in again.stderr + again.stdout
     # datatrove's folders (its pickled executors among them) follow the umask: none is world-writable.
     assert not [path for path in (tmp_path / "slurm").rglob("*") if path.is_dir() and path.stat().st_mode & 0o002]
