@@ -14,7 +14,9 @@ its kernel (`import_muon_uncompiled`); in bf16 the ZeRO optimizer's per-tensor o
 gradient norm decides the same (`leave_out_overflow_scan`), and that norm is taken in a few launches rather than two
 per tensor (`grad_norm_in_few_launches`, which replaces ZeRO's `get_grad_norm_direct`); the leading rows of a
 vocabulary matrix take scaled steps through ZeRO's map from a weight to its fp32 partition (`scale_leading_row_steps`,
-`_hp_mapping`) and a wrapper around the step of the optimizer that ZeRO drives.
+`_hp_mapping`) and a wrapper around the step of the optimizer that ZeRO drives; the pipeline's messages between stages
+go in a group of their own (`pipeline_messages_in_their_own_group`, replacing `deepspeed.runtime.pipe.p2p`'s `send`
+and `recv`).
 
 Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later DeepSpeed may
 rename any of these; the CPU tests (tests/unit/parallel/test_tensor_parallel.py, tests/stages/test_pretrain.py) fail if one moved.
@@ -91,6 +93,30 @@ def broadcast_eval_loss_in_one_shape(engine) -> None:
         return broadcast(data.reshape(1) if data is not None else None, src_rank, dtype)  # None: not the source
 
     engine._bcast_pipe_scalar = in_one_shape
+
+
+def pipeline_messages_in_their_own_group() -> None:
+    """DeepSpeed's pipeline engine sends activations and gradients between stages with point-to-point calls on the
+    world group (`deepspeed.runtime.pipe.p2p`), the group of its barriers too. gloo numbers every call on a group,
+    point-to-point ones included, and a middle stage makes two where an end stage makes one (receive from the stage
+    before, send to the one after, from the engine's start-up handshake on): with three stages or more, the collective
+    check (TORCH_DISTRIBUTED_DEBUG=DETAIL) saw the world group's next barrier numbered 2 on a middle stage against 1 on
+    the others and stopped a run whose ranks all made the same collectives. Sent in a group of their own (every rank),
+    the messages leave the world group's numbering to its collectives, which the check compares. Every rank calls this
+    before the engine starts (making a group is a collective)."""
+    from deepspeed.runtime.pipe import p2p
+
+    messages = torch.distributed.new_group()
+
+    def send(tensor, dest_stage, async_op=False):
+        assert not async_op, "DeepSpeed's pipeline sends synchronously"
+        torch.distributed.send(tensor, p2p._grid.stage_to_global(stage_id=dest_stage), group=messages)
+
+    def recv(tensor, src_stage, async_op=False):
+        assert not async_op, "DeepSpeed's pipeline receives synchronously"
+        torch.distributed.recv(tensor, p2p._grid.stage_to_global(stage_id=src_stage), group=messages)
+
+    p2p.send, p2p.recv = send, recv
 
 
 def import_muon_uncompiled() -> None:

@@ -25,8 +25,8 @@ from pipeline.parallel.ranks import bound_collectives
 from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_shape, grad_norm_in_few_launches,
                                                    holds_first_layer, import_muon_uncompiled,
-                                                   leave_out_overflow_scan, scale_leading_row_steps,
-                                                   skip_cpu_shared_memory_collective)
+                                                   leave_out_overflow_scan, pipeline_messages_in_their_own_group,
+                                                   scale_leading_row_steps, skip_cpu_shared_memory_collective)
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
 from pipeline.training.config import TrainConfig, lr_factor, use_bf16
 from pipeline.training.job import VOCABULARY_MATRICES
@@ -134,6 +134,8 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
         "zero_allow_untested_optimizer": True,
     }
     import_muon_uncompiled()
+    if parallel.pp > 1:
+        pipeline_messages_in_their_own_group()
     engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     broadcast_eval_loss_in_one_shape(engine)
     leave_out_overflow_scan(engine)
