@@ -8,7 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
+from pipeline.commit_steps import KILL_AT_STEP
 from tests.conftest import CHAIN_OPTIONS, marker, packed_copy, read_jsonl_gz, run_cli, write_jsonl_gz
 from tests.fault_injection import entries, folder_outputs, kill_at_each_step
 
@@ -108,3 +111,43 @@ def test_a_training_stage_killed_at_each_commit_step_ends_with_the_weights_of_an
         assert steps[:5] == ["checkpoint 1: write state.json", "checkpoint 1: move it into place",
                              "checkpoint 2: write state.json", "checkpoint 2: move it into place",
                              "checkpoint 2: remove step-00000001"]
+
+
+# Written by several ranks: killed (rank 0, at its third commit step: writing checkpoint 4's state file) after
+# checkpoint 2, then resumed; the uninterrupted run of the same layout is the reference.
+SEVERAL_RANKS = ("stage=pretrain", *CHAIN_OPTIONS, "model.num_layers=2", "model.max_seq_len=128", "init=scratch",
+                 "train.steps=6", "train.warmup_steps=1", "train.checkpoint_every=2", "train.keep_checkpoints=2",
+                 "train.eval_tokens=512", "train.log_every=1")
+
+
+def _final_weights(cwd: Path) -> dict:
+    return load_file(str(cwd / "work" / "nob" / "pretrain" / "hf" / "model.safetensors"))
+
+
+@pytest.mark.parametrize("written", ["tp=2", "pp=2", "dp=2"])
+def test_checkpoints_written_by_several_ranks_resume_bit_exact(written, nob_packed, tmp_path):
+    """Resumed with the layout that wrote them, the losses and final weights are those of the uninterrupted run, bit
+    for bit. Written by two data-parallel replicas and resumed by one (ZeRO-1's optimizer state cut anew), they are
+    equal up to float32's rounding: the one replica sums the batch's gradients in another order."""
+    layout = (f"parallel.{written}",)
+    reference = packed_copy(nob_packed, tmp_path / "uninterrupted")
+    run_cli(*SEVERAL_RANKS, *layout, cwd=reference)
+    expected, weights = _trained_outputs(reference, "pretrain")["losses"], _final_weights(reference)
+    cwd = packed_copy(nob_packed, tmp_path / "resumed")
+    killed = run_cli(*SEVERAL_RANKS, *layout, cwd=cwd, check=False, env={KILL_AT_STEP: "3"})
+    assert killed.returncode == 1 and "rank 0 of 2 failed" in killed.stderr, killed.stderr[-3000:]
+    resumed = {layout: cwd}
+    if written == "dp=2":
+        resumed[("parallel.dp=1",)] = shutil.copytree(cwd, tmp_path / "one-replica", symlinks=True)
+    for again, folder in resumed.items():
+        result = run_cli(*SEVERAL_RANKS, *again, cwd=folder)
+        assert "Resuming from" in result.stderr and "step-00000002 (step 2 of 6)" in result.stderr
+        found, found_weights = _trained_outputs(folder, "pretrain")["losses"], _final_weights(folder)
+        assert found_weights.keys() == weights.keys()
+        if again == layout:
+            assert found == expected
+            assert all(torch.equal(found_weights[name], tensor) for name, tensor in weights.items())
+        else:
+            assert found == pytest.approx(expected, rel=1e-5)
+            assert all(torch.allclose(found_weights[name], tensor, rtol=1e-4, atol=1e-6)
+                       for name, tensor in weights.items())
