@@ -138,7 +138,7 @@ def ranks_from_server():
         yield
 
 
-def _forkable(env: dict[str, str]) -> bool:
+def forkable(env: dict[str, str]) -> bool:
     if not _forking():
         return False
     keys = (set(env) | set(SERVER_ENV)) - PER_TEST_VARIABLES - RUN_TIME_VARIABLES
@@ -171,15 +171,7 @@ def run_cli(*overrides: str, cwd: Path, check: bool = True, env: dict[str, str] 
     """`python -m pipeline <overrides>` in `cwd`, as a user would type it, with `env` added to the environment:
     forked from the CLI server (tests/cli_server.py) where the environment allows, else as a process of its own."""
     command, env = [sys.executable, "-m", "pipeline", *overrides], {**cli_env(), **(env or {})}
-    import time as _t; _t0 = _t.time()
-    try:
-        return _run_cli_timed(command, cwd, env, overrides, check)
-    finally:
-        print(f"TIMING {_t.time()-_t0:.1f}s {' '.join(overrides)}", file=sys.__stderr__, flush=True)
-
-
-def _run_cli_timed(command, cwd, env, overrides, check):
-    if _forkable(env):
+    if forkable(env):
         result = _run_forked(command, cwd, env, timeout=900)
     else:
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
@@ -204,11 +196,12 @@ TESTS = Path(__file__).resolve().parent
 # run), so that the last minutes are not one process running a long module alone: the first two build the shared
 # fixtures side by side (test_pretrain: nob_packed; test_evaluate_tasks: english_base); the Slurm modules are spread
 # out (they take turns: slurm_cluster). xdist keeps this order only with --no-loadscope-reorder (pyproject.toml).
-LONGEST_FIRST = ("test_pretrain", "test_evaluate_tasks", "test_tokenizer_stage", "test_warmup", "test_rank_memory",
+LONGEST_FIRST = ("test_pretrain", "test_evaluate_tasks", "test_interrupted_commits", "test_tokenizer_stage", "test_warmup", "test_rank_memory",
                  "test_workflow_slurm", "test_pack_stage", "test_demo", "test_tensor_parallel", "test_base_models",
                  "test_clean_languages", "test_pretrain_slurm", "test_training_budget", "test_clean_nob",
                  "test_workflow", "test_mix_stage", "test_clean_slurm", "test_evaluate", "test_safety",
-                 "test_clean_bad_input", "test_small_languages", "test_collectives", "test_warmup_transfer")
+                 "test_clean_bad_input", "test_small_languages", "test_collectives", "test_warmup_transfer",
+                 "test_forked_commands")
 
 
 def _clear_datatrove_caches() -> None:

@@ -141,11 +141,11 @@ def _sample(run: StageRun, sample_file: Path, scratch: Path, target_only: bool =
     sources = [source for source in read_plan(run)["sources"] if not target_only or source["name"] == run.lang]
     sampled = write_sample(sources, options.sample_bytes, options.seed, sample_file, scratch, cfg.work_dir,
                            cfg.workers)
-    for source in sampled:  # recorded as the contract records paths: relative to the work folder when inside it
-        source.folder = source.folder and portable_path(cfg, source.folder)
     sample = sample_section(sampled, options.sample_bytes)
     if sample["bytes"] == 0:
         raise StageError(_empty_sample_message(run, sampled))
+    for source in sample["sources"]:  # recorded as the contract records paths: relative to the work folder inside it
+        source["folder"] = source["folder"] and portable_path(cfg, source["folder"])
     log.info("tokenizer %s: sampled %s (%d documents) from %s; %s", run.lang, bytes_text(sample["bytes"]),
              sample["documents"], ", ".join(f"{s['name']} {bytes_text(s['bytes'])}" for s in sample["sources"]),
              "extending the base tokenizer" if options.extend_base else f"training {options.backend}")

@@ -194,8 +194,10 @@ def test_a_real_base_extends_its_tokenizer_by_default_and_the_warm_start_gates_t
     cwd, _ = trained
     for lang in ("nob", "eng"):
         shutil.copytree(cwd / "work" / lang, tmp_path / "work" / lang)
-    # model.base brings conf/pretrained_base.yaml: tokenizer.extend_base=true
-    run_cli("stage=tokenizer", "lang=nob", f"model.base={english_base}", "tokenizer.added_tokens=300", cwd=tmp_path)
+    # model.base brings conf/pretrained_base.yaml: tokenizer.extend_base=true. A 1 MB sample of nob's 3.6 MB, which
+    # the merges are learnt on up to four times here: the stage takes 14 s instead of 31, and all 384 tokens still come
+    run_cli("stage=tokenizer", "lang=nob", f"model.base={english_base}", "tokenizer.added_tokens=300",
+            "tokenizer.sample_bytes=1000000", cwd=tmp_path)
     folder = tmp_path / "work" / "nob" / "tokenizer"
     base, extended = (Tokenizer.from_file(str(f / "tokenizer.json")) for f in (english_base, folder))
     assert all(extended.token_to_id(token) == token_id for token, token_id in base.get_vocab().items())
