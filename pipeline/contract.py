@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from pipeline.commit_steps import commit_step
 from pipeline.config_keys import differences, drop, matches_any
 from pipeline.errors import StageError
+from pipeline.json_files import write_json_atomic
 from pipeline.stage_lock import stage_lock
 
 log = logging.getLogger(__name__)
@@ -225,16 +226,6 @@ def read_marker(directory: Path) -> Optional[dict]:
     except json.JSONDecodeError:
         log.warning("Ignoring unreadable marker %s; the stage will run again.", path)
         return None
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def hashed_config(stage: Stage, cfg) -> dict:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.commit_steps import commit_step
-from pipeline.contract import StageRun, read_json, write_json_atomic
+from pipeline.contract import StageRun
+from pipeline.json_files import read_json, write_json_atomic
 from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
 from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, choose_top_up, move_to_heldout
 from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader

@@ -16,7 +16,7 @@ from pathlib import Path
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
-from pipeline.contract import write_json_atomic
+from pipeline.json_files import write_json_atomic
 
 # The tallies that every run has: after the reader, after the held-out-source routing, after the held-out split
 # (what is left there is the training split). The filters' tallies come between the first two.

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from pipeline.contract import write_json_atomic
+from pipeline.json_files import write_json_atomic
 from pipeline.packing.packed import PACKED_FILE, REPEATS_FILE, repetitions
 from pipeline.packing.shards import token_dtype
 from pipeline.packing.tokenize import TokenizedSource

@@ -25,7 +25,8 @@ from pathlib import Path
 from pipeline import slurm
 from pipeline.cluster import check_script_word
 from pipeline.config import PipelineConfig
-from pipeline.contract import Stage, StageRun, read_json, write_json_atomic
+from pipeline.contract import Stage, StageRun
+from pipeline.json_files import read_json, write_json_atomic
 from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.filters import choose_language_id
 from pipeline.corpus.heldout import is_heldout_source

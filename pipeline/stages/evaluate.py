@@ -23,8 +23,8 @@ import torch
 from tqdm import tqdm
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import (MARKER, ON_CPU, ON_ONE_GPU, Stage, StageRun, read_marker, resolve_path, stage_dir,
-                               write_json_atomic)
+from pipeline.contract import MARKER, ON_CPU, ON_ONE_GPU, Stage, StageRun, read_marker, resolve_path, stage_dir
+from pipeline.json_files import write_json_atomic
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import Score, bits_per_byte, score_documents, score_rows

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.contract import Stage, StageRun, read_json
+from pipeline.contract import Stage, StageRun
+from pipeline.json_files import read_json
 from pipeline.corpus.report import bytes_text, tokens_text
 from pipeline.errors import StageError
 from pipeline.mixing.planner import TARGET, Allocation, Plan, PlanError, exact_plan

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from pipeline.contract import write_json_atomic
+from pipeline.json_files import write_json_atomic
 from pipeline.errors import StageInterrupted
 from pipeline.kernels import set_backend
 from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config

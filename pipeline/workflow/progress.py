@@ -35,7 +35,8 @@ from typing import Optional
 
 from pipeline import slurm
 from pipeline.config import PipelineConfig
-from pipeline.contract import is_current, write_json_atomic
+from pipeline.contract import is_current
+from pipeline.json_files import write_json_atomic
 from pipeline.languages import LANGUAGES
 from pipeline.slurm import TaskState
 from pipeline.stages import RECIPE_STAGES, STAGES, Key, Step

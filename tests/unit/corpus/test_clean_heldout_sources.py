@@ -13,7 +13,7 @@ from datatrove.pipeline.writers import JsonlWriter
 from omegaconf import OmegaConf
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import write_json_atomic
+from pipeline.json_files import write_json_atomic
 from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.heldout import HeldoutSourceSplit, is_heldout_source
 from pipeline.corpus.source_counts import (
