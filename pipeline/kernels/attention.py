@@ -11,7 +11,7 @@ backward's per-row term delta = rowsum(dO * O); then one program per key block a
 dK and dV over the query blocks of every query head of its group (GQA sums in registers, no atomics:
 deterministic). That is 7 matrix products per tile pair against the 5 of a FlashAttention-2 backward
 that adds dQ with float32 atomics inside the dK/dV loop; such a variant was built and timed on an H100
-(Triton 3.6) and was slower at every tiling that compiles without register spills: BENCHMARKS.md,
+(Triton 3.6) and was slower at every tiling that compiles without register spills: docs/benchmark-log.md,
 "Attention", has the figures.
 
 Scores live in the log2 domain (exp2 is the native instruction): log2(e) is folded, on the host, into
@@ -30,7 +30,7 @@ same `segment_ids` tensor (unchanged: its version counter) reuses the int32 ids 
 and nothing to the full ones; the dK/dV kernel runs its range and diagonal as one masked loop, which leaves it the
 registers for one more pipeline stage. The loops have no data-dependent branch, so Triton's software pipeliner
 streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's work, as this kernel had
-before, keeps the loads out of the pipeline (BENCHMARKS.md, packed rows).
+before, keeps the loads out of the pipeline (docs/benchmark-log.md, packed rows).
 """
 
 from __future__ import annotations
@@ -375,7 +375,7 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
     if HAS_SEGMENTS:
         # The diagonal and the document range in one loop, every block masked. Split into the masked ends and the
         # unmasked run (as the forward and dQ kernels run theirs), the kernel needed 2 pipeline stages to compile
-        # without spills; as one loop it runs 3, which measured 1.06x forward+backward on packed rows (BENCHMARKS.md).
+        # without spills; as one loop it runs 3, which measured 1.06x forward+backward on packed rows (docs/benchmark-log.md).
         start = anchor if CAUSAL else lo
         dk, dv = _backward_kv_query_blocks(
             dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,

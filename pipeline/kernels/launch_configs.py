@@ -72,7 +72,7 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
         # Backward dK/dV: the program keeps its keys' K and V tiles in shared memory (wgmma operands) and the dK/dV
         # accumulators (fp32) in registers while query blocks stream by: 64 keys x 32-query steps with one
         # warpgroup and 3 stages, which replaced 128 keys x 16 queries with 8 warps (2026-11-26, H100; figures in
-        # BENCHMARKS.md); the same on packed rows, where its one masked loop leaves the registers for the third stage
+        # docs/benchmark-log.md); the same on packed rows, where its one masked loop leaves the registers for the third stage
         # (1.06x forward+backward against 2 stages, 2026-11-27). dQ: 128 queries, 64-key blocks. Every entry
         # compiles without spills, with one query head per key head and with several
         # (tests/unit/kernels/test_kernels_compile.py).

@@ -2,7 +2,7 @@
 
 Replaying the base's own language keeps it only as far as the replayed text is like what the base was trained on:
 the project's English is 7.4M characters of novels, which a model repeats until it has learnt them rather than
-kept English (BENCHMARKS.md, "The base's tokenizer extended"). Text the base writes itself, sampled from its
+kept English (docs/benchmark-log.md, "The base's tokenizer extended"). Text the base writes itself, sampled from its
 end-of-text token at temperature 1 (without the least likely tokens, `replay.top_p`), is its own kind of text in
 any quantity; training on it pulls the model back towards the base's predictions on what the base knows.
 

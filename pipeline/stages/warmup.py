@@ -67,7 +67,7 @@ def run_warmup(run: StageRun) -> dict:
 def base_rows_sources(base_rows: str, lang: str, sources: list[dict]) -> list[str]:
     """The pack's sources (packed.json's entries) whose sequences train the base's rows: every one with `trained`;
     with `replayed`, every one but the language's and the base's own samples (stage=replay's output), which top-p
-    sampling makes sharper than text: trained by them, the rows lose the base's language (BENCHMARKS.md, "The warm
+    sampling makes sharper than text: trained by them, the rows lose the base's language (docs/benchmark-log.md, "The warm
     start's base rows trained by the replayed English"); with `frozen`, none."""
     if base_rows == "trained":
         return [source["name"] for source in sources]
