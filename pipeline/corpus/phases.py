@@ -1,5 +1,6 @@
 """The clean stage's datatrove pipeline: its filters, its four phases, the executors that run them (local processes
-or Slurm jobs), and the last step that sums the statistics into the marker.
+or Slurm jobs), the statistics summed into metrics and the held-out top-up's plan. Plain values in (the work folder,
+the `clean` section, the language's table entry): pipeline/stages/clean.py runs it under the stage contract.
 
 1. read (bad records counted, never fatal) -> language ID -> Gopher repetition -> Gopher quality
    -> C4 (off by default) -> FineWeb quality -> intermediate shards + MinHash signatures;
@@ -16,20 +17,18 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.commit_steps import commit_step
-from pipeline.contract import StageRun
-from pipeline.json_files import read_json, write_json_atomic
+from pipeline.cluster import ClusterConfig
+from pipeline.corpus.config import CleanConfig
 from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
-from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, choose_top_up, move_to_heldout
+from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, choose_top_up
 from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader
-from pipeline.corpus.report import count, markdown, step_key, summed_stats
+from pipeline.corpus.report import count, step_key, summed_stats
 from pipeline.corpus.source_counts import HELDOUT, HELDOUT_SOURCE, READ, SourceTally, moved_to_heldout, per_source
-from pipeline.corpus.sources import CLEAN_SPLITS
 from pipeline.corpus.words import minhash_word_tokenizer
 from pipeline.errors import StageError
+from pipeline.languages import LanguageConfig
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +43,9 @@ BAD_FILE_NAME = "file_name_not_utf8"
 DUPLICATES = "minhash_duplicate"
 
 
-def raw_language_folder(cfg) -> Path:
+def raw_language_folder(raw_dir: str, lang: LanguageConfig) -> Path:
     """`${raw_dir}/<lang>/`, accepting any of the language's codes as the folder name (HPLT uses `nb`)."""
-    lang = cfg.lang
-    root = Path(cfg.raw_dir)
+    root = Path(raw_dir)
     names = [lang.code, lang.hplt_code, lang.iso639_1, *lang.aliases]
     for name in filter(None, names):
         if (root / name).is_dir():
@@ -65,15 +63,14 @@ def _rejected(work: Path, name: str):
     return JsonlWriter(str(work / "rejected" / name))
 
 
-def quality_filters(run: StageRun, tokenizer) -> list[tuple[str, object]]:
+def quality_filters(work: Path, clean: CleanConfig, lang: LanguageConfig, tokenizer) -> list[tuple[str, object]]:
     """(name, datatrove filter) pairs: language ID, then the quality and repetition filters that `clean` switches on,
     with the language's thresholds (`lang.filters`); the name keys `rejected/<name>/` and `metrics.rejected`."""
     from datatrove.pipeline.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
                                             GopherRepetitionFilter)
 
 
-    cfg, clean, work = run.cfg, run.cfg.clean, run.work_dir
-    lang, limits = cfg.lang, cfg.lang.filters
+    limits = lang.filters
     chosen = []
     language_id = choose_language_id(lang, clean.lid)
     if language_id.model is not None:
@@ -109,23 +106,20 @@ def quality_filters(run: StageRun, tokenizer) -> list[tuple[str, object]]:
     return [(name, cls(exclusion_writer=_rejected(work, name), **kwargs)) for name, cls, kwargs in chosen]
 
 
-def _tally(run: StageRun, label: str) -> SourceTally:
-    return SourceTally(run.work_dir / TALLIES, label)
+def _tally(work: Path, label: str) -> SourceTally:
+    return SourceTally(work / TALLIES, label)
 
 
-def _split_and_write(run: StageRun, heldout_sources: list[str]) -> list:
+def _split_and_write(work: Path, clean: CleanConfig, heldout_sources: list[str]) -> list:
     from datatrove.pipeline.writers import JsonlWriter
-
-
-    work, clean = run.work_dir, run.cfg.clean
 
     def writer(split: str):
         return JsonlWriter(str(work / split), max_file_size=clean.shard_bytes)
 
     return [
         HeldoutSourceSplit(heldout_sources, writer("heldout_source")),
-        _tally(run, HELDOUT_SOURCE),
-        HeldoutSplit(clean.heldout_fraction, writer("heldout")), _tally(run, HELDOUT),
+        _tally(work, HELDOUT_SOURCE),
+        HeldoutSplit(clean.heldout_fraction, writer("heldout")), _tally(work, HELDOUT),
         writer("train"),
     ]
 
@@ -137,25 +131,24 @@ def _minhash_config(clean):
     return MinhashConfig(n_grams=d.n_grams, num_buckets=d.num_buckets, hashes_per_bucket=d.hashes_per_bucket, seed=d.seed)
 
 
-def build_phases(run: StageRun, tasks: int, tokenizer, filters: list[tuple[str, object]],
-                 heldout_sources: list[str]) -> list[tuple[str, list, int]]:
-    """The phases as (name, datatrove pipeline, number of tasks), from the (name, step) pairs of `quality_filters`;
-    the documents of `heldout_sources` (patterns) go to `heldout_source/`."""
+def build_phases(work: Path, raw_folder: Path, clean: CleanConfig, lang: LanguageConfig, tasks: int, tokenizer,
+                 filters: list[tuple[str, object]], heldout_sources: list[str]) -> list[tuple[str, list, int]]:
+    """The phases, working in `work`, as (name, datatrove pipeline, number of tasks), from the (name, step) pairs of
+    `quality_filters`; the documents of `heldout_sources` (patterns) go to `heldout_source/`."""
     from datatrove.pipeline.dedup.minhash import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
                                                   MinhashDedupSignature)
     from datatrove.pipeline.writers import JsonlWriter
 
 
-    work, clean = run.work_dir, run.cfg.clean
-    reader = RawCorpusReader(str(raw_language_folder(run.cfg)), str(work / "raw_files.txt"), str(work / "bad_records"),
+    reader = RawCorpusReader(str(raw_folder), str(work / "raw_files.txt"), str(work / "bad_records"),
                              max_record_bytes=clean.max_record_bytes)
-    filtering = [reader, _tally(run, READ)]
+    filtering = [reader, _tally(work, READ)]
     for name, step in filters:
-        filtering += [step, _tally(run, name)]
+        filtering += [step, _tally(work, name)]
     if not clean.dedup.enabled:
-        return [(FILTER_PHASE, filtering + _split_and_write(run, heldout_sources), tasks)]
+        return [(FILTER_PHASE, filtering + _split_and_write(work, clean, heldout_sources), tasks)]
 
-    minhash, words = _minhash_config(clean), minhash_word_tokenizer(run.cfg.lang, tokenizer)
+    minhash, words = _minhash_config(clean), minhash_word_tokenizer(lang, tokenizer)
     signatures, buckets, clusters = (str(work / "minhash" / part) for part in ("signatures", "buckets", "clusters"))
     return [
         (FILTER_PHASE, filtering + [
@@ -168,21 +161,21 @@ def build_phases(run: StageRun, tasks: int, tokenizer, filters: list[tuple[str, 
             # Not the intermediate file's path (datatrove's `file_path`): it is gone once the stage is done.
             TaskOutputReader(str(work / "filtered"), add_file_path=False),
             MinhashDedupFilter(clusters, exclusion_writer=_rejected(work, DUPLICATES), load_cluster_sizes=True),
-            _tally(run, DUPLICATES),
-            *_split_and_write(run, heldout_sources),
+            _tally(work, DUPLICATES),
+            *_split_and_write(work, clean, heldout_sources),
         ], tasks),
     ]
 
 
-def collect_metrics(run: StageRun) -> dict:
+def collect_metrics(work: Path, deduplicated: bool) -> dict:
+    """The statistics of the phases that ran in `work`, summed into the marker's metrics."""
     from datatrove.pipeline.dedup.minhash import MinhashDedupFilter
 
-
-    logs = run.work_dir / "logs"
+    logs = work / "logs"
     stats = summed_stats(logs / FILTER_PHASE)
-    split_stats = stats if not run.cfg.clean.dedup.enabled else summed_stats(logs / SPLIT_PHASE)
+    split_stats = stats if not deduplicated else summed_stats(logs / SPLIT_PHASE)
     reader = stats.get(step_key(RawCorpusReader), {})
-    settings = json.loads((run.work_dir / "settings.json").read_text())
+    settings = json.loads((work / "settings.json").read_text())
 
     rejected, reasons = {}, {}
     for name, key in settings["filters"]:
@@ -191,7 +184,7 @@ def collect_metrics(run: StageRun) -> dict:
             if counter.startswith("dropped_"):
                 reasons[f"{key}.{counter.removeprefix('dropped_')}"] = int(value)
     duplicates = count(split_stats, MinhashDedupFilter, "dropped")
-    if run.cfg.clean.dedup.enabled:
+    if deduplicated:
         rejected[DUPLICATES] = duplicates
 
     bad_by_reason = {k.removeprefix("bad_records."): int(v) for k, v in reader.items() if k.startswith("bad_records.")}
@@ -216,7 +209,7 @@ def collect_metrics(run: StageRun) -> dict:
         "language_id": settings["language_id"],
         "word_tokenizer": settings["word_tokenizer"],
         "input_files": len(settings["input_files"]),
-        "sources": per_source(run.work_dir / TALLIES, list(rejected), settings["input_files"]),
+        "sources": per_source(work / TALLIES, list(rejected), settings["input_files"]),
     }
     accounted = metrics["docs_out"] + metrics["docs_heldout"] + metrics["docs_heldout_source"] + sum(rejected.values())
     if accounted != metrics["docs_in"]:
@@ -225,77 +218,47 @@ def collect_metrics(run: StageRun) -> dict:
     return metrics
 
 
-def top_up_plan(run: StageRun, metrics: dict) -> dict:
-    """The commit's plan: the documents that top the held-out split up to `clean.heldout_min_documents` (at most a
-    quarter of the kept documents) and the metrics with them moved; warns when the corpus is too small for it."""
-    minimum, kept, heldout = run.cfg.clean.heldout_min_documents, metrics["docs_out"], metrics["docs_heldout"]
+def top_up_plan(work: Path, clean: CleanConfig, lang: str, raw_folder: Path, metrics: dict) -> dict:
+    """The commit's plan: the documents of `work/train` that top the held-out split up to
+    `clean.heldout_min_documents` (at most a quarter of the kept documents) and the metrics with them moved; warns
+    when the corpus is too small for it."""
+    minimum, kept, heldout = clean.heldout_min_documents, metrics["docs_out"], metrics["docs_heldout"]
     wanted = min(minimum, (kept + heldout) // 4)
-    chosen, moved = choose_top_up(run.work_dir / "train", wanted - heldout)
+    chosen, moved = choose_top_up(work / "train", wanted - heldout)
     docs, chars = sum(d for d, _ in moved.values()), sum(c for _, c in moved.values())
     if docs:
         log.warning("clean %s: clean.heldout_fraction=%g of %d kept documents held out %d; %d more are held out "
-                    "(those with the smallest id hashes) to reach %d.", run.lang, run.cfg.clean.heldout_fraction,
+                    "(those with the smallest id hashes) to reach %d.", lang, clean.heldout_fraction,
                     kept + heldout, heldout, docs, wanted)
     if heldout + docs < minimum:
         log.warning("clean %s: only %d documents kept, too few for clean.heldout_min_documents=%d: %d held out (a "
-                    "quarter), so held-out scores will be noisy. Add text to %s if you can.", run.lang, kept + heldout,
-                    minimum, heldout + docs, raw_language_folder(run.cfg))
+                    "quarter), so held-out scores will be noisy. Add text to %s if you can.", lang, kept + heldout,
+                    minimum, heldout + docs, raw_folder)
     metrics = {**metrics, "docs_out": kept - docs, "docs_heldout": heldout + docs,
                "chars_out": metrics["chars_out"] - chars, "chars_heldout": metrics["chars_heldout"] + chars,
                "heldout_added_for_minimum": docs, "sources": moved_to_heldout(metrics["sources"], moved)}
     return {"metrics": metrics, "top_up": chosen}
 
 
-@dataclass
-class CommitWhenDone:
-    """The last step: turns the statistics into the marker. A datatrove pipeline step, for Slurm.
-
-    The statistics are summed, and the held-out top-up chosen, once: recorded in COMMIT_PLAN before any document
-    moves, so that a commit killed on the way is finished by the same command with the same documents and counts
-    (the intermediate folders it reads go only once the marker is written: the stage's scratch)."""
-
-    run: StageRun
-
-    def __call__(self, data=None, rank: int = 0, world_size: int = 1):
-        recorded = self.run.work_dir / COMMIT_PLAN
-        if recorded.is_file():
-            plan = read_json(recorded)
-        else:
-            plan = top_up_plan(self.run, collect_metrics(self.run))
-            commit_step("clean: record the commit's plan")
-            write_json_atomic(recorded, plan)
-        metrics = plan["metrics"]
-        move_to_heldout(self.run.work_dir / "train", self.run.work_dir / "heldout", plan["top_up"])
-        for split in CLEAN_SPLITS:  # an empty split is an empty folder, which the later stages read as no documents
-            (self.run.work_dir / split).mkdir(exist_ok=True)
-        (self.run.work_dir / "report.md").write_text(markdown(self.run.lang, metrics), encoding="utf-8")
-        self.run.commit(metrics)
-        log.info(
-            "clean %s: %d documents in, %d kept, %d held out, %d in held-out sources, %d rejected, %d bad records "
-            "(per source: %s)", self.run.lang, metrics["docs_in"], metrics["docs_out"], metrics["docs_heldout"],
-            metrics["docs_heldout_source"], sum(metrics["rejected"].values()), metrics["bad_records"],
-            self.run.final_dir / "report.md",
-        )
-        return data
-
-
-def executor(cfg, pipeline: list, tasks: int, logging_dir: Path, depends, job_name: str):
-    if cfg.cluster.executor == "slurm":
+def executor(cluster: ClusterConfig, workers: int, pipeline: list, tasks: int, logging_dir: Path, depends,
+             job_name: str):
+    """The phase's datatrove executor: `workers` local processes, or a Slurm job (array) on `cluster`."""
+    if cluster.executor == "slurm":
         from datatrove.executor.slurm import SlurmPipelineExecutor
 
         # datatrove writes `--option` for an empty value, `--option=True` for true.
-        sbatch_args = {key: "" if value is True else value for key, value in cfg.cluster.sbatch_args.items()}
-        if cfg.cluster.account:
-            sbatch_args["account"] = cfg.cluster.account
+        sbatch_args = {key: "" if value is True else value for key, value in cluster.sbatch_args.items()}
+        if cluster.account:
+            sbatch_args["account"] = cluster.account
         return SlurmPipelineExecutor(
-            pipeline=pipeline, tasks=tasks, time=cfg.cluster.cpu_time, partition=cfg.cluster.partition,
-            cpus_per_task=cfg.cluster.cpus_per_task, mem_per_cpu_gb=cfg.cluster.mem_per_cpu_gb, qos=cfg.cluster.qos,
+            pipeline=pipeline, tasks=tasks, time=cluster.cpu_time, partition=cluster.partition,
+            cpus_per_task=cluster.cpus_per_task, mem_per_cpu_gb=cluster.mem_per_cpu_gb, qos=cluster.qos,
             job_name=job_name, logging_dir=str(logging_dir), depends=depends, sbatch_args=sbatch_args,
-            env_command=cfg.cluster.env_command, slurm_logs_folder=str(logging_dir / "slurm"),
+            env_command=cluster.env_command, slurm_logs_folder=str(logging_dir / "slurm"),
         )
     from datatrove.executor.local import LocalPipelineExecutor
 
     return LocalPipelineExecutor(
-        pipeline=pipeline, tasks=tasks, workers=min(cfg.workers, tasks), logging_dir=str(logging_dir),
+        pipeline=pipeline, tasks=tasks, workers=min(workers, tasks), logging_dir=str(logging_dir),
         depends=depends,
     )

@@ -20,19 +20,24 @@ import json
 import logging
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import slurm
 from pipeline.cluster import check_script_word
+from pipeline.commit_steps import commit_step
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun
 from pipeline.json_files import read_json, write_json_atomic
 from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.filters import choose_language_id
 from pipeline.corpus.heldout import is_heldout_source
-from pipeline.corpus.phases import (BAD_FILE_NAME, BUCKETS_PHASE, CLUSTER_PHASE, FILTER_PHASE, INTERMEDIATE,
-                                    SPLIT_PHASE, CommitWhenDone, build_phases, executor, quality_filters,
-                                    raw_language_folder)
+from pipeline.corpus.heldout import move_to_heldout
+from pipeline.corpus.phases import (BAD_FILE_NAME, BUCKETS_PHASE, CLUSTER_PHASE, COMMIT_PLAN, FILTER_PHASE,
+                                    INTERMEDIATE, SPLIT_PHASE, build_phases, collect_metrics, executor,
+                                    quality_filters, raw_language_folder, top_up_plan)
+from pipeline.corpus.report import markdown
+from pipeline.corpus.sources import CLEAN_SPLITS
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files, unreadable_names
 from pipeline.corpus.report import step_key
 from pipeline.corpus.words import resolve_word_tokenizer
@@ -44,7 +49,7 @@ SLURM_JOBS = "slurm_jobs.json"
 
 
 def describe_inputs(cfg: PipelineConfig) -> dict:
-    folder = raw_language_folder(cfg)
+    folder = raw_language_folder(cfg.raw_dir, cfg.lang)
     files = find_raw_files(folder)
     if not files:
         raise StageError(
@@ -136,6 +141,42 @@ def heldout_sources(cfg: PipelineConfig, folder: Path, files: list[str]) -> tupl
     return patterns, held
 
 
+@dataclass
+class CommitWhenDone:
+    """The last step: turns the phases' statistics into the marker and commits the output; a datatrove pipeline step,
+    so that on Slurm it is a job that waits for the phases.
+
+    The statistics are summed, and the held-out top-up chosen, once: recorded in COMMIT_PLAN before any document
+    moves, so that a commit killed on the way is finished by the same command with the same documents and counts
+    (the intermediate folders it reads go only once the marker is written: the stage's scratch)."""
+
+    run: StageRun
+
+    def __call__(self, data=None, rank: int = 0, world_size: int = 1):
+        run, cfg = self.run, self.run.cfg
+        recorded = run.work_dir / COMMIT_PLAN
+        if recorded.is_file():
+            plan = read_json(recorded)
+        else:
+            metrics = collect_metrics(run.work_dir, cfg.clean.dedup.enabled)
+            plan = top_up_plan(run.work_dir, cfg.clean, run.lang, raw_language_folder(cfg.raw_dir, cfg.lang), metrics)
+            commit_step("clean: record the commit's plan")
+            write_json_atomic(recorded, plan)
+        metrics = plan["metrics"]
+        move_to_heldout(run.work_dir / "train", run.work_dir / "heldout", plan["top_up"])
+        for split in CLEAN_SPLITS:  # an empty split is an empty folder, which the later stages read as no documents
+            (run.work_dir / split).mkdir(exist_ok=True)
+        (run.work_dir / "report.md").write_text(markdown(run.lang, metrics), encoding="utf-8")
+        run.commit(metrics)
+        log.info(
+            "clean %s: %d documents in, %d kept, %d held out, %d in held-out sources, %d rejected, %d bad records "
+            "(per source: %s)", run.lang, metrics["docs_in"], metrics["docs_out"], metrics["docs_heldout"],
+            metrics["docs_heldout_source"], sum(metrics["rejected"].values()), metrics["bad_records"],
+            run.final_dir / "report.md",
+        )
+        return data
+
+
 def run_clean(run: StageRun):
     cfg: PipelineConfig = run.cfg
     if cfg.cluster.executor == "slurm":
@@ -145,16 +186,16 @@ def run_clean(run: StageRun):
         raise StageError(f"clean {run.lang} was submitted to Slurm already and its jobs are still queued or running "
                          f"({', '.join(live[:10])}; {run.work_dir / SLURM_JOBS}). Wait for them (the marker appears "
                          f"in {run.final_dir}), or scancel them before submitting again.")
-    folder = raw_language_folder(cfg)
+    folder = raw_language_folder(cfg.raw_dir, cfg.lang)
     files = find_raw_files(folder)
     tasks = min(cfg.clean.tasks or cfg.workers, len(files))
     _prepare_work_dir(run, files, tasks)
     bad_names = unreadable_names(folder)
     _write_bad_names(run, bad_names)
     tokenizer, tokenizer_name = resolve_word_tokenizer(cfg.lang)
-    filters = quality_filters(run, tokenizer)
+    filters = quality_filters(run.work_dir, cfg.clean, cfg.lang, tokenizer)
     patterns, held = heldout_sources(cfg, folder, files)
-    phases = build_phases(run, tasks, tokenizer, filters, patterns)
+    phases = build_phases(run.work_dir, folder, cfg.clean, cfg.lang, tasks, tokenizer, filters, patterns)
     language_id = choose_language_id(cfg.lang, cfg.clean.lid)
     # Falling back to the records' own label is worth a warning: web crawls get it wrong for small languages.
     log.log(logging.WARNING if language_id.model is None else logging.INFO, "clean %s: language ID by %s",
@@ -172,14 +213,15 @@ def run_clean(run: StageRun):
         # Locally the phases run one after the other; on Slurm each job depends on the one before.
         depends = executors[-1] if on_slurm and executors else None
         job_name = f"clean-{cfg.lang.code}-{name}"
-        executors.append(executor(cfg, pipeline, phase_tasks, run.work_dir / "logs" / name, depends, job_name))
+        executors.append(executor(cfg.cluster, cfg.workers, pipeline, phase_tasks, run.work_dir / "logs" / name,
+                                  depends, job_name))
         if not on_slurm:
             log.info("clean %s: phase %s (%d tasks)", cfg.lang.code, name, phase_tasks)
             executors[-1].run()
     if not on_slurm:
         CommitWhenDone(run)()
         return None
-    executors.append(executor(cfg, [CommitWhenDone(run)], 1, _commit_logs(run), executors[-1],
+    executors.append(executor(cfg.cluster, cfg.workers, [CommitWhenDone(run)], 1, _commit_logs(run), executors[-1],
                                f"clean-{cfg.lang.code}-commit"))
     try:
         executors[-1].run()  # submits the phases it depends on first

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from types import SimpleNamespace
 
 import pytest
 from datatrove.data import Document
@@ -72,7 +71,7 @@ def _quality_filters(tmp_path, lang: str = "nob", thresholds: dict | None = None
                           {"stage": "clean", "lang": {"filters": thresholds or {}}})
     cfg = OmegaConf.to_object(cfg)
     tokenizer, _ = resolve_word_tokenizer(cfg.lang)
-    chosen = _filters(SimpleNamespace(cfg=cfg, work_dir=tmp_path), tokenizer)
+    chosen = _filters(tmp_path, cfg.clean, cfg.lang, tokenizer)
     return [(name, step) for name, step in chosen if name != "language_id"]
 
 
