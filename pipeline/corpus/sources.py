@@ -14,7 +14,7 @@ from typing import Callable, Iterator, TypeVar
 
 from tqdm import tqdm
 
-from pipeline.contract import read_marker
+from pipeline.work_folder import read_marker
 from pipeline.corpus.reader import RawCorpusReader, find_raw_files, fingerprint_files
 
 CLEAN_OUTPUT, RAW_FOLDER = "clean output", "raw folder"

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.contract import output_identity
+from pipeline.work_folder import output_identity
 from pipeline.errors import StageError
 from pipeline.model.base_shape import CHECKPOINT_CONFIG
 from pipeline.model.config import ModelConfig

@@ -23,7 +23,8 @@ import torch
 from tqdm import tqdm
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import MARKER, ON_CPU, ON_ONE_GPU, Stage, StageRun, read_marker, resolve_path, stage_dir
+from pipeline.contract import ON_CPU, ON_ONE_GPU, Stage, StageRun
+from pipeline.work_folder import MARKER, read_marker, resolve_path, stage_dir
 from pipeline.json_files import write_json_atomic
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError

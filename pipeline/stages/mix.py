@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import Stage, StageRun, portable_path, read_marker
+from pipeline.contract import Stage, StageRun
+from pipeline.work_folder import portable_path, read_marker
 from pipeline.json_files import write_json_atomic
 from pipeline.corpus.sources import clean_output
 from pipeline.errors import StageError

@@ -27,7 +27,8 @@ from datatrove.utils.word_tokenizers import load_word_tokenizer
 from tokenizers import Tokenizer
 
 from pipeline.config import PipelineConfig
-from pipeline.contract import Stage, StageRun, portable_path
+from pipeline.contract import Stage, StageRun
+from pipeline.work_folder import portable_path
 from pipeline.json_files import read_json, write_json_atomic
 from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.corpus.report import bytes_text

@@ -17,7 +17,8 @@ import logging
 from pathlib import Path
 
 from pipeline.config import REPLAY_TARGET, PipelineConfig
-from pipeline.contract import ON_RANKS, Stage, StageRun, portable_path
+from pipeline.contract import ON_RANKS, Stage, StageRun
+from pipeline.work_folder import portable_path
 from pipeline.errors import StageError
 from pipeline.memory_fit import fitting_micro_batch
 from pipeline.model.files import base_model_input

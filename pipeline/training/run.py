@@ -23,7 +23,8 @@ from tokenizers import Tokenizer
 
 from pipeline.cluster import ClusterConfig
 from pipeline.commit_steps import commit_step
-from pipeline.contract import MARKER, StageRun
+from pipeline.contract import StageRun
+from pipeline.work_folder import MARKER
 from pipeline.json_files import read_json, write_json_atomic
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError

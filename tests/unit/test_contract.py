@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import pytest
 
 import pipeline.stage_lock
-from pipeline.contract import MARKER, Stage, execute, is_current, portable_path, read_marker, resolve_path
+from pipeline.contract import Stage, execute, is_current
+from pipeline.work_folder import MARKER, portable_path, read_marker, resolve_path
 from pipeline.errors import StageError
 
 

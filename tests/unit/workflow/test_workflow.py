@@ -17,7 +17,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 
 from pipeline.config import STAGE_NAMES
-from pipeline.contract import MARKER, Stage, execute, is_current
+from pipeline.contract import Stage, execute, is_current
+from pipeline.work_folder import MARKER
 from pipeline.languages import LANGUAGES, UnknownLanguageError
 from pipeline.overrides import OverrideError, preflight
 from pipeline.stages import RECIPE_STAGES, Step

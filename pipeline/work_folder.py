@@ -1,0 +1,61 @@
+"""The work folder's layout, which every stage and the libraries that read earlier stages' outputs share: each stage's
+output at `${work_dir}/<lang>/<stage>/`, finished when its marker `_SUCCESS.json` is there, and paths inside the work
+folder recorded relative to it (`${work_dir}/eng/clean`), so that a moved or copied work folder stays current. How a
+stage comes to write there (partial folders, hashes, the lock) is pipeline/contract.py's."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+MARKER = "_SUCCESS.json"
+WORK_DIR_PREFIX = "${work_dir}/"
+
+
+def stage_dir(cfg, stage: str) -> Path:
+    # Absolute, so that Slurm jobs (which may start elsewhere) find the same folder.
+    return Path(cfg.work_dir).absolute() / cfg.lang.code / stage
+
+
+def portable_path(cfg, path) -> str:
+    """How the contract records a path: `${work_dir}/eng/clean` inside the work folder, else absolute."""
+    absolute = Path(path).absolute().resolve()
+    try:
+        return WORK_DIR_PREFIX + str(absolute.relative_to(Path(cfg.work_dir).absolute().resolve()))
+    except ValueError:
+        return str(absolute)
+
+
+def resolve_path(work_dir: str, recorded: str) -> Path:
+    """The path that `portable_path` recorded, in the work folder `work_dir` (wherever it is now)."""
+    if recorded.startswith(WORK_DIR_PREFIX):
+        return Path(work_dir).absolute() / recorded[len(WORK_DIR_PREFIX):]
+    return Path(recorded)
+
+
+def output_identity(cfg, path) -> Optional[dict]:
+    """For a path inside a finished stage output of this work folder (the demo's base model,
+    `${work_dir}/eng/pretrain/hf`): that stage's config hash, which names its content wherever the folder is."""
+    recorded = portable_path(cfg, path)
+    if not recorded.startswith(WORK_DIR_PREFIX):
+        return None
+    parts = Path(recorded[len(WORK_DIR_PREFIX):]).parts  # <lang>/<stage>/...
+    marker = read_marker(Path(cfg.work_dir).absolute().joinpath(*parts[:2])) if len(parts) >= 2 else None
+    if marker is None:
+        return None
+    return {"stage_output": "/".join(parts[:2]), "config_hash": marker["config_hash"], "within": "/".join(parts[2:])}
+
+
+def read_marker(directory: Path) -> Optional[dict]:
+    path = Path(directory) / MARKER
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        log.warning("Ignoring unreadable marker %s; the stage will run again.", path)
+        return None
