@@ -23,7 +23,8 @@ from pipeline.errors import StageError
 from pipeline.memory_fit import fitting_micro_batch
 from pipeline.model.files import base_model_input
 from pipeline.training.job import WHILE_TRAINING
-from pipeline.training.run import SCRATCH, model_as_trained, prepare_training, train_stage
+from pipeline.stages.training_inputs import model_as_trained, prepare_training
+from pipeline.training.run import SCRATCH, train_stage
 from pipeline.warmstart.initialise import warm_start, warmup_trainable
 
 log = logging.getLogger(__name__)

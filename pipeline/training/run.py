@@ -1,14 +1,12 @@
-"""The one entry of a training stage's launching process: `prepare_training` reads what the stage trains on
-(the pack, its tokenizer, the held-out text) and fixes the ranks' job within the mix plan's budget; `train_stage`
-writes the starting model and the held-out rows, runs the ranks, exports the trained model as a transformers folder
-and writes the stage's report. `warmup` and `pretrain` only say what differs: the starting model, the `train`
-section and which parameters train. The rank side is pipeline/training/rank.py; the files they share are named in
+"""The one entry of a training stage's launching process: given the ranks' job and what it reads (`StageTraining`,
+which pipeline/stages/training_inputs.py fills from the stages before), `train_stage` writes the starting model and
+the held-out rows, runs the ranks, exports the trained model as a transformers folder and writes the stage's report.
+`warmup` and `pretrain` only say what differs: the starting model, the `train` section and which parameters train. The rank side is pipeline/training/rank.py; the files they share are named in
 pipeline/training/job.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -23,26 +21,23 @@ from tokenizers import Tokenizer
 
 from pipeline.cluster import ClusterConfig
 from pipeline.commit_steps import commit_step
-from pipeline.contract import StageRun
-from pipeline.work_folder import MARKER
-from pipeline.json_files import read_json, write_json_atomic
-from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import scoring_rows
-from pipeline.model.config import ExportConfig, shard_bytes, training_seq_len
-from pipeline.model.files import base_identity, base_tensors, check_fit, refuse_non_finite
+from pipeline.json_files import read_json, write_json_atomic
+from pipeline.model.config import ExportConfig, shard_bytes
+from pipeline.model.files import refuse_non_finite
 from pipeline.model.hf_export import TOKENIZER_FILES, NonFiniteWeights, to_hf
-from pipeline.model.model_tensors import (CheckpointTensors, ScratchTensors, StartingModel, model_shapes,
-                                          opened_checkpoint, write_checkpoint)
+from pipeline.model.model_tensors import CheckpointTensors, StartingModel, model_shapes, write_checkpoint
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.parallel.ranks import distributed_environment, free_port, run_ranks
-from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer, token_roles, tokenizer_digest
-from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
-from pipeline.training.config import TrainConfig, planned, use_bf16
+from pipeline.tokenization.folder import token_roles, tokenizer_digest
+from pipeline.training.checkpoint_files import checkpoints, describe
+from pipeline.training.config import use_bf16
 from pipeline.training.heldout import save_rows
 from pipeline.training.job import (CHECKPOINTS, EXPORT, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED,
                                    VOCABULARY_MATRICES, TrainingJob, write_job)
-from pipeline.training.peak_memory import peak_memory, return_large_blocks_to_the_system
+from pipeline.training.peak_memory import peak_memory
+from pipeline.work_folder import MARKER
 
 log = logging.getLogger(__name__)
 
@@ -151,30 +146,8 @@ class StageTraining:
     heldout: Iterable[str]  # the clean stage's held-out documents, read when the rows are written
 
 
-def prepare_training(run: StageRun, train: TrainConfig, *, prefix: str = "train", share: float = 1.0,
-                     trainable: Optional[list[str]] = None, resume: Optional[str] = None) -> StageTraining:
-    """Read the pack, its tokenizer and the held-out text; the ranks' job, its step budget within the mix plan
-    (`train.steps` null: `share` of one pass of the pack), refused before any work when it is beyond it."""
-    return_large_blocks_to_the_system()  # the model passes through this process a tensor at a time
-    cfg = run.cfg
-    packed = run.read_input("pack", PACKED_FILE, read_json)
-    seq_len = training_seq_len(cfg.model, train.seq_len)
-    pack = str(run.input("pack"))
-    job = TrainingJob(stage=run.stage, folder=str(run.work_dir), pack=pack, seq_len=seq_len,
-                      train=planned(train, seq_len, packed["pass_tokens"], pack, prefix=prefix, share=share),
-                      parallel=cfg.parallel, kernels=cfg.kernels, trainable=trainable, resume=resume)
-    tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
-    heldout = clean_output(run.lang, run.input("clean"), split="heldout")
-    texts = (document.text for document in read_documents(heldout, run.work_dir / SCRATCH / "heldout"))
-    return StageTraining(job, packed, run.input("tokenizer"), tokenizer, run.input_file("tokenizer", TOKENIZER_FILE),
-                         texts)
 
 
-def model_as_trained(run: StageRun):
-    """cfg.model with the pack tokenizer's vocabulary, which the training stages' model has (an extended base
-    tokenizer's 65,536 rows where the base has 49,152): what their memory plan must count."""
-    packed = run.read_input("pack", PACKED_FILE, read_json)
-    return dataclasses.replace(run.cfg.model, vocab_size=packed["tokenizer"]["vocab_size"])
 
 
 def train_stage(training: StageTraining, start: StartingModel, cluster: ClusterConfig, export: ExportConfig,
@@ -220,53 +193,10 @@ def train_stage(training: StageTraining, start: StartingModel, cluster: ClusterC
     return report
 
 
-def pretrain_start(run: StageRun, tokenizer: Tokenizer) -> StartingModel:
-    """Where continued pretraining starts (`init`): the warmup stage's checkpoint, `model.base` (which must use the
-    pack's tokenizer), or random weights, each tensor drawn from its own seed so that every layout starts from the
-    same model."""
-    cfg = run.cfg
-    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-    if cfg.init == "scratch":
-        tensors = ScratchTensors(dataclasses.replace(cfg.model, vocab_size=vocab), cfg.train.seed)
-        source = f"a random initialisation with model.init_std={cfg.model.init_std}"
-    elif cfg.init == "warmup":
-        source = run.input("warmup") / TRAINED
-        tensors = run.read_input("warmup", TRAINED, opened_checkpoint)
-    else:
-        source = Path(cfg.model.base)
-        tensors = base_tensors(cfg.model.base)
-        if load_tokenizer(cfg.model.base).get_vocab() != tokenizer.get_vocab():
-            raise StageError(f"pretrain init=hf: the tokenizer of {source} is not the one the data was packed with "
-                             f"({run.input('tokenizer') / TOKENIZER_FILE}). Continue from a model that uses "
-                             f"it (the warmup stage's output: init=warmup, or its hf/ folder), or warm-start "
-                             f"this base model first: python -m pipeline stage=warmup lang={run.lang} "
-                             f"model.base={source}")
-    check_fit(cfg.model, tensors.cfg, str(source), tokenizer)
-    if tensors.cfg.vocab_size != vocab:
-        raise StageError(f"pretrain: the model of {source} has {tensors.cfg.vocab_size} vocabulary rows, the pack's "
-                         f"tokenizer {vocab}; they must be the same (run warmup for this tokenizer).")
-    return StartingModel(tensors, f"pretrain: the starting model ({source})", "every training step would be "
-                         "skipped. Start from a sound model: run the stage that made it again, or check model.init_std.")
 
 
-def describe_start(cfg) -> dict:
-    """Where pretraining's weights start when not from the warmup stage, for the stage contract: the base model's
-    files (init=hf)."""
-    if cfg.init == "hf":
-        if cfg.model.base is None:
-            raise StageError("pretrain init=hf needs model.base=<local Hugging Face folder> whose tokenizer is the "
-                             "pack's (e.g. work/<lang>/warmup/hf).")
-        return {"base_model": base_identity(cfg, cfg.model.base)}
-    return {}
 
 
-def check_resume(partial: Path, cfg) -> list[str]:
-    """An interrupted run continues with another train.steps only if the budget lies at or past its newest
-    checkpoint (fewer steps would end before where it already is)."""
-    newest = max((checkpoint_step(path) for path in checkpoints(partial / CHECKPOINTS)), default=0)
-    if cfg.train.steps is not None and cfg.train.steps < newest:
-        return [f"its newest checkpoint is at step {newest}, past train.steps={cfg.train.steps}"]
-    return []
 
 
 def kept_checkpoints(partial: Path) -> str:
