@@ -261,7 +261,7 @@ def _flip_a_byte(path) -> None:
 
 def test_checkpoints_that_fail_their_checksums_are_skipped_or_refused_and_a_budget_below_them_is_refused(fresh):
     """Guards (pipeline/training/checkpoint.py `choose`): the checksum check (a same-size byte flip), and the refusal
-    when no checkpoint verifies; (pipeline/training/run.py `check_resume`) pretrain's own refusal of a budget that
+    when no checkpoint verifies; (pipeline/stages/pretrain.py `check_resume`) pretrain's own refusal of a budget that
     ends before its newest checkpoint. Each fails with its guard removed."""
     process = start(fresh, *SCRATCH, "train.checkpoint_every=2")
     wait_for_step(fresh, 7, process)
@@ -299,7 +299,7 @@ def test_checkpoints_that_fail_their_checksums_are_skipped_or_refused_and_a_budg
 
 
 def test_training_that_ends_non_finite_keeps_its_checkpoints_and_exports_nothing(fresh):
-    """Guard (pipeline/training/run.py, after the ranks): a run that ends with a non-finite loss, its bad-steps limits
+    """Guard (pipeline/training/run.py `refuse_non_finite_end`, after the ranks): a run that ends with a non-finite loss, its bad-steps limits
     lifted so that it reaches its end, is neither exported nor marked done, and its checkpoints stay. Its newest
     checkpoint holds a NaN in the optimizer's fp32 weights, written with its checksums (as a bad step saved would
     be): it verifies, the first step copies the NaN into the model, and every later loss is NaN."""
