@@ -134,7 +134,6 @@ def study_arms(lang: str, setup: Setup) -> list[Arm]:
             dataclasses.replace(center, name="study-lr-high", warmup_lr=setup.warmup_lr * 4),
             dataclasses.replace(center, name="study-short", warmup_steps=setup.warmup_steps // 2),
             dataclasses.replace(center, name="study-long", warmup_steps=setup.warmup_steps * 2),
-            dataclasses.replace(center, name="study-norms", warmup_switches=("warmup.train_norms=true",)),
             dataclasses.replace(center, name="study-frozen-head", warmup_switches=("warmup.train_head=false",))]
 
 

@@ -40,8 +40,7 @@ def run_warmup(run: StageRun) -> dict:
     # no optimizer state.
     train = fitting_micro_batch(cfg, cfg.warmup.train, prefix="warmup.train", model=model_as_trained(run))
     training = prepare_training(run, train, prefix="warmup.train", share=cfg.warmup.plan_share,
-                                trainable=warmup_trainable(cfg.warmup.train_head, cfg.warmup.train_norms,
-                                                           cfg.warmup.train_embedding_norm, cfg.model.num_layers))
+                                trainable=warmup_trainable(cfg.warmup.train_head, cfg.warmup.train_embedding_norm))
     start, transfer = warm_start(cfg.model, cfg.warmup, training.tokenizer_dir, training.tokenizer,
                                  run.input("clean"), run.lang, run.work_dir / SCRATCH / "transfer")
     step = (cfg.warmup.base_rows_lr or train.lr) / train.lr

@@ -29,10 +29,9 @@ class WarmupConfig:
     init: str = "mean"
     # The text `focus` and `align` learn from: this many bytes from the start of the clean stage's training text.
     transfer_bytes: int = 16_000_000
-    # What trains besides the input embeddings (pipeline/warmstart/initialise.py): the untied LM head; every norm's
-    # weights (blocks, final norm, BLOOM's embedding LayerNorm); or BLOOM's LayerNorm after the embedding alone.
+    # What trains besides the input embeddings (pipeline/warmstart/initialise.py): the untied LM head; BLOOM's
+    # LayerNorm after the embedding.
     train_head: bool = True
-    train_norms: bool = False
     train_embedding_norm: bool = False
     # The rows of tokens that keep the base's id (an extended base tokenizer's: every base token, special tokens
     # included): `trained` like the added ones; `frozen`, as the base trained them, so that only the added tokens

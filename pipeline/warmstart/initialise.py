@@ -10,9 +10,9 @@ resident set (RSS), sampled every few milliseconds from /proc while the work run
 code (fastText, tokenizers, torch) holds, not only Python objects (null where /proc is missing).
 
 The warmup trains always the input embeddings; the untied LM head unless `warmup.train_head=false` (a tied head
-is the embedding); with `warmup.train_norms=true` every norm's weights as well (the blocks', the final one and
-BLOOM's embedding LayerNorm: a few thousand numbers that rescale what the new embeddings feed the frozen body);
-`warmup.train_embedding_norm=true` adds the embedding LayerNorm alone. Every other tensor (the transformer body)
+is the embedding); `warmup.train_embedding_norm=true` adds BLOOM's LayerNorm after the embedding. (Training every
+norm too made SmolLM2's English 2.8% worse: docs/benchmark-log.md, "The warm start with the norms trained"; the
+option is gone.) Every other tensor (the transformer body)
 stays frozen, bit for bit. They are given as parameter-name prefixes, which the training job
 (pipeline/training/job.py) carries to the ranks.
 """
@@ -119,15 +119,12 @@ def leading_base_rows(plan: Optional[TransferPlan]) -> int:
     return rows
 
 
-def warmup_trainable(train_head: bool, train_norms: bool, train_embedding_norm: bool, num_layers: int) -> list[str]:
+def warmup_trainable(train_head: bool, train_embedding_norm: bool) -> list[str]:
     prefixes = ["embedding.tokens."]
     if train_head:
         prefixes.append("head.")
-    if train_embedding_norm or train_norms:
+    if train_embedding_norm:
         prefixes.append("embedding.norm.")
-    if train_norms:
-        prefixes += [f"blocks.{i}.{norm}." for i in range(num_layers) for norm in ("attn_norm", "mlp_norm")]
-        prefixes.append("final_norm.")
     return prefixes
 
 
