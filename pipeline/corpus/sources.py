@@ -14,8 +14,8 @@ from typing import Callable, Iterator, TypeVar
 
 from tqdm import tqdm
 
-from pipeline.work_folder import read_marker
 from pipeline.corpus.reader import RawCorpusReader, find_raw_files, fingerprint_files
+from pipeline.work_folder import read_marker
 
 CLEAN_OUTPUT, RAW_FOLDER = "clean output", "raw folder"
 CLEAN_SPLITS = ("train", "heldout", "heldout_source")

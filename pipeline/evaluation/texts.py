@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from pipeline.work_folder import read_marker, stage_dir
 from pipeline.corpus.heldout import is_heldout_source
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files
 from pipeline.corpus.sources import RAW_FOLDER, SourceInput, clean_output, read_documents
 from pipeline.languages import LANGUAGES, language_config
+from pipeline.work_folder import read_marker, stage_dir
 
 HELDOUT, HELDOUT_SOURCE, BASE_LANG = "heldout", "heldout_source", "base_lang"
 # The clean stage's splits that hold evaluation text.

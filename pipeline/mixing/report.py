@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from pipeline.corpus.report import tokens_text
 from pipeline.mixing.planner import FIXED_RATIO, FORMULA, REFERENCE, R_STAR, Allocation, Plan, epoch_values
 from pipeline.mixing.rehydration import Rehydration
-from pipeline.corpus.report import tokens_text
 
 TOKEN_ESTIMATE = ("UTF-8 bytes / bytes_per_token of the source's script (mix.bytes_per_token): estimates until "
                   "the pack stage counts exact tokens")

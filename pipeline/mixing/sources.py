@@ -11,12 +11,12 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.work_folder import MARKER, read_marker, resolve_path, stage_dir
 from pipeline.corpus.reader import RAW_PATTERNS
 from pipeline.corpus.sources import (RAW_FOLDER, FileTask, SourceInput, clean_output, over_files, raw_folder,
                                      source_reader)
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES
+from pipeline.work_folder import MARKER, read_marker, resolve_path, stage_dir
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.work_folder import output_identity
 from pipeline.errors import StageError
 from pipeline.model.base_shape import CHECKPOINT_CONFIG
 from pipeline.model.config import ModelConfig
@@ -22,6 +21,7 @@ from pipeline.model.hf_import import HFTensors
 from pipeline.model.model_tensors import CheckpointTensors, ModelTensors, ModuleTensors, build_model, write_checkpoint
 from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import TOKENIZER_FILE
+from pipeline.work_folder import output_identity
 
 # Fields that define the body: they must agree between the configured model and the base.
 SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "position", "norm",

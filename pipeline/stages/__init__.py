@@ -25,9 +25,9 @@ from typing import Iterator, Mapping
 
 from pipeline.config import REPLAY_TARGET, STAGE_NAMES, PipelineConfig
 from pipeline.contract import Stage, execute
-from pipeline.work_folder import stage_dir
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES, language_config
+from pipeline.work_folder import stage_dir
 
 log = logging.getLogger(__name__)
 

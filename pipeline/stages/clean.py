@@ -28,7 +28,6 @@ from pipeline.cluster import check_script_word
 from pipeline.commit_steps import commit_step
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun
-from pipeline.json_files import read_json, write_json_atomic
 from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.filters import choose_language_id
 from pipeline.corpus.heldout import is_heldout_source
@@ -36,12 +35,13 @@ from pipeline.corpus.heldout import move_to_heldout
 from pipeline.corpus.phases import (BAD_FILE_NAME, BUCKETS_PHASE, CLUSTER_PHASE, COMMIT_PLAN, FILTER_PHASE,
                                     INTERMEDIATE, SPLIT_PHASE, build_phases, collect_metrics, executor,
                                     quality_filters, raw_language_folder, top_up_plan)
-from pipeline.corpus.report import markdown
-from pipeline.corpus.sources import CLEAN_SPLITS
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files, unreadable_names
+from pipeline.corpus.report import markdown
 from pipeline.corpus.report import step_key
+from pipeline.corpus.sources import CLEAN_SPLITS
 from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.errors import StageError
+from pipeline.json_files import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 

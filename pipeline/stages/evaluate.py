@@ -24,8 +24,6 @@ from tqdm import tqdm
 
 from pipeline.config import PipelineConfig
 from pipeline.contract import ON_CPU, ON_ONE_GPU, Stage, StageRun
-from pipeline.work_folder import MARKER, read_marker, resolve_path, stage_dir
-from pipeline.json_files import write_json_atomic
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import Score, bits_per_byte, score_documents, score_rows
@@ -37,6 +35,7 @@ from pipeline.evaluation.task_files import Task, read_task
 from pipeline.evaluation.task_scoring import ScoringModel, score_task
 from pipeline.evaluation.texts import (HELDOUT, TextSet, base_lang_sets, heldout_set, is_base_lang, text_files,
                                       text_sets)
+from pipeline.json_files import write_json_atomic
 from pipeline.kernels import set_backend
 from pipeline.model.config import parameter_count, training_seq_len
 from pipeline.model.files import base_identity, check_finite, load_base
@@ -44,6 +43,7 @@ from pipeline.model.transformer import Transformer
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from pipeline.training.heldout import load_rows
 from pipeline.training.job import EXPORT, HELDOUT_FILE, METRICS_FILE
+from pipeline.work_folder import MARKER, read_marker, resolve_path, stage_dir
 
 log = logging.getLogger(__name__)
 

@@ -12,14 +12,14 @@ import logging
 
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun
-from pipeline.work_folder import portable_path, read_marker
-from pipeline.json_files import write_json_atomic
 from pipeline.corpus.sources import clean_output
 from pipeline.errors import StageError
+from pipeline.json_files import write_json_atomic
 from pipeline.mixing.planner import FIXED_BUDGET, Allocation, PlanError, Source, default_budget, plan_mixture
 from pipeline.mixing.rehydration import rehydrate
 from pipeline.mixing.report import markdown, plan_document, rehydration_section, summary_table
 from pipeline.mixing.sources import Measurement, locate_sources, measure
+from pipeline.work_folder import portable_path, read_marker
 
 log = logging.getLogger(__name__)
 

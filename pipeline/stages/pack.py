@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.contract import Stage, StageRun
-from pipeline.json_files import read_json
 from pipeline.corpus.report import bytes_text, tokens_text
 from pipeline.errors import StageError
+from pipeline.json_files import read_json
 from pipeline.mixing.planner import TARGET, Allocation, Plan, PlanError, exact_plan
 from pipeline.mixing.rehydration import Rehydration
 from pipeline.mixing.sources import planned_source

@@ -28,12 +28,11 @@ from tokenizers import Tokenizer
 
 from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun
-from pipeline.work_folder import portable_path
-from pipeline.json_files import read_json, write_json_atomic
-from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.corpus.report import bytes_text
 from pipeline.corpus.sources import clean_output, read_documents
+from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.errors import StageError
+from pipeline.json_files import read_json, write_json_atomic
 from pipeline.tokenization.extension import Spared, extend_bpe
 from pipeline.tokenization.folder import (TOKENIZER_FILE, TrainedTokenizer, TrainingError, adopt_base_tokenizer,
                                           base_tokenizer_file, base_tokenizer_roles, load_tokenizer,
@@ -43,6 +42,7 @@ from pipeline.tokenization.report import (METRICS, comparison, extended_section,
                                           sample_section, tokenizer_section)
 from pipeline.tokenization.sample import SampledSource, read_sample, write_sample
 from pipeline.tokenization.training import padded_vocab_size, train_tokenizer
+from pipeline.work_folder import portable_path
 
 log = logging.getLogger(__name__)
 

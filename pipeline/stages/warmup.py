@@ -18,14 +18,14 @@ from pathlib import Path
 
 from pipeline.config import REPLAY_TARGET, PipelineConfig
 from pipeline.contract import ON_RANKS, Stage, StageRun
-from pipeline.work_folder import portable_path
 from pipeline.errors import StageError
 from pipeline.memory_fit import fitting_micro_batch
 from pipeline.model.files import base_model_input
-from pipeline.training.job import WHILE_TRAINING
 from pipeline.stages.training_inputs import model_as_trained, prepare_training
+from pipeline.training.job import WHILE_TRAINING
 from pipeline.training.run import SCRATCH, train_stage
 from pipeline.warmstart.initialise import warm_start, warmup_trainable
+from pipeline.work_folder import portable_path
 
 log = logging.getLogger(__name__)
 

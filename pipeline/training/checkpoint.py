@@ -37,8 +37,8 @@ from deepspeed.checkpoint.constants import (BASE_OPTIMIZER_STATE, BASE_OPTIMIZER
 from safetensors.torch import load_file
 
 from pipeline.commit_steps import commit_step
-from pipeline.json_files import write_json_atomic
 from pipeline.errors import StageError
+from pipeline.json_files import write_json_atomic
 from pipeline.tensor_files import save_tensors
 from pipeline.training.checkpoint_files import (FILES_KEY, STATE_FILE, checkpoint_dir, checkpoints, checksum_problem,
                                                 file_entry, read_state, size_problem)

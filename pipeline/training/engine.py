@@ -21,13 +21,13 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from pipeline.model.config import ModelConfig
-from pipeline.parallel.ranks import bound_collectives
 from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_shape, grad_norm_in_few_launches,
                                                    holds_first_layer, import_muon_uncompiled,
                                                    leave_out_overflow_scan, pipeline_messages_in_their_own_group,
                                                    scale_leading_row_steps, skip_cpu_shared_memory_collective)
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
+from pipeline.parallel.ranks import bound_collectives
 from pipeline.training.config import TrainConfig, lr_factor, use_bf16
 from pipeline.training.job import VOCABULARY_MATRICES
 from pipeline.training.weights import load_layers

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from pipeline.json_files import write_json_atomic
 from pipeline.errors import StageInterrupted
+from pipeline.json_files import write_json_atomic
 from pipeline.kernels import set_backend
 from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config
 from pipeline.model.config import flops_per_token

@@ -35,13 +35,13 @@ import torch
 from tokenizers import Tokenizer
 
 from pipeline.corpus.sources import clean_output, read_documents
+from pipeline.errors import StageError
 from pipeline.model.config import ModelConfig
 from pipeline.model.files import base_tensors, check_fit
-from pipeline.errors import StageError
-from pipeline.warmstart.config import WarmupConfig
 from pipeline.model.model_tensors import StartingModel, ModelTensors, ReplacedTensors, model_shapes
 from pipeline.tokenization.folder import load_tokenizer, ROLES, special_ids, special_token_strings, token_roles
 from pipeline.warmstart.align import align_rows
+from pipeline.warmstart.config import WarmupConfig
 from pipeline.warmstart.focus import focus_rows
 from pipeline.warmstart.transfer import METHODS, TransferPlan, build_matrix, needs_text, plan_rows
 

@@ -14,11 +14,11 @@ from pipeline.config import PipelineConfig
 from pipeline.contract import ON_RANKS
 from pipeline.errors import StageError
 from pipeline.memory_fit import node_filling_layout
+from pipeline.overrides import override_key
 from pipeline.parallel.config import ParallelConfig
 from pipeline.stages import STAGES
 from pipeline.workflow import selection
 from pipeline.workflow.arrays import Planned, array_spec, dependency, plan
-from pipeline.overrides import override_key
 from pipeline.workflow.jobs import (base_language_overrides, check_resources, job_argv, layout_overrides, passed_on,
                                     render_script, sbatch_options, work_dir_override)
 from pipeline.workflow.progress import DONE, Submission, WorkflowState, locked, observe, state_dir

@@ -17,11 +17,11 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+from pipeline.memory_fit.layout import Layout
+from pipeline.memory_fit.memory import Numerics, stage_memory
 from pipeline.model.base_shape import base_config
 from pipeline.model.files import load_checkpoint
 from pipeline.model.hf_export import to_hf
-from pipeline.memory_fit.layout import Layout
-from pipeline.memory_fit.memory import Numerics, stage_memory
 from tests.conftest import CHAIN_OPTIONS, marker, packed_copy, run_cli
 
 GIB = 2**30

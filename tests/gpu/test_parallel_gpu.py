@@ -31,9 +31,9 @@ import torch
 
 from pipeline.cluster import ClusterConfig
 from pipeline.model.config import ModelConfig
-from pipeline.model.transformer import Transformer
 from pipeline.model.files import save_checkpoint
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
+from pipeline.model.transformer import Transformer
 from pipeline.parallel.config import ParallelConfig
 from pipeline.parallel.ranks import free_port, rank_environment, run_ranks
 from pipeline.training.config import TrainConfig

@@ -16,8 +16,8 @@ import pytest
 
 import pipeline.stage_lock
 from pipeline.contract import Stage, execute, is_current
-from pipeline.work_folder import MARKER, portable_path, read_marker, resolve_path
 from pipeline.errors import StageError
+from pipeline.work_folder import MARKER, portable_path, read_marker, resolve_path
 
 
 @dataclass

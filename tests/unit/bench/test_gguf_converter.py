@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from pipeline.model.hf_import import from_hf
 from pipeline.model.base_shape import base_shape
+from pipeline.model.hf_import import from_hf
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from tests.conftest import REPO, TRICKY_TEXTS
 

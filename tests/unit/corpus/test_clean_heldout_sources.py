@@ -13,7 +13,6 @@ from datatrove.pipeline.writers import JsonlWriter
 from omegaconf import OmegaConf
 
 from pipeline.config import PipelineConfig
-from pipeline.json_files import write_json_atomic
 from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.heldout import HeldoutSourceSplit, is_heldout_source
 from pipeline.corpus.source_counts import (
@@ -25,6 +24,7 @@ from pipeline.corpus.source_counts import (
 )
 from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
+from pipeline.json_files import write_json_atomic
 from pipeline.languages import LANGUAGES, language_config
 from pipeline.stages.clean import heldout_sources
 from tests.conftest import read_jsonl_gz, run_cli

@@ -11,9 +11,9 @@ from datatrove.data import Document
 from omegaconf import OmegaConf
 
 from pipeline.config import PipelineConfig
+from pipeline.corpus.phases import quality_filters as _filters
 from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.corpus.phases import quality_filters as _filters
 from tests.conftest import DATA
 
 # FineWeb-2's nob values that the table replaced (the study's "before")

@@ -6,10 +6,10 @@ import json
 
 from datatrove.data import Document
 
-from pipeline.corpus.heldout import choose_top_up, id_hash, is_heldout, move_to_heldout
 from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, bundled_lid176
-from pipeline.corpus.words import SpaceSplitTokenizer, minhash_word_tokenizer, resolve_word_tokenizer
+from pipeline.corpus.heldout import choose_top_up, id_hash, is_heldout, move_to_heldout
 from pipeline.corpus.reader import RawCorpusReader, fingerprint_files
+from pipeline.corpus.words import SpaceSplitTokenizer, minhash_word_tokenizer, resolve_word_tokenizer
 from pipeline.languages import LANGUAGES, language_config
 from tests.conftest import read_jsonl_gz, write_jsonl_gz
 

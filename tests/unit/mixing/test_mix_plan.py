@@ -6,13 +6,13 @@ import math
 
 import pytest
 
+from pipeline.corpus.report import bytes_text, tokens_text
 from pipeline.errors import ConfigError
 from pipeline.mixing.config import MixConfig, MixSource, RehydrationConfig, RehydrationRow, validate_mix
 from pipeline.mixing.planner import (FILLER, FIXED_RATIO, R_STAR, TARGET, PlanError, Source, default_budget,
                                      effective_tokens, epoch_values, exact_plan, plan_mixture)
 from pipeline.mixing.rehydration import rehydrate, weight_for
 from pipeline.mixing.report import plan_document, plan_verdict, verdict
-from pipeline.corpus.report import bytes_text, tokens_text
 
 FINEWEB2_TABLE = [(1, 1.0), (2, 2.0), (3, 3.0), (5, 5.0), (100, 8.0)]
 

@@ -22,11 +22,11 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from pipeline.corpus.sources import raw_folder
 from pipeline.mixing.rehydration import weight_for
-from pipeline.packing.sampler import PackedSampler, SamplerStateError
-from pipeline.packing.shards import PackedDataError
-from pipeline.packing.sampler import Blend
 from pipeline.packing.output import source_folder, tokenizer_entry, write_packed, write_source
 from pipeline.packing.packed import rehydrated_epochs
+from pipeline.packing.sampler import PackedSampler, SamplerStateError
+from pipeline.packing.sampler import Blend
+from pipeline.packing.shards import PackedDataError
 from pipeline.packing.tokenize import tokenize_source
 from tests.conftest import REPO, write_jsonl_gz
 

@@ -29,9 +29,9 @@ from safetensors.torch import load_file
 from pipeline.cluster import ClusterConfig
 from pipeline.errors import ConfigError
 from pipeline.model.config import ModelConfig
-from pipeline.model.transformer import Transformer
 from pipeline.model.files import save_checkpoint
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
+from pipeline.model.transformer import Transformer
 from pipeline.parallel.config import ParallelConfig, check_tensor_parallel
 from pipeline.parallel.ranks import run_ranks
 from pipeline.training.config import TrainConfig

@@ -15,8 +15,8 @@ from pipeline.config import REPO_ROOT, PipelineConfig, validate
 from pipeline.errors import ConfigError, StageError
 from pipeline.languages import LANGUAGES, language_config
 from pipeline.model.config import ModelConfig
-from pipeline.model.transformer import Transformer
 from pipeline.model.model_tensors import ModuleTensors, build_model
+from pipeline.model.transformer import Transformer
 from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import TrainedTokenizer, write_tokenizer_folder
 from pipeline.tokenization.surfaces import spelling, token_bytes

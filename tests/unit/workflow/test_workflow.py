@@ -18,10 +18,10 @@ from hydra.core.override_parser.types import Quote, QuotedString
 
 from pipeline.config import STAGE_NAMES
 from pipeline.contract import Stage, execute, is_current
-from pipeline.work_folder import MARKER
 from pipeline.languages import LANGUAGES, UnknownLanguageError
 from pipeline.overrides import OverrideError, preflight
 from pipeline.stages import RECIPE_STAGES, Step
+from pipeline.work_folder import MARKER
 from pipeline.workflow.arrays import Existing, dependency, plan
 from pipeline.workflow.progress import DONE, NOT_STARTED, QUEUED, Cell, Task
 from tests.conftest import run_cli
