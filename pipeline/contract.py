@@ -35,7 +35,7 @@ from pipeline.config_keys import differences, drop, matches_any
 from pipeline.errors import StageError
 from pipeline.json_files import write_json_atomic
 from pipeline.stage_lock import stage_lock
-from pipeline.work_folder import (MARKER, read_marker, stage_dir)
+from pipeline.work_folder import MARKER, read_marker, stage_dir
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -180,11 +180,6 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-
-
-
-
-
 
 
 def hashed_config(stage: Stage, cfg) -> dict:

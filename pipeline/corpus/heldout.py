@@ -107,23 +107,24 @@ def _id(line: bytes) -> str:
 
 def choose_top_up(train: Path, missing: int) -> tuple[dict[str, list[str]], Counts]:
     """The `missing` training documents with the smallest id hashes: their ids by `train` shard, and the documents
-    and characters they hold per raw file ({raw file: [documents, characters]}). Reads every training document: it
-    runs when the split holds too few documents, i.e. on a small corpus. Changes nothing (`move_to_heldout` does)."""
+    and characters they hold per raw file ({raw file: [documents, characters]}). Reads every training document once:
+    it runs when the split holds too few documents, i.e. on a small corpus. Changes nothing (`move_to_heldout` does)."""
     if missing <= 0:
         return {}, {}
-    shards = sorted(train.glob("*.jsonl.gz"))
-    order = ((id_hash(_id(line)), shard.name, index) for shard in shards for index, line in enumerate(_lines(shard)))
-    chosen = {(shard, index) for _, shard, index in heapq.nsmallest(missing, order)}
+
+    def candidates():
+        for shard in sorted(train.glob("*.jsonl.gz")):
+            for line in _lines(shard):
+                record = json.loads(line)
+                raw_file = record.get("metadata", {}).get("raw_file", UNKNOWN_FILE)
+                yield id_hash(record["id"]), shard.name, record["id"], raw_file, len(record["text"])
+
     ids: dict[str, list[str]] = defaultdict(list)
     by_file: Counts = defaultdict(lambda: [0, 0])
-    for shard in shards:
-        for index, line in enumerate(_lines(shard)):
-            if (shard.name, index) in chosen:
-                record = json.loads(line)
-                ids[shard.name].append(record["id"])
-                entry = by_file[record.get("metadata", {}).get("raw_file", UNKNOWN_FILE)]
-                entry[0] += 1
-                entry[1] += len(record["text"])
+    for _, shard, doc_id, raw_file, chars in heapq.nsmallest(missing, candidates()):
+        ids[shard].append(doc_id)
+        by_file[raw_file][0] += 1
+        by_file[raw_file][1] += chars
     return dict(ids), dict(by_file)
 
 

@@ -30,14 +30,12 @@ from pipeline.config import PipelineConfig
 from pipeline.contract import Stage, StageRun
 from pipeline.corpus.config import heldout_source_patterns
 from pipeline.corpus.filters import choose_language_id
-from pipeline.corpus.heldout import is_heldout_source
-from pipeline.corpus.heldout import move_to_heldout
+from pipeline.corpus.heldout import is_heldout_source, move_to_heldout
 from pipeline.corpus.phases import (BAD_FILE_NAME, BUCKETS_PHASE, CLUSTER_PHASE, COMMIT_PLAN, FILTER_PHASE,
                                     INTERMEDIATE, SPLIT_PHASE, build_phases, collect_metrics, executor,
                                     quality_filters, raw_language_folder, top_up_plan)
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files, unreadable_names
-from pipeline.corpus.report import markdown
-from pipeline.corpus.report import step_key
+from pipeline.corpus.report import markdown, step_key
 from pipeline.corpus.sources import CLEAN_SPLITS
 from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.errors import StageError

@@ -1,8 +1,8 @@
 """The one entry of a training stage's launching process: given the ranks' job and what it reads (`StageTraining`,
 which pipeline/stages/training_inputs.py fills from the stages before), `train_stage` writes the starting model and
 the held-out rows, runs the ranks, exports the trained model as a transformers folder and writes the stage's report.
-`warmup` and `pretrain` only say what differs: the starting model, the `train` section and which parameters train. The rank side is pipeline/training/rank.py; the files they share are named in
-pipeline/training/job.py.
+`warmup` and `pretrain` only say what differs: the starting model, the `train` section and which parameters train.
+The rank side is pipeline/training/rank.py; the files they share are named in pipeline/training/job.py.
 """
 
 from __future__ import annotations
@@ -90,11 +90,17 @@ def launch(job: TrainingJob, cluster) -> dict:
     return json.loads((folder / RESULT_FILE).read_text(encoding="utf-8"))
 
 
+def _non_finite(result: dict) -> dict:
+    """The final loss or held-out score of the ranks' result that is not finite (last_loss is None when no step was
+    taken: a budget already met)."""
+    return {key: result[key] for key in ("last_loss", "heldout_bpb_after")
+            if result.get(key) is not None and not math.isfinite(result[key])}
+
+
 def refuse_non_finite_end(job: TrainingJob, result: dict) -> None:
     """A run whose final loss or held-out score is not finite is neither exported nor marked done; its checkpoints
-    stay. last_loss is None when no step was taken (a budget already met)."""
-    bad = {key: result[key] for key in ("last_loss", "heldout_bpb_after")
-           if result[key] is not None and not math.isfinite(result[key])}
+    stay."""
+    bad = _non_finite(result)
     if bad:
         raise StageError(f"{job.stage}: training ended with {', '.join(f'{key} {value}' for key, value in bad.items())}"
                          f" ({result['skipped_steps']} of {result['steps']} steps skipped); the model is neither "
@@ -109,8 +115,7 @@ def _finished_result(folder: Path, job: TrainingJob) -> Optional[dict]:
     if not (folder / RESULT_FILE).is_file():
         return None
     result = read_json(folder / RESULT_FILE)
-    finite = all(result.get(key) is None or math.isfinite(result[key]) for key in ("last_loss", "heldout_bpb_after"))
-    return result if finite and result.get("steps") == job.train.steps else None
+    return result if not _non_finite(result) and result.get("steps") == job.train.steps else None
 
 
 def export_trained(folder: Path, tokenizer_dir: Path, max_shard_bytes: int) -> None:
@@ -144,10 +149,6 @@ class StageTraining:
     tokenizer: Tokenizer
     tokenizer_file: Path
     heldout: Iterable[str]  # the clean stage's held-out documents, read when the rows are written
-
-
-
-
 
 
 def train_stage(training: StageTraining, start: StartingModel, cluster: ClusterConfig, export: ExportConfig,
@@ -191,12 +192,6 @@ def train_stage(training: StageTraining, start: StartingModel, cluster: ClusterC
     commit_step(f"{job.stage}: write report.json")
     write_json_atomic(folder / "report.json", report)
     return report
-
-
-
-
-
-
 
 
 def kept_checkpoints(partial: Path) -> str:

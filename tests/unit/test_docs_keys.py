@@ -82,11 +82,12 @@ def test_every_config_key_the_docs_name_exists(config):
     assert len(_named_keys((REPO / "docs" / "configuration.md").read_text(encoding="utf-8"), sections)) > 50
 
 
-def _stated(default: str, config: DictConfig):
-    """A table's default as a value, or None when it is prose (`the target x mix.max_epochs`) or another key's
-    (`workers`)."""
+def _stated(key: str, default: str, config: DictConfig):
+    """A table's default for `key` as a value, or None when it is prose (`the target x mix.max_epochs`) or another
+    key of the config or of `key`'s section (`workers`, `cpus_per_task`)."""
     value = default.strip().strip("`").split(" (")[0]
-    if value in config or OmegaConf.select(config, f"cluster.{value}", default="absent") != "absent":
+    section = key.rsplit(".", 1)[0] if "." in key else ""
+    if value in config or section and OmegaConf.select(config, f"{section}.{value}", default="absent") != "absent":
         return None
     if value in ("true", "false"):
         return value == "true"
@@ -115,7 +116,8 @@ def test_the_defaults_docs_configuration_states_are_the_configs(config):
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) < 3 or not re.fullmatch(r"`[a-z_]+(\.[a-z_0-9]+)*`", cells[0]):
             continue
-        key, stated = cells[0].strip("`"), _stated(cells[1], config)
+        key = cells[0].strip("`")
+        stated = _stated(key, cells[1], config)
         if stated is None or key in preset or not _resolves(config, key):
             continue
         actual = OmegaConf.select(config, key)
