@@ -69,3 +69,37 @@ def test_every_module_path_named_in_the_docs_and_the_code_exists():
     missing = sorted({f"{text.relative_to(REPO)}: {name}" for text in texts
                       for name in path.findall(text.read_text(encoding="utf-8")) if not (REPO / name).is_file()})
     assert missing == []
+
+
+RESULTS = REPO / "bench" / "results"
+# A path under bench/results/ in prose, code marks, links or commands.
+RESULT_PATH = re.compile(r"bench/results/[^\s`'\"()\[\]]*")
+
+
+def test_bench_results_keeps_one_cited_file_per_result_and_the_docs_name_only_those():
+    """bench/results/ keeps compact files (`<experiment>_<date>.json` or `.md`, a `.png` beside a JSON), each cited by
+    BENCHMARKS.md; every `bench/results/<file>` that the docs or bench/ name exists. A path into a folder there
+    (`bench/results/warm_start/`) is a benchmark's raw output, which git ignores: named as where a script writes,
+    never linked."""
+    problems, cited = [], set()
+    for text_file in [*documentation(), *sorted((REPO / "bench").glob("*.py"))]:
+        text = text_file.read_text(encoding="utf-8")
+        linked = {(text_file.parent / target.split("#")[0]).resolve() for target in LINK.findall(text)}
+        for name in {match.split("#")[0].rstrip(".,;:") for match in RESULT_PATH.findall(text)}:
+            relative = name.removeprefix("bench/results/")
+            if not relative or "<" in relative or "*" in relative:
+                continue
+            path = RESULTS / relative
+            if "/" in relative or "." not in relative:  # a raw output folder, or a file in one
+                if path.resolve() in linked:
+                    problems.append(f"{text_file.relative_to(REPO)} links raw output {name}")
+            elif not path.is_file():
+                problems.append(f"{text_file.relative_to(REPO)} names {name}: no such file")
+            elif text_file.name == "BENCHMARKS.md":
+                cited.add(path.name)
+    for path in sorted(p for p in RESULTS.iterdir() if p.is_file()):
+        if path.suffix not in (".json", ".md", ".png"):
+            problems.append(f"bench/results/{path.name}: not a compact result (.json, .md, .png)")
+        elif path.name not in cited and not (path.suffix == ".png" and path.with_suffix(".json").name in cited):
+            problems.append(f"bench/results/{path.name}: not cited by BENCHMARKS.md")
+    assert problems == []
