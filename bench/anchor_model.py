@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:

@@ -43,7 +43,7 @@ from pipeline.corpus.sources import read_documents  # noqa: E402
 from pipeline.packing.sampler import PackedSampler  # noqa: E402
 from pipeline.packing.output import source_folder, tokenizer_entry, write_packed, write_source  # noqa: E402
 from pipeline.packing.tokenize import tokenize_source  # noqa: E402
-from pipeline.tokenization.config import TokenizerConfig  # noqa: E402
+from pipeline.tokenization.tokenizer_config import TokenizerConfig  # noqa: E402
 from pipeline.tokenization.training import train_tokenizer  # noqa: E402
 
 SOURCES = {"nob": 4.0, "eng": 1.5}  # epochs

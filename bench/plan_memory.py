@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.model.config import ModelConfig  # noqa: E402
+from pipeline.model.model_config import ModelConfig  # noqa: E402
 from pipeline.memory_fit.layout import Layout  # noqa: E402
 from pipeline.memory_fit.memory import Numerics, stage_memory  # noqa: E402
 
@@ -110,8 +110,8 @@ def measure(name: str) -> dict:
     from safetensors.torch import save_file
 
     from pipeline.model.transformer import Transformer
-    from pipeline.parallel.config import ParallelConfig
-    from pipeline.training.config import TrainConfig
+    from pipeline.parallel.parallel_config import ParallelConfig
+    from pipeline.training.train_config import TrainConfig
     from pipeline.training.engine import build_engine, init_distributed
     from pipeline.training.heldout import micro_batches
 

@@ -37,10 +37,10 @@ def measure(folder: Path, tp: int, pp: int) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from pipeline.model.config import ModelConfig
+    from pipeline.model.model_config import ModelConfig
     from pipeline.model.transformer import Transformer
-    from pipeline.parallel.config import ParallelConfig
-    from pipeline.training.config import TrainConfig
+    from pipeline.parallel.parallel_config import ParallelConfig
+    from pipeline.training.train_config import TrainConfig
     from pipeline.training.engine import build_engine, init_distributed
 
     init_distributed(ParallelConfig().collective_timeout_s)
@@ -91,8 +91,8 @@ def main() -> None:
                 raise SystemExit(f"a rank failed ({process.returncode}):\n{log[-4000:]}")
         results = [json.loads((Path(folder) / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(world)]
     sys.path.insert(0, args.repo)
-    from pipeline.model.config import ModelConfig
-    from pipeline.model.config import parameter_count
+    from pipeline.model.model_config import ModelConfig
+    from pipeline.model.model_config import parameter_count
 
     full_bytes = 4 * parameter_count(ModelConfig(**SHAPE))
     print(f"package: {args.repo}; tp={args.tp} x pp={args.pp}; full model {full_bytes / MIB:,.0f} MiB in fp32")

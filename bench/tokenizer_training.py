@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from pipeline.corpus.sources import raw_folder
 
 from pipeline.corpus.sources import read_documents  # noqa: E402
-from pipeline.tokenization.config import TokenizerConfig  # noqa: E402
+from pipeline.tokenization.tokenizer_config import TokenizerConfig  # noqa: E402
 from pipeline.tokenization.sample import read_sample, write_document  # noqa: E402
 
 RUNS = {  # name: TokenizerConfig options; None trains nothing

@@ -24,7 +24,7 @@ All read random token ids and use the same loss, clipping and AdamW settings. Tw
   at 2048 tokens.
 Each run
 warms up, then times a fixed number of optimizer steps between two synchronizations; MFU = model FLOPs per token
-(`pipeline.model.config.flops_per_token`, the same count for every role) x tokens/s / GPUs / the peak of
+(`pipeline.model.model_config.flops_per_token`, the same count for every role) x tokens/s / GPUs / the peak of
 `pipeline.training.loop`. The table ends in the ratios ours / anchor (issue 19's targets: >= 1.15 for the
 ALiBi model, >= 1.1 for the RoPE model) and ours / transformers, at the same micro-batch and global batch.
 
@@ -71,10 +71,10 @@ sys.path.insert(0, str(REPO))
 
 from bench.anchor_model import AnchorModel, anchor_state_dict  # noqa: E402
 from bench.attention import MEAN_DOCUMENT, packed_segment_ids  # noqa: E402
-from pipeline.model.config import ModelConfig  # noqa: E402
-from pipeline.model.config import flops_per_token  # noqa: E402
-from pipeline.parallel.config import ParallelConfig  # noqa: E402
-from pipeline.training.config import TrainConfig  # noqa: E402
+from pipeline.model.model_config import ModelConfig  # noqa: E402
+from pipeline.model.model_config import flops_per_token  # noqa: E402
+from pipeline.parallel.parallel_config import ParallelConfig  # noqa: E402
+from pipeline.training.train_config import TrainConfig  # noqa: E402
 from pipeline.training.peak_memory import peak_memory  # noqa: E402
 from pipeline.training.loop import device_peak_tflops  # noqa: E402
 

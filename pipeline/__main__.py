@@ -13,8 +13,9 @@ import hydra
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.config_origins import job_config_with_origins, shows_job_config
 from pipeline.config import (CONF_DIR, PLAN_TARGET, WORKFLOW_TARGETS, PipelineConfig, check_target, register_configs,
-                             validate)
+                             validate, with_base_model_rules)
 from pipeline.errors import ConfigError, StageError, StageInterrupted, os_error_message
 from pipeline.languages import UnknownLanguageError
 from pipeline.memory_fit import print_plan
@@ -29,7 +30,7 @@ _NO_RUN_FLAGS = {"--cfg", "-c", "--info", "-i", "--hydra-help", "--shell-complet
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> None:
     try:
-        config: PipelineConfig = OmegaConf.to_object(cfg)
+        config: PipelineConfig = with_base_model_rules(OmegaConf.to_object(cfg))
         validate(config)
         check_target(config)
         if config.stage in WORKFLOW_TARGETS:
@@ -109,6 +110,9 @@ def main() -> None:
         return
     sys.argv[1:] = command.argv
     register_configs(command.languages, command.base_shape)
+    if shows_job_config(command.argv):
+        print(job_config_with_origins(command.argv, command.base_shape))
+        return
     check_work_dir(command)
     # On a full disk the log file takes no more lines: each would print a traceback of logging's own on stderr,
     # above the one line that says what happened (the console still shows every line).

@@ -3,7 +3,7 @@ Hydra's ConfigStore.
 
 The YAML files under `conf/` give defaults; the dataclasses give types, so that a mistyped value
 (`clean.heldout_fraction=abc`) or an unknown key fails before any work starts. Each package owns its section
-and its checks (`corpus/config.py` has `clean`, `mixing/config.py` has `mix` ...); this module only puts
+and its checks (`corpus/clean_config.py` has `clean`, `mixing/mix_config.py` has `mix` ...); this module only puts
 them together. Each language of `conf/languages.yaml` becomes an option of the `lang` group, so `lang=nob` puts
 the whole entry, filter thresholds included, into the config where `--cfg job` shows it and overrides can change
 it (`lang.filters.line_punct_thr=0.15`).
@@ -22,33 +22,36 @@ from pathlib import Path
 from typing import Iterable, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 from pipeline.cluster import ClusterConfig, WorkflowConfig, validate_cluster
-from pipeline.corpus.config import CleanConfig, validate_clean
+from pipeline.corpus.clean_config import CleanConfig, validate_clean
 from pipeline.errors import ConfigError, closest_first
-from pipeline.evaluation.config import EvalConfig, validate_eval
+from pipeline.evaluation.eval_config import EvalConfig, validate_eval
 from pipeline.languages import LANGUAGES, LanguageConfig, language_config
-from pipeline.memory_fit.config import PlanConfig, validate_plan
-from pipeline.mixing.config import MixConfig, ReplayConfig, validate_mix, validate_replay
+from pipeline.memory_fit.plan_config import PlanConfig, validate_plan
+from pipeline.mixing.mix_config import MixConfig, ReplayConfig, validate_mix, validate_replay
 from pipeline.model.base_shape import check_base_shape
-from pipeline.model.config import ExportConfig, ModelConfig, validate_export, validate_model
-from pipeline.packing.config import PackConfig, validate_pack
-from pipeline.parallel.config import ParallelConfig, check_tensor_parallel, validate_parallel
-from pipeline.tokenization.config import TokenizerConfig, validate_tokenizer
-from pipeline.training.config import TrainConfig, validate_training
-from pipeline.warmstart.config import WarmupConfig, validate_warmup
+from pipeline.model.model_config import ExportConfig, ModelConfig, validate_export, validate_model
+from pipeline.packing.pack_config import PackConfig, validate_pack
+from pipeline.parallel.parallel_config import ParallelConfig, check_tensor_parallel, validate_parallel
+from pipeline.tokenization.tokenizer_config import TokenizerConfig, validate_tokenizer
+from pipeline.training.train_config import TrainConfig, validate_training
+from pipeline.warmup.warmup_config import WarmupConfig, validate_warmup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
 EMBEDDED_DATA_DIR = REPO_ROOT / "data"
-# Budgets and vocabulary whenever model.base is given (register_base_shape).
-PRETRAINED_BASE_DEFAULTS = CONF_DIR / "pretrained_base.yaml"
 KERNEL_BACKENDS = ("auto", "reference", "triton")  # pipeline/kernels/backend.py (which imports torch)
 
-# Appended to the command line when it gives model.base: after the preset, before the command line's own values.
-BASE_SHAPE_GROUP, BASE_SHAPE_NAME = "base_shape", "model_base"
-BASE_SHAPE_OVERRIDE = f"+{BASE_SHAPE_GROUP}={BASE_SHAPE_NAME}"
+# The scale group: `demo` (conf/scale/demo.yaml, CPU-sized budgets) for the demo's model, conf/config.yaml's default
+# preset without model.base; `full`, the defaults as they are, which the command line chooses for a model.base (whose
+# shape it merges over the preset's) or another preset (pipeline/overrides.py: with_full_scale).
+SCALE_GROUP, FULL_SCALE, DEMO_MODEL = "scale", "full", "tiny"
+FULL_SCALE_OVERRIDE = f"{SCALE_GROUP}={FULL_SCALE}"
+
+# Keys whose default depends on whether a base model is given (null in the dataclasses): (with model.base, without).
+BASE_MODEL_RULES = {"tokenizer.extend_base": (True, False)}
 
 PRETRAIN_INITS = ("warmup", "hf", "scratch")
 RESUME = ("auto", "never")
@@ -103,9 +106,8 @@ class PipelineConfig:
 
 def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Optional[dict] = None) -> None:
     """Register the schema, a `lang` option for each of `languages` (None: every language of the table) and the
-    shape of `model.base` (pipeline/model/base_shape.py), which BASE_SHAPE_OVERRIDE merges over the `model=`
-    preset's (as a config, not as `model.<key>=` overrides: OmegaConf cannot merge a rope_scaling dict over a
-    preset's null).
+    `scale=full` option with the shape of `model.base` (pipeline/model/base_shape.py; None: the preset's, without a
+    base or for one only Hydra resolves).
 
     Only the languages a run names are registered (the command line knows them, pipeline/overrides.py): Hydra
     copies the whole ConfigStore each time it looks up a config group, so all 76 entries made `--cfg job` take
@@ -116,16 +118,24 @@ def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Opti
     cs.store(group="model", name="model_schema", node=ModelConfig)
     for code in LANGUAGES if languages is None else languages:
         cs.store(group="lang", name=code, node=language_config(code, LANGUAGES[code]))
-    if base_shape is not None:
-        register_base_shape(base_shape)
+    register_full_scale(base_shape)
 
 
-def register_base_shape(shape: dict) -> None:
-    """The option BASE_SHAPE_OVERRIDE selects: `model.base`'s shape over the `model=` preset's, and the defaults of
-    continued pretraining from a real base (conf/pretrained_base.yaml) over the preset's budgets and vocabulary."""
-    defaults = OmegaConf.to_container(OmegaConf.load(PRETRAINED_BASE_DEFAULTS))
-    ConfigStore.instance().store(group=BASE_SHAPE_GROUP, name=BASE_SHAPE_NAME, node={**defaults, "model": shape},
+def register_full_scale(shape: Optional[dict]) -> None:
+    """The option FULL_SCALE_OVERRIDE selects: the defaults as they are, and `model.base`'s shape over the `model=`
+    preset's (as a config, not as `model.<key>=` overrides: OmegaConf cannot merge a rope_scaling dict over a
+    preset's null)."""
+    ConfigStore.instance().store(group=SCALE_GROUP, name=FULL_SCALE, node={"model": shape or {}},
                                  package="_global_")
+
+
+def with_base_model_rules(cfg: PipelineConfig) -> PipelineConfig:
+    """`cfg` with each key of BASE_MODEL_RULES that no layer set (still null) set by whether model.base is given."""
+    for key, (with_base, without) in BASE_MODEL_RULES.items():
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) is None:
+            setattr(getattr(cfg, section), name, with_base if cfg.model.base is not None else without)
+    return cfg
 
 
 def validate(cfg: PipelineConfig) -> None:

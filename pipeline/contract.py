@@ -26,7 +26,7 @@ import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 from omegaconf import OmegaConf
 
@@ -35,10 +35,21 @@ from pipeline.config_keys import differences, drop, matches_any
 from pipeline.errors import StageError
 from pipeline.json_files import write_json_atomic
 from pipeline.stage_lock import stage_lock
-from pipeline.work_folder import MARKER, read_marker, stage_dir
+from pipeline.work_folder import MARKER, OutputFile, read_marker, stage_dir
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class StageOutputHandle(Protocol):
+    """What `StageRun.output` makes: a handle to a stage's output folder (pipeline/stage_outputs.py)."""
+
+    stage: str
+
+    def __init__(self, folder: Path) -> None: ...
+
+
+H = TypeVar("H", bound=StageOutputHandle)
 
 # Where a stage runs on a cluster: a job on the CPU partition; one process on one GPU; or parallel.tp x pp x dp
 # training ranks, one per GPU, that the stage starts with srun inside its allocation (pipeline/training/).
@@ -110,21 +121,38 @@ class StageRun:
     def has_input(self, stage: str) -> bool:
         return stage in self.upstream
 
-    def input_file(self, stage: str, name: str) -> Path:
-        """A file (or folder) of an earlier stage's output, which must be there since that stage finished."""
-        path = self.input(stage) / name
-        if not path.exists():
-            raise self._damaged(stage, path, "it is missing")
-        return path
+    def output(self, handle: type[H]) -> H:
+        """The typed handle (pipeline/stage_outputs.py: `run.output(MixOutput).plan`) to the finished output of an
+        earlier stage that this stage declares it reads."""
+        return handle(self.input(handle.stage))
 
-    def read_input(self, stage: str, name: str, read: Callable[[Path], T]) -> T:
-        """`read(path)` of a file of an earlier stage's output; a damaged file (truncated by a full disk, a copy cut
-        short) fails naming the file and the stage that made it, instead of a bare parser error."""
-        path = self.input_file(stage, name)
+    def output_if_done(self, handle: type[H]) -> Optional[H]:
+        """`output`, for a stage this one reads when it is done (Stage.reads_if_done); None when it is not."""
+        return self.output(handle) if self.has_input(handle.stage) else None
+
+    def input_file(self, file: OutputFile) -> Path:
+        """A file of an earlier stage's output, which must be there since that stage finished."""
+        stage = self._written_by(file.path)
+        if not file.path.exists():
+            raise self._damaged(stage, file.path, "it is missing")
+        return file.path
+
+    def read_input(self, file: OutputFile[T]) -> T:
+        """`file.read(path)` of a file of an earlier stage's output; a damaged file (truncated by a full disk, a copy
+        cut short) fails naming the file and the stage that made it, instead of a bare parser error."""
+        path = self.input_file(file)
         try:
-            return read(path)
+            return file.read(path)
         except Exception as error:  # each reader fails its own way: JSON, tokenizers, safetensors, numpy
-            raise self._damaged(stage, path, f"it cannot be read: {error}") from None
+            raise self._damaged(self._written_by(path), path, f"it cannot be read: {error}") from None
+
+    def _written_by(self, path: Path) -> str:
+        """The earlier stage whose output folder holds `path`."""
+        for stage, folder in self.upstream.items():
+            if Path(path).is_relative_to(folder):
+                return stage
+        raise StageError(f"stage `{self.stage}` reads {path}, which is in no output of a stage it declares; this is "
+                         f"a bug, please report it.")
 
     def _damaged(self, stage: str, path: Path, what: str) -> StageError:
         # The contract skips a stage whose marker matches, whatever its files look like: the marker must go.

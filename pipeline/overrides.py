@@ -16,7 +16,7 @@ from typing import Any, Optional
 from omegaconf.errors import ValidationError
 from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
-from pipeline.config import (BASE_SHAPE_GROUP, BASE_SHAPE_OVERRIDE, PLAN_TARGET, TARGETS, WORKFLOW_TARGETS,
+from pipeline.config import (DEMO_MODEL, FULL_SCALE_OVERRIDE, PLAN_TARGET, SCALE_GROUP, TARGETS, WORKFLOW_TARGETS,
                              PipelineConfig)
 from pipeline.errors import closest_first
 from pipeline.languages import resolve_language, resolve_languages
@@ -27,7 +27,7 @@ from pipeline.model.hf_config import CheckpointError
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                      "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
 _HELP_FLAGS = {"--help", "-h"}
-_CONFIG_GROUPS = {"lang", "cluster", "mix", "model"}
+_CONFIG_GROUPS = {"lang", "cluster", "mix", "model", SCALE_GROUP}
 # A leaf's type -> the OmegaConf node that converts a command-line value to it, and how to name the type.
 _TYPED_NODES = {int: (IntegerNode, "an integer"), float: (FloatNode, "a number"),
                 bool: (BooleanNode, "true or false")}
@@ -46,7 +46,7 @@ class CommandLine:
     languages: Optional[tuple[str, ...]] = ()
     # `--help`: the usage text, without composing any config.
     help: bool = False
-    # model.base's shape, to merge over the preset's (pipeline/config.py, BASE_SHAPE_OVERRIDE).
+    # model.base's shape, to merge over the preset's (pipeline/config.py, FULL_SCALE_OVERRIDE).
     base_shape: Optional[dict] = None
 
 
@@ -139,6 +139,10 @@ def _is_sweep_function(value: str) -> bool:
     return any(value.startswith(f"{fn}(") for fn in ("choice", "range", "glob", "interval", "sort", "shuffle"))
 
 
+def _is_sweep(value: str) -> bool:
+    return "," in value or _is_sweep_function(value)
+
+
 def _parsed_path(override: str) -> Optional[str]:
     """The value of `key=value` as Hydra reads it (quotes and escapes resolved, e.g. a path with spaces); None for a
     sweep over several values."""
@@ -148,10 +152,14 @@ def _parsed_path(override: str) -> Optional[str]:
     return None if parsed.is_sweep_override() else str(parsed.value())
 
 
+def _given_base(value: Optional[str]) -> bool:
+    return value not in (None, "null")
+
+
 def shape_of_base(base: Optional[str]) -> Optional[dict]:
-    """The model shape that `model.base=<base>` (the value as typed) gives, for BASE_SHAPE_OVERRIDE; None without a
+    """The model shape that `model.base=<base>` (the value as typed) gives, for FULL_SCALE_OVERRIDE; None without a
     base, or for an interpolation (resolved later) or a sweep (several bases): the config check compares those."""
-    path = None if base in (None, "null") or "${" in base else _parsed_path(f"model.base={base}")
+    path = _parsed_path(f"model.base={base}") if _given_base(base) and "${" not in base else None
     if path is None:
         return None
     try:
@@ -160,11 +168,17 @@ def shape_of_base(base: Optional[str]) -> Optional[dict]:
         raise OverrideError(f"model.base={base}: {error}") from None
 
 
-def shape_of_overrides(overrides: list[str]) -> Optional[dict]:
-    """`shape_of_base` for the last `model.base=` of a list of overrides (a workflow's recorded ones)."""
-    parsed = [split for split in map(_split_override, overrides) if split is not None]
-    bases = [value for _, key, value in parsed if key == "model.base"]
-    return shape_of_base(bases[-1]) if bases else None
+def with_full_scale(overrides: list[str]) -> tuple[list[str], Optional[dict]]:
+    """`overrides` (`key=value` arguments, flags allowed) with `scale=full` after their last `model.base=` or `model=`
+    when they give a base or a preset other than the demo's and choose no scale themselves; and the base's shape."""
+    parsed = {key: value for _, key, value in filter(None, map(_split_override, overrides))}
+    base, preset = _given_base(parsed.get("model.base")), parsed.get("model", DEMO_MODEL)
+    if SCALE_GROUP in parsed or not (base or preset != DEMO_MODEL and not _is_sweep(preset)):
+        return overrides, None
+    # Among the overrides, not after a flag such as `--cfg job`, which would end Hydra's list of them.
+    last = max(i for i, arg in enumerate(overrides) if override_key(arg) in ("model.base", "model"))
+    return ([*overrides[:last + 1], FULL_SCALE_OVERRIDE, *overrides[last + 1:]],
+            shape_of_base(parsed["model.base"]) if base else None)
 
 
 def preflight(argv: list[str]) -> CommandLine:
@@ -213,11 +227,7 @@ def preflight(argv: list[str]) -> CommandLine:
             if leaf is not None:
                 check_value(key, value, leaf)
         out.append(f"{key}={value}")
-    shape = shape_of_base(seen.get("model.base"))
-    if shape is not None and BASE_SHAPE_GROUP not in seen:
-        # Among the overrides, not after a flag such as `--cfg job`, which would end Hydra's list of them.
-        last = max(i for i, arg in enumerate(out) if override_key(arg) == "model.base")
-        out.insert(last + 1, BASE_SHAPE_OVERRIDE)
+    out, shape = with_full_scale(out)
     if hydra_help and "lang" not in seen:
         out.append("lang=nob")  # Hydra composes the config even for --hydra-help; any language will do
         languages = ["nob"]

@@ -1,16 +1,19 @@
 """The work folder's layout, which every stage and the libraries that read earlier stages' outputs share: each stage's
 output at `${work_dir}/<lang>/<stage>/`, finished when its marker `_SUCCESS.json` is there, and paths inside the work
 folder recorded relative to it (`${work_dir}/eng/clean`), so that a moved or copied work folder stays current. How a
-stage comes to write there (partial folders, hashes, the lock) is pipeline/contract.py's."""
+stage comes to write there (partial folders, hashes, the lock) is pipeline/contract.py's; which files each stage's output
+holds, pipeline/stage_outputs.py's."""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Generic, Optional, TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MARKER = "_SUCCESS.json"
 WORK_DIR_PREFIX = "${work_dir}/"
@@ -23,9 +26,14 @@ def stage_dir(cfg, stage: str) -> Path:
 
 def portable_path(cfg, path) -> str:
     """How the contract records a path: `${work_dir}/eng/clean` inside the work folder, else absolute."""
+    return record_path(cfg.work_dir, path)
+
+
+def record_path(work_dir: str, path) -> str:
+    """`portable_path` in the work folder `work_dir`, for the libraries, which take it rather than the config."""
     absolute = Path(path).absolute().resolve()
     try:
-        return WORK_DIR_PREFIX + str(absolute.relative_to(Path(cfg.work_dir).absolute().resolve()))
+        return WORK_DIR_PREFIX + str(absolute.relative_to(Path(work_dir).absolute().resolve()))
     except ValueError:
         return str(absolute)
 
@@ -59,3 +67,12 @@ def read_marker(directory: Path) -> Optional[dict]:
     except json.JSONDecodeError:
         log.warning("Ignoring unreadable marker %s; the stage will run again.", path)
         return None
+
+
+@dataclass(frozen=True)
+class OutputFile(Generic[T]):
+    """A file of a stage's output and how it is read: what `StageRun.read_input` takes, so that a stage reads an
+    earlier output's file with its reader and a damaged one fails naming the stage that wrote it."""
+
+    path: Path
+    read: Callable[[Path], T]

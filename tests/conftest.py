@@ -200,7 +200,7 @@ LONGEST_FIRST = ("test_pretrain", "test_evaluate_tasks", "test_interrupted_commi
                  "test_workflow_slurm", "test_pack_stage", "test_demo", "test_tensor_parallel", "test_base_models",
                  "test_clean_languages", "test_pretrain_slurm", "test_training_budget", "test_clean_nob",
                  "test_workflow", "test_mix_stage", "test_clean_slurm", "test_evaluate", "test_safety",
-                 "test_clean_bad_input", "test_small_languages", "test_collectives", "test_warmup_transfer",
+                 "test_clean_bad_input", "test_small_languages", "test_collectives",
                  "test_forked_commands")
 
 

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.config import REPO_ROOT
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.hf_export import to_hf
 from pipeline.model.transformer import Transformer
-from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
+from pipeline.tokenization.tokenizer_config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import write_tokenizer_folder
 from pipeline.tokenization.training import train_tokenizer
 

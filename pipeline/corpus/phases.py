@@ -1,6 +1,7 @@
 """The clean stage's datatrove pipeline: its filters, its four phases, the executors that run them (local processes
 or Slurm jobs), the statistics summed into metrics and the held-out top-up's plan. Plain values in (the work folder,
-the `clean` section, the language's table entry): pipeline/stages/clean.py runs it under the stage contract.
+the `clean` section, the language's table entry): cleaning.py runs it, pipeline/stages/clean.py under the stage
+contract.
 
 1. read (bad records counted, never fatal) -> language ID -> Gopher repetition -> Gopher quality
    -> C4 (off by default) -> FineWeb quality -> intermediate shards + MinHash signatures;
@@ -20,7 +21,7 @@ import logging
 from pathlib import Path
 
 from pipeline.cluster import ClusterConfig
-from pipeline.corpus.config import CleanConfig
+from pipeline.corpus.clean_config import CleanConfig
 from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
 from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, choose_top_up
 from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 FILTER_PHASE, BUCKETS_PHASE = "1_filter", "2_minhash_buckets"
 CLUSTER_PHASE, SPLIT_PHASE = "3_minhash_clusters", "4_dedup_split"
 TALLIES = "source_counts"
-# The commit's statistics and the documents it moves to the held-out split (CommitWhenDone).
+# The commit's statistics and the documents it moves to the held-out split (cleaning.finish_output).
 COMMIT_PLAN = "commit_plan.json"
 # What the phases write for the phases after them and the commit: gone once the marker is written.
 INTERMEDIATE = ("filtered", "minhash", TALLIES, COMMIT_PLAN)

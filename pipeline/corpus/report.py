@@ -15,6 +15,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+# The clean stage's report, beside its splits.
+REPORT_TEXT_FILE = "report.md"
 _SPLITS = (("train", "out"), ("held out", "heldout"), ("held-out source", "heldout_source"))
 
 

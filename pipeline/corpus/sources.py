@@ -15,10 +15,11 @@ from typing import Callable, Iterator, TypeVar
 from tqdm import tqdm
 
 from pipeline.corpus.reader import RawCorpusReader, find_raw_files, fingerprint_files
+from pipeline.corpus.report import REPORT_TEXT_FILE
 from pipeline.work_folder import read_marker
 
 CLEAN_OUTPUT, RAW_FOLDER = "clean output", "raw folder"
-CLEAN_SPLITS = ("train", "heldout", "heldout_source")
+CLEAN_SPLITS = (TRAIN_SPLIT, HELDOUT_SPLIT, HELDOUT_SOURCE_SPLIT) = ("train", "heldout", "heldout_source")
 T = TypeVar("T")
 
 
@@ -34,7 +35,7 @@ class SourceInput:
     fingerprint: dict
 
 
-def clean_output(name: str, path: Path, split: str = "train") -> SourceInput:
+def clean_output(name: str, path: Path, split: str = TRAIN_SPLIT) -> SourceInput:
     """A finished clean stage output (its marker exists); the shards of one of its splits are the source: `train/`,
     `heldout/` (by document id) or `heldout_source/` (whole raw files held out, `clean.heldout_sources`). An empty
     split, or one that an older clean did not write, is a source without files."""
@@ -44,6 +45,14 @@ def clean_output(name: str, path: Path, split: str = "train") -> SourceInput:
     files = tuple(find_raw_files(path / split))
     return SourceInput(name, path, CLEAN_OUTPUT, path / split, files,
                        {"kind": CLEAN_OUTPUT, "config_hash": marker["config_hash"]})
+
+
+def what_clean_kept(path: Path) -> str:
+    """What the finished clean output `path` kept, rejected and could not read, for messages about its text."""
+    kept = read_marker(path)["metrics"]
+    rejected = ", ".join(f"{name} {count:,}" for name, count in kept["rejected"].items() if count) or "none"
+    return (f"{kept['docs_out']:,} of {kept['docs_in']:,} documents kept, rejected by {rejected}, "
+            f"{kept['bad_records']:,} bad records ({path / REPORT_TEXT_FILE})")
 
 
 def raw_folder(name: str, path: Path) -> SourceInput:

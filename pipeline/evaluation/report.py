@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+# The evaluate stage's output: the report as data and as text, the plots beside them.
+REPORT_FILE, REPORT_TEXT_FILE = "report.json", "report.md"
 BPB_PLOT = "bpb.png"
 CURVES_PLOT = "training_curves.png"
 TRAINING_STAGES = {"warmup", "pretrain"}

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from pipeline.evaluation.config import TaskConfig
+from pipeline.evaluation.eval_config import TaskConfig
 
 SOURCE_TASK, CONTINUATION_TASK = "source", "continuation"
 MIN_PARAGRAPH_CHARS, MAX_PARAGRAPH_CHARS = 40, 300

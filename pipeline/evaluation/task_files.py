@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Union
 
 from pipeline.errors import StageError
-from pipeline.evaluation.config import TaskConfig, task_name
+from pipeline.evaluation.eval_config import TaskConfig, task_name
 
 SIB_SPLITS = ("train", "dev", "test")
 SIB_COLUMNS = ("index_id", "category", "text")

@@ -21,13 +21,12 @@ from typing import Iterator, Optional
 
 from pipeline.corpus.heldout import is_heldout_source
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files
-from pipeline.corpus.sources import RAW_FOLDER, SourceInput, clean_output, read_documents
+from pipeline.corpus.sources import (HELDOUT_SOURCE_SPLIT, HELDOUT_SPLIT, RAW_FOLDER, SourceInput, clean_output,
+                                     read_documents)
 from pipeline.languages import LANGUAGES, language_config
 from pipeline.work_folder import read_marker, stage_dir
 
 HELDOUT, HELDOUT_SOURCE, BASE_LANG = "heldout", "heldout_source", "base_lang"
-# The clean stage's splits that hold evaluation text.
-HELDOUT_SPLIT, HELDOUT_SOURCE_SPLIT = "heldout", "heldout_source"
 
 
 def _is_raw(path: Path) -> bool:

@@ -20,13 +20,12 @@ the switch):
   and its attention output, or the previous block's MLP output); the backward adds total's own gradient into the
   norm's.
 - `linear_cross_entropy(hidden, weight, targets, ignore_index=-100, chunk_size=None, reduction="mean",
-  shard=None, gated=None)`: the mean (or sum) cross-entropy of the LM head `hidden @ weight.T` (hidden (..., d),
+  shard=None)`: the mean (or sum) cross-entropy of the LM head `hidden @ weight.T` (hidden (..., d),
   weight (vocab, d), targets hidden.shape[:-1]) over the targets that are not `ignore_index`, computed `chunk_size` rows
   at a time (default: ~128M logits per chunk) so that the whole (tokens, vocab) logits never exist; gradients flow
   to hidden and weight. With `shard` (a `VocabShard`), `weight` is this rank's real rows of a head cut by
   vocabulary, the statistics are combined over the ranks and the chunks follow the shard's full size, the same on
-  every rank (fused_head.py). With `gated` (a `GatedRows`), the weight's rows below `gated.end` learn only from
-  the tokens that `gated.learns` marks (none when it is None).
+  every rank (fused_head.py).
 - `vocab_shard_statistics(logits, targets, vocab_start=0) -> (lse, target_logit)`: the building block of a
   vocab-parallel cross-entropy. For a (rows, shard_vocab) logits shard holding the ids vocab_start ..
   vocab_start + shard_vocab - 1: per row, the float32 log-sum-exp over the shard and the logit of the row's
@@ -45,7 +44,7 @@ import torch
 
 from pipeline.kernels import reference
 from pipeline.kernels.backend import get_backend, kernel_backend, set_backend, use_triton
-from pipeline.kernels.fused_head import GatedRows, VocabShard, fused_linear_cross_entropy
+from pipeline.kernels.fused_head import VocabShard, fused_linear_cross_entropy
 from pipeline.kernels.reference import unstack_qkv
 
 
@@ -124,13 +123,13 @@ def add_layer_norm(x: torch.Tensor, addend: torch.Tensor, weight: torch.Tensor, 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
                          chunk_size: Optional[int] = None, reduction: str = "mean",
-                         shard: Optional[VocabShard] = None, gated: Optional[GatedRows] = None) -> torch.Tensor:
+                         shard: Optional[VocabShard] = None) -> torch.Tensor:
     if use_triton(hidden):
         from pipeline.kernels.cross_entropy import ROW_PRIMITIVES
     else:
         ROW_PRIMITIVES = reference.ROW_PRIMITIVES
     return fused_linear_cross_entropy(hidden, weight, targets, ROW_PRIMITIVES, ignore_index, chunk_size, reduction,
-                                      shard, gated)
+                                      shard)
 
 
 def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
@@ -141,6 +140,6 @@ def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
     return reference.vocab_shard_statistics(logits, targets, vocab_start)
 
 
-__all__ = ["GatedRows", "VocabShard", "add_layer_norm", "add_rms_norm", "flash_attention", "get_backend",
+__all__ = ["VocabShard", "add_layer_norm", "add_rms_norm", "flash_attention", "get_backend",
            "kernel_backend", "layer_norm", "linear_cross_entropy", "rms_norm", "set_backend", "stacked_flash_attention",
            "unstack_qkv", "vocab_shard_statistics"]

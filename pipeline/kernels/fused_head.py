@@ -7,9 +7,6 @@ summed); the loss; and at once the gradient of the logits, (softmax - one-hot) x
 written over the logits, from which the chunk's gradients of the rows and of the weight follow by two matmuls.
 The backward only scales those by the incoming gradient. Under tensor parallelism the rows' gradient is this
 shard's part: the caller sums it over the ranks (the head's input goes through an all-reduce in the backward).
-With `GatedRows` the weight's leading rows take their gradient only from the tokens it marks (a warm start's base
-rows, which only the base's own language may move): their part of the weight's gradient is a matmul of its own
-over the marked rows of the chunk.
 
 The per-row primitives come from the backend: the Triton kernels of cross_entropy.py on a GPU, their PyTorch
 twins in reference.py elsewhere.
@@ -43,20 +40,6 @@ class VocabShard:
 
 
 @dataclass(frozen=True)
-class GatedRows:
-    """The vocabulary rows below id `end` (counted over all shards) learn only from the tokens where `learns` holds:
-    a bool tensor that broadcasts to the targets' shape, e.g. (batch, 1) for whole sequences; None: from no token."""
-
-    end: int
-    learns: Optional[torch.Tensor] = None
-
-    def keeps(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Where an embedding lookup of `token_ids` passes its gradient on: rows from `end` on, and marked tokens."""
-        keep = token_ids >= self.end
-        return keep if self.learns is None else keep | self.learns
-
-
-@dataclass(frozen=True)
 class RowPrimitives:
     # (logits (rows, cols), targets (rows,), vocab_start) -> (lse, target logit) per row, float32; the target's
     # logit is 0 where the columns do not hold it.
@@ -81,18 +64,15 @@ def _combined(lse: torch.Tensor, target_logit: torch.Tensor, shard: Optional[Voc
 class _FusedHeadLoss(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops, gated):
+    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops):
         rows = hidden.reshape(-1, hidden.shape[-1])
         rows = rows if rows.stride(-1) == 1 else rows.contiguous()
-        shape, targets = targets.shape, targets.reshape(-1).contiguous()
+        targets = targets.reshape(-1).contiguous()
         valid = targets != ignore_index
         # each row's weight in the loss: 1/n_valid for the mean over the rows that count, 1 for their sum
         divisor = valid.sum().clamp(min=1).float() if reduction == "mean" else 1.0
         row_scale = valid.float() / divisor
         start = 0 if shard is None else shard.start
-        # This shard's gated rows, and which tokens they learn from.
-        gated_here = 0 if gated is None else min(max(gated.end - start, 0), weight.shape[0])
-        learns = None if gated is None or gated.learns is None else gated.learns.expand(shape).reshape(-1)
         grad_rows = torch.empty_like(rows) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         loss = torch.zeros((), device=rows.device, dtype=torch.float32)
@@ -114,10 +94,7 @@ class _FusedHeadLoss(torch.autograd.Function):
             if grad_rows is not None:
                 torch.matmul(logits, weight, out=grad_rows[chunk])
             if grad_weight is not None:
-                grad_weight[gated_here:].addmm_(logits[:, gated_here:].t(), rows[chunk])
-                if gated_here and learns is not None:
-                    marked = rows[chunk].masked_fill(~learns[chunk, None], 0)
-                    grad_weight[:gated_here].addmm_(logits[:, :gated_here].t(), marked)
+                grad_weight.addmm_(logits.t(), rows[chunk])
         ctx.save_for_backward(grad_rows, grad_weight)
         ctx.hidden_shape = hidden.shape
         return loss / divisor
@@ -126,13 +103,12 @@ class _FusedHeadLoss(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_rows, grad_weight = ctx.saved_tensors
         grad_hidden = (grad_rows * grad_loss).view(ctx.hidden_shape) if grad_rows is not None else None
-        return grad_hidden, grad_weight * grad_loss if grad_weight is not None else None, *([None] * 7)
+        return grad_hidden, grad_weight * grad_loss if grad_weight is not None else None, *([None] * 6)
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                ops: RowPrimitives, ignore_index: int = -100, chunk_size: Optional[int] = None,
-                               reduction: str = "mean", shard: Optional[VocabShard] = None,
-                               gated: Optional[GatedRows] = None) -> torch.Tensor:
+                               reduction: str = "mean", shard: Optional[VocabShard] = None) -> torch.Tensor:
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"linear_cross_entropy: hidden {tuple(hidden.shape)} needs one target per row; targets "
                          f"are {tuple(targets.shape)}")
@@ -145,4 +121,4 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
                              f"shard's size {shard.size}")
         head_rows = shard.size  # the same on every rank: so are the chunks
     chunk_size = chunk_size or max(1, CHUNK_LOGIT_ELEMENTS // max(1, head_rows))
-    return _FusedHeadLoss.apply(hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops, gated)
+    return _FusedHeadLoss.apply(hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pipeline.memory_fit.check import (LayoutError, check_layout, fitting_micro_batch, node_filling_layout,
                                        plan_for_config, print_plan)
-from pipeline.memory_fit.config import PlanConfig, validate_plan
+from pipeline.memory_fit.plan_config import PlanConfig, validate_plan
 
 __all__ = ["LayoutError", "PlanConfig", "check_layout", "fitting_micro_batch", "node_filling_layout", "plan_for_config",
            "print_plan", "validate_plan"]

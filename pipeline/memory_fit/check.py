@@ -14,9 +14,9 @@ from pipeline.errors import StageError
 from pipeline.memory_fit.devices import GIB, resolve_device
 from pipeline.memory_fit.layout import Layout
 from pipeline.memory_fit.plan import Plan, make_plan, numerics_for, smallest_fitting, with_layout
-from pipeline.model.config import ModelConfig, parameter_count, training_seq_len, uneven_for_tensor_parallel
-from pipeline.parallel.config import ParallelConfig
-from pipeline.training.config import TrainConfig
+from pipeline.model.model_config import ModelConfig, parameter_count, training_seq_len, uneven_for_tensor_parallel
+from pipeline.parallel.parallel_config import ParallelConfig
+from pipeline.training.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
 

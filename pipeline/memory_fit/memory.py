@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.memory_fit.layout import Layout, blocks_per_stage
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 
 # DeepSpeed's ZeRO default `reduce_bucket_size` (the engine does not set it), in values.
 REDUCE_BUCKET = 500_000_000

@@ -12,7 +12,7 @@ from typing import Optional
 from pipeline.memory_fit.devices import Device
 from pipeline.memory_fit.layout import Layout
 from pipeline.memory_fit.memory import Numerics, StageMemory, stage_memory
-from pipeline.model.config import ModelConfig, uneven_for_tensor_parallel
+from pipeline.model.model_config import ModelConfig, uneven_for_tensor_parallel
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,7 @@ def plan_mixture(budget: int, target: Source, others: Sequence[Source]) -> Plan:
     return Plan(budget, (target_allocation, *fixed, *fillers))
 
 
-# plan.json's `budget_from` when the user fixed the budget (pipeline/stages/mix.py).
+# plan.json's `budget_from` when the user fixed the budget (estimate.py).
 FIXED_BUDGET = "mix.tokens"
 
 

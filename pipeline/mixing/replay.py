@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pipeline.errors import StageError
-from pipeline.mixing.config import ReplayConfig
+from pipeline.mixing.mix_config import ReplayConfig
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional, Sequence
 
 from pipeline.corpus.report import tokens_text
+from pipeline.json_files import write_json_atomic
 from pipeline.mixing.planner import FIXED_RATIO, FORMULA, REFERENCE, R_STAR, Allocation, Plan, epoch_values
 from pipeline.mixing.rehydration import Rehydration
 
+# The mix stage's output: the plan the later stages follow, and the same as text for people.
+PLAN_FILE, PLAN_TEXT_FILE = "plan.json", "plan.md"
 TOKEN_ESTIMATE = ("UTF-8 bytes / bytes_per_token of the source's script (mix.bytes_per_token): estimates until "
                   "the pack stage counts exact tokens")
 
@@ -154,3 +158,27 @@ def markdown(document: dict) -> str:
         lines += _rehydration_markdown(document["rehydration"])
     lines += ["", f"Tokens are {document['token_estimate']}. Effective tokens: {FORMULA} ({REFERENCE}).", ""]
     return "\n".join(lines)
+
+
+def write_plan(folder: Path, document: dict) -> None:
+    write_json_atomic(folder / PLAN_FILE, document)
+    (folder / PLAN_TEXT_FILE).write_text(markdown(document), encoding="utf-8")
+
+
+def plan_metrics(document: dict, rehydration: bool) -> dict:
+    """The mix stage's marker metrics: the plan's totals, per source its epochs and effective tokens, and whether
+    `mix.rehydration` is on."""
+    by_source = {s["name"]: s for s in document["sources"]}
+    return {
+        "budget_tokens": document["budget_tokens"],
+        "planned_tokens": document["planned_tokens"],
+        "budget_met": document["budget_met"],
+        "shortfall_tokens": document["shortfall_tokens"],
+        "effective_tokens": document["effective_tokens"],
+        "unique_tokens_est": {name: s["unique_tokens_est"] for name, s in by_source.items()},
+        "epochs": {name: s["epochs"] for name, s in by_source.items()},
+        "tokens": {name: s["tokens"] for name, s in by_source.items()},
+        "effective_tokens_by_source": {name: s["effective_tokens"] for name, s in by_source.items()},
+        "skipped_sources": [s["name"] for s in document["skipped_sources"]],
+        "rehydration": rehydration,
+    }

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from pipeline.errors import ConfigError
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.hf_config import CONFIG_FILE, CheckpointError, read_config
 
 CHECKPOINT_CONFIG = "model_config.json"

@@ -8,19 +8,22 @@ configured one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
+from typing import Optional
 
 import torch
 from tokenizers import Tokenizer
 
 from pipeline.errors import StageError
 from pipeline.model.base_shape import CHECKPOINT_CONFIG
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.hf_import import HFTensors
-from pipeline.model.model_tensors import CheckpointTensors, ModelTensors, ModuleTensors, build_model, write_checkpoint
+from pipeline.model.model_tensors import (CheckpointTensors, ModelTensors, ModuleTensors, ScratchTensors, StartingModel,
+                                          build_model, write_checkpoint)
 from pipeline.model.transformer import Transformer
-from pipeline.tokenization.folder import TOKENIZER_FILE
+from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
 from pipeline.work_folder import output_identity
 
 # Fields that define the body: they must agree between the configured model and the base.
@@ -106,3 +109,41 @@ def check_fit(configured: ModelConfig, base: ModelConfig, base_path: str, base_t
         raise StageError(f"The base tokenizer ({base_path}/{TOKENIZER_FILE}) has {base_tokenizer.get_vocab_size()} "
                          f"tokens but the base model only {base.vocab_size} embedding rows: they do not belong "
                          f"together. Put the model's own tokenizer in {base_path}.")
+
+
+def pretrain_start(init: str, model: ModelConfig, seed: int, tokenizer: Tokenizer, *, base: Optional[str],
+                   warmup: Optional[tuple[Path, ModelTensors]], packed_with: Path, lang: str) -> StartingModel:
+    """Where continued pretraining starts (`init`): the warmup stage's checkpoint (`warmup`: its path and tensors),
+    the base model (which must use the pack's tokenizer, `tokenizer`, read from `packed_with`), or random weights,
+    each tensor drawn from its own seed so that every layout starts from the same model."""
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if init == "scratch":
+        tensors = ScratchTensors(dataclasses.replace(model, vocab_size=vocab), seed)
+        source = f"a random initialisation with model.init_std={model.init_std}"
+    elif init == "warmup":
+        source, tensors = warmup
+    else:
+        source = Path(base)
+        tensors = base_tensors(base)
+        if load_tokenizer(base).get_vocab() != tokenizer.get_vocab():
+            raise StageError(f"pretrain init=hf: the tokenizer of {source} is not the one the data was packed with "
+                             f"({packed_with}). Continue from a model that uses it (the warmup stage's output: "
+                             f"init=warmup, or its hf/ folder), or warm-start this base model first: "
+                             f"python -m pipeline stage=warmup lang={lang} model.base={source}")
+    check_fit(model, tensors.cfg, str(source), tokenizer)
+    if tensors.cfg.vocab_size != vocab:
+        raise StageError(f"pretrain: the model of {source} has {tensors.cfg.vocab_size} vocabulary rows, the pack's "
+                         f"tokenizer {vocab}; they must be the same (run warmup for this tokenizer).")
+    return StartingModel(tensors, f"pretrain: the starting model ({source})", "every training step would be "
+                         "skipped. Start from a sound model: run the stage that made it again, or check model.init_std.")
+
+
+def describe_pretrain_start(cfg) -> dict:
+    """Where pretraining's weights start when not from the warmup stage, for the stage contract: the base model's
+    files (init=hf)."""
+    if cfg.init == "hf":
+        if cfg.model.base is None:
+            raise StageError("pretrain init=hf needs model.base=<local Hugging Face folder> whose tokenizer is the "
+                             "pack's (e.g. work/<lang>/warmup/hf).")
+        return {"base_model": base_identity(cfg, cfg.model.base)}
+    return {}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pipeline.model.config import ModelConfig, RopeScaling, validate_model
+from pipeline.model.model_config import ModelConfig, RopeScaling, validate_model
 
 BLOOM, LLAMA, MISTRAL = "BloomForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"
 SUPPORTED_ARCHITECTURES = (BLOOM, LLAMA, MISTRAL)

@@ -17,14 +17,14 @@ from typing import Optional, Union
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.hf_config import (CONFIG_FILE, CheckpointError, architecture_for, config_to_hf,
                                       hf_tensor_name)
 from pipeline.model.hf_import import INDEX_FILE, SINGLE_FILE, fuse_bloom
 from pipeline.model.model_tensors import ModelTensors, ModuleTensors, model_shapes
 from pipeline.model.transformer import VOCAB_TENSORS, Transformer
 from pipeline.tensor_files import TensorFileWriter, dtype_name
-from pipeline.tokenization.config import SpecialTokens
+from pipeline.tokenization.tokenizer_config import SpecialTokens
 from pipeline.tokenization.folder import TOKENIZER_FILE, TrainedTokenizer, special_token_strings, write_tokenizer_folder
 
 # The files of a tokenizer folder that travel with the model (transformers' fast and SentencePiece tokenizers).

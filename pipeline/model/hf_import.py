@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.hf_config import (CheckpointError, hf_tensor_name, read_config, read_json,
                                       tensor_names)
 from pipeline.model.model_tensors import ModelTensors, build_model, model_shapes

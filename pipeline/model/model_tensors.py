@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.hf_config import CheckpointError
 from pipeline.model.transformer import Transformer, initialise
 from pipeline.tensor_files import TensorFileReader, TensorFileWriter, dtype_name

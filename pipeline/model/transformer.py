@@ -25,7 +25,7 @@ from torch import nn
 
 from pipeline.kernels import (add_layer_norm, add_rms_norm, flash_attention, layer_norm, rms_norm,
                               stacked_flash_attention, unstack_qkv)
-from pipeline.model.config import ModelConfig, RopeScaling
+from pipeline.model.model_config import ModelConfig, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -195,20 +195,6 @@ class Block(nn.Module):
         return x, self.mlp(normed)
 
 
-def gradient_where(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """`x` as it is, its gradient passed on only at the positions `keep` marks (x's shape without its last dim)."""
-    return torch.where(keep.unsqueeze(-1), x, x.detach())
-
-
-class TokenEmbedding(nn.Embedding):
-    """nn.Embedding whose rows learn only from the positions `keep` marks, when given (pipeline/parallel's
-    VocabParallelEmbedding takes the same arguments)."""
-
-    def forward(self, token_ids: torch.Tensor, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-        rows = super().forward(token_ids)
-        return rows if keep is None else gradient_where(rows, keep)
-
-
 class Embedding(nn.Module):
     """Token ids -> vectors, with BLOOM's LayerNorm after the lookup when configured."""
 
@@ -219,12 +205,11 @@ class Embedding(nn.Module):
         weight = torch.empty(cfg.padded_vocab_size, cfg.hidden_size)
         if not weight.is_meta:
             nn.init.normal_(weight)
-        self.tokens = TokenEmbedding(cfg.padded_vocab_size, cfg.hidden_size, _weight=weight)
+        self.tokens = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size, _weight=weight)
         self.norm = make_norm(cfg) if cfg.embedding_norm else None
 
-    def forward(self, input_ids: torch.Tensor, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """`keep`: the positions whose lookup passes its gradient to the rows (None: all of them)."""
-        x = self.tokens(input_ids, keep)
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(input_ids)
         return x if self.norm is None else self.norm(x)
 
 

@@ -191,7 +191,7 @@ def scale_leading_row_steps(engine, matrices: list[nn.Parameter], rows: int, sca
     learning rate of their own for part of a tensor, which param groups (whole tensors) cannot give. The step is
     scaled in ZeRO's fp32 partition, between the optimizer's update and ZeRO's copy back to the model's weights, so
     the master copy and the model agree. Adam's moments stay those of the unscaled step, as with a smaller learning
-    rate (without weight decay, which matrices with gated rows do not have, the two are the same update)."""
+    rate (without weight decay, which matrices with such rows do not have, the two are the same update)."""
     optimizer = engine.optimizer.optimizer
     update = optimizer.step
 

@@ -1,19 +1,17 @@
 """The transformer as DeepSpeed pipeline layers: embedding, blocks, final norm, head.
 
 Between stages an activation is `hidden` or `(hidden, segment_ids)`; the first layer takes the token ids (or
-`(token_ids, segment_ids)`, or `(token_ids, segment_ids, learns)`). Within a stage run without activation
-checkpointing, a block hands the next layer its MLP's output unadded (`Owed`), which that layer adds inside its
-first norm; the stage's last block adds it itself, so that what crosses stages and checkpoints is one tensor. With
-tied embeddings the embedding is a TiedLayerSpec on the first and the last stage, and DeepSpeed sums the two
-stages' gradients of the shared matrix. Layer i of the pipeline holds the Transformer's module `LAYER_PREFIXES(i)`,
-so a stage's weights load from (and save to) the single-model names of a safetensors file.
+`(token_ids, segment_ids)`). Within a stage run without activation checkpointing, a block hands the next layer its
+MLP's output unadded (`Owed`), which that layer adds inside its first norm; the stage's last block adds it itself,
+so that what crosses stages and checkpoints is one tensor. With tied embeddings the embedding is a TiedLayerSpec on
+the first and the last stage, and DeepSpeed sums the two stages' gradients of the shared matrix. Layer i of the
+pipeline holds the Transformer's module `LAYER_PREFIXES(i)`, so a stage's weights load from (and save to) the
+single-model names of a safetensors file.
 
 The last layer hands the hidden states and the head's weight to the loss, which fuses the LM head with the
-cross-entropy chunk by chunk (`token_loss`). With `gated_rows` (a warm start's base rows) the vocabulary rows below
-that id learn only from the sequences that a micro-batch marks: `learns`, (batch, 1) bool, beside the first layer's
-input and beside the labels (`(labels, learns)`); unmarked, from none. With a tensor-parallel topology
-(parallel.tp > 1) each stage's layers are cut over the topology's tensor-slicing group
-(`pipeline/parallel/tensor_parallel.py`), and the loss works on this rank's vocabulary rows of the head.
+cross-entropy chunk by chunk (`token_loss`). With a tensor-parallel topology (parallel.tp > 1) each stage's layers
+are cut over the topology's tensor-slicing group (`pipeline/parallel/tensor_parallel.py`), and the loss works on
+this rank's vocabulary rows of the head.
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ import torch.distributed as dist
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
-from pipeline.kernels import GatedRows, VocabShard, linear_cross_entropy
-from pipeline.model.config import ModelConfig
+from pipeline.kernels import VocabShard, linear_cross_entropy
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.transformer import Block, Embedding, Head, LayerNorm, RMSNorm
 from pipeline.parallel.deepspeed_internals import (local_layer, local_layer_indices, replace_local_layer,
                                                    replicated_marks, restore_replicated_marks, slice_parallel_group,
@@ -55,13 +53,9 @@ class Owed:
 
 
 class EmbeddingLayer(Embedding):
-    # Set by pipeline_module: the rows below this id learn only from the sequences the input marks.
-    gated_rows = 0
-
     def forward(self, inputs):
-        token_ids, segment_ids, *marks = inputs if isinstance(inputs, tuple) else (inputs, None)
-        keep = GatedRows(self.gated_rows, *marks).keeps(token_ids) if self.gated_rows else None
-        return _join(super().forward(token_ids, keep), segment_ids)
+        token_ids, segment_ids = _split(inputs)
+        return _join(super().forward(token_ids), segment_ids)
 
 
 class BlockLayer(Block):
@@ -134,20 +128,17 @@ def _tied_head(embedding: EmbeddingLayer, hidden: torch.Tensor):
     return hidden, embedding.tokens.weight
 
 
-def token_loss(vocab_size: int, group=None, gated_rows: int = 0) -> Callable:
+def token_loss(vocab_size: int, group=None) -> Callable:
     """The cross-entropy of the next tokens, the LM head fused into it (pipeline.kernels.linear_cross_entropy), summed
     over the labels that count (not -100) and divided by all labels: the mean in training, where every label counts;
     in held-out scoring, where context and padding do not, the engine's mean over micro-batches times their labels
     is the exact sum (pipeline/training/heldout.py). Under tensor parallelism from this rank's vocabulary shard of
-    the head, the per-token statistics combined over the group. The padded vocabulary rows are never predicted.
-    With `gated_rows`, the head's rows below it learn only from the sequences that `(labels, learns)` marks."""
+    the head, the per-token statistics combined over the group. The padded vocabulary rows are never predicted."""
     def all_reduce(tensor: torch.Tensor, op: str) -> None:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
 
-    def loss(outputs, labels) -> torch.Tensor:
+    def loss(outputs, labels: torch.Tensor) -> torch.Tensor:
         hidden, weight = outputs
-        labels, learns = labels if isinstance(labels, tuple) else (labels, None)
-        gated = GatedRows(gated_rows, learns) if gated_rows else None
         shard = None
         if group is not None:
             # The whole shard's rows, padding included, pick the chunks: equal on every rank, as they must be.
@@ -156,8 +147,7 @@ def token_loss(vocab_size: int, group=None, gated_rows: int = 0) -> Callable:
             vocab_size_here = min(weight.shape[0], max(0, vocab_size - start))
         else:
             vocab_size_here = vocab_size
-        summed = linear_cross_entropy(hidden, weight[:vocab_size_here], labels, reduction="sum", shard=shard,
-                                      gated=gated)
+        summed = linear_cross_entropy(hidden, weight[:vocab_size_here], labels, reduction="sum", shard=shard)
         return summed / labels.numel()
     return loss
 
@@ -232,13 +222,11 @@ def layer_prefixes(cfg: ModelConfig) -> list[str]:
 
 
 def pipeline_module(cfg: ModelConfig, num_stages: int, topology=None, partition_method: str = "type:BlockLayer",
-                    checkpoint_interval: int = 0, sequence_parallel: bool = False,
-                    gated_rows: int = 0) -> PipelineModule:
+                    checkpoint_interval: int = 0, sequence_parallel: bool = False) -> PipelineModule:
     """The model split into `num_stages` stages (blocks spread evenly: `type:BlockLayer`), each stage's layers
     tensor-parallel when the topology's `model` axis is > 1 (with `sequence_parallel`, on sequence parts between
     them). Its parameters are on the meta device: `materialise`, then load them (pipeline/training/weights.py), so
-    that a rank never holds more than its share. The embedding's and the head's rows below `gated_rows` learn only
-    from the sequences that a micro-batch marks."""
+    that a rank never holds more than its share."""
     if cfg.tie_embeddings:
         first = MetaTiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, tied_weight_attr="tokens.weight")
         last = MetaTiedLayerSpec(TIED_KEY, EmbeddingLayer, cfg, forward_fn=_tied_head, tied_weight_attr="tokens.weight")
@@ -248,16 +236,12 @@ def pipeline_module(cfg: ModelConfig, num_stages: int, topology=None, partition_
     layers = [first, *(MetaLayerSpec(BlockLayer, cfg) for _ in range(cfg.num_layers)), MetaLayerSpec(final_norm, cfg),
               last]
     kwargs = {"topology": topology} if topology is not None else {"num_stages": num_stages}
-    module = TransformerPipeline(layers=layers, loss_fn=token_loss(cfg.vocab_size, gated_rows=gated_rows),
-                                 partition_method=partition_method,
+    module = TransformerPipeline(layers=layers, loss_fn=token_loss(cfg.vocab_size), partition_method=partition_method,
                                  activation_checkpoint_interval=checkpoint_interval, **kwargs)
     group = slice_parallel_group(module)
     if dist.get_world_size(group) > 1:
         _tensor_parallel_stage(module, cfg, group, sequence_parallel)
-        module.loss_fn = token_loss(cfg.vocab_size, group, gated_rows)
-    for _, layer in local_layers(module, cfg):
-        if isinstance(layer, EmbeddingLayer):
-            layer.gated_rows = gated_rows
+        module.loss_fn = token_loss(cfg.vocab_size, group)
     if checkpoint_interval == 0:
         # A checkpoint would save the owed output too, and a stage's output crosses to the next stage: there the
         # block adds it itself.

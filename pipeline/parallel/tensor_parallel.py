@@ -54,10 +54,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.model.config import ModelConfig
-from pipeline.model.transformer import (MLP, Attention, Block, Embedding, Head, LayerNorm, RMSNorm, gradient_where,
+from pipeline.model.model_config import ModelConfig
+from pipeline.model.transformer import (MLP, Attention, Block, Embedding, Head, LayerNorm, RMSNorm,
                                         stacked_parameter_grads)
-from pipeline.parallel.config import check_tensor_parallel
+from pipeline.parallel.parallel_config import check_tensor_parallel
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -358,14 +358,10 @@ class VocabParallelEmbedding(nn.Module):
     def vocab_start(self) -> int:
         return self.weight.tp_shard.start
 
-    def forward(self, token_ids: torch.Tensor, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """`keep`: the positions whose lookup passes its gradient to the rows (None: all of them), marked over the
-        whole sequence, before a sequence-parallel cut."""
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         local = token_ids - self.vocab_start
         elsewhere = (local < 0) | (local >= self.weight.shape[0])
         rows = F.embedding(local.masked_fill(elsewhere, 0), self.weight)
-        if keep is not None:
-            rows = gradient_where(rows, keep)
         return leave_tensor_parallel(rows.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group,
                                      self.sequence_parallel)
 

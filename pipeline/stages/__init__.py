@@ -27,7 +27,7 @@ from pipeline.config import REPLAY_TARGET, STAGE_NAMES, PipelineConfig
 from pipeline.contract import Stage, execute
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.work_folder import stage_dir
+from pipeline.stage_outputs import EvaluateOutput, PretrainOutput
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def demo_base_config(cfg: PipelineConfig) -> PipelineConfig:
 
 def demo_base_folder(cfg: PipelineConfig) -> Path:
     """The Hugging Face folder of the demo base (with its tokenizer), for `model.base`."""
-    return stage_dir(demo_base_config(cfg), "pretrain") / "hf"
+    return PretrainOutput.at(demo_base_config(cfg)).export
 
 
 def with_demo_base(cfg: PipelineConfig) -> PipelineConfig:
@@ -190,4 +190,4 @@ def run_all(cfg: PipelineConfig) -> None:
             return
     if cfg.lang.code != cfg.model.base_lang or cfg.model.base is not None:
         log.info("The whole recipe for %s is done.", cfg.lang.code)
-        print(f"Report: {stage_dir(cfg, 'evaluate') / 'report.md'}")
+        print(f"Report: {EvaluateOutput.at(cfg).report_text.path}")

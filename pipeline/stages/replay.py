@@ -1,8 +1,8 @@
 """Stage `replay`: text that `model.base` writes in its own language, for the mix's replay.
 
 Run for the base's language (`lang=<model.base_lang>`, English by default); `stage=all` runs it, after that
-language's clean stage, whenever `model.base` and `replay.tokens` are set (conf/pretrained_base.yaml sets
-6M tokens for a real base). It samples `replay.tokens` tokens of documents (pipeline/mixing/replay.py) on the GPU
+language's clean stage, whenever `model.base` and `replay.tokens` are set (6M tokens by default; the demo
+recipe, without a base, sets 0). It samples `replay.tokens` tokens of documents (pipeline/mixing/replay.py) on the GPU
 when there is one, into `train/` in the layout of a clean stage output, so that the default mix
 (conf/mix/default.yaml, source `<model.base_lang>-samples`) reads it like any clean text. An interrupted run keeps
 its finished shards. Outputs: `train/samples-*.jsonl.gz` and the marker.
@@ -15,6 +15,7 @@ from pipeline.contract import ON_ONE_GPU, Stage, StageRun
 from pipeline.errors import StageError
 from pipeline.mixing.replay import write_samples
 from pipeline.model.files import base_model_input
+from pipeline.stage_outputs import ReplayOutput
 
 
 def run_replay(run: StageRun) -> dict:
@@ -28,7 +29,7 @@ def run_replay(run: StageRun) -> dict:
                          f"where the mix reads it; run it with lang={cfg.model.base_lang} (not lang={run.lang}).")
     if cfg.replay.tokens == 0:
         raise StageError("replay.tokens is 0: set the number of tokens to sample, e.g. replay.tokens=6000000.")
-    return write_samples(cfg.model.base, run.work_dir / "train", cfg.replay,
+    return write_samples(cfg.model.base, ReplayOutput(run.work_dir).training_split, cfg.replay,
                          "cuda" if torch.cuda.is_available() else "cpu")
 
 

@@ -1,45 +1,54 @@
-"""What the training stages read from the stages before them, as the plain values pipeline/training/ takes: the pack,
-its tokenizer and the clean stage's held-out text (`prepare_training`), and the model the pack's vocabulary makes
-(`model_as_trained`). warmup and pretrain share it; each says only what differs."""
+"""What the training stages read from the stages before them, and the ranks' job made from it: the pack, its
+tokenizer and the clean stage's held-out text, with the training section completed (`prepare_training`). warmup and
+pretrain share it; each says only what differs.
+
+The learning rate and the rest of a training section travel one way: from the config here, through the job
+(pipeline/training/job.py: its micro-batch and step budget completed, written for the ranks) and each rank
+(pipeline/training/rank.py), to the optimizer (pipeline/training/engine.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+from operator import attrgetter
 from typing import Optional
 
 from pipeline.contract import StageRun
-from pipeline.corpus.sources import clean_output, read_documents
-from pipeline.json_files import read_json
-from pipeline.model.config import training_seq_len
-from pipeline.packing.packed import PACKED_FILE
-from pipeline.tokenization.folder import TOKENIZER_FILE, load_tokenizer
-from pipeline.training.config import TrainConfig, planned
-from pipeline.training.job import TrainingJob
+from pipeline.corpus.sources import read_documents
+from pipeline.memory_fit import check_layout, fitting_micro_batch
+from pipeline.model.model_config import training_seq_len
+from pipeline.stage_outputs import CleanOutput, PackOutput, TokenizerOutput
+from pipeline.training.job import planned_job
 from pipeline.training.peak_memory import return_large_blocks_to_the_system
 from pipeline.training.run import SCRATCH, StageTraining
 
 
-def prepare_training(run: StageRun, train: TrainConfig, *, prefix: str = "train", share: float = 1.0,
-                     trainable: Optional[list[str]] = None, resume: Optional[str] = None) -> StageTraining:
-    """Read the pack, its tokenizer and the held-out text; the ranks' job, its step budget within the mix plan
-    (`train.steps` null: `share` of one pass of the pack), refused before any work when it is beyond it."""
+def prepare_training(run: StageRun, section: str, *, share: float = 1.0, trainable: Optional[list[str]] = None,
+                     resume: Optional[str] = None, refuse_unfit_layout: bool = False) -> StageTraining:
+    """Read the pack, its tokenizer and the held-out text, and make the ranks' job of the config's training
+    `section` (`train`, `warmup.train`): a null micro-batch becomes the largest that fits the device for the model as
+    it trains (with `refuse_unfit_layout`, a layout that cannot fit is refused with one that does), and the step
+    budget is the mix plan's (`steps` null: `share` of one pass of the pack), refused before any work when it is
+    beyond it."""
     return_large_blocks_to_the_system()  # the model passes through this process a tensor at a time
-    cfg = run.cfg
-    packed = run.read_input("pack", PACKED_FILE, read_json)
+    cfg, train = run.cfg, attrgetter(section)(run.cfg)
+    model = model_as_trained(run)
+    fitted = fitting_micro_batch(cfg, train, prefix=section, model=model)
+    if refuse_unfit_layout:
+        check_layout(cfg, fitted, model)
+    pack, tokenizer = run.output(PackOutput), run.output(TokenizerOutput)
+    packed = run.read_input(pack.packed)
     seq_len = training_seq_len(cfg.model, train.seq_len)
-    pack = str(run.input("pack"))
-    job = TrainingJob(stage=run.stage, folder=str(run.work_dir), pack=pack, seq_len=seq_len,
-                      train=planned(train, seq_len, packed["pass_tokens"], pack, prefix=prefix, share=share),
-                      parallel=cfg.parallel, kernels=cfg.kernels, trainable=trainable, resume=resume)
-    tokenizer = run.read_input("tokenizer", TOKENIZER_FILE, load_tokenizer)
-    heldout = clean_output(run.lang, run.input("clean"), split="heldout")
+    job = planned_job(run.stage, run.work_dir, train, micro_batch_size=fitted.micro_batch_size, seq_len=seq_len,
+                      pack=pack.folder, pass_tokens=packed["pass_tokens"], parallel=cfg.parallel, kernels=cfg.kernels,
+                      prefix=section, share=share, trainable=trainable, resume=resume)
+    loaded = run.read_input(tokenizer.tokenizer)
+    heldout = run.output(CleanOutput).heldout_text(run.lang)
     texts = (document.text for document in read_documents(heldout, run.work_dir / SCRATCH / "heldout"))
-    return StageTraining(job, packed, run.input("tokenizer"), tokenizer, run.input_file("tokenizer", TOKENIZER_FILE),
-                         texts)
+    return StageTraining(job, packed, tokenizer.folder, loaded, run.input_file(tokenizer.tokenizer), texts)
 
 
 def model_as_trained(run: StageRun):
     """cfg.model with the pack tokenizer's vocabulary, which the training stages' model has (an extended base
     tokenizer's 65,536 rows where the base has 49,152): what their memory plan must count."""
-    packed = run.read_input("pack", PACKED_FILE, read_json)
+    packed = run.read_input(run.output(PackOutput).packed)
     return dataclasses.replace(run.cfg.model, vocab_size=packed["tokenizer"]["vocab_size"])

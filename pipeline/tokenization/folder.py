@@ -23,6 +23,7 @@ from pipeline.errors import StageError
 
 TOKENIZER_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
+TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_FILE = "tokenizer_config.json", "special_tokens_map.json"
 ROLES = ("bos", "eos", "pad", "unk")
 
 
@@ -86,7 +87,7 @@ def _no_end_of_text(folder: Path, tokenizer: Tokenizer) -> str:
                   if specials else "its tokenizer.json marks no token as special")
     return (f"{folder} names no end-of-text token that its {TOKENIZER_FILE} holds (an `eos_token` of "
             f"tokenizer_config.json or special_tokens_map.json, or an `eos_token_id` of config.json). The pack stage "
-            f"ends every document with it: add \"eos_token\": \"<the token>\" to {folder / 'tokenizer_config.json'} "
+            f"ends every document with it: add \"eos_token\": \"<the token>\" to {folder / TOKENIZER_CONFIG_FILE} "
             f"({candidates}).")
 
 
@@ -102,14 +103,14 @@ def write_transformers_files(folder: Path, roles: dict[str, str]) -> None:
         # transformers' clean-up would change spaces around punctuation and break the exact round trip.
         "clean_up_tokenization_spaces": False,
     }
-    for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", names)):
+    for name, content in ((TOKENIZER_CONFIG_FILE, config), (SPECIAL_TOKENS_FILE, names)):
         (folder / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def special_token_strings(folder: Path, roles=ROLES) -> dict[str, str]:
     """The special tokens (`bos` -> "<s>" ...) that a folder's special_tokens_map.json or tokenizer_config.json names."""
     found = {}
-    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+    for name in (SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE):
         if not (folder / name).is_file():
             continue
         content = json.loads((folder / name).read_text(encoding="utf-8"))

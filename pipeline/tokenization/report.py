@@ -8,10 +8,13 @@ from typing import Optional
 from tokenizers import Tokenizer
 
 from pipeline.corpus.report import bytes_text
-from pipeline.tokenization.folder import SENTENCEPIECE_FILE, TOKENIZER_FILE, TrainedTokenizer
+from pipeline.tokenization.folder import (SENTENCEPIECE_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+                                          TrainedTokenizer)
 from pipeline.tokenization.metrics import Scores
 from pipeline.tokenization.sample import SampledSource
 
+# The tokenizer stage's report on its tokenizer, beside the tokenizer's files.
+REPORT_FILE, REPORT_TEXT_FILE = "report.json", "report.md"
 METRICS = ("fertility", "bytes_per_token", "continued_words", "vocab_used", "roundtrip_rate")
 _LABELS = {"fertility": "fertility (tokens per word)", "bytes_per_token": "bytes per token",
            "continued_words": "continued words (2+ tokens)", "vocab_used": "vocabulary used",
@@ -41,7 +44,7 @@ def tokenizer_section(options, trained: TrainedTokenizer, threads: int) -> dict:
         "seed": options.seed,
         # SentencePiece's EM sums in per-thread parts: its model depends on the thread count (`workers`).
         "sentencepiece_threads": threads if sentencepiece else None,
-        "files": [TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json"]
+        "files": [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_FILE]
                  + ([SENTENCEPIECE_FILE] if trained.sentencepiece_model is not None else []),
     }
 

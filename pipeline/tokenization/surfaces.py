@@ -32,7 +32,6 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _BYTE_LEVEL = _byte_level_alphabet()
-_BYTE_LEVEL_CHARACTER = {byte: character for character, byte in _BYTE_LEVEL.items()}
 
 
 def spelling(tokenizer: Tokenizer) -> str:
@@ -58,12 +57,6 @@ def token_bytes(token: str, kind: str) -> Optional[bytes]:
             return bytes([int(fallback.group(1), 16)])
         return token.replace(METASPACE, " ").encode("utf-8")
     return token.encode("utf-8")
-
-
-def byte_level_spelling(surface: bytes) -> str:
-    """`surface` in the byte-level alphabet: printable, no whitespace, one character per byte (a word for
-    tools that split on spaces, whatever the tokenizer's own spelling)."""
-    return "".join(_BYTE_LEVEL_CHARACTER[byte] for byte in surface)
 
 
 def vocabulary_bytes(tokenizer: Tokenizer, special_ids: set[int]) -> dict[int, bytes]:

@@ -20,15 +20,15 @@ import torch
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-from pipeline.model.config import ModelConfig
-from pipeline.parallel.config import ParallelConfig
+from pipeline.model.model_config import ModelConfig
+from pipeline.parallel.parallel_config import ParallelConfig
 from pipeline.parallel.deepspeed_internals import (broadcast_eval_loss_in_one_shape, grad_norm_in_few_launches,
                                                    holds_first_layer, import_muon_uncompiled,
                                                    leave_out_overflow_scan, pipeline_messages_in_their_own_group,
                                                    scale_leading_row_steps, skip_cpu_shared_memory_collective)
 from pipeline.parallel.pipeline_model import local_layers, pipeline_module
 from pipeline.parallel.ranks import bound_collectives
-from pipeline.training.config import TrainConfig, lr_factor, use_bf16
+from pipeline.training.train_config import TrainConfig, lr_factor, use_bf16
 from pipeline.training.job import VOCABULARY_MATRICES
 from pipeline.training.weights import load_layers
 
@@ -65,45 +65,75 @@ class Engine:
 
 
 def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelConfig, init_file,
-                 trainable: Callable[[str], bool], gated_rows: int = 0, gated_rows_step: float = 1.0,
-                 gate: bool = True) -> Engine:
+                 trainable: Callable[[str], bool], leading_rows: int = 0, leading_rows_step: float = 1.0) -> Engine:
     """The engine over this rank's stage, its weights loaded from `init_file` (single-model names); the vocabulary
-    rows below `gated_rows` of the trained embedding and head take optimizer steps `gated_rows_step` times the ones
-    the learning rate gives and, with `gate`, learn only from the sequences that a micro-batch marks
-    (pipeline/parallel/pipeline_model.py), staying as they are where none is marked."""
+    rows below `leading_rows` of the trained embedding and head take optimizer steps `leading_rows_step` times the
+    ones the learning rate gives, and with 0 no gradient at all: they stay as they are."""
+    module, layers = _loaded_stage(model_cfg, train, parallel, init_file)
+    trained = _trained_parameters(module, layers, trainable)
+    vocabulary = [parameter for prefix, layer in layers for name, parameter in layer.named_parameters()
+                  if parameter.requires_grad and prefix + name in VOCABULARY_MATRICES] if leading_rows else []
+    optimizer, scheduler = _optimizer(train, trained, undecayed=vocabulary)
+    import_muon_uncompiled()
+    if parallel.pp > 1:
+        pipeline_messages_in_their_own_group()
+    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
+                                      config=_deepspeed_config(train, parallel))
+    broadcast_eval_loss_in_one_shape(engine)
+    leave_out_overflow_scan(engine)
+    grad_norm_in_few_launches(engine)
+    if vocabulary and leading_rows_step == 0:
+        freeze_leading_rows(vocabulary, leading_rows)
+    elif vocabulary and leading_rows_step != 1.0:
+        scale_leading_row_steps(engine, vocabulary, leading_rows, leading_rows_step)
+    grid = engine.grid
+    return Engine(engine=engine, layers=layers,
+                  dp_rank=grid.get_data_parallel_rank(), dp_world=grid.get_data_parallel_world_size())
+
+
+def _loaded_stage(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelConfig, init_file):
+    """This rank's pipeline module and its (transformer prefix, module) layers, their weights read from `init_file`."""
     topology = PipeModelDataParallelTopology(num_pp=parallel.pp, num_mp=parallel.tp, num_dp=parallel.dp)
     torch.manual_seed(train.seed)
     # Tensor-parallel layers and loss when parallel.tp > 1 (pipeline/parallel/tensor_parallel.py).
     module = pipeline_module(model_cfg, parallel.pp, topology=topology,
                              checkpoint_interval=train.activation_checkpoint_interval,
-                             sequence_parallel=parallel.sequence_parallel, gated_rows=gated_rows if gate else 0)
+                             sequence_parallel=parallel.sequence_parallel)
     layers = local_layers(module, model_cfg)
     # Built on the meta device: only this rank's share (its stage, its tensor-parallel slices) is ever allocated,
     # then read from the file slice by slice.
     module.materialise(torch.device(get_accelerator().device_name(module.local_rank)))
     load_layers(layers, init_file)
+    return module, layers
+
+
+def _trained_parameters(module, layers: list, trainable: Callable[[str], bool]) -> list[torch.nn.Parameter]:
+    """Marks what trains (`requires_grad`) and returns it: what the optimizer owns (the idle anchor on a stage that
+    trains nothing)."""
     first = holds_first_layer(module)
     for prefix, layer in layers:
         for name, parameter in layer.named_parameters():
             # The last stage's copy of a tied embedding trains only the shared matrix.
             shared_copy = prefix == "embedding." and not first and name != "tokens.weight"
             parameter.requires_grad_(trainable(prefix + name) and not shared_copy)
-    gated = [parameter for prefix, layer in layers for name, parameter in layer.named_parameters()
-             if parameter.requires_grad and prefix + name in VOCABULARY_MATRICES] if gated_rows else []
     trained = [p for p in module.parameters() if p.requires_grad]
-    count = sum(p.numel() for p in trained)
     stage = module.stage_id
     if not trained:
         log.info("pipeline stage %d trains no parameter (frozen body); it holds an idle anchor for the optimizer",
                  stage)
         module.idle_anchor = torch.nn.Parameter(torch.zeros(1))
-        trained = [module.idle_anchor]
-    else:
-        log.info("pipeline stage %d trains %s parameters", stage, f"{count:,}")
-    # A matrix with gated rows has no weight decay: decay would shrink those rows at every step, marked or not.
-    undecayed = {id(p) for p in gated}
-    decay = [p for p in trained if p.dim() >= 2 and id(p) not in undecayed]
-    no_decay = [p for p in trained if p.dim() < 2 or id(p) in undecayed]
+        return [module.idle_anchor]
+    log.info("pipeline stage %d trains %s parameters", stage, f"{sum(p.numel() for p in trained):,}")
+    return trained
+
+
+def _optimizer(train: TrainConfig, trained: list, undecayed: list):
+    """AdamW over `trained`, weight decay on its matrices but `undecayed`, and the learning-rate schedule."""
+    # A matrix with leading rows of their own has no weight decay: decay would shrink those rows at every step,
+    # whatever their step size.
+    left_out = {id(p) for p in undecayed}
+    decay = [p for p in trained if p.dim() >= 2 and id(p) not in left_out]
+    no_decay = [p for p in trained if p.dim() < 2 or id(p) in left_out]
     # Empty groups left out: ZeRO drops them, and the scheduler would then see fewer groups than it made.
     groups = [group for group in ({"params": decay, "weight_decay": train.weight_decay},
                                   {"params": no_decay, "weight_decay": 0.0}) if group["params"]]
@@ -115,8 +145,11 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
     steps = train.steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(
         step, train.schedule, steps, train.warmup_steps, train.min_lr_ratio))
-    bf16 = use_bf16(train)
-    ds_config = {
+    return optimizer, scheduler
+
+
+def _deepspeed_config(train: TrainConfig, parallel: ParallelConfig) -> dict:
+    return {
         "train_batch_size": train.global_batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_clipping": train.grad_clip,
@@ -124,7 +157,7 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
         # another data-parallel degree (pipeline/training/checkpoint.py).
         "zero_optimization": {"stage": 1, "elastic_checkpoint": True},
         # check_grad_overflow: a non-finite gradient skips the step in bf16 too (fp32 always does).
-        "bf16": {"enabled": bf16, "check_grad_overflow": True},
+        "bf16": {"enabled": use_bf16(train), "check_grad_overflow": True},
         "steps_per_print": 10 ** 9,
         # DeepSpeed sends each tensor-parallel rank a tp-th of an activation between pipeline stages and gathers the
         # rest within the group, which takes the activation to be the same on every rank of the group; with
@@ -133,15 +166,14 @@ def build_engine(model_cfg: ModelConfig, train: TrainConfig, parallel: ParallelC
                      "grad_partitioned": not parallel.sequence_parallel},
         "zero_allow_untested_optimizer": True,
     }
-    import_muon_uncompiled()
-    if parallel.pp > 1:
-        pipeline_messages_in_their_own_group()
-    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
-    broadcast_eval_loss_in_one_shape(engine)
-    leave_out_overflow_scan(engine)
-    grad_norm_in_few_launches(engine)
-    if gated and gated_rows_step != 1.0:
-        scale_leading_row_steps(engine, gated, gated_rows, gated_rows_step)
-    grid = engine.grid
-    return Engine(engine=engine, layers=layers,
-                  dp_rank=grid.get_data_parallel_rank(), dp_world=grid.get_data_parallel_world_size())
+
+
+def freeze_leading_rows(matrices: list[torch.nn.Parameter], rows: int) -> None:
+    """The rows below the global id `rows` of `matrices` (a tensor-parallel shard counts from its `tp_shard.start`)
+    take no gradient: Adam, without weight decay on these matrices, leaves them as they are, bit for bit, and the
+    global gradient norm does not count them. On every copy of a tied matrix, so that their sum is zero too."""
+    for matrix in matrices:
+        shard_start = matrix.tp_shard.start if hasattr(matrix, "tp_shard") else 0
+        end = min(max(rows - shard_start, 0), matrix.shape[0])
+        if end:
+            matrix.register_hook(lambda grad, end=end: torch.cat([torch.zeros_like(grad[:end]), grad[end:]]))

@@ -9,7 +9,6 @@ micro-batches times their positions is the exact sum.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -34,23 +33,16 @@ def load_rows(path: Path) -> ScoringRows:
 # left the GPU idle at every micro-batch while the host queued the next one's work (2-4 ms per micro-batch in a
 # profiled H100 step of the 1.3B model).
 
-def micro_batches(tokens: np.ndarray, segment_ids: np.ndarray, micro: int, device: torch.device,
-                  learns: Optional[np.ndarray] = None):
-    """((input ids, segment ids), labels) of training windows (seq_len + 1 tokens each), `micro` at a time. With
-    `learns` (a bool per window: may the gated rows learn from it, pipeline/parallel/pipeline_model.py), ((input ids,
-    segment ids, learns), (labels, learns)), learns of shape (windows, 1)."""
+def micro_batches(tokens: np.ndarray, segment_ids: np.ndarray, micro: int, device: torch.device):
+    """((input ids, segment ids), labels) of training windows (seq_len + 1 tokens each), `micro` at a time."""
     # int64: DeepSpeed's pipeline sends other integer types between stages as garbage.
     windows = torch.from_numpy(tokens).to(device, torch.int64)
     segments = torch.from_numpy(segment_ids).to(device, torch.int64)
     segments = segments - segments[:, :1]
-    marks = None if learns is None else torch.from_numpy(learns).to(device, torch.bool).unsqueeze(1)
     for start in range(0, len(windows), micro):
         part = slice(start, start + micro)
         window, segment = windows[part], segments[part]
-        if marks is None:
-            yield (window[:, :-1], segment[:, :-1]), window[:, 1:]
-        else:
-            yield (window[:, :-1], segment[:, :-1], marks[part]), (window[:, 1:], marks[part])
+        yield (window[:, :-1], segment[:, :-1]), window[:, 1:]
 
 
 def row_batches(rows: ScoringRows, part: slice, micro: int, device: torch.device):

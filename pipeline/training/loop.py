@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
 from pipeline.errors import StageError, StageInterrupted
 from pipeline.evaluation.bits_per_byte import ScoringRows
-from pipeline.training.config import TrainConfig
+from pipeline.training.train_config import TrainConfig
 from pipeline.training.engine import Engine
 from pipeline.training.heldout import heldout_bpb, micro_batches
 from pipeline.training.peak_memory import peak_memory
@@ -51,106 +50,138 @@ class Checkpointing:
 
 def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows, metrics_file: Path,
                is_logger: bool, flops_per_token: int, run: Optional[RunState] = None,
-               checkpointing: Optional[Checkpointing] = None, learning_sources: Optional[np.ndarray] = None) -> dict:
-    """Train up to step `train.steps` from `run.step`; returns the run's summary. `learning_sources`: the indices of
-    the sampler's sources whose sequences the gated rows learn from (pipeline/training/job.py), None if none."""
+               checkpointing: Optional[Checkpointing] = None) -> dict:
+    """Train up to step `train.steps` from `run.step`; returns the run's summary."""
     ds = engine.engine
     run = run or RunState()
-    world = ds.world_size
-    peak = device_peak_tflops()
     step_tokens = train.global_batch_size * sampler.seq_len
-
-    board = None
-    if is_logger:
-        # Only where it writes: tensorboard's import (boto3 with it) costs every rank half a second.
-        from torch.utils.tensorboard import SummaryWriter
-
-        board = SummaryWriter(str(metrics_file.parent / "tensorboard"))
-
-    def record(entry: dict) -> None:
-        if is_logger:
-            with metrics_file.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(entry) + "\n")
-            for key, value in entry.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    board.add_scalar(key, value, entry["step"])
+    metrics = MetricsLog(metrics_file, is_logger)
 
     def evaluate() -> float:
         bpb = heldout_bpb(engine, heldout, train.micro_batch_size, engine.dp_rank, engine.dp_world)
-        record({"step": run.step, "heldout_bpb": bpb})
+        metrics.record({"step": run.step, "heldout_bpb": bpb})
         return bpb
 
     if run.heldout_bpb_before is None:
         run.heldout_bpb_before = evaluate()
     stop = StopRequest()
     progress = tqdm(total=train.steps, initial=run.step, desc="training", unit="step", disable=not is_logger)
-    started, started_tokens = time.perf_counter(), run.tokens
-    window_start, window_tokens, last_checkpoint = time.perf_counter(), 0, None
+    started, started_tokens, last_checkpoint = time.perf_counter(), run.tokens, None
+    throughput = Throughput(flops_per_token, ds.world_size)
     batches = iter(sampler)  # this rank's rows, from the sampler's step on
     try:
         while run.step < train.steps:
-            batch = next(batches)
             lr = ds.get_lr()[0]  # the rate this step uses (the schedule moves on inside train_batch)
-            learns = None if learning_sources is None else np.isin(batch.source, learning_sources)
-            loss = float(ds.train_batch(iter(micro_batches(batch.tokens, batch.segment_ids,
-                                                           train.micro_batch_size, ds.device, learns))))
-            run.last_loss = loss
-            run.step += 1
-            run.tokens += step_tokens
-            window_tokens += step_tokens
+            loss = _train_step(ds, next(batches), train, run, step_tokens, last_checkpoint)
+            throughput.tokens += step_tokens
             progress.update(1)
-            if not ds.was_step_applied():
-                # DeepSpeed (0.19) moves its step counter on past an overflow but not the schedule.
-                ds.lr_scheduler.step()
-            skipped = not (math.isfinite(loss) and ds.was_step_applied())
-            if skipped:
-                log.warning("step %d: loss %s or its gradient is not finite; the step was skipped (%d in a row, "
-                            "%d of the last %d steps)", run.step, loss, run.bad_in_a_row + 1,
-                            len(run.recent_skips) + 1, train.skipped_window)
-            too_many = run.count_step(skipped, train)
-            if too_many is not None:
-                raise StageError(
-                    f"{too_many} (last: step {run.step}); training stopped. The last good checkpoint is "
-                    f"{last_checkpoint or 'none'}. Lower train.lr, raise train.warmup_steps or check the data, then "
-                    f"run again (it resumes from that checkpoint).")
             if run.step % train.log_every == 0 or run.step == train.steps:
-                now = time.perf_counter()
-                speed = window_tokens / (now - window_start)
-                window_start, window_tokens = now, 0
-                tflops = tflops_per_device(flops_per_token, speed, world)
+                speed = throughput.measure()
                 grad_norm = ds.get_global_grad_norm()
                 entry = {"step": run.step, "loss": loss, "lr": lr,
                          "grad_norm": None if grad_norm is None else float(grad_norm), "tokens": run.tokens,
-                         "tokens_per_s": speed, "tflops_per_device": tflops,
-                         "mfu": None if peak is None else tflops / peak, **peak_memory()}
-                record(entry)
-                progress.set_postfix(loss=f"{loss:.3f}", lr=f"{entry['lr']:.2e}", tok_s=f"{speed:,.0f}")
+                         **speed, **peak_memory()}
+                metrics.record(entry)
+                progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{entry['tokens_per_s']:,.0f}")
             if train.eval_every and run.step % train.eval_every == 0 and run.step != train.steps:
                 evaluate()
             if checkpointing and checkpointing.every and run.step % checkpointing.every == 0:
                 last_checkpoint = checkpointing.save(run.step)
             if stop.agreed(ds.device):
-                if checkpointing is None:
-                    raise StageInterrupted(f"training stopped on {stop.received or 'a signal'} at step {run.step}")
-                if last_checkpoint is None or not last_checkpoint.name.endswith(f"{run.step:08d}"):
-                    last_checkpoint = checkpointing.save(run.step)
-                raise StageInterrupted(
-                    f"training stopped on {stop.received or 'a signal of another rank'} at step {run.step} "
-                    f"after writing {last_checkpoint}; run the same command again to resume.")
+                _stop_on_request(stop, checkpointing, run, last_checkpoint)
     finally:
         progress.close()
         stop.restore()
-        if board is not None:
-            board.flush()
+        metrics.flush()
     seconds = time.perf_counter() - started
-    trained_tokens = run.tokens - started_tokens
     summary = {"steps": run.step, "tokens": run.tokens, "last_loss": run.last_loss,
                "skipped_steps": run.skipped_steps, "heldout_bpb_before": run.heldout_bpb_before,
                "heldout_bpb_after": evaluate(), "seconds": round(seconds, 2),
-               "tokens_per_s": round(trained_tokens / seconds, 1) if seconds else None}
-    if board is not None:
-        board.close()  # with the last held-out score on disk
+               "tokens_per_s": round((run.tokens - started_tokens) / seconds, 1) if seconds else None}
+    metrics.close()  # with the last held-out score on disk
     return summary
+
+
+def _train_step(ds, batch, train: TrainConfig, run: RunState, step_tokens: int,
+                last_checkpoint: Optional[Path]) -> float:
+    """One optimizer step on `batch`, counted in `run`; returns its loss. Raises when too many steps were skipped."""
+    loss = float(ds.train_batch(iter(micro_batches(batch.tokens, batch.segment_ids, train.micro_batch_size,
+                                                   ds.device))))
+    run.last_loss = loss
+    run.step += 1
+    run.tokens += step_tokens
+    if not ds.was_step_applied():
+        # DeepSpeed (0.19) moves its step counter on past an overflow but not the schedule.
+        ds.lr_scheduler.step()
+    skipped = not (math.isfinite(loss) and ds.was_step_applied())
+    if skipped:
+        log.warning("step %d: loss %s or its gradient is not finite; the step was skipped (%d in a row, "
+                    "%d of the last %d steps)", run.step, loss, run.bad_in_a_row + 1,
+                    len(run.recent_skips) + 1, train.skipped_window)
+    too_many = run.count_step(skipped, train)
+    if too_many is not None:
+        raise StageError(
+            f"{too_many} (last: step {run.step}); training stopped. The last good checkpoint is "
+            f"{last_checkpoint or 'none'}. Lower train.lr, raise train.warmup_steps or check the data, then "
+            f"run again (it resumes from that checkpoint).")
+    return loss
+
+
+def _stop_on_request(stop: StopRequest, checkpointing: Optional[Checkpointing], run: RunState,
+                     last_checkpoint: Optional[Path]) -> None:
+    """Raises StageInterrupted, after writing a checkpoint of this step where the run writes checkpoints."""
+    if checkpointing is None:
+        raise StageInterrupted(f"training stopped on {stop.received or 'a signal'} at step {run.step}")
+    if last_checkpoint is None or not last_checkpoint.name.endswith(f"{run.step:08d}"):
+        last_checkpoint = checkpointing.save(run.step)
+    raise StageInterrupted(
+        f"training stopped on {stop.received or 'a signal of another rank'} at step {run.step} "
+        f"after writing {last_checkpoint}; run the same command again to resume.")
+
+
+class MetricsLog:
+    """metrics.jsonl and the tensorboard curves beside it, written by the logging rank only."""
+
+    def __init__(self, metrics_file: Path, is_logger: bool) -> None:
+        self.file, self.board = metrics_file, None
+        if is_logger:
+            # Only where it writes: tensorboard's import (boto3 with it) costs every rank half a second.
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.board = SummaryWriter(str(metrics_file.parent / "tensorboard"))
+
+    def record(self, entry: dict) -> None:
+        if self.board is None:
+            return
+        with self.file.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(entry) + "\n")
+        for key, value in entry.items():
+            if key != "step" and isinstance(value, (int, float)):
+                self.board.add_scalar(key, value, entry["step"])
+
+    def flush(self) -> None:
+        if self.board is not None:
+            self.board.flush()
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+
+
+class Throughput:
+    """Tokens per second, model TFLOP/s per device and MFU over the tokens counted since the last measure."""
+
+    def __init__(self, flops_per_token: int, world: int) -> None:
+        self.flops_per_token, self.world, self.peak = flops_per_token, world, device_peak_tflops()
+        self.since, self.tokens = time.perf_counter(), 0
+
+    def measure(self) -> dict:
+        now = time.perf_counter()
+        speed = self.tokens / (now - self.since)
+        self.since, self.tokens = now, 0
+        tflops = tflops_per_device(self.flops_per_token, speed, self.world)
+        return {"tokens_per_s": speed, "tflops_per_device": tflops,
+                "mfu": None if self.peak is None else tflops / self.peak}
 
 
 @dataclass

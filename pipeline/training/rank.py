@@ -16,14 +16,13 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch.distributed as dist
 
 from pipeline.errors import StageInterrupted
 from pipeline.json_files import write_json_atomic
 from pipeline.kernels import set_backend
 from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config
-from pipeline.model.config import flops_per_token
+from pipeline.model.model_config import flops_per_token
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.packing.sampler import PackedSampler
 from pipeline.parallel.ranks import slurm_ranks
@@ -47,19 +46,15 @@ def train_rank(job: TrainingJob) -> None:
     rank = dist.get_rank()
     folder = Path(job.folder)
     model_cfg = read_model_config(folder / INIT / CHECKPOINT_CONFIG)
-    gate = job.gated_rows_learn_from is not None  # null: the rows learn from every sequence
     engine = build_engine(model_cfg, job.train, job.parallel, folder / INIT / CHECKPOINT_WEIGHTS, job.trains,
-                          job.gated_rows, job.gated_rows_step, gate)
+                          job.leading_rows, job.leading_rows_step)
     heldout = load_rows(folder / HELDOUT_FILE)
     sampler = PackedSampler(Path(job.pack), seq_len=job.seq_len, global_batch_size=job.train.global_batch_size,
                             seed=job.train.seed, rank=engine.dp_rank, world=engine.dp_world)
-    # The sources whose sequences a micro-batch marks for the gated rows (none marked: the rows stay as they are).
-    marked = np.flatnonzero(np.isin(sampler.names, job.gated_rows_learn_from)) if gate else None
-    if rank == 0 and job.gated_rows:
-        learning = sampler.names if marked is None else [sampler.names[i] for i in marked]
-        log.info("%s: the vocabulary rows below %d learn from the sequences of %s%s", job.stage, job.gated_rows,
-                 ", ".join(learning) or "no source: they stay as they are",
-                 f", by steps {job.gated_rows_step:g} times the learning rate's" if job.gated_rows_step != 1.0 else "")
+    if rank == 0 and job.leading_rows:
+        log.info("%s: the vocabulary rows below %d %s", job.stage, job.leading_rows,
+                 f"learn from the sequences of {', '.join(sampler.names)}, by steps {job.leading_rows_step:g} times "
+                 f"the learning rate's" if job.leading_rows_step else "stay as they are")
     state, checkpointing = RunState(), None
     if job.resume is not None:
         root = folder / CHECKPOINTS
@@ -78,8 +73,7 @@ def train_rank(job: TrainingJob) -> None:
         checkpointing = Checkpointing(job.train.checkpoint_every, save)
     result = train_loop(engine, sampler, job.train, heldout, folder / METRICS_FILE, is_logger=rank == 0,
                         flops_per_token=flops_per_token(model_cfg, job.seq_len), run=state,
-                        checkpointing=checkpointing,
-                        learning_sources=marked if marked is not None and len(marked) else None)
+                        checkpointing=checkpointing)
     _save_trained(engine, folder)
     # After the save, so that the peaks include it; the launching process adds its own (the export).
     peaks = peaks_of_all_ranks(engine.engine.grid)

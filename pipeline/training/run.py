@@ -24,15 +24,15 @@ from pipeline.commit_steps import commit_step
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import scoring_rows
 from pipeline.json_files import read_json, write_json_atomic
-from pipeline.model.config import ExportConfig, shard_bytes
+from pipeline.model.model_config import ExportConfig, shard_bytes
 from pipeline.model.files import refuse_non_finite
 from pipeline.model.hf_export import TOKENIZER_FILES, NonFiniteWeights, to_hf
 from pipeline.model.model_tensors import CheckpointTensors, StartingModel, model_shapes, write_checkpoint
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.parallel.ranks import distributed_environment, free_port, run_ranks
 from pipeline.tokenization.folder import token_roles, tokenizer_digest
-from pipeline.training.checkpoint_files import checkpoints, describe
-from pipeline.training.config import use_bf16
+from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
+from pipeline.training.train_config import use_bf16
 from pipeline.training.heldout import save_rows
 from pipeline.training.job import (CHECKPOINTS, EXPORT, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED,
                                    VOCABULARY_MATRICES, TrainingJob, write_job)
@@ -194,6 +194,15 @@ def train_stage(training: StageTraining, start: StartingModel, cluster: ClusterC
     return report
 
 
+def steps_behind_checkpoints(partial: Path, steps: Optional[int]) -> list[str]:
+    """An interrupted run continues with another `steps` budget only if it lies at or past its newest checkpoint
+    (fewer steps would end before where it already is)."""
+    newest = max((checkpoint_step(path) for path in checkpoints(partial / CHECKPOINTS)), default=0)
+    if steps is not None and steps < newest:
+        return [f"its newest checkpoint is at step {newest}, past train.steps={steps}"]
+    return []
+
+
 def kept_checkpoints(partial: Path) -> str:
     """The resumable checkpoints an interrupted run left, for the contract's messages."""
     return describe(partial / CHECKPOINTS)
@@ -213,7 +222,7 @@ def _check_frozen_unchanged(initial: Path, trained: Path, job: TrainingJob,
             if job.trains(name):
                 trained_names.append(name)
                 trained_values += tensor.numel()
-                rows = job.gated_rows if name in VOCABULARY_MATRICES and job.gated_rows_learn_from == [] else 0
+                rows = job.leading_rows if name in VOCABULARY_MATRICES and job.leading_rows_step == 0 else 0
                 if rows and not torch.equal(tensor[:rows], before.read(name)[:rows].to(held).to(tensor.dtype)):
                     moved.append(f"{name}[:{rows}]")
             elif not torch.equal(tensor, before.read(name).to(held).to(tensor.dtype)):

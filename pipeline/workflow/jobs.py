@@ -32,11 +32,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import BASE_SHAPE_GROUP, PipelineConfig
+from pipeline.config import SCALE_GROUP, PipelineConfig
 from pipeline.contract import ON_ONE_GPU, ON_RANKS
 from pipeline.errors import ConfigError, StageInterrupted
 from pipeline.overrides import override_key
-from pipeline.parallel.config import ParallelConfig
+from pipeline.parallel.parallel_config import ParallelConfig
 from pipeline.stages import RUN_LANGUAGE_KEYS
 
 _HEADER = """\
@@ -128,8 +128,8 @@ def render_script(stage: str, placement: str, options: list[tuple[str, object]],
     return "\n".join(lines)
 
 
-# Set by the workflow for each job, or by the job's own command line (base_shape): not passed on.
-_SET_BY_WORKFLOW = {"stage", "lang", "langs", "work_dir", "workers", "cluster.executor", BASE_SHAPE_GROUP}
+# Set by the workflow for each job, or by the job's own command line (the recipe): not passed on.
+_SET_BY_WORKFLOW = {"stage", "lang", "langs", "work_dir", "workers", "cluster.executor", SCALE_GROUP}
 
 # Stands for the array task's language in a job's argv; the script puts `"lang=${lang}"` there.
 LANG_ARG = "lang=${lang}"

@@ -12,10 +12,10 @@ import dataclasses
 import os
 from pathlib import Path
 
-from pipeline.config import BASE_SHAPE_OVERRIDE, PipelineConfig, register_base_shape
+from pipeline.config import PipelineConfig, register_full_scale, with_base_model_rules
 from pipeline.errors import ConfigError, closest_first
 from pipeline.languages import LANGUAGES, language_config, resolve_languages
-from pipeline.overrides import override_key, shape_of_overrides
+from pipeline.overrides import override_key, with_full_scale
 from pipeline.stages import RECIPE_STAGES, Step, demo_base_folder, recipe
 from pipeline.workflow.jobs import work_dir_override
 
@@ -55,13 +55,12 @@ def language_configs(cfg: PipelineConfig, job_overrides: list[str], codes: list[
 
     # A job reads model.base's shape when it starts (pipeline/overrides.py); this process may not have a model.base
     # of its own (stage=status with the recorded overrides), so it reads the shape the jobs get.
-    shape = shape_of_overrides(job_overrides)
-    if shape is not None:
-        register_base_shape(shape)
-        job_overrides = [*job_overrides, BASE_SHAPE_OVERRIDE]  # as the job's own command line check adds it
+    job_overrides, shape = with_full_scale(job_overrides)  # as the job's own command line check does
+    register_full_scale(shape)
+
     def composed(code: str) -> PipelineConfig:
-        return OmegaConf.to_object(compose(config_name=HydraConfig.get().job.config_name,
-                                           overrides=[*job_overrides, f"stage={cfg.stage}", f"lang={code}"]))
+        overrides = [*job_overrides, f"stage={cfg.stage}", f"lang={code}"]
+        return with_base_model_rules(OmegaConf.to_object(compose(HydraConfig.get().job.config_name, overrides)))
 
     if any(override_key(override).startswith("lang.") for override in job_overrides):
         return {code: composed(code) for code in codes}

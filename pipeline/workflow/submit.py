@@ -15,7 +15,7 @@ from pipeline.contract import ON_RANKS
 from pipeline.errors import StageError
 from pipeline.memory_fit import node_filling_layout
 from pipeline.overrides import override_key
-from pipeline.parallel.config import ParallelConfig
+from pipeline.parallel.parallel_config import ParallelConfig
 from pipeline.stages import STAGES
 from pipeline.workflow import selection
 from pipeline.workflow.arrays import Planned, array_spec, dependency, plan

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
+from pipeline.tokenization.tokenizer_config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import write_tokenizer_folder
 from pipeline.tokenization.training import train_tokenizer
 from tests.conftest import CHAIN_OPTIONS, marker, run_cli

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.corpus.config import CleanConfig
-from pipeline.stages.tokenizer import no_heldout_advice
+from pipeline.corpus.clean_config import CleanConfig, no_heldout_advice
 from tests.conftest import marker, read_jsonl_gz, run_cli
 
 LANGS = ("ell", "mlt")

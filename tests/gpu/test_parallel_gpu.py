@@ -30,13 +30,13 @@ import pytest
 import torch
 
 from pipeline.cluster import ClusterConfig
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.files import save_checkpoint
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.model.transformer import Transformer
-from pipeline.parallel.config import ParallelConfig
+from pipeline.parallel.parallel_config import ParallelConfig
 from pipeline.parallel.ranks import free_port, rank_environment, run_ranks
-from pipeline.training.config import TrainConfig
+from pipeline.training.train_config import TrainConfig
 from tests.conftest import REPO, repo_pythonpath
 
 GPUS = torch.cuda.device_count()

@@ -22,8 +22,8 @@ def _wait_for_marker(path, seconds: int = 300) -> None:
 
 
 def test_clean_on_slurm_matches_the_local_run(tmp_path, slurm_cluster):
-    """...and a second submission is refused while the first one's jobs are queued (the guard: stages/clean.py,
-    `_live_jobs` in run_clean; without it the phases are submitted twice, writing into the same folder)."""
+    """...and a second submission is refused while the first one's jobs are queued (the guard: corpus/cleaning.py,
+    `_live_jobs` in prepare_phases; without it the phases are submitted twice, writing into the same folder)."""
     submit = ("stage=clean", "lang=fao", "work_dir=slurm", "cluster.executor=slurm",
               f"cluster.partition={slurm_cluster}")
     # Held, so that they are still queued when the second command asks (cluster.* is not hashed: the same run).

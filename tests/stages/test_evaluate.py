@@ -16,11 +16,11 @@ from tokenizers import Tokenizer, models
 
 from pipeline.evaluation.bits_per_byte import (IGNORE, ScoringRows, score_documents, score_rows, scoring_rows,
                                                windows)
+from pipeline.evaluation.models import first_added_id
 from pipeline.evaluation.report import find_regressions, markdown
 from pipeline.model.files import load_base
 from pipeline.model.hf_export import to_hf
 from pipeline.model.transformer import Transformer
-from pipeline.stages.evaluate import first_added_id
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from pipeline.training.heldout import save_rows
 from tests.conftest import DATA, marker, read_jsonl_gz, run_cli, write_jsonl_gz

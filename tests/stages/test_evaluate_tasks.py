@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import StageError
-from pipeline.evaluation.config import TaskConfig
+from pipeline.evaluation.eval_config import TaskConfig
 from pipeline.evaluation.task_builder import source_label
 from pipeline.evaluation.task_files import read_task
 from pipeline.evaluation.task_scoring import (ScoringModel, continuation_log_likelihoods, fit_probe, prompt, shots,

@@ -27,7 +27,7 @@ from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.model.transformer import Transformer
 from pipeline.tensor_files import new_file_mode
 from pipeline.tokenization.folder import load_tokenizer
-from pipeline.training.config import lr_factor
+from pipeline.training.train_config import lr_factor
 from tests.conftest import CHAIN_OPTIONS, cli_env, marker, run_cli
 
 # A small held-out sample: scoring it before and after is a good part of a tiny run on a CPU.
@@ -261,7 +261,7 @@ def _flip_a_byte(path) -> None:
 
 def test_checkpoints_that_fail_their_checksums_are_skipped_or_refused_and_a_budget_below_them_is_refused(fresh):
     """Guards (pipeline/training/checkpoint.py `choose`): the checksum check (a same-size byte flip), and the refusal
-    when no checkpoint verifies; (pipeline/stages/pretrain.py `check_resume`) pretrain's own refusal of a budget that
+    when no checkpoint verifies; (pipeline/training/run.py `steps_behind_checkpoints`) pretrain's own refusal of a budget that
     ends before its newest checkpoint. Each fails with its guard removed."""
     process = start(fresh, *SCRATCH, "train.checkpoint_every=2")
     wait_for_step(fresh, 7, process)

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from tokenizers import Tokenizer
 
-from pipeline.mixing.config import ReplayConfig
+from pipeline.mixing.mix_config import ReplayConfig
 from pipeline.mixing.replay import SOURCE, _load_base, write_samples
 from tests.conftest import copy_of, marker, read_jsonl_gz, run_cli
 

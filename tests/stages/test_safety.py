@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from pipeline.tensor_files import save_tensors
 from pipeline.training.checkpoint_files import (FILES_KEY, STATE_FILE, checkpoint_dir, checkpoints, checksum_problem,
                                                 file_entry, size_problem)
-from pipeline.training.config import TrainConfig
+from pipeline.training.train_config import TrainConfig
 from pipeline.training.loop import RunState
 from tests.conftest import CHAIN_OPTIONS, cli_env, marker, run_cli
 

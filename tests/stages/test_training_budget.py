@@ -9,8 +9,9 @@ import shutil
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.model.config import ModelConfig, training_seq_len
-from pipeline.training.config import TrainConfig, planned
+from pipeline.model.model_config import ModelConfig, training_seq_len
+from pipeline.training.train_config import TrainConfig
+from pipeline.training.job import planned
 from tests.conftest import CHAIN_OPTIONS, marker, run_cli
 
 
@@ -43,7 +44,7 @@ def test_unset_sequence_length_is_the_context_within_the_window_and_2048():
 
 # A plan of 40,960 tokens: the tokenizer, the pack and 10 steps of 4 x 64 tokens (pretrain) take seconds.
 SMALL_PLAN = (*CHAIN_OPTIONS, "mix.tokens=40960", "tokenizer.vocab_size=512")
-# train.steps=null: the tiny preset (the demo's) sets a budget of its own.
+# train.steps=null: the demo scale sets a budget of its own.
 TINY = ("train.steps=null", "model.num_layers=1", "model.max_seq_len=64", "train.global_batch_size=64", "train.micro_batch_size=32",
         "train.eval_tokens=256", "init=scratch")
 

@@ -11,14 +11,13 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from pipeline.stages.warmup import base_rows_sources
 from tests.conftest import CHAIN_OPTIONS, marker, packed_copy, run_cli
 
 STEPS = 8
 # The base model's shape (tests/english_base_model.py); a higher learning rate than the recipe's 1e-4 so that
 # a few steps move the embeddings measurably; 8,192 held-out tokens scored (of ~15,000), in seconds on a CPU.
 EVAL_TOKENS = 8192
-# The tiny preset's batch (a real base's default is 64 sequences a step: conf/pretrained_base.yaml).
+# The demo scale's batch (the default is 64 sequences a step).
 WARMUP_OPTIONS = ("model.num_layers=2", "model.max_seq_len=128", "warmup.train.lr=2e-3",
                   "warmup.train.global_batch_size=16", "warmup.train.micro_batch_size=8",
                   "warmup.train.warmup_steps=2", "warmup.train.log_every=1", f"warmup.train.eval_tokens={EVAL_TOKENS}")
@@ -74,7 +73,7 @@ def test_acceptance_mean_start_beats_random_and_only_the_embeddings_change(nob_p
 
     from pipeline.model.files import base_tensors
     from pipeline.tokenization.folder import load_tokenizer
-    from pipeline.warmstart.initialise import warm_started
+    from pipeline.warmup.initialise import warm_started
 
     tokenizer_dir = nob_packed / "work" / "nob" / "tokenizer"
     initial, _ = warm_started(base_tensors(str(english_base)), english_base, load_tokenizer(str(english_base)),
@@ -149,12 +148,3 @@ def test_acceptance_pretrain_continues_from_warmup_and_improves_heldout_bpb(nob_
     other_tokenizer = run_cli(*pretrain, "init=hf", f"model.base={english_base}", cwd=nob_packed, check=False)
     assert other_tokenizer.returncode == 1 and "is not the one the data was packed with" in other_tokenizer.stderr
 
-
-def test_the_base_rows_learn_from_the_sources_that_warmup_base_rows_names():
-    sources = [{"name": "nob", "path": "${work_dir}/nob/clean"}, {"name": "eng", "path": "${work_dir}/eng/clean"},
-               {"name": "own-text", "path": "${work_dir}/eng/replay"}, {"name": "fill", "path": "/data/fao/clean"}]
-    # The base's own samples are recognised by the replay stage's folder, whatever the mix names them.
-    assert base_rows_sources("replayed", "nob", sources) == ["eng", "fill"]
-    assert base_rows_sources("replayed", "nob", sources[:1]) == []  # nothing replayed: the rows stay
-    assert base_rows_sources("frozen", "nob", sources) == []
-    assert base_rows_sources("trained", "nob", sources) == ["nob", "eng", "own-text", "fill"]

@@ -68,7 +68,7 @@ def test_unknown_or_aliased_language(tmp_path, typed, first):
     (["stage=warmup", "lang=nob", "warmup.train_base_rows=false"], 2,
      "Unknown config key `warmup.train_base_rows`. Did you mean: `warmup.base_rows`"),
     (["stage=warmup", "lang=nob", "warmup.base_rows=yes"], 1,
-     "Invalid value for `warmup.base_rows`: 'yes'. Allowed: trained, frozen, replayed."),
+     "Invalid value for `warmup.base_rows`: 'yes'. Allowed: trained, frozen."),
     (["stage=warmup", "lang=nob", "warmup.base_rows_lr=0"], 1,
      "Invalid value for `warmup.base_rows_lr`: 0.0. Allowed: null (warmup.train.lr's), a learning rate > 0"),
 ], ids=["stage", "key", "type-float", "type-int", "type-bool", "type-optional", "range", "missing-lang", "renamed-key",
@@ -105,7 +105,7 @@ def test_cfg_job_shows_the_base_models_shape_over_the_preset(tmp_path):
         "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4, "ffn_size": 256, "vocab_size": 512,
         "position": "alibi", "norm": "layernorm", "activation": "gelu", "embedding_norm": True, "bias": True}
     assert model["max_seq_len"] == 128  # a shorter context than the base's is the user's choice
-    # a real base replaces the demo preset's budgets and vocabulary (conf/pretrained_base.yaml) ...
+    # a real base takes the defaults, not the demo scale's budgets and vocabulary (conf/scale/demo.yaml) ...
     config = yaml.safe_load(out)
     assert (config["tokenizer"]["extend_base"], config["tokenizer"]["added_tokens"]) == (True, 16384)
     assert (config["train"]["steps"], config["warmup"]["train"]["steps"]) == (None, None)
@@ -116,6 +116,48 @@ def test_cfg_job_shows_the_base_models_shape_over_the_preset(tmp_path):
     own = yaml.safe_load(run_cli("--cfg", "job", "stage=warmup", "lang=nob", f"model.base={base}", "train.lr=1e-5",
                                  "tokenizer.extend_base=false", "tokenizer.vocab_size=4096", cwd=tmp_path).stdout)
     assert (own["train"]["lr"], own["tokenizer"]["extend_base"], own["tokenizer"]["vocab_size"]) == (1e-5, False, 4096)
+
+
+def _origins(out: str) -> dict:
+    """`--cfg job`'s lines `key: value  # origin` as dotted key -> origin."""
+    origins, path = {}, []
+    for line in out.splitlines():
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        if line.lstrip().startswith("- ") or depth > len(path):
+            continue  # inside a list of mappings, whose key carries the origin
+        key, _, rest = line.strip().partition(":")
+        path = [*path[:depth], key]
+        if "  # " in rest:
+            origins[".".join(path)] = rest.rsplit("  # ", 1)[1]
+    return origins
+
+
+def test_cfg_job_names_where_each_value_came_from(tmp_path):
+    argv = ("stage=pretrain", "lang=nob", "train.lr=1e-5")
+    demo = run_cli("--cfg", "job", *argv, cwd=tmp_path).stdout
+    # the same config as Hydra's own --cfg job (which a package flag leaves to Hydra), with the base-model rule's
+    # value where Hydra leaves null
+    hydras = yaml.safe_load(run_cli("--cfg", "job", "-p", "_global_", *argv, cwd=tmp_path).stdout)
+    assert hydras["tokenizer"]["extend_base"] is None
+    hydras["tokenizer"]["extend_base"] = False
+    assert yaml.safe_load(demo) == hydras
+    shown = _origins(demo)
+    assert (shown["train.lr"], shown["train.steps"], shown["train.schedule"]) == ("command line", "scale=demo", "default")
+    assert (shown["tokenizer.vocab_size"], shown["tokenizer.extend_base"]) == ("scale=demo",
+                                                                                "rule: model.base not given")
+    assert (shown["mix.sources"], shown["mix.max_epochs"]) == ("mix=default", "default")
+    assert (shown["model.hidden_size"], shown["lang.filters.language_score"]) == ("preset model=tiny",
+                                                                                 "lang=nob (conf/languages.yaml)")
+    assert (shown["work_dir"], shown["stage"]) == ("conf/config.yaml", "command line")
+    base = _origins(run_cli("--cfg", "job", *argv, f"model.base={_bloom_config(tmp_path / 'bloom')}",
+                            cwd=tmp_path).stdout)
+    assert (base["train.lr"], base["train.steps"], base["tokenizer.vocab_size"]) == ("command line", "default", "default")
+    assert (base["model.hidden_size"], base["model.base"]) == ("model.base's config.json", "command line")
+    assert base["model.init_std"] == "preset model=tiny"  # what a config.json does not say
+    assert base["tokenizer.extend_base"] == "rule: model.base given"
+    # another preset without a base is not the demo: the defaults' budgets, which its layouts divide
+    other = run_cli("--cfg", "job", "stage=plan", "model=mistral-7b", cwd=tmp_path).stdout
+    assert (_origins(other)["train.steps"], yaml.safe_load(other)["train"]["global_batch_size"]) == ("default", 64)
 
 
 def test_a_llama_3_1_base_brings_its_rope_scaling_over_a_preset_without_one(tmp_path):

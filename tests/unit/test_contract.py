@@ -17,7 +17,7 @@ import pytest
 import pipeline.stage_lock
 from pipeline.contract import Stage, execute, is_current
 from pipeline.errors import StageError
-from pipeline.work_folder import MARKER, portable_path, read_marker, resolve_path
+from pipeline.work_folder import MARKER, OutputFile, portable_path, read_marker, resolve_path
 
 
 @dataclass
@@ -232,7 +232,7 @@ def test_the_lock_of_a_dead_run_is_taken_over(cfg, tmp_path, monkeypatch, caplog
 
 def test_a_damaged_input_names_the_file_and_the_stage_that_made_it(cfg, tmp_path):
     def reads_json(run):
-        return run.read_input("first", "out.txt", lambda path: json.loads(path.read_text()))
+        return run.read_input(OutputFile(run.input("first") / "out.txt", lambda path: json.loads(path.read_text())))
 
     execute(FIRST, cfg)  # out.txt holds "x", which is not JSON
     with pytest.raises(StageError) as damaged:

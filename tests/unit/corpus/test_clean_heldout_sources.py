@@ -13,7 +13,8 @@ from datatrove.pipeline.writers import JsonlWriter
 from omegaconf import OmegaConf
 
 from pipeline.config import PipelineConfig
-from pipeline.corpus.config import heldout_source_patterns
+from pipeline.corpus.cleaning import heldout_sources
+from pipeline.corpus.clean_config import heldout_source_patterns
 from pipeline.corpus.heldout import HeldoutSourceSplit, is_heldout_source
 from pipeline.corpus.source_counts import (
     HELDOUT,
@@ -26,7 +27,6 @@ from pipeline.corpus.sources import clean_output, read_documents
 from pipeline.errors import StageError
 from pipeline.json_files import write_json_atomic
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.stages.clean import heldout_sources
 from tests.conftest import read_jsonl_gz, run_cli
 
 
@@ -117,8 +117,8 @@ def _files(cfg_patterns, files, caplog, table=()):
     """The raw files held out with clean.heldout_sources=`cfg_patterns` (None: the table's, `table`)."""
     cfg = SimpleNamespace(clean=SimpleNamespace(heldout_sources=cfg_patterns),
                           lang=SimpleNamespace(code="nob", heldout_sources=list(table)))
-    with caplog.at_level(logging.INFO, logger="pipeline.stages.clean"):
-        patterns, held = heldout_sources(cfg, "/raw/nob", files)
+    with caplog.at_level(logging.INFO, logger="pipeline.corpus.cleaning"):
+        patterns, held = heldout_sources(cfg.clean, cfg.lang, "/raw/nob", files)
     assert patterns == (list(table) if cfg_patterns is None else cfg_patterns) or held == []
     return held
 
@@ -146,8 +146,8 @@ def test_the_language_tables_sources_are_dropped_where_they_would_take_every_fil
     assert "would hold out every raw file" in caplog.text
     cfg = SimpleNamespace(clean=SimpleNamespace(heldout_sources=None),
                           lang=SimpleNamespace(code="fao", heldout_sources=["ud_*"]))
-    assert heldout_sources(cfg, "/raw/fao", ud_only) == ([], [])
-    assert heldout_sources(cfg, "/raw/fao", ["tingmal.jsonl.gz", *ud_only]) == (["ud_*"], ud_only)
+    assert heldout_sources(cfg.clean, cfg.lang, "/raw/fao", ud_only) == ([], [])
+    assert heldout_sources(cfg.clean, cfg.lang, "/raw/fao", ["tingmal.jsonl.gz", *ud_only]) == (["ud_*"], ud_only)
 
 
 def test_an_empty_or_missing_split_reads_as_no_documents(tmp_path):

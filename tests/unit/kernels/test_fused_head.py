@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.kernels import GatedRows, linear_cross_entropy, reference
+from pipeline.kernels import linear_cross_entropy, reference
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -37,36 +37,3 @@ def test_no_counted_target_gives_zero_not_nan():
         loss.backward()
         assert loss.item() == 0.0 and torch.count_nonzero(hidden.grad) == 0 and torch.count_nonzero(weight.grad) == 0
 
-
-@pytest.mark.parametrize("chunk_size", [2, 64])
-def test_gated_rows_learn_only_from_the_marked_sequences(chunk_size):
-    """GatedRows: the weight's rows below `end` take their gradient from the marked sequences alone; the other rows
-    and the hidden states from every token, as without the gate; no mark at all keeps the gated rows still."""
-    torch.manual_seed(1)
-    hidden = torch.randn(4, 5, 16, requires_grad=True)
-    weight = torch.randn(40, 16, requires_grad=True)
-    targets = torch.randint(0, 40, (4, 5))
-    learns = torch.tensor([[True], [False], [False], [True]])
-    end = 25
-    loss = linear_cross_entropy(hidden, weight, targets, chunk_size=chunk_size, reduction="sum",
-                                gated=GatedRows(end, learns))
-    grad_hidden, grad_weight = torch.autograd.grad(loss, (hidden, weight))
-    # The reference: unmarked sequences see the gated rows detached.
-    kept = torch.cat([weight[:end].detach(), weight[end:]])
-    marked, unmarked = learns[:, 0], ~learns[:, 0]
-    whole = (reference.linear_cross_entropy(hidden[marked].double(), weight.double(), targets[marked], reduction="sum")
-             + reference.linear_cross_entropy(hidden[unmarked].double(), kept.double(), targets[unmarked],
-                                              reduction="sum"))
-    want_hidden, want_weight = torch.autograd.grad(whole, (hidden, weight))
-    assert loss.item() == pytest.approx(whole.item(), rel=1e-5)
-    assert torch.allclose(grad_hidden, want_hidden.float(), rtol=1e-4, atol=1e-5)
-    assert torch.allclose(grad_weight, want_weight.float(), rtol=1e-4, atol=1e-5)
-    ungated = torch.autograd.grad(linear_cross_entropy(hidden, weight, targets, reduction="sum"), weight)[0]
-    close = dict(rtol=1e-4, atol=1e-5)
-    assert not torch.allclose(grad_weight[:end], ungated[:end], **close)
-    assert torch.allclose(grad_weight[end:], ungated[end:], **close)
-
-    frozen = linear_cross_entropy(hidden, weight, targets, chunk_size=chunk_size, reduction="sum",
-                                  gated=GatedRows(end))
-    grad_frozen = torch.autograd.grad(frozen, weight)[0]
-    assert torch.count_nonzero(grad_frozen[:end]) == 0 and torch.allclose(grad_frozen[end:], ungated[end:], **close)

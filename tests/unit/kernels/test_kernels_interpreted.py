@@ -313,7 +313,7 @@ def check_add_norm_matches_reference(interpreted, shape, dtype, norm):
 def check_block_matches_its_reference(interpreted, position):
     """A transformer block on the kernels (stacked projections and attention, the fused residual addition and norm)
     against the same block on the references: output and the gradients of its input and every parameter."""
-    from pipeline.model.config import ModelConfig
+    from pipeline.model.model_config import ModelConfig
     from pipeline.model.transformer import Block
 
     alibi = position == "alibi"

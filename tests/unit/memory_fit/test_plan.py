@@ -25,7 +25,7 @@ from pipeline.memory_fit.check import render
 from pipeline.memory_fit.layout import Layout, blocks_per_stage
 from pipeline.memory_fit.memory import Numerics, block_activations, stage_parameters
 from pipeline.memory_fit.plan import tensor_parallel_choices, with_layout
-from pipeline.model.config import ModelConfig, parameter_count
+from pipeline.model.model_config import ModelConfig, parameter_count
 from tests.conftest import REPO, run_cli
 
 GIB = 2**30
@@ -37,11 +37,12 @@ SMALL_ALIBI = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_head
 
 
 def pipeline_config(preset: str, *overrides: str) -> PipelineConfig:
-    """The typed config of `stage=plan model=<preset> <overrides>`, as Hydra composes it (without a language)."""
+    """The typed config of `stage=plan model=<preset> <overrides>`, as Hydra composes it (without a language), with
+    a micro-batch of 4 where the overrides set none (the planner's tables need one; fitting_micro_batch has its own
+    tests)."""
     model = OmegaConf.load(CONF_DIR / "model" / f"{preset}.yaml")
-    merged = OmegaConf.merge(OmegaConf.structured(PipelineConfig),
-                             {"stage": "plan", "model": model.get("model", model)},
-                             OmegaConf.from_dotlist(list(overrides)))
+    merged = OmegaConf.merge(OmegaConf.structured(PipelineConfig), {"stage": "plan", "model": model},
+                             OmegaConf.from_dotlist(["train.micro_batch_size=4", *overrides]))
     return OmegaConf.to_object(merged)
 
 
@@ -65,12 +66,13 @@ def test_mistral_7b_on_lumi_prints_a_table_per_gcd(tmp_path):
 
 
 def test_a_34b_shape_at_1x1x1_is_refused_with_the_smallest_layout_that_fits(tmp_path):
-    result = run_cli("stage=plan", "model=poro-34b", "cluster=lumi", cwd=tmp_path, check=False)
+    budget = ("train.micro_batch_size=4", "train.global_batch_size=32")
+    result = run_cli("stage=plan", "model=poro-34b", "cluster=lumi", *budget, cwd=tmp_path, check=False)
     assert result.returncode == 1
     assert "Does not fit" in result.stdout and "does not fit" in result.stderr
     tp, pp = map(int, re.search(r"parallel\.tp=(\d+) parallel\.pp=(\d+)", result.stderr).groups())
 
-    plan = plan_for_config(lumi("poro-34b"))
+    plan = plan_for_config(lumi("poro-34b", *budget))
     assert not plan.fits
     suggested = with_layout(plan, tp=tp, pp=pp)
     assert suggested.fits and suggested.keeps_rules()
@@ -242,14 +244,15 @@ def test_stage_parameters_are_the_models(cfg):
 def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkeypatch):
     from types import SimpleNamespace
 
-    from pipeline.stages import pretrain
+    from pipeline.stages import pretrain, training_inputs
     from pipeline.training import run as training_run
 
     started = []
     monkeypatch.setattr(training_run, "launch", lambda *args: started.append(args))
     monkeypatch.setattr(pretrain, "pretrain_start", lambda *args: started.append(args))
     cfg = pipeline_config("llama-3.1-70b", "plan.device=mi250x", "train.seq_len=4096")
-    monkeypatch.setattr(pretrain, "model_as_trained", lambda run: run.cfg.model)  # no pack to read the vocabulary of
+    # no pack to read the vocabulary of
+    monkeypatch.setattr(training_inputs, "model_as_trained", lambda run: run.cfg.model)
     with pytest.raises(LayoutError) as refused:
         pretrain.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
     message = str(refused.value)
@@ -367,22 +370,22 @@ def test_micro_batch_mistakes_are_refused(overrides, key):
 def test_the_training_stages_train_with_the_planned_micro_batch(monkeypatch, stage_name):
     from types import SimpleNamespace
 
-    from pipeline.stages import pretrain, warmup
+    from pipeline.stages import pretrain, training_inputs, warmup
 
     module = {"pretrain": pretrain, "warmup": warmup}[stage_name]
     seen = []
 
-    def stop(run, train, **kwargs):
-        seen.append(train.micro_batch_size)
+    def stop(*args, **kwargs):
+        seen.append(planning.fitting_micro_batch(*args, **kwargs).micro_batch_size)
         raise RuntimeError("stop before reading the pack")
 
-    monkeypatch.setattr(module, "prepare_training", stop)
+    monkeypatch.setattr(training_inputs, "fitting_micro_batch", stop)
     section = "train" if stage_name == "pretrain" else "warmup.train"
     cfg = pipeline_config("llama-3.2-1b", "plan.device=h100", "model.base=/nonexistent",
                           f"{section}.micro_batch_size=null", f"{section}.global_batch_size=64", f"{section}.seq_len=4096")
     # The model as it trains has the pack tokenizer's vocabulary (here 4x the base's): the plan counts it.
     trained = dataclasses.replace(cfg.model, vocab_size=4 * cfg.model.vocab_size)
-    monkeypatch.setattr(module, "model_as_trained", lambda run: trained)
+    monkeypatch.setattr(training_inputs, "model_as_trained", lambda run: trained)
     with pytest.raises(RuntimeError, match="stop before"):
         module.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
     train = cfg.train if stage_name == "pretrain" else cfg.warmup.train

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.corpus.report import bytes_text, tokens_text
 from pipeline.errors import ConfigError
-from pipeline.mixing.config import MixConfig, MixSource, RehydrationConfig, RehydrationRow, validate_mix
+from pipeline.mixing.mix_config import MixConfig, MixSource, RehydrationConfig, RehydrationRow, validate_mix
 from pipeline.mixing.planner import (FILLER, FIXED_RATIO, R_STAR, TARGET, PlanError, Source, default_budget,
                                      effective_tokens, epoch_values, exact_plan, plan_mixture)
 from pipeline.mixing.rehydration import rehydrate, weight_for

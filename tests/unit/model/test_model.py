@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.config import CONF_DIR
 from pipeline.errors import ConfigError
-from pipeline.model.config import ModelConfig, RopeScaling, flops_per_token, parameter_count, validate_model
+from pipeline.model.model_config import ModelConfig, RopeScaling, flops_per_token, parameter_count, validate_model
 from pipeline.model.transformer import (Transformer, alibi_slopes, rope_cos_sin, rope_frequencies, shared_alibi_slopes,
                                         shared_rope_tables, stacked_linears)
 
@@ -32,8 +32,7 @@ SMALL_ROPE = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads
 
 def preset(name: str) -> ModelConfig:
     loaded = OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
-    # The tiny preset is also the demo's and sets other sections beside `model` (`@package _global_`).
-    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), loaded.get("model", loaded))
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), loaded)
     return OmegaConf.to_object(merged)
 
 

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, BloomConfig, BloomForCausalLM, GPT2Config,
                           GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM)
 
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.hf_config import CheckpointError
 from pipeline.model.hf_export import to_hf
 from pipeline.model.hf_import import from_hf
@@ -176,7 +176,7 @@ def project_tokenizer() -> Tokenizer:
 def test_tokenizer_files_and_special_token_ids_travel_with_the_model(checkpoints, tmp_path, form):
     tokenizer = project_tokenizer()
     if form == "folder":
-        from pipeline.tokenization.config import SpecialTokens
+        from pipeline.tokenization.tokenizer_config import SpecialTokens
         from pipeline.tokenization.folder import write_tokenizer_folder
         from pipeline.tokenization.folder import TrainedTokenizer
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline.errors import ConfigError
-from pipeline.model.config import ExportConfig, ModelConfig, shard_bytes
+from pipeline.model.model_config import ExportConfig, ModelConfig, shard_bytes
 from pipeline.model.files import load_checkpoint
 from pipeline.model.hf_export import NonFiniteWeights, to_hf
 from pipeline.model.model_tensors import CheckpointTensors, ScratchTensors, model_shapes, write_checkpoint

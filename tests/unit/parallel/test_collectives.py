@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.model.config import ModelConfig
-from pipeline.parallel.config import ParallelConfig, validate_parallel
+from pipeline.model.model_config import ModelConfig
+from pipeline.parallel.parallel_config import ParallelConfig, validate_parallel
 from pipeline.parallel.ranks import free_port, rank_environment
 from tests.conftest import REPO, ranks_from_server, repo_pythonpath
 

@@ -28,13 +28,13 @@ from safetensors.torch import load_file
 
 from pipeline.cluster import ClusterConfig
 from pipeline.errors import ConfigError
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.files import save_checkpoint
 from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.model.transformer import Transformer
-from pipeline.parallel.config import ParallelConfig, check_tensor_parallel
+from pipeline.parallel.parallel_config import ParallelConfig, check_tensor_parallel
 from pipeline.parallel.ranks import run_ranks
-from pipeline.training.config import TrainConfig
+from pipeline.training.train_config import TrainConfig
 from tests.conftest import ranks_from_server, repo_pythonpath
 
 # The vocabulary (300) is padded to 384 (3 x 128) alone and to 512 (2 x 2 x 128) under TP=2: rank 1's shard
@@ -47,11 +47,9 @@ MODELS = {
                         position="rope", norm="rmsnorm", activation="swiglu", tie_embeddings=False, max_seq_len=32),
 }
 # grad_clip far below the gradients' norm (asserted), so every step is clipped with the global norm.
-# Kept rows of the embedding in the tensor-parallel check: more than the first shard's 256 of the 300 rows (padded
-# to 512).
-GATED_ROWS = 280
-# The sequences of a global batch that the gated rows learn from, in the gated-row check's last two steps.
-LEARNS = np.array([True, False, False, True])
+# Leading rows of the embedding in the tensor-parallel checks: more than the first shard's 256 of the 300 rows
+# (padded to 512).
+LEADING_ROWS = 280
 TRAIN = TrainConfig(steps=5, global_batch_size=4, micro_batch_size=1, seq_len=16, lr=1e-2, schedule="cosine",
                     warmup_steps=1, grad_clip=0.05, precision="fp32", seed=3)
 # (tp, pp, dp, sequence parallelism)
@@ -291,54 +289,41 @@ def _non_finite_gradient_skips_the_step(work_dir: Path) -> dict:
     return {"applied": applied, "unchanged": unchanged, "scan_left_out": "check_overflow" in vars(ds.optimizer)}
 
 
-def _gated_rows_under_tensor_parallelism(work_dir: Path) -> dict:
-    """The embedding alone trains over two tensor-parallel ranks with its first GATED_ROWS rows gated (warmup's
-    base rows): they cross the shards' boundary, so each shard gates the part below it. Two steps with no sequence
-    marked (warmup.base_rows=frozen), then two with the sequences of LEARNS marked (`replayed`). Every rank's count
-    of rows that moved, in its shard (padding rows left out): below GATED_ROWS and from it on in the first two
-    steps; then, below it, the rows of tokens that only unmarked sequences hold and those of the marked ones."""
+def _frozen_rows_stay_under_tensor_parallelism(work_dir: Path) -> dict:
+    """The embedding alone trains over two tensor-parallel ranks with its first LEADING_ROWS rows frozen (warmup with
+    warmup.base_rows=frozen): they cross the shards' boundary, so each shard keeps the part below it. Every rank's
+    count of rows that moved, below and from LEADING_ROWS on, in its shard (padding rows left out)."""
     import torch.distributed as dist
 
     from pipeline.training.engine import build_engine
     from pipeline.training.heldout import micro_batches
 
     engine = build_engine(MODELS["rope"], TRAIN, ParallelConfig(tp=2), work_dir / "init-rope" / CHECKPOINT_WEIGHTS,
-                          trainable=lambda name: name.startswith("embedding.tokens."), gated_rows=GATED_ROWS)
+                          trainable=lambda name: name.startswith("embedding.tokens."), leading_rows=LEADING_ROWS,
+                          leading_rows_step=0.0)
     ds = engine.engine
     matrix = next(p for name, p in ds.module.named_parameters() if name.endswith("tokens.weight"))
     before = matrix.detach().clone()
-    batches = _batches(MODELS["rope"].vocab_size, engine.dp_rank, engine.dp_world)
-    for tokens, segments in batches[:2]:
+    for tokens, segments in _batches(MODELS["rope"].vocab_size, engine.dp_rank, engine.dp_world)[:2]:
         ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device)))
     start = matrix.tp_shard.start
     ids = torch.arange(start, start + matrix.shape[0])
     moved = (matrix.detach() != before).any(dim=1)
     real = ids < MODELS["rope"].vocab_size  # the padding rows never move
-    below = ids < GATED_ROWS
+    below = ids < LEADING_ROWS
     counts = {"start": start, "moved_below": int(moved[below].sum()),
               "moved_above": int(moved[~below & real].sum()), "rows_above": int((~below & real).sum())}
-
-    before = matrix.detach().clone()
-    for tokens, segments in batches[2:4]:
-        ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device, LEARNS)))
-    moved = (matrix.detach() != before).any(dim=1)
-    inputs = [tokens[:, :-1] for tokens, _ in batches[2:4]]
-    marked = torch.from_numpy(np.isin(ids.numpy(), np.concatenate([part[LEARNS] for part in inputs])))
-    anywhere = torch.from_numpy(np.isin(ids.numpy(), np.concatenate(inputs)))
-    counts.update(moved_below_unmarked=int(moved[below & anywhere & ~marked].sum()),
-                  rows_below_unmarked=int((below & anywhere & ~marked).sum()),
-                  moved_below_marked=int(moved[below & marked].sum()))
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, counts)
     return gathered
 
 
-def _scaled_gated_row_steps(work_dir: Path) -> dict:
-    """One step from the same start with every sequence marked, by engines whose gated rows take whole steps and
-    half steps (warmup.base_rows_lr at half the learning rate), under two tensor-parallel ranks (the gated rows cross
-    the shards' boundary) and two data-parallel ranks (they cross the boundary of ZeRO's fp32 partitions). Per layout
-    and rank: how far the half-step engine's moves are from half the other's below GATED_ROWS and from the same
-    above it, and how many rows below moved."""
+def _scaled_leading_row_steps(work_dir: Path) -> dict:
+    """One step from the same start, by engines whose leading rows take whole steps and half steps
+    (warmup.base_rows_lr at half the learning rate), under two tensor-parallel ranks (the leading rows cross the
+    shards' boundary) and two data-parallel ranks (they cross the boundary of ZeRO's fp32 partitions). Per layout and
+    rank: how far the half-step engine's moves are from half the other's below LEADING_ROWS and from the same above
+    it, and how many rows below moved."""
     import torch.distributed as dist
 
     from pipeline.training.engine import build_engine
@@ -349,17 +334,16 @@ def _scaled_gated_row_steps(work_dir: Path) -> dict:
         moves = {}
         for step in (1.0, 0.5):
             engine = build_engine(MODELS["rope"], TRAIN, layout, work_dir / "init-rope" / CHECKPOINT_WEIGHTS,
-                                  trainable=lambda name: name.startswith("embedding.tokens."), gated_rows=GATED_ROWS,
-                                  gated_rows_step=step)
+                                  trainable=lambda name: name.startswith("embedding.tokens."),
+                                  leading_rows=LEADING_ROWS, leading_rows_step=step)
             ds = engine.engine
             matrix = next(p for name, p in ds.module.named_parameters() if name.endswith("tokens.weight"))
             before = matrix.detach().clone()
             tokens, segments = _batches(MODELS["rope"].vocab_size, engine.dp_rank, engine.dp_world)[2]
-            ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device,
-                                              np.ones(len(tokens), dtype=bool))))
+            ds.train_batch(iter(micro_batches(tokens, segments, TRAIN.micro_batch_size, ds.device)))
             moves[step] = matrix.detach() - before
             start = getattr(matrix, "tp_shard", None)
-            below = torch.arange(matrix.shape[0]) + (start.start if start is not None else 0) < GATED_ROWS
+            below = torch.arange(matrix.shape[0]) + (start.start if start is not None else 0) < LEADING_ROWS
         whole, half = moves[1.0], moves[0.5]
         results[f"tp={layout.tp} dp={layout.dp}"] = {
             "below_error": float((half[below] - 0.5 * whole[below]).abs().max()),
@@ -384,8 +368,8 @@ def rank_entry(work_dir: Path) -> None:
     if job.get("layer_checks"):
         results["layers"] = _layer_errors()
         results["non-finite step"] = _non_finite_gradient_skips_the_step(work_dir)
-        results["gated rows"] = _gated_rows_under_tensor_parallelism(work_dir)
-        results["gated row steps"] = _scaled_gated_row_steps(work_dir)
+        results["frozen rows"] = _frozen_rows_stay_under_tensor_parallelism(work_dir)
+        results["leading row steps"] = _scaled_leading_row_steps(work_dir)
     for model, layout in job["runs"]:
         results[f"{model} {layout_name(layout)}"] = _train(model, tuple(layout), work_dir)
     if dist.get_rank() == 0:
@@ -476,22 +460,18 @@ def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank_in_bf16(
     assert results["non-finite step"] == {"applied": [True, False, True], "unchanged": True, "scan_left_out": True}
 
 
-def test_gated_vocabulary_rows_learn_only_from_marked_sequences_on_each_tensor_parallel_shard(trained):
+def test_the_frozen_vocabulary_rows_stay_on_each_tensor_parallel_shard_and_the_others_train(trained):
     _, results = trained
-    first, second = results["gated rows"]
-    assert first["start"] == 0 < GATED_ROWS - second["start"]  # the gated rows reach into the second shard
-    # no sequence marked: the gated rows stay; the rows above train (an input row moves when its token is in a batch)
+    first, second = results["frozen rows"]
+    assert first["start"] == 0 < LEADING_ROWS - second["start"]  # the frozen rows reach into the second shard
     assert first["moved_below"] == second["moved_below"] == 0
-    assert first["rows_above"] == 0 and 0 < second["moved_above"] <= second["rows_above"] == 300 - GATED_ROWS
-    # some marked: a gated row moves when a marked sequence holds its token, and only then
-    for shard in (first, second):
-        assert shard["moved_below_unmarked"] == 0 < shard["rows_below_unmarked"]
-        assert shard["moved_below_marked"] > 0
+    # the rows above train (an input row moves when its token is in a batch)
+    assert first["rows_above"] == 0 and 0 < second["moved_above"] <= second["rows_above"] == 300 - LEADING_ROWS
 
 
-def test_gated_vocabulary_rows_take_scaled_steps_across_shards_and_zero_partitions(trained):
+def test_leading_vocabulary_rows_take_scaled_steps_across_shards_and_zero_partitions(trained):
     _, results = trained
-    for rank in results["gated row steps"]:
+    for rank in results["leading row steps"]:
         for layout, moves in rank.items():
             assert moves["moved_below"] > 0, layout
             assert moves["below_error"] < 1e-7 and moves["above_error"] < 1e-7, (layout, moves)

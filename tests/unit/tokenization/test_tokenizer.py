@@ -10,7 +10,7 @@ import pytest
 import sentencepiece as spm
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
+from pipeline.tokenization.tokenizer_config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.extension import Spared, extend_bpe
 from pipeline.tokenization.folder import TrainingError, adopt_base_tokenizer, token_roles, write_tokenizer_folder
 from pipeline.tokenization.metrics import evaluate, tokens_per_word, word_spans
@@ -197,7 +197,7 @@ def test_keep_base_refuses_a_base_without_an_end_of_text_token_and_names_what_to
 
 def test_extending_a_base_keeps_its_tokens_and_joins_them_with_merges_learnt_on_its_own_cuts(training_text,
                                                                                           embedded_records):
-    from pipeline.warmstart.transfer import plan_rows
+    from pipeline.warmup.transfer import plan_rows
 
     # an English base, as a real base is (GPT-2-like: byte-level, one end-of-text token)
     english = [r["text"] for r in embedded_records["eng"]][:300]

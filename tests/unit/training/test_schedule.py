@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.training.config import lr_factor
+from pipeline.training.train_config import lr_factor
 
 
 def factors(schedule: str, steps: int = 100, warmup: int = 10, floor: float = 0.1) -> list[float]:

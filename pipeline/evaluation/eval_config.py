@@ -41,7 +41,7 @@ class EvalConfig:
     # takes what `${work_dir}/<model.base_lang>/clean` held out when that clean stage is done (its held-out sources,
     # else its held-out split); or a file or folder as for `path`.
     base_lang_path: Optional[str] = None
-    # Tokens per window; null: the model's context, at most 2048, as training takes it (model/config.py).
+    # Tokens per window; null: the model's context, at most 2048, as training takes it (model/model_config.py).
     seq_len: Optional[int] = None
     # Tokens scored per window after the first; the rest of the window is context. Null: half the window.
     stride: Optional[int] = None

@@ -37,7 +37,7 @@ class RopeScaling:
 
 @dataclass
 class ModelConfig:
-    # The defaults are conf/model/tiny.yaml.
+    # The defaults are the demo's shape (conf/model/tiny.yaml, the default preset).
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4

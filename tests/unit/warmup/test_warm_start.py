@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import gzip
 import json
 import resource
@@ -14,22 +13,20 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from pipeline.config import REPO_ROOT, PipelineConfig, validate
 from pipeline.errors import ConfigError, StageError
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.model.config import ModelConfig
+from pipeline.model.model_config import ModelConfig
 from pipeline.model.model_tensors import ModuleTensors, build_model
 from pipeline.model.transformer import Transformer
-from pipeline.tokenization.config import SpecialTokens, TokenizerConfig
+from pipeline.tokenization.tokenizer_config import SpecialTokens, TokenizerConfig
 from pipeline.tokenization.folder import TrainedTokenizer, write_tokenizer_folder
 from pipeline.tokenization.surfaces import spelling, token_bytes
 from pipeline.tokenization.training import train_tokenizer
-from pipeline.warmstart.focus import sparsemax
-from pipeline.warmstart.initialise import (leading_base_rows, resident_bytes, token_sequences, transfer_plan,
-                                          warm_started, warmup_trainable)
-from pipeline.warmstart.transfer import build_matrix, fasttext_vectors, plan_rows
+from pipeline.warmup.initialise import (leading_base_rows, resident_bytes, transfer_plan, warm_started,
+                                          warmup_trainable)
+from pipeline.warmup.transfer import build_matrix, plan_rows
 
 ENGLISH = ["the king had three daughters and a house by the sea"] * 50 + ["she walked home in the rain"] * 50
 NORWEGIAN = ["kongen hadde tre døtre og et hus ved sjøen"] * 50 + ["hun gikk hjem i regnet, the end"] * 50
 ROLES = {"bos": 0, "eos": 1, "pad": 2, "unk": 3}
-METHODS = ("mean", "focus", "align")
 
 
 def bpe(texts: list[str], vocab: int = 512) -> Tokenizer:
@@ -65,16 +62,14 @@ def folder_of(path, tokenizer: Tokenizer):
 
 @pytest.fixture(scope="module")
 def transfer(tmp_path_factory):
-    """An English and a Norwegian tokenizer (as folders) trained on the embedded samples, and Norwegian text."""
+    """An English and a Norwegian tokenizer (as folders) trained on the embedded samples."""
     root = tmp_path_factory.mktemp("transfer")
     old, new = bpe(embedded_text("eng", 150_000), 800), bpe(embedded_text("nob", 150_000), 800)
-    return {"old": old, "new": new, "old_dir": folder_of(root / "old", old), "new_dir": folder_of(root / "new", new),
-            "texts": embedded_text("nob", 150_000)}
+    return {"old": old, "new": new, "old_dir": folder_of(root / "old", old), "new_dir": folder_of(root / "new", new)}
 
 
 def plan_of(transfer, method: str):
-    return transfer_plan(transfer["old_dir"], transfer["old"], transfer["new_dir"], transfer["new"], method, 1,
-                         transfer["texts"])
+    return transfer_plan(transfer["old_dir"], transfer["old"], transfer["new_dir"], transfer["new"], method)
 
 
 def test_token_bytes_reads_both_spellings():
@@ -131,64 +126,42 @@ def test_random_rows_follow_the_old_scale():
     assert counts == {"random": 1000} and abs(matrix.std().item() - 0.05) < 0.005
 
 
-def test_sparsemax_keeps_the_closest_scores_with_weights_summing_to_one():
-    weights = sparsemax(torch.tensor([[0.9, 0.85, 0.1, -0.5], [0.3, 0.3, 0.3, 0.3]]))
-    assert torch.allclose(weights.sum(dim=1), torch.ones(2))
-    assert torch.allclose(weights[0], torch.tensor([0.525, 0.475, 0.0, 0.0]))
-    assert torch.allclose(weights[1], torch.full((4,), 0.25))
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_each_init_copies_shared_rows_and_builds_finite_deterministic_new_ones(transfer, method):
-    plan, learnt = plan_of(transfer, method)
-    again, _ = plan_of(transfer, method)
-    assert plan.rows == again.rows
+def test_the_mean_init_copies_shared_rows_and_builds_finite_deterministic_new_ones(transfer):
+    plan = plan_of(transfer, "mean")
+    assert plan.rows == plan_of(transfer, "mean").rows
     old_matrix = torch.randn(transfer["old"].get_vocab_size(), 16, generator=torch.Generator().manual_seed(3))
-    matrix, counts = build_matrix(old_matrix, transfer["new"].get_vocab_size(), plan, method,
+    matrix, counts = build_matrix(old_matrix, transfer["new"].get_vocab_size(), plan, "mean",
                                   torch.Generator().manual_seed(0))
     assert torch.isfinite(matrix).all()
     copied = plan.ids_of("copied")
     assert len(copied) > 100
     for new_id in copied:
         assert torch.equal(matrix[new_id], old_matrix[plan.rows[new_id].old_ids[0]])
-    new_kind = {"mean": "averaged", "focus": "focus", "align": "aligned"}[method]
-    built = plan.ids_of(new_kind)
-    assert len(built) > 100 and counts[new_kind] == len(built)
+    built = plan.ids_of("averaged")
+    assert len(built) > 100 and counts["averaged"] == len(built)
     for new_id in built:
         row = plan.rows[new_id]
         assert abs(sum(row.weights) - 1) < 1e-5 and min(row.weights) > 0
         expected = sum(w * old_matrix[i] for i, w in zip(row.old_ids, row.weights))
         assert torch.allclose(matrix[new_id], expected, atol=1e-5)
-    shared_old = {plan.rows[new_id].old_ids[0] for new_id in copied}
-    if method == "focus":
-        # a new row mixes rows of shared tokens only, chosen by the static vectors
-        assert all(set(plan.rows[new_id].old_ids) <= shared_old for new_id in built)
-        assert learnt["tokens_with_vectors"] > 500 and learnt["shared_with_vectors"] > 100
-    if method == "align":
-        assert all(len(plan.rows[new_id].old_ids) == 1 for new_id in built)
-        assert learnt["anchors"] >= 20 and learnt["held_out_shared_tokens"] > 0
-        # shared tokens held out of the anchors, matched back among ~330 old tokens with vectors: 1 in 330 by chance
-        assert learnt["held_out_shared_recovered"] >= 0.1
 
 
 @pytest.mark.parametrize("tied", [True, False])
-@pytest.mark.parametrize("method", ("mean", "focus"))
-def test_tied_and_untied_heads_get_the_planned_rows_and_the_body_is_kept(transfer, method, tied):
+def test_tied_and_untied_heads_get_the_planned_rows_and_the_body_is_kept(transfer, tied):
     old, new = transfer["old"], transfer["new"]
     base = Transformer(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, ffn_size=64,
                                    vocab_size=old.get_vocab_size(), tie_embeddings=tied, init_std=0.5))
     before = resident_bytes() / 2**20
-    started, summary = warm_started(ModuleTensors(base), transfer["old_dir"], old, transfer["new_dir"], new, method,
-                                    0, texts=transfer["texts"])
+    started, summary = warm_started(ModuleTensors(base), transfer["old_dir"], old, transfer["new_dir"], new, "mean", 0)
     highest = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     model = build_model(started)
     cost = summary["cost"]
-    assert summary["method"] == method and cost["seconds"] > 0
+    assert summary["method"] == "mean" and cost["seconds"] > 0
     # the process's resident set, sampled: from where it started up to no more than the process's own peak, and the
     # added memory measured from that start
     assert before - 1 <= cost["peak_rss_mib"] <= highest + 1, (before, cost, highest)
     assert cost["peak_rss_mib"] - cost["peak_added_mib"] == pytest.approx(before, abs=2), (before, cost)
-    new_id = next(i for i in plan_of(transfer, "mean")[0].ids_of("copied") if len(new.decode([i])) > 2)
+    new_id = next(i for i in plan_of(transfer, "mean").ids_of("copied") if len(new.decode([i])) > 2)
     old_id = old.token_to_id(new.id_to_token(new_id))
     assert torch.equal(model.embedding.tokens.weight[new_id], base.embedding.tokens.weight[old_id])
     if tied:
@@ -208,42 +181,9 @@ def test_a_base_tokenizer_that_shares_nothing_fails_clearly_unless_random(transf
     cyrillic = Tokenizer(models.WordLevel({"привет": 0, "мир": 1, "<unk>": 2}, unk_token="<unk>"))
     cyrillic.pre_tokenizer = pre_tokenizers.Whitespace()
     cyrillic.add_special_tokens(["<unk>"])
-    for method in METHODS:
-        with pytest.raises(StageError, match="shares no token.*warmup.init=random"):
-            transfer_plan(tmp_path, cyrillic, transfer["new_dir"], transfer["new"], method, 1, transfer["texts"])
-    plan, _ = transfer_plan(tmp_path, cyrillic, transfer["new_dir"], transfer["new"], "random", 1, None)
-    assert plan is None
-
-
-def test_focus_vectors_do_not_depend_on_memory_the_process_freed_before(transfer, tmp_path):
-    """fastText's training leaves large matrices uninitialised: in a process whose heap holds freed garbage it gave
-    other vectors or a NaN (seen in the full suite). Fill the heap with large floats, free it, train again."""
-    sequences = token_sequences(transfer["new"], transfer["texts"])
-    before = fasttext_vectors(sequences, transfer["new"], tmp_path / "before")
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
-    # sizes of 16 B to 2 MB: freeing the mmapped ones raises glibc's mmap threshold, so the heap keeps the rest
-    sizes = torch.randint(16, 2_000_000, (3000,), generator=torch.Generator().manual_seed(0)).tolist()
-    blocks = [libc.malloc(size) for size in sizes]
-    for block, size in zip(blocks, sizes):
-        ctypes.memset(block, 0x7F, size)  # 0x7f7f7f7f: a float of 3.4e38
-    for block in blocks:
-        libc.free(block)
-    after = fasttext_vectors(sequences, transfer["new"], tmp_path / "after")
-    assert len(before.ids) > 500
-    assert torch.equal(torch.from_numpy(before.ids), torch.from_numpy(after.ids))
-    assert torch.equal(torch.from_numpy(before.vectors), torch.from_numpy(after.vectors))
-
-
-@pytest.mark.parametrize("method", ("focus", "align"))
-def test_too_little_text_falls_back_to_the_mean_rows(transfer, method):
-    mean, _ = plan_of(transfer, "mean")
-    plan, learnt = transfer_plan(transfer["old_dir"], transfer["old"], transfer["new_dir"], transfer["new"], method,
-                                 1, ["Kongen hadde tre døtre."])
-    assert "every new row stays `mean`" in learnt["fallback"]
-    assert plan.rows == mean.rows
-    with pytest.raises(ValueError, match="learns from text"):
-        transfer_plan(transfer["old_dir"], transfer["old"], transfer["new_dir"], transfer["new"], method, 1, None)
+    with pytest.raises(StageError, match="shares no token.*warmup.init=random"):
+        transfer_plan(tmp_path, cyrillic, transfer["new_dir"], transfer["new"], "mean")
+    assert transfer_plan(tmp_path, cyrillic, transfer["new_dir"], transfer["new"], "random") is None
 
 
 def test_the_warmup_trains_the_embeddings_and_what_the_switches_add():
@@ -260,12 +200,12 @@ def test_the_warmup_trains_the_embeddings_and_what_the_switches_add():
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("init", "fvt", "Allowed: mean, random, focus, align"),
-    ("transfer_bytes", 0, "a number of bytes >= 1"),
+    ("init", "focus", "Allowed: mean, random"),
     ("train_head", False, "a tied head is the input embedding"),
 ])
 def test_bad_warmup_settings_fail_at_start_naming_the_key(key, value, message):
     cfg = PipelineConfig(stage="warmup", lang=language_config("nob", LANGUAGES["nob"]))
+    cfg.tokenizer.extend_base = False  # no model.base to extend here (the base-model rule)
     setattr(cfg.warmup, key, value)
     with pytest.raises(ConfigError, match=rf"`warmup.{key}`.*{message}"):
         validate(cfg)

@@ -59,6 +59,15 @@ def heldout_source_patterns(clean: CleanConfig, lang) -> List[str]:
     return list(lang.heldout_sources if clean.heldout_sources is None else clean.heldout_sources)
 
 
+def no_heldout_advice(clean: CleanConfig) -> str:
+    """What to do when the clean stage held out nothing, given its settings: never a setting in force."""
+    if clean.heldout_fraction == 0 and clean.heldout_min_documents == 0:
+        return "run clean with clean.heldout_fraction > 0 or clean.heldout_min_documents > 0."
+    return (f"with clean.heldout_fraction={clean.heldout_fraction:g} and clean.heldout_min_documents="
+            f"{clean.heldout_min_documents}, the clean stage kept too few documents to hold any out: add text to the "
+            "language's raw folder, or give eval text to stage=evaluate with eval.path=.")
+
+
 def validate_clean(clean: CleanConfig) -> None:
     if not 0.0 <= clean.heldout_fraction < 1.0:
         raise ConfigError("clean.heldout_fraction", clean.heldout_fraction, ["a number in [0, 1)"])

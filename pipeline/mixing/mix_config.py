@@ -82,8 +82,8 @@ class ReplayConfig:
     """`stage=replay`: documents sampled from `model.base` in its own language (pipeline/mixing/replay.py), which the
     default mix replays beside that language's text (conf/mix/default.yaml)."""
 
-    # Tokens to sample (of the base's tokenizer); 0: none. conf/pretrained_base.yaml sets it for a real base.
-    tokens: int = 0
+    # Tokens to sample (of the base's tokenizer); 0: none. Only a `model.base` samples (the demo has none).
+    tokens: int = 6_000_000
     # A document ends at the base's end-of-text token or after this many tokens.
     length: int = 1024
     # Documents sampled at once; null: as many as half the GPU's free memory holds with their KV cache (a small

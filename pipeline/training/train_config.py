@@ -4,28 +4,31 @@ Learning-rate schedules: a linear warm-up, then constant, cosine, linear or warm
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.errors import ConfigError
-from pipeline.parallel.config import ParallelConfig
+from pipeline.parallel.parallel_config import ParallelConfig
 
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass
 class TrainConfig:
+    """pretrain's budget and optimizer. The defaults are the recipe of continued pretraining from a real base
+    (`model.base`), measured on SmolLM2-135M (docs/own-base-model.md, "Why these defaults"); without a base the demo
+    recipe sets CPU-sized budgets (conf/scale/demo.yaml)."""
+
     # Optimizer steps; null: what the mix planned, one pass of the pack (its tokens / (global_batch_size x seq_len)).
     # More than the plan is refused: raise the plan itself (mix.tokens, mix.max_epochs) to train longer.
     steps: Optional[int] = None
     # Sequences per optimizer step over all data-parallel ranks, and per rank and forward pass;
     # gradient accumulation is global / (micro x dp). micro_batch_size null: the largest that fits the device
     # (the memory planner, pipeline/memory_fit: fitting_micro_batch), chosen when the stage starts.
-    global_batch_size: int = 32
-    micro_batch_size: Optional[int] = 4
-    # Tokens per sequence; null: the model's context, at most 2048 (pipeline/model/config.py: training_seq_len).
+    global_batch_size: int = 64
+    micro_batch_size: Optional[int] = None
+    # Tokens per sequence; null: the model's context, at most 2048 (pipeline/model/model_config.py: training_seq_len).
     seq_len: Optional[int] = None
     lr: float = 3e-4
     schedule: str = "cosine"
@@ -107,34 +110,6 @@ def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str 
     for key in ("eval_every", "checkpoint_every", "activation_checkpoint_interval"):
         if getattr(train, key) < 0:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 0"])
-
-
-WARMUP_SHARE = 0.02
-
-
-def planned(train: TrainConfig, seq_len: int, plan_tokens: int, pack: str, prefix: str = "train",
-            share: float = 1.0) -> TrainConfig:
-    """The section with its step budget fixed by the mix plan: `steps` null trains `share` of one pass of the pack
-    (all of it: the tokens the plan allows, every source within its epoch cap); more steps than one pass is refused
-    with the figures, since it would repeat the data beyond mix.max_epochs. `warmup_steps` null becomes
-    WARMUP_SHARE of the steps."""
-    per_step = train.global_batch_size * seq_len
-    fits = plan_tokens // per_step
-    if fits < 1:
-        raise ConfigError(f"{prefix}.global_batch_size", train.global_batch_size, [
-            f"at most {max(1, plan_tokens // seq_len):,} sequences of {seq_len:,} tokens: the mix plan of {pack} "
-            f"holds only {plan_tokens:,} tokens (raise mix.tokens, or give the language more text)"])
-    steps = max(1, round(share * fits)) if train.steps is None else train.steps
-    if steps > fits:
-        raise ConfigError(f"{prefix}.steps", train.steps, [
-            f"at most {fits:,}: {train.steps:,} steps x {train.global_batch_size} sequences x {seq_len:,} tokens = "
-            f"{train.steps * per_step:,} tokens, more than the {plan_tokens:,} tokens the mix planned ({pack}), so "
-            f"the data would be repeated beyond mix.max_epochs",
-            "null (one pass of the plan)",
-            "more steps after raising the plan itself: mix.tokens=<tokens> or mix.max_epochs=<epochs>, then stage=mix "
-            "and stage=pack again"])
-    warmup = train.warmup_steps if train.warmup_steps is not None else max(1, round(WARMUP_SHARE * steps))
-    return dataclasses.replace(train, steps=steps, warmup_steps=warmup)
 
 
 SCHEDULES = ("constant", "cosine", "linear", "wsd")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.errors import ConfigError
-from pipeline.model.config import ModelConfig, uneven_for_tensor_parallel
+from pipeline.model.model_config import ModelConfig, uneven_for_tensor_parallel
 
 
 @dataclass

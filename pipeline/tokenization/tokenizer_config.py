@@ -62,8 +62,8 @@ class TokenizerConfig:
     # Extend the base's BPE tokenizer (`base`, else `model.base`'s) with `added_tokens` tokens learnt on the mix
     # plan's sample as the base cuts it (pipeline/tokenization/extension.py): every base token keeps its id, and the
     # base's language is cut as before. `vocab_size` does not apply; the total is rounded up to a multiple of 128.
-    # `keep_base=true` wins over it (a real base's defaults extend; keep_base=true keeps the base's tokenizer as is).
-    extend_base: bool = False
+    # `keep_base=true` wins over it. null: true with `model.base`, false without (pipeline/config.py: BASE_MODEL_RULES).
+    extend_base: Optional[bool] = None
     added_tokens: int = 16384
     # With extend_base: an added token is left out where the plan's other sources (the base's own language
     # replayed, fillers) use it at least this many times as often per byte as the target's text, since each use
