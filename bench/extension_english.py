@@ -1,9 +1,10 @@
-"""Experiment (issue 27): how much of the base's own language an extended tokenizer cuts anew, with and without that
-language in the text the added merges learn from, and sparing it. A base tokenizer (SmolLM2's) is extended by
-`--added` tokens on `--target-bytes` of the target's clean training text: alone; with `--english-bytes` of the base
-language's clean training text; alone, leaving out the tokens that this English uses (`--spare-ratio`, as
-`tokenizer.spare_ratio` does). Each extension then cuts the base language's held-out book (`heldout_source`) and
-the target's held-out split. CPU only (2 cores: under a minute per extension for 30 MB).
+"""Experiment (issue 27): how much of the base's own language an extended tokenizer cuts anew, with
+and without that language in the text the added merges learn from, and sparing it. A base tokenizer
+(SmolLM2's) is extended by `--added` tokens on `--target-bytes` of the target's clean training text:
+alone; with `--english-bytes` of the base language's clean training text; alone, leaving out the
+tokens that this English uses (`--spare-ratio`, as `tokenizer.spare_ratio` does). Each extension
+then cuts the base language's held-out book (`heldout_source`) and the target's held-out split. CPU
+only (2 cores: under a minute per extension for 30 MB).
 
     python bench/extension_english.py --base <smollm2>/tokenizer.json --work <work_dir> [--lang nob --base-lang eng]
 """
@@ -41,7 +42,9 @@ def texts(folder: Path, limit: int | None = None) -> Iterator[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the base's tokenizer.json")
-    parser.add_argument("--work", required=True, help="a work folder with <lang>/clean and <base-lang>/clean")
+    parser.add_argument(
+        "--work", required=True, help="a work folder with <lang>/clean and <base-lang>/clean"
+    )
     parser.add_argument("--lang", default="nob")
     parser.add_argument("--base-lang", default="eng")
     parser.add_argument("--added", type=int, default=16384)
@@ -56,21 +59,35 @@ def main() -> None:
     book = list(texts(work / args.base_lang / "clean" / "heldout_source"))
     heldout = list(texts(work / args.lang / "clean" / "heldout"))
     heldout_bytes = sum(len(text.encode("utf-8")) for text in heldout)
-    print(f"base: {sum(len(base.encode(t, add_special_tokens=False).ids) for t in book):,} tokens in the book")
+    print(
+        f"base: {sum(len(base.encode(t, add_special_tokens=False).ids) for t in book):,} tokens in "
+        "the book"
+    )
     target = list(texts(work / args.lang / "clean" / "train", args.target_bytes))
     english = list(texts(work / args.base_lang / "clean" / "train", args.english_bytes))
     english_bytes = sum(len(text.encode("utf-8")) for text in english)
     every = max(1, round(sum(len(text.encode("utf-8")) for text in target) / english_bytes))
-    spared = Spared(english, target[::every], args.spare_ratio)  # as the stage counts the target: every k-th
-    for name, documents, spare in ((f"{args.lang} only", target, None),
-                                   (f"{args.lang} + {args.base_lang}", target + english, None),
-                                   (f"{args.lang} only, sparing {args.base_lang}", target, spared)):
+    spared = Spared(
+        english, target[::every], args.spare_ratio
+    )  # as the stage counts the target: every k-th
+    for name, documents, spare in (
+        (f"{args.lang} only", target, None),
+        (f"{args.lang} + {args.base_lang}", target + english, None),
+        (f"{args.lang} only, sparing {args.base_lang}", target, spared),
+    ):
         extended, added = extend_bpe(base, lambda: iter(documents), args.added, 2, spare)
         cut = [extended.encode(text, add_special_tokens=False).ids for text in book]
-        per_byte = sum(len(extended.encode(t, add_special_tokens=False).ids) for t in heldout) / heldout_bytes
+        per_byte = (
+            sum(len(extended.encode(t, add_special_tokens=False).ids) for t in heldout)
+            / heldout_bytes
+        )
         used = sum(1 for ids in cut for token in ids if token >= first_added)
-        print(f"{name}: {added['left_out']} left out; {sum(map(len, cut)):,} tokens in the book, {used} of them added; "
-              f"{args.lang} held-out split {per_byte:.4f} tokens per byte", flush=True)
+        print(
+            f"{name}: {added['left_out']} left out; {sum(map(len, cut)):,} tokens in the book, "
+            f"{used} of them added; "
+            f"{args.lang} held-out split {per_byte:.4f} tokens per byte",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

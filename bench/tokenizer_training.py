@@ -1,12 +1,13 @@
-"""Benchmark: byte-level BPE and SentencePiece trained on the same sample, time and peak memory side by side.
+"""Benchmark: byte-level BPE and SentencePiece trained on the same sample, time and peak memory side
+by side.
 
-Each training runs in a fresh process (this script with `--train`), so that one backend's memory never
-counts against another's; its peak is the process's own `ru_maxrss` read as soon as training returns
-(before the encoding below). A baseline process imports the same libraries and reads the sample
-without training: what is above its peak is the training's own memory. Every backend gets the same
-number of threads (`--threads`: Rayon threads for `tokenizers`, `num_threads` for SentencePiece).
-After training, each process encodes the whole sample once with its `tokenizer.json` (through
-`tokenizers`, in batches) to report the encoding speed too.
+Each training runs in a fresh process (this script with `--train`), so that one backend's memory
+never counts against another's; its peak is the process's own `ru_maxrss` read as soon as training
+returns (before the encoding below). A baseline process imports the same libraries and reads the
+sample without training: what is above its peak is the training's own memory. Every backend gets the
+same number of threads (`--threads`: Rayon threads for `tokenizers`, `num_threads` for
+SentencePiece). After training, each process encodes the whole sample once with its `tokenizer.json`
+(through `tokenizers`, in batches) to report the encoding speed too.
 
     python bench/tokenizer_training.py                      # embedded nob + eng, 32768 tokens
     python bench/tokenizer_training.py --vocab-size 8192 --input /data/nob_sample
@@ -57,26 +58,41 @@ def write_sample(folders: list[Path], path: Path, scratch: Path) -> tuple[int, i
 
 
 def train_once(name: str, sample: Path, vocab_size: int, threads: int) -> dict:
-    """In the child process: train (or only read, for the baseline) and encode the sample; the timings."""
+    """In the child process: train (or only read, for the baseline) and encode the sample; the
+    timings."""
     from pipeline.tokenization.training import train_tokenizer
 
     options = RUNS[name]
-    if options is None:  # the baseline: the libraries the trainers load, and the sample read through
+    if (
+        options is None
+    ):  # the baseline: the libraries the trainers load, and the sample read through
         for library in ("sentencepiece", "tokenizers"):
             importlib.import_module(library)
         sum(1 for _ in read_sample(sample))
         return {"peak_rss_mib": peak_rss_mib()}
     start = time.perf_counter()
-    trained = train_tokenizer(read_sample(sample), TokenizerConfig(vocab_size=vocab_size, **options), threads)
+    trained = train_tokenizer(
+        read_sample(sample), TokenizerConfig(vocab_size=vocab_size, **options), threads
+    )
     train_s = time.perf_counter() - start
     train_peak = peak_rss_mib()
     texts = list(read_sample(sample))
     start = time.perf_counter()
-    tokens = sum(len(e.ids) for i in range(0, len(texts), ENCODE_BATCH)
-                 for e in trained.tokenizer.encode_batch(texts[i:i + ENCODE_BATCH], add_special_tokens=False))
+    tokens = sum(
+        len(e.ids)
+        for i in range(0, len(texts), ENCODE_BATCH)
+        for e in trained.tokenizer.encode_batch(
+            texts[i : i + ENCODE_BATCH], add_special_tokens=False
+        )
+    )
     encode_s = time.perf_counter() - start
-    return {"train_s": train_s, "peak_rss_mib": train_peak, "encode_s": encode_s, "tokens": tokens,
-            "vocab_size": trained.tokenizer.get_vocab_size()}
+    return {
+        "train_s": train_s,
+        "peak_rss_mib": train_peak,
+        "encode_s": encode_s,
+        "tokens": tokens,
+        "vocab_size": trained.tokenizer.get_vocab_size(),
+    }
 
 
 def peak_rss_mib() -> float:
@@ -85,37 +101,63 @@ def peak_rss_mib() -> float:
 
 def run_child(name: str, sample: Path, vocab_size: int, threads: int, out: Path) -> dict:
     env = {**os.environ, "RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
-    command = [sys.executable, __file__, "--train", name, "--sample", str(sample), "--vocab-size", str(vocab_size),
-               "--threads", str(threads), "--out", str(out)]
+    command = [
+        sys.executable,
+        __file__,
+        "--train",
+        name,
+        "--sample",
+        str(sample),
+        "--vocab-size",
+        str(vocab_size),
+        "--threads",
+        str(threads),
+        "--out",
+        str(out),
+    ]
     subprocess.run(command, env=env, check=True)
     return json.loads(out.read_text())
 
 
 def table(results: dict, sample_bytes: int) -> str:
     baseline = results[next(iter(RUNS))]["peak_rss_mib"]
-    rows = ["| run | train time (s) | peak RSS (MiB) | RSS above baseline (MiB) | encode (MB/s) | bytes per token "
-            "| vocab |", "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| run | train time (s) | peak RSS (MiB) | RSS above baseline (MiB) | encode (MB/s) | "
+        "bytes per token "
+        "| vocab |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
         if "train_s" not in r:
             rows.append(f"| {name} | | {r['peak_rss_mib']:.0f} | 0 | | | |")
             continue
-        rows.append(f"| {name} | {r['train_s']:.1f} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] - baseline:.0f} | "
-                    f"{sample_bytes / r['encode_s'] / 1e6:.1f} | {sample_bytes / r['tokens']:.2f} | "
-                    f"{r['vocab_size']:,} |")
+        rows.append(
+            f"| {name} | {r['train_s']:.1f} | {r['peak_rss_mib']:.0f} | "
+            f"{r['peak_rss_mib'] - baseline:.0f} | "
+            f"{sample_bytes / r['encode_s'] / 1e6:.1f} | {sample_bytes / r['tokens']:.2f} | "
+            f"{r['vocab_size']:,} |"
+        )
     anchor = results[ANCHOR]
     for name in COMPARED:
         r = results[name]
-        rows.append(f"| ratio {name} / {ANCHOR} | {r['train_s'] / anchor['train_s']:.2f} | "
-                    f"{r['peak_rss_mib'] / anchor['peak_rss_mib']:.2f} | "
-                    f"{(r['peak_rss_mib'] - baseline) / (anchor['peak_rss_mib'] - baseline):.2f} | "
-                    f"{anchor['encode_s'] / r['encode_s']:.2f} | | |")
+        rows.append(
+            f"| ratio {name} / {ANCHOR} | {r['train_s'] / anchor['train_s']:.2f} | "
+            f"{r['peak_rss_mib'] / anchor['peak_rss_mib']:.2f} | "
+            f"{(r['peak_rss_mib'] - baseline) / (anchor['peak_rss_mib'] - baseline):.2f} | "
+            f"{anchor['encode_s'] / r['encode_s']:.2f} | | |"
+        )
     return "\n".join(rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--input", nargs="+", type=Path, default=[REPO / "data" / "nob", REPO / "data" / "eng"],
-                        help="raw folders (JSONL/Parquet with a `text` field) whose documents form the sample")
+    parser.add_argument(
+        "--input",
+        nargs="+",
+        type=Path,
+        default=[REPO / "data" / "nob", REPO / "data" / "eng"],
+        help="raw folders (JSONL/Parquet with a `text` field) whose documents form the sample",
+    )
     parser.add_argument("--vocab-size", type=int, default=32768)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--train", help=argparse.SUPPRESS)
@@ -123,16 +165,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.train:  # the child process
-        args.out.write_text(json.dumps(train_once(args.train, args.sample, args.vocab_size, args.threads)))
+        args.out.write_text(
+            json.dumps(train_once(args.train, args.sample, args.vocab_size, args.threads))
+        )
         return
 
     with tempfile.TemporaryDirectory() as tmp:
         sample = Path(tmp) / "sample.jsonl"
         docs, size = write_sample(args.input, sample, Path(tmp) / "scratch")
-        print(f"sample: {docs:,} documents, {size / 1e6:.2f} MB from {', '.join(str(p) for p in args.input)}; "
-              f"vocab_size {args.vocab_size}; {args.threads} threads", flush=True)
-        results = {name: run_child(name, sample, args.vocab_size, args.threads, Path(tmp) / f"{i}.json")
-                   for i, name in enumerate(RUNS)}
+        print(
+            f"sample: {docs:,} documents, {size / 1e6:.2f} MB from "
+            f"{', '.join(str(p) for p in args.input)}; "
+            f"vocab_size {args.vocab_size}; {args.threads} threads",
+            flush=True,
+        )
+        results = {
+            name: run_child(name, sample, args.vocab_size, args.threads, Path(tmp) / f"{i}.json")
+            for i, name in enumerate(RUNS)
+        }
     print(table(results, size))
 
 

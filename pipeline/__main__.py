@@ -14,8 +14,16 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config_origins import job_config_with_origins, shows_job_config
-from pipeline.config import (CONF_DIR, PLAN_TARGET, WORKFLOW_TARGETS, PipelineConfig, check_target, register_configs,
-                             validate, with_base_model_rules)
+from pipeline.config import (
+    CONF_DIR,
+    PLAN_TARGET,
+    WORKFLOW_TARGETS,
+    PipelineConfig,
+    check_target,
+    register_configs,
+    validate,
+    with_base_model_rules,
+)
 from pipeline.errors import ConfigError, StageError, StageInterrupted, os_error_message
 from pipeline.languages import UnknownLanguageError
 from pipeline.memory_fit import print_plan
@@ -34,13 +42,17 @@ def hydra_main(cfg: DictConfig) -> None:
         validate(config)
         check_target(config)
         if config.stage in WORKFLOW_TARGETS:
-            from pipeline.workflow import run_workflow_target  # imports every stage, hence torch: not for --help
+            from pipeline.workflow import (
+                run_workflow_target,
+            )  # imports every stage, hence torch: not for --help
 
             run_workflow_target(config)
         elif config.stage == PLAN_TARGET:
             print_plan(config)
         else:
-            from pipeline.stages import run_target  # the stages import torch and datatrove: not for --help
+            from pipeline.stages import (
+                run_target,
+            )  # the stages import torch and datatrove: not for --help
 
             run_target(config)
     except StageInterrupted as error:
@@ -50,23 +62,29 @@ def hydra_main(cfg: DictConfig) -> None:
         log.error("%s", error)
         sys.exit(1)
     except OSError as error:
-        if error.errno is None:  # a library's own error in OSError's clothes (a model it cannot load), no OS error
+        if (
+            error.errno is None
+        ):  # a library's own error in OSError's clothes (a model it cannot load), no OS error
             raise
-        # datatrove's worker processes hand their OSError back as it was raised, errno and path included.
+        # datatrove's worker processes hand their OSError back as it was raised, errno and path
+        # included.
         log.error("%s", os_error_message(error, {"work_dir": cfg.work_dir, "raw_dir": cfg.raw_dir}))
         sys.exit(1)
 
 
 def usage() -> str:
-    """The `--help` text of conf/config.yaml. Hydra would compose the config and list every config group's options
-    first (seconds) although the text shows none of them: it names no `$` variable of Hydra's (tests/unit/test_cli.py)."""
+    """The `--help` text of conf/config.yaml. Hydra would compose the config and list every config
+    group's options first (seconds) although the text shows none of them: it names no `$` variable
+    of Hydra's (tests/unit/test_cli.py)."""
     with open(CONF_DIR / "config.yaml", encoding="utf-8") as handle:
-        return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["hydra"]["help"]["template"]
+        return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["hydra"][
+            "help"
+        ]["template"]
 
 
 def _work_dir(argv: list[str]) -> Optional[str]:
-    """The work folder the command line names, as Hydra reads it; None for one only Hydra can tell (an
-    interpolation, a sweep over several)."""
+    """The work folder the command line names, as Hydra reads it; None for one only Hydra can tell
+    (an interpolation, a sweep over several)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     given = [arg for arg in argv if arg.startswith("work_dir=")]
@@ -78,9 +96,10 @@ def _work_dir(argv: list[str]) -> Optional[str]:
 
 
 def check_work_dir(command: CommandLine) -> None:
-    """Write a page into the work folder before Hydra makes its run folder there (config copies, the log): Hydra
-    catches an OS error of its own writes and prints a traceback, HYDRA_FULL_ERROR or not, before any code of ours
-    runs. Writing, not only making the folder, finds a full disk too: tmpfs makes a folder on a full one."""
+    """Write a page into the work folder before Hydra makes its run folder there (config copies, the
+    log): Hydra catches an OS error of its own writes and prints a traceback, HYDRA_FULL_ERROR or
+    not, before any code of ours runs. Writing, not only making the folder, finds a full disk too:
+    tmpfs makes a folder on a full one."""
     work_dir = _work_dir(command.argv)
     if work_dir is None or any(arg.split("=", 1)[0] in _NO_RUN_FLAGS for arg in command.argv):
         return
@@ -93,7 +112,9 @@ def check_work_dir(command: CommandLine) -> None:
                 probe.write(bytes(4096))
                 probe.flush()
         except OSError as error:
-            raise OSError(error.errno, error.strerror, folder) from None  # the probe's own name means nothing
+            raise OSError(
+                error.errno, error.strerror, folder
+            ) from None  # the probe's own name means nothing
     except OSError as error:
         print(f"error: {os_error_message(error, {'work_dir': work_dir})}", file=sys.stderr)
         sys.exit(1)
@@ -114,8 +135,8 @@ def main() -> None:
         print(job_config_with_origins(command.argv, command.base_shape))
         return
     check_work_dir(command)
-    # On a full disk the log file takes no more lines: each would print a traceback of logging's own on stderr,
-    # above the one line that says what happened (the console still shows every line).
+    # On a full disk the log file takes no more lines: each would print a traceback of logging's own
+    # on stderr, above the one line that says what happened (the console still shows every line).
     logging.raiseExceptions = False
     hydra_main()
 
@@ -124,6 +145,7 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        # Out of the way of the interpreter's last collections at exit, which would visit every object of torch,
-        # DeepSpeed and datatrove once more: about a second of each process (a Slurm job, a workflow's task).
+        # Out of the way of the interpreter's last collections at exit, which would visit every
+        # object of torch, DeepSpeed and datatrove once more: about a second of each process (a
+        # Slurm job, a workflow's task).
         gc.freeze()

@@ -1,18 +1,18 @@
-"""The pipeline's whole configuration, assembled from the sections each package owns, and registered in
-Hydra's ConfigStore.
+"""The pipeline's whole configuration, assembled from the sections each package owns, and registered
+in Hydra's ConfigStore.
 
 The YAML files under `conf/` give defaults; the dataclasses give types, so that a mistyped value
-(`clean.heldout_fraction=abc`) or an unknown key fails before any work starts. Each package owns its section
-and its checks (`corpus/clean_config.py` has `clean`, `mixing/mix_config.py` has `mix` ...); this module only puts
-them together. Each language of `conf/languages.yaml` becomes an option of the `lang` group, so `lang=nob` puts
-the whole entry, filter thresholds included, into the config where `--cfg job` shows it and overrides can change
-it (`lang.filters.line_punct_thr=0.15`).
+(`clean.heldout_fraction=abc`) or an unknown key fails before any work starts. Each package owns its
+section and its checks (`corpus/clean_config.py` has `clean`, `mixing/mix_config.py` has `mix` ...);
+this module only puts them together. Each language of `conf/languages.yaml` becomes an option of the
+`lang` group, so `lang=nob` puts the whole entry, filter thresholds included, into the config where
+`--cfg job` shows it and overrides can change it (`lang.filters.line_punct_thr=0.15`).
 
 What `stage=` accepts, torch-free so that the command line checks it in a moment.
 
-The recipe's stages in order (each a module of pipeline/stages/ under the stage contract), `all` for the
-whole chain of one language, the Slurm targets of pipeline/workflow/, which take several languages, and `plan`
-(pipeline/memory_fit/), which takes none.
+The recipe's stages in order (each a module of pipeline/stages/ under the stage contract), `all` for
+the whole chain of one language, the Slurm targets of pipeline/workflow/, which take several
+languages, and `plan` (pipeline/memory_fit/), which takes none.
 """
 
 from __future__ import annotations
@@ -34,7 +34,11 @@ from pipeline.mixing.mix_config import MixConfig, ReplayConfig, validate_mix, va
 from pipeline.model.base_shape import check_base_shape
 from pipeline.model.model_config import ExportConfig, ModelConfig, validate_export, validate_model
 from pipeline.packing.pack_config import PackConfig, validate_pack
-from pipeline.parallel.parallel_config import ParallelConfig, check_tensor_parallel, validate_parallel
+from pipeline.parallel.parallel_config import (
+    ParallelConfig,
+    check_tensor_parallel,
+    validate_parallel,
+)
 from pipeline.tokenization.tokenizer_config import TokenizerConfig, validate_tokenizer
 from pipeline.training.train_config import TrainConfig, validate_training
 from pipeline.warmup.warmup_config import WarmupConfig, validate_warmup
@@ -42,15 +46,21 @@ from pipeline.warmup.warmup_config import WarmupConfig, validate_warmup
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
 EMBEDDED_DATA_DIR = REPO_ROOT / "data"
-KERNEL_BACKENDS = ("auto", "reference", "triton")  # pipeline/kernels/backend.py (which imports torch)
+KERNEL_BACKENDS = (
+    "auto",
+    "reference",
+    "triton",
+)  # pipeline/kernels/backend.py (which imports torch)
 
-# The scale group: `demo` (conf/scale/demo.yaml, CPU-sized budgets) for the demo's model, conf/config.yaml's default
-# preset without model.base; `full`, the defaults as they are, which the command line chooses for a model.base (whose
-# shape it merges over the preset's) or another preset (pipeline/overrides.py: with_full_scale).
+# The scale group: `demo` (conf/scale/demo.yaml, CPU-sized budgets) for the demo's model,
+# conf/config.yaml's default preset without model.base; `full`, the defaults as they are, which the
+# command line chooses for a model.base (whose shape it merges over the preset's) or another preset
+# (pipeline/overrides.py: with_full_scale).
 SCALE_GROUP, FULL_SCALE, DEMO_MODEL = "scale", "full", "tiny"
 FULL_SCALE_OVERRIDE = f"{SCALE_GROUP}={FULL_SCALE}"
 
-# Keys whose default depends on whether a base model is given (null in the dataclasses): (with model.base, without).
+# Keys whose default depends on whether a base model is given (null in the dataclasses): (with
+# model.base, without).
 BASE_MODEL_RULES = {"tokenizer.extend_base": (True, False)}
 
 PRETRAIN_INITS = ("warmup", "hf", "scratch")
@@ -59,8 +69,9 @@ RESUME = ("auto", "never")
 
 @dataclass
 class DemoBaseConfig:
-    """The demo's base model when `model.base` is not given: `stage=all` pretrains one from scratch on the
-    embedded text of `model.base_lang` (`lang=eng init=scratch`, in `${work_dir}/eng/`) and caches it there."""
+    """The demo's base model when `model.base` is not given: `stage=all` pretrains one from scratch
+    on the embedded text of `model.base_lang` (`lang=eng init=scratch`, in `${work_dir}/eng/`) and
+    caches it there."""
 
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -70,8 +81,9 @@ class PipelineConfig:
     stage: str = MISSING
     # Every stage but workflow and status needs one language (`lang=nob`).
     lang: Optional[LanguageConfig] = None
-    # stage=workflow and stage=status: several languages (`langs=[nob,nno]`, or `langs=all` for the 75 HPLT v1.2
-    # languages); the command line resolves aliases and checks each code against the table.
+    # stage=workflow and stage=status: several languages (`langs=[nob,nno]`, or `langs=all` for the
+    # 75 HPLT v1.2 languages); the command line resolves aliases and checks each code against the
+    # table.
     langs: Optional[List[str]] = None
     work_dir: str = "work"
     raw_dir: str = str(EMBEDDED_DATA_DIR)
@@ -79,7 +91,8 @@ class PipelineConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
     mix: MixConfig = field(default_factory=MixConfig)
-    # stage=replay: text the base writes in its own language, for the mix's replay (used with model.base).
+    # stage=replay: text the base writes in its own language, for the mix's replay (used with
+    # model.base).
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     pack: PackConfig = field(default_factory=PackConfig)
@@ -87,13 +100,14 @@ class PipelineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
-    # pretrain: where its weights start (`warmup`: the warmup stage's checkpoint; `hf`: model.base, which must
-    # use the pack's tokenizer; `scratch`: random), and whether it continues from its latest checkpoint.
+    # pretrain: where its weights start (`warmup`: the warmup stage's checkpoint; `hf`: model.base,
+    # which must use the pack's tokenizer; `scratch`: random), and whether it continues from its
+    # latest checkpoint.
     init: str = "warmup"
     resume: str = "auto"
     train: TrainConfig = field(default_factory=TrainConfig)
-    # The training stages' kernels: `auto` (Triton on a GPU, the PyTorch reference on a CPU), `reference`
-    # anywhere (to rule a kernel out), or `triton` (pipeline/kernels/backend.py).
+    # The training stages' kernels: `auto` (Triton on a GPU, the PyTorch reference on a CPU),
+    # `reference` anywhere (to rule a kernel out), or `triton` (pipeline/kernels/backend.py).
     kernels: str = "auto"
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -104,14 +118,16 @@ class PipelineConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
 
 
-def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Optional[dict] = None) -> None:
-    """Register the schema, a `lang` option for each of `languages` (None: every language of the table) and the
-    `scale=full` option with the shape of `model.base` (pipeline/model/base_shape.py; None: the preset's, without a
-    base or for one only Hydra resolves).
+def register_configs(
+    languages: Optional[Iterable[str]] = None, base_shape: Optional[dict] = None
+) -> None:
+    """Register the schema, a `lang` option for each of `languages` (None: every language of the
+    table) and the `scale=full` option with the shape of `model.base` (pipeline/model/base_shape.py;
+    None: the preset's, without a base or for one only Hydra resolves).
 
-    Only the languages a run names are registered (the command line knows them, pipeline/overrides.py): Hydra
-    copies the whole ConfigStore each time it looks up a config group, so all 76 entries made `--cfg job` take
-    seconds."""
+    Only the languages a run names are registered (the command line knows them,
+    pipeline/overrides.py): Hydra copies the whole ConfigStore each time it looks up a config group,
+    so all 76 entries made `--cfg job` take seconds."""
     cs = ConfigStore.instance()
     cs.store(name="pipeline_schema", node=PipelineConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
@@ -122,25 +138,30 @@ def register_configs(languages: Optional[Iterable[str]] = None, base_shape: Opti
 
 
 def register_full_scale(shape: Optional[dict]) -> None:
-    """The option FULL_SCALE_OVERRIDE selects: the defaults as they are, and `model.base`'s shape over the `model=`
-    preset's (as a config, not as `model.<key>=` overrides: OmegaConf cannot merge a rope_scaling dict over a
-    preset's null)."""
-    ConfigStore.instance().store(group=SCALE_GROUP, name=FULL_SCALE, node={"model": shape or {}},
-                                 package="_global_")
+    """The option FULL_SCALE_OVERRIDE selects: the defaults as they are, and `model.base`'s shape
+    over the `model=` preset's (as a config, not as `model.<key>=` overrides: OmegaConf cannot merge
+    a rope_scaling dict over a preset's null)."""
+    ConfigStore.instance().store(
+        group=SCALE_GROUP, name=FULL_SCALE, node={"model": shape or {}}, package="_global_"
+    )
 
 
 def with_base_model_rules(cfg: PipelineConfig) -> PipelineConfig:
-    """`cfg` with each key of BASE_MODEL_RULES that no layer set (still null) set by whether model.base is given."""
+    """`cfg` with each key of BASE_MODEL_RULES that no layer set (still null) set by whether
+    model.base is given."""
     for key, (with_base, without) in BASE_MODEL_RULES.items():
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) is None:
-            setattr(getattr(cfg, section), name, with_base if cfg.model.base is not None else without)
+            setattr(
+                getattr(cfg, section), name, with_base if cfg.model.base is not None else without
+            )
     return cfg
 
 
 def validate(cfg: PipelineConfig) -> None:
-    """Checks that types alone cannot express, section by section; each error names the key and what is allowed.
-    Which `stage=` and `lang`/`langs` a target takes is checked where the targets are (pipeline/stages/)."""
+    """Checks that types alone cannot express, section by section; each error names the key and what
+    is allowed. Which `stage=` and `lang`/`langs` a target takes is checked where the targets are
+    (pipeline/stages/)."""
     if cfg.workers < 1:
         raise ConfigError("workers", cfg.workers, ["an integer >= 1"])
     validate_cluster(cfg.cluster)
@@ -148,11 +169,20 @@ def validate(cfg: PipelineConfig) -> None:
     validate_mix(cfg.mix)
     validate_replay(cfg.replay)
     validate_tokenizer(cfg.tokenizer)
-    for key, use in (("keep_base", "adopt"), ("extend_base", "extend")):  # extend_base: set with a base only
+    for key, use in (
+        ("keep_base", "adopt"),
+        ("extend_base", "extend"),
+    ):  # extend_base: set with a base only
         if getattr(cfg.tokenizer, key) and cfg.tokenizer.base is None and cfg.model.base is None:
-            raise ConfigError(f"tokenizer.{key}", True, [
-                "false (train a tokenizer for the language)",
-                f"true with tokenizer.base=<tokenizer.json or folder> or model.base=<Hugging Face folder> to {use}"])
+            raise ConfigError(
+                f"tokenizer.{key}",
+                True,
+                [
+                    "false (train a tokenizer for the language)",
+                    "true with tokenizer.base=<tokenizer.json or folder> or model.base=<Hugging "
+                    f"Face folder> to {use}",
+                ],
+            )
     validate_pack(cfg.pack)
     validate_model(cfg.model)
     if cfg.model.base is not None:
@@ -161,9 +191,14 @@ def validate(cfg: PipelineConfig) -> None:
     check_tensor_parallel(cfg.model, cfg.parallel.tp)
     validate_warmup(cfg.warmup)
     if not cfg.warmup.train_head and cfg.model.tie_embeddings:
-        raise ConfigError("warmup.train_head", False, [
-            "true (a tied head is the input embedding, which always trains)",
-            "false with an untied model (model.tie_embeddings=false)"])
+        raise ConfigError(
+            "warmup.train_head",
+            False,
+            [
+                "true (a tied head is the input embedding, which always trains)",
+                "false with an untied model (model.tie_embeddings=false)",
+            ],
+        )
     validate_training(cfg.warmup.train, cfg.parallel, prefix="warmup.train")
     validate_training(cfg.train, cfg.parallel, prefix="train")
     if cfg.init not in PRETRAIN_INITS:
@@ -176,26 +211,50 @@ def validate(cfg: PipelineConfig) -> None:
     if cfg.model.base is None:  # the demo's base is made only without one
         validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
     if cfg.model.base_lang not in LANGUAGES:
-        raise ConfigError("model.base_lang", cfg.model.base_lang, closest_first(cfg.model.base_lang, list(LANGUAGES)))
+        raise ConfigError(
+            "model.base_lang",
+            cfg.model.base_lang,
+            closest_first(cfg.model.base_lang, list(LANGUAGES)),
+        )
     if cfg.kernels not in KERNEL_BACKENDS:
         raise ConfigError("kernels", cfg.kernels, KERNEL_BACKENDS)
 
 
-STAGE_NAMES: tuple[str, ...] = ("clean", "mix", "tokenizer", "pack", "warmup", "pretrain", "evaluate")
-# stage=workflow submits the chain to Slurm for one or many languages; stage=status shows how far it got.
+STAGE_NAMES: tuple[str, ...] = (
+    "clean",
+    "mix",
+    "tokenizer",
+    "pack",
+    "warmup",
+    "pretrain",
+    "evaluate",
+)
+# stage=workflow submits the chain to Slurm for one or many languages; stage=status shows how far it
+# got.
 WORKFLOW_TARGETS: tuple[str, ...] = ("workflow", "status")
-# stage=plan prints whether the training layout fits the device (pipeline/memory_fit/); it needs no language.
+# stage=plan prints whether the training layout fits the device (pipeline/memory_fit/); it needs no
+# language.
 PLAN_TARGET = "plan"
-# stage=replay samples the base model's own language for the mix (pipeline/stages/replay.py); it runs for the base's
-# language, outside the chain of the language being trained, which only reads it.
+# stage=replay samples the base model's own language for the mix (pipeline/stages/replay.py); it
+# runs for the base's language, outside the chain of the language being trained, which only reads
+# it.
 REPLAY_TARGET = "replay"
 TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", REPLAY_TARGET, *WORKFLOW_TARGETS, PLAN_TARGET)
 
 
 def check_target(cfg) -> None:
-    """`stage=` is a target; a stage (or `all`) runs for one language, the workflow targets for several."""
+    """`stage=` is a target; a stage (or `all`) runs for one language, the workflow targets for
+    several."""
     if cfg.stage not in TARGETS:
         raise ConfigError("stage", cfg.stage, closest_first(cfg.stage, TARGETS))
-    if cfg.stage not in (*WORKFLOW_TARGETS, PLAN_TARGET) and (cfg.lang is None or cfg.langs is not None):
-        raise ConfigError("lang", cfg.langs, ["one ISO 639-3 code such as lang=nob (langs= is for stage=workflow "
-                                              "and stage=status; sweep a stage with -m lang=nob,nno)"])
+    if cfg.stage not in (*WORKFLOW_TARGETS, PLAN_TARGET) and (
+        cfg.lang is None or cfg.langs is not None
+    ):
+        raise ConfigError(
+            "lang",
+            cfg.langs,
+            [
+                "one ISO 639-3 code such as lang=nob (langs= is for stage=workflow "
+                "and stage=status; sweep a stage with -m lang=nob,nno)"
+            ],
+        )

@@ -1,8 +1,9 @@
-"""Dotted keys over a config as plain data (nested dicts and lists): `train.steps`, `mix.sources.0.path`.
+"""Dotted keys over a config as plain data (nested dicts and lists): `train.steps`,
+`mix.sources.0.path`.
 
-A pattern matches a key segment by segment, `*` matching any one segment (`mix.sources.*.path`). The stage
-contract uses them for the keys a stage leaves out of its hash and for the keys that may change while an
-interrupted run is continued.
+A pattern matches a key segment by segment, `*` matching any one segment (`mix.sources.*.path`). The
+stage contract uses them for the keys a stage leaves out of its hash and for the keys that may
+change while an interrupted run is continued.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ _MISSING = "(not set)"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": [1, 2]}} -> {"a.b.0": 1, "a.b.1": 2}; an empty dict or list is a value of its own."""
+    """{"a": {"b": [1, 2]}} -> {"a.b.0": 1, "a.b.1": 2}; an empty dict or list is a value of its
+    own."""
     if isinstance(tree, dict) and tree:
         items = tree.items()
     elif isinstance(tree, list) and tree:
@@ -39,17 +41,27 @@ def matches_any(key: str, patterns: Iterable[str]) -> bool:
 def differences(old: Any, new: Any) -> dict[str, tuple[Any, Any]]:
     """Key -> (old value, new value) for every key whose value differs, added or removed."""
     before, after = flatten(old), flatten(new)
-    return {key: (before.get(key, _MISSING), after.get(key, _MISSING))
-            for key in sorted(set(before) | set(after)) if before.get(key, _MISSING) != after.get(key, _MISSING)}
+    return {
+        key: (before.get(key, _MISSING), after.get(key, _MISSING))
+        for key in sorted(set(before) | set(after))
+        if before.get(key, _MISSING) != after.get(key, _MISSING)
+    }
 
 
 def drop(tree: Any, pattern: str) -> None:
-    """Remove the keys that `pattern` names from `tree` (in place); names that are absent are ignored."""
+    """Remove the keys that `pattern` names from `tree` (in place); names that are absent are
+    ignored."""
     head, _, rest = pattern.partition(".")
     if isinstance(tree, dict):
         children = list(tree) if head == "*" else [head] if head in tree else []
     elif isinstance(tree, list):
-        children = range(len(tree)) if head == "*" else [int(head)] if head.isdigit() and int(head) < len(tree) else []
+        children = (
+            range(len(tree))
+            if head == "*"
+            else [int(head)]
+            if head.isdigit() and int(head) < len(tree)
+            else []
+        )
     else:
         return
     for child in reversed(list(children)):

@@ -1,11 +1,12 @@
-"""`--cfg job` with each value's origin: the config as Hydra composes it, each value followed by a comment that
-names the layer which set it last.
+"""`--cfg job` with each value's origin: the config as Hydra composes it, each value followed by a
+comment that names the layer which set it last.
 
-The layers, in the order Hydra merges them (conf/config.yaml's defaults list): the defaults (the dataclasses of
-pipeline/config.py), each config group's option (`cluster=`, `mix=`, the `model=` preset, the `scale`: `demo` for
-the demo's model, `full` with model.base's shape from its config.json; the language table's entry for `lang=`),
-conf/config.yaml's own keys, and the command line; last, the base-model rules fill the keys whose default depends
-on whether model.base is given (pipeline/config.py: BASE_MODEL_RULES). Hydra's own `--cfg job` prints the same config without them;
+The layers, in the order Hydra merges them (conf/config.yaml's defaults list): the defaults (the
+dataclasses of pipeline/config.py), each config group's option (`cluster=`, `mix=`, the `model=`
+preset, the `scale`: `demo` for the demo's model, `full` with model.base's shape from its
+config.json; the language table's entry for `lang=`), conf/config.yaml's own keys, and the command
+line; last, the base-model rules fill the keys whose default depends on whether model.base is given
+(pipeline/config.py: BASE_MODEL_RULES). Hydra's own `--cfg job` prints the same config without them;
 it still answers `--cfg` with a package, `--config-dir` and the other flags this does not take.
 """
 
@@ -22,17 +23,21 @@ _RESOLVE = "--resolve"
 
 
 def shows_job_config(argv: list[str]) -> bool:
-    """Whether `argv` asks for `--cfg job` alone (with `--resolve` at most) among `key=value` overrides."""
+    """Whether `argv` asks for `--cfg job` alone (with `--resolve` at most) among `key=value`
+    overrides."""
     flags = [arg for arg in argv if arg.startswith("-") and arg != _RESOLVE]
     if flags == ["--cfg=job"]:
         return True
-    return flags in (["--cfg"], ["-c"]) and argv[argv.index(flags[0]) + 1:][:1] == ["job"]
+    return flags in (["--cfg"], ["-c"]) and argv[argv.index(flags[0]) + 1 :][:1] == ["job"]
 
 
 def _overrides(argv: list[str]) -> list[str]:
     """The `key=value` arguments: what is left once the flags and `--cfg`'s value are taken out."""
-    return [arg for i, arg in enumerate(argv)
-            if not arg.startswith("-") and not (i and argv[i - 1] in ("--cfg", "-c"))]
+    return [
+        arg
+        for i, arg in enumerate(argv)
+        if not arg.startswith("-") and not (i and argv[i - 1] in ("--cfg", "-c"))
+    ]
 
 
 def _keys(tree: Any, prefix: str) -> set[str]:
@@ -40,8 +45,8 @@ def _keys(tree: Any, prefix: str) -> set[str]:
 
 
 def _option_keys(group: str, option: str, shape: Optional[dict]) -> tuple[str, set[str]]:
-    """(label, dotted keys) of a config group's option: a YAML file under conf/, the language table's entry, or the
-    full scale with model.base's shape."""
+    """(label, dotted keys) of a config group's option: a YAML file under conf/, the language
+    table's entry, or the full scale with model.base's shape."""
     if group == "lang":
         return f"lang={option} (conf/languages.yaml)", {"lang"}
     if group == SCALE_GROUP and option == FULL_SCALE:
@@ -55,7 +60,9 @@ def _option_keys(group: str, option: str, shape: Optional[dict]) -> tuple[str, s
     return label, _keys(yaml.safe_load(text) or {}, package)
 
 
-def _layers(choices: dict, overrides: list[str], shape: Optional[dict]) -> list[tuple[str, set[str]]]:
+def _layers(
+    choices: dict, overrides: list[str], shape: Optional[dict]
+) -> list[tuple[str, set[str]]]:
     """(label, keys it sets), lowest layer first."""
     config_yaml = yaml.safe_load((CONF_DIR / "config.yaml").read_text(encoding="utf-8"))
     groups = [next(iter(entry)) for entry in config_yaml["defaults"] if isinstance(entry, dict)]
@@ -68,10 +75,15 @@ def _layers(choices: dict, overrides: list[str], shape: Optional[dict]) -> list[
 
 
 def origin_of(layers: list[tuple[str, set[str]]]) -> Callable[[str], str]:
-    """The label of the last layer that sets `path`, the key itself, a key inside it or a section around it."""
+    """The label of the last layer that sets `path`, the key itself, a key inside it or a section
+    around it."""
+
     def origin(path: str) -> str:
         for label, keys in reversed(layers):
-            if any(key == path or key.startswith(f"{path}.") or path.startswith(f"{key}.") for key in keys):
+            if any(
+                key == path or key.startswith(f"{path}.") or path.startswith(f"{key}.")
+                for key in keys
+            ):
                 return label
         return "default"
 
@@ -81,11 +93,15 @@ def origin_of(layers: list[tuple[str, set[str]]]) -> Callable[[str], str]:
 def _scalar(value: Any) -> str:
     if value == "???":
         return value
-    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=1 << 30).rstrip("\n")
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=1 << 30).rstrip(
+        "\n"
+    )
     return text[:-4] if text.endswith("\n...") else text
 
 
-def annotated_yaml(tree: dict, origin: Callable[[str], str], indent: str = "", prefix: str = "") -> list[str]:
+def annotated_yaml(
+    tree: dict, origin: Callable[[str], str], indent: str = "", prefix: str = ""
+) -> list[str]:
     """`tree` as YAML lines, each value's line ending in `# <its origin>`."""
     lines = []
     for key, value in tree.items():
@@ -94,14 +110,18 @@ def annotated_yaml(tree: dict, origin: Callable[[str], str], indent: str = "", p
             lines += [head, *annotated_yaml(value, origin, indent + "  ", f"{path}.")]
         elif isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
             block = yaml.safe_dump(value, sort_keys=False, allow_unicode=True, width=1 << 30)
-            lines += [f"{head}  # {origin(path)}", *(f"{indent}  {line}" for line in block.splitlines())]
+            lines += [
+                f"{head}  # {origin(path)}",
+                *(f"{indent}  {line}" for line in block.splitlines()),
+            ]
         else:
             lines.append(f"{head} {_scalar(value)}  # {origin(path)}")
     return lines
 
 
 def job_config_with_origins(argv: list[str], shape: Optional[dict]) -> str:
-    """What `--cfg job` prints for `argv` (the checked command line, pipeline/overrides.py), with the origins."""
+    """What `--cfg job` prints for `argv` (the checked command line, pipeline/overrides.py), with
+    the origins."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -117,8 +137,8 @@ def job_config_with_origins(argv: list[str], shape: Optional[dict]) -> str:
 
 
 def _with_base_model_rules(tree: dict, origin: Callable[[str], str]) -> Callable[[str], str]:
-    """Set in `tree` the keys of BASE_MODEL_RULES that no layer set, as the run will (pipeline/config.py), and name
-    the rule as their origin."""
+    """Set in `tree` the keys of BASE_MODEL_RULES that no layer set, as the run will
+    (pipeline/config.py), and name the rule as their origin."""
     given = tree["model"]["base"] is not None
     ruled = set()
     for key, values in BASE_MODEL_RULES.items():

@@ -5,13 +5,15 @@ Every stage writes under `${work_dir}/${lang}/<stage>/` and ends with `_SUCCESS.
 marker matches is skipped; a stage that reruns first removes the markers of the stages after it.
 Work happens in a partial folder named after the config hash (so an interrupted run with the same
 config resumes there) and is renamed into place only when complete: a killed stage never leaves a
-folder that looks finished. A partial folder of another config is continued when only the keys the stage
-declares resumable changed (pretrain's step budget), removed when it holds nothing a run could continue
-from, and otherwise kept: the run refuses, naming the keys that differ (`resume=never` moves it aside).
-A stage runs under a lock (pipeline/stage_lock.py): one run per (work_dir, lang, stage) at a time.
+folder that looks finished. A partial folder of another config is continued when only the keys the
+stage declares resumable changed (pretrain's step budget), removed when it holds nothing a run could
+continue from, and otherwise kept: the run refuses, naming the keys that differ (`resume=never`
+moves it aside). A stage runs under a lock (pipeline/stage_lock.py): one run per (work_dir, lang,
+stage) at a time.
 
-Hashes never depend on where the work folder is: earlier stages enter by their own hashes, and paths inside
-the work folder are recorded relative to it (`portable_path`), so a moved or copied work folder stays current.
+Hashes never depend on where the work folder is: earlier stages enter by their own hashes, and paths
+inside the work folder are recorded relative to it (`portable_path`), so a moved or copied work
+folder stays current.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ T = TypeVar("T")
 
 
 class StageOutputHandle(Protocol):
-    """What `StageRun.output` makes: a handle to a stage's output folder (pipeline/stage_outputs.py)."""
+    """What `StageRun.output` makes: a handle to a stage's output folder
+    (pipeline/stage_outputs.py)."""
 
     stage: str
 
@@ -51,8 +54,9 @@ class StageOutputHandle(Protocol):
 
 H = TypeVar("H", bound=StageOutputHandle)
 
-# Where a stage runs on a cluster: a job on the CPU partition; one process on one GPU; or parallel.tp x pp x dp
-# training ranks, one per GPU, that the stage starts with srun inside its allocation (pipeline/training/).
+# Where a stage runs on a cluster: a job on the CPU partition; one process on one GPU; or
+# parallel.tp x pp x dp training ranks, one per GPU, that the stage starts with srun inside its
+# allocation (pipeline/training/).
 ON_CPU, ON_ONE_GPU, ON_RANKS = "cpu", "one GPU", "ranks"
 # In a partial folder: the config hash, hashed config and inputs of the run that works there.
 PARTIAL_RECORD = "_PARTIAL.json"
@@ -61,36 +65,41 @@ PARTIAL_RECORD = "_PARTIAL.json"
 @dataclass(frozen=True)
 class Stage:
     name: str
-    # `run_<stage>(run)`: does the work in `StageRun.work_dir` and returns the metrics for the contract to commit,
-    # or None when it calls `StageRun.commit` itself (clean does, so that the same step can end a Slurm chain).
+    # `run_<stage>(run)`: does the work in `StageRun.work_dir` and returns the metrics for the
+    # contract to commit, or None when it calls `StageRun.commit` itself (clean does, so that the
+    # same step can end a Slurm chain).
     run: Callable[["StageRun"], Optional[dict]]
     # Stages whose outputs this one always reads.
     needs: tuple[str, ...] = ()
     # Stages whose outputs this one reads under some configs (pretrain init=warmup reads warmup's).
     needs_when: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
-    # Stages whose outputs this one reads when they are done, and goes without otherwise (evaluate's models).
+    # Stages whose outputs this one reads when they are done, and goes without otherwise (evaluate's
+    # models).
     reads_if_done: tuple[str, ...] = ()
     # Added to the message that names missing inputs: the other ways to run this stage.
     hint: str = ""
     # Top-level config sections that change this stage's output (hashed).
     config_sections: tuple[str, ...] = ()
-    # Keys inside those sections that do not change the output (parallelism, not results); dotted, `*` for any
-    # list index (pipeline/config_keys.py).
+    # Keys inside those sections that do not change the output (parallelism, not results); dotted,
+    # `*` for any list index (pipeline/config_keys.py).
     unhashed_keys: tuple[str, ...] = ()
-    # Keys that change the output but may change while an interrupted run is continued in its partial folder
-    # (pretrain's step budget): such a run goes on under the new values.
+    # Keys that change the output but may change while an interrupted run is continued in its
+    # partial folder (pretrain's step budget): such a run goes on under the new values.
     resumable_keys: tuple[str, ...] = ()
-    # Further conditions on continuing the partial folder (given) under `cfg`; returns what stands in the way.
+    # Further conditions on continuing the partial folder (given) under `cfg`; returns what stands
+    # in the way.
     check_resume: Callable[[Path, Any], list[str]] = lambda folder, cfg: []
-    # What an interrupted run left in its partial folder that a run continues from ("checkpoints step-4, step-8");
-    # empty: nothing, and a partial folder of another config is removed instead of refusing the run.
+    # What an interrupted run left in its partial folder that a run continues from ("checkpoints
+    # step-4, step-8"); empty: nothing, and a partial folder of another config is removed instead of
+    # refusing the run.
     kept_state: Callable[[Path], str] = lambda folder: ""
     # Describes external inputs (e.g. a fingerprint of the raw files); hashed too.
     describe_inputs: Callable[[Any], dict] = lambda cfg: {}
     # Where stage=workflow runs it under `cfg`: ON_CPU, ON_ONE_GPU or ON_RANKS (below).
     placement: Callable[[Any], str] = lambda cfg: ON_CPU
-    # What the work folder holds while the stage runs and its output does not keep (pretrain's resumable
-    # checkpoints): removed once the marker is written, so that a run killed before then still has it.
+    # What the work folder holds while the stage runs and its output does not keep (pretrain's
+    # resumable checkpoints): removed once the marker is written, so that a run killed before then
+    # still has it.
     scratch: tuple[str, ...] = ()
 
 
@@ -114,20 +123,23 @@ class StageRun:
     def input(self, stage: str) -> Path:
         """The finished output folder of an earlier stage that this stage declares it reads."""
         if stage not in self.upstream:
-            raise StageError(f"stage `{self.stage}` reads the output of `{stage}`, which it does not declare or "
-                             f"which is not done; this is a bug, please report it.")
+            raise StageError(
+                f"stage `{self.stage}` reads the output of `{stage}`, which it does not declare or "
+                f"which is not done; this is a bug, please report it."
+            )
         return self.upstream[stage]
 
     def has_input(self, stage: str) -> bool:
         return stage in self.upstream
 
     def output(self, handle: type[H]) -> H:
-        """The typed handle (pipeline/stage_outputs.py: `run.output(MixOutput).plan`) to the finished output of an
-        earlier stage that this stage declares it reads."""
+        """The typed handle (pipeline/stage_outputs.py: `run.output(MixOutput).plan`) to the
+        finished output of an earlier stage that this stage declares it reads."""
         return handle(self.input(handle.stage))
 
     def output_if_done(self, handle: type[H]) -> Optional[H]:
-        """`output`, for a stage this one reads when it is done (Stage.reads_if_done); None when it is not."""
+        """`output`, for a stage this one reads when it is done (Stage.reads_if_done); None when it
+        is not."""
         return self.output(handle) if self.has_input(handle.stage) else None
 
     def input_file(self, file: OutputFile) -> Path:
@@ -138,30 +150,42 @@ class StageRun:
         return file.path
 
     def read_input(self, file: OutputFile[T]) -> T:
-        """`file.read(path)` of a file of an earlier stage's output; a damaged file (truncated by a full disk, a copy
-        cut short) fails naming the file and the stage that made it, instead of a bare parser error."""
+        """`file.read(path)` of a file of an earlier stage's output; a damaged file (truncated by a
+        full disk, a copy cut short) fails naming the file and the stage that made it, instead of a
+        bare parser error."""
         path = self.input_file(file)
         try:
             return file.read(path)
-        except Exception as error:  # each reader fails its own way: JSON, tokenizers, safetensors, numpy
-            raise self._damaged(self._written_by(path), path, f"it cannot be read: {error}") from None
+        except (
+            Exception
+        ) as error:  # each reader fails its own way: JSON, tokenizers, safetensors, numpy
+            raise self._damaged(
+                self._written_by(path), path, f"it cannot be read: {error}"
+            ) from None
 
     def _written_by(self, path: Path) -> str:
         """The earlier stage whose output folder holds `path`."""
         for stage, folder in self.upstream.items():
             if Path(path).is_relative_to(folder):
                 return stage
-        raise StageError(f"stage `{self.stage}` reads {path}, which is in no output of a stage it declares; this is "
-                         f"a bug, please report it.")
+        raise StageError(
+            f"stage `{self.stage}` reads {path}, which is in no output of a stage it declares; "
+            "this is "
+            f"a bug, please report it."
+        )
 
     def _damaged(self, stage: str, path: Path, what: str) -> StageError:
-        # The contract skips a stage whose marker matches, whatever its files look like: the marker must go.
-        return StageError(f"{self.stage} {self.lang}: {path}, written by the {stage} stage, is damaged ({what}). "
-                          f"Make it again: delete {self.upstream[stage] / MARKER} and run "
-                          f"{stage_command(stage, self.cfg)}")
+        # The contract skips a stage whose marker matches, whatever its files look like: the marker
+        # must go.
+        return StageError(
+            f"{self.stage} {self.lang}: {path}, written by the {stage} stage, is damaged ({what}). "
+            f"Make it again: delete {self.upstream[stage] / MARKER} and run "
+            f"{stage_command(stage, self.cfg)}"
+        )
 
     def commit(self, metrics: dict) -> dict:
-        """Write the marker into the finished work folder, then move the folder into place (`publish`)."""
+        """Write the marker into the finished work folder, then move the folder into place
+        (`publish`)."""
         marker = {
             "stage": self.stage,
             "lang": self.lang,
@@ -176,8 +200,9 @@ class StageRun:
         return self.publish(marker)
 
     def publish(self, marker: dict) -> dict:
-        """Move the work folder, whose marker is written, into place. Every step may be taken again: a run killed on
-        the way is finished by the same command (`execute`), from the marker, without doing the work again."""
+        """Move the work folder, whose marker is written, into place. Every step may be taken again:
+        a run killed on the way is finished by the same command (`execute`), from the marker,
+        without doing the work again."""
         if self.scratch:
             commit_step(f"{self.stage}: remove {', '.join(self.scratch)}")
         for name in self.scratch:
@@ -223,18 +248,32 @@ def hashed_config(stage: Stage, cfg) -> dict:
 
 
 def config_hash(stage: Stage, config: dict, inputs: dict) -> str:
-    payload = json.dumps({"stage": stage.name, "config": config, "inputs": inputs}, sort_keys=True, default=str)
+    payload = json.dumps(
+        {"stage": stage.name, "config": config, "inputs": inputs}, sort_keys=True, default=str
+    )
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
 def stage_command(stage: str, cfg) -> str:
-    """The command that runs `stage` for cfg's language with the user's own overrides (raw_dir=, model.base= ...),
-    as a shell takes it: for the commands that errors suggest."""
-    from hydra.core.hydra_config import HydraConfig  # set while a command runs; not when code calls a stage
+    """The command that runs `stage` for cfg's language with the user's own overrides (raw_dir=,
+    model.base= ...), as a shell takes it: for the commands that errors suggest."""
+    from hydra.core.hydra_config import (
+        HydraConfig,
+    )  # set while a command runs; not when code calls a stage
 
-    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [f"work_dir={cfg.work_dir}"]
-    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("stage", "lang", "langs", "base_shape")]
-    return shlex.join(["python", "-m", "pipeline", f"stage={stage}", f"lang={cfg.lang.code}", *kept])
+    overrides = (
+        list(HydraConfig.get().overrides.task)
+        if HydraConfig.initialized()
+        else [f"work_dir={cfg.work_dir}"]
+    )
+    kept = [
+        o
+        for o in overrides
+        if o.split("=", 1)[0].lstrip("+~") not in ("stage", "lang", "langs", "base_shape")
+    ]
+    return shlex.join(
+        ["python", "-m", "pipeline", f"stage={stage}", f"lang={cfg.lang.code}", *kept]
+    )
 
 
 @dataclass(frozen=True)
@@ -248,32 +287,41 @@ class Expected:
 
 
 def expected(stage: Stage, cfg) -> Expected:
-    """Read the inputs' markers and hash the config; no side effects. Raises StageError naming every missing
-    input at once, with the commands that make them."""
+    """Read the inputs' markers and hash the config; no side effects. Raises StageError naming every
+    missing input at once, with the commands that make them."""
     needed = tuple(dict.fromkeys((*stage.needs, *stage.needs_when(cfg))))
     markers = {name: read_marker(stage_dir(cfg, name)) for name in (*needed, *stage.reads_if_done)}
     missing = [name for name in needed if markers[name] is None]
     if missing:
         commands = "; ".join(stage_command(name, cfg) for name in missing)
         names = ", ".join(f"`{name}`" for name in missing)
-        raise StageError(f"Stage `{stage.name}` for {cfg.lang.code} needs the output of stage{'s' * (len(missing) > 1)} "
-                         f"{names}, not done yet (no {MARKER} in "
-                         f"{', '.join(str(stage_dir(cfg, name)) for name in missing)}). Run first: {commands}."
-                         f"{' ' + stage.hint if stage.hint else ''}")
+        raise StageError(
+            f"Stage `{stage.name}` for {cfg.lang.code} needs the output of "
+            f"stage{'s' * (len(missing) > 1)} "
+            f"{names}, not done yet (no {MARKER} in "
+            f"{', '.join(str(stage_dir(cfg, name)) for name in missing)}). Run first: {commands}."
+            f"{' ' + stage.hint if stage.hint else ''}"
+        )
     done = {name: marker for name, marker in markers.items() if marker is not None}
     upstream = {name: stage_dir(cfg, name) for name in done}
-    # Earlier outputs enter the hash by their own hashes, not their paths: a moved work folder stays current.
-    inputs = {**stage.describe_inputs(cfg), **{name: {"config_hash": marker["config_hash"]}
-                                               for name, marker in done.items()}}
+    # Earlier outputs enter the hash by their own hashes, not their paths: a moved work folder stays
+    # current.
+    inputs = {
+        **stage.describe_inputs(cfg),
+        **{name: {"config_hash": marker["config_hash"]} for name, marker in done.items()},
+    }
     config = hashed_config(stage, cfg)
-    return Expected(upstream=upstream, inputs=inputs, config=config, digest=config_hash(stage, config, inputs))
+    return Expected(
+        upstream=upstream, inputs=inputs, config=config, digest=config_hash(stage, config, inputs)
+    )
 
 
 def is_current(stage: Stage, cfg) -> bool:
-    """Whether the stage's marker matches what a run would produce now (stage=workflow asks before submitting).
+    """Whether the stage's marker matches what a run would produce now (stage=workflow asks before
+    submitting).
 
-    Unlike `prepare`, it changes nothing: no invalidation, no partial folder. A missing input (or one that
-    cannot be described yet) means the stage is not current.
+    Unlike `prepare`, it changes nothing: no invalidation, no partial folder. A missing input (or
+    one that cannot be described yet) means the stage is not current.
     """
     marker = read_marker(stage_dir(cfg, stage.name))
     if marker is None:
@@ -295,12 +343,21 @@ def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun
         log.info(
             "Skipping %s for %s: it is up to date (config hash %s, finished %s). "
             "Change its config or delete %s to run it again.",
-            stage.name, cfg.lang.code, digest, marker.get("finished_at"), final_dir,
+            stage.name,
+            cfg.lang.code,
+            digest,
+            marker.get("finished_at"),
+            final_dir,
         )
         return None
     if marker is not None:
-        log.info("%s for %s changed (config hash %s -> %s); running it again.",
-                 stage.name, cfg.lang.code, marker.get("config_hash"), digest)
+        log.info(
+            "%s for %s changed (config hash %s -> %s); running it again.",
+            stage.name,
+            cfg.lang.code,
+            marker.get("config_hash"),
+            digest,
+        )
 
     work_dir = final_dir.with_name(f".{stage.name}.partial-{digest}")
     # Before anything changes: a refusal leaves the work folder as it was.
@@ -309,77 +366,130 @@ def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun
     if work_dir.exists():
         log.info("Resuming the interrupted run in %s", work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(work_dir / PARTIAL_RECORD, {"config_hash": digest, "config": config, "inputs": inputs})
+    write_json_atomic(
+        work_dir / PARTIAL_RECORD, {"config_hash": digest, "config": config, "inputs": inputs}
+    )
     return StageRun(
-        stage=stage.name, lang=cfg.lang.code, cfg=cfg, config_hash=digest, inputs=inputs,
-        hashed_config=config, work_dir=work_dir, final_dir=final_dir, upstream=now.upstream, scratch=stage.scratch,
+        stage=stage.name,
+        lang=cfg.lang.code,
+        cfg=cfg,
+        config_hash=digest,
+        inputs=inputs,
+        hashed_config=config,
+        work_dir=work_dir,
+        final_dir=final_dir,
+        upstream=now.upstream,
+        scratch=stage.scratch,
     )
 
 
 def _settle_partials(stage: Stage, cfg, now: Expected, work_dir: Path) -> None:
-    """Decide the fate of the partial folders of interrupted runs before this run starts in `work_dir`.
+    """Decide the fate of the partial folders of interrupted runs before this run starts in
+    `work_dir`.
 
-    `resume=never` moves every one aside. Otherwise the partial folder of another config is continued (renamed
-    to `work_dir`) when only the stage's resumable keys differ and its own check agrees; removed when it holds
-    nothing a run continues from; else the run is refused, naming the keys that differ, and nothing changes.
+    `resume=never` moves every one aside. Otherwise the partial folder of another config is
+    continued (renamed to `work_dir`) when only the stage's resumable keys differ and its own check
+    agrees; removed when it holds nothing a run continues from; else the run is refused, naming the
+    keys that differ, and nothing changes.
     """
     what = f"{stage.name} for {cfg.lang.code}"
-    partials = sorted(path for path in work_dir.parent.glob(f".{stage.name}.partial-*") if path.is_dir())
+    partials = sorted(
+        path for path in work_dir.parent.glob(f".{stage.name}.partial-*") if path.is_dir()
+    )
     if cfg.resume == "never":
         for partial in partials:
             moment = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-            aside = partial.with_name(f".{stage.name}.set-aside-{moment}-{partial.name.rsplit('-', 1)[1]}")
+            aside = partial.with_name(
+                f".{stage.name}.set-aside-{moment}-{partial.name.rsplit('-', 1)[1]}"
+            )
             os.replace(partial, aside)
-            log.warning("resume=never: the interrupted run of %s in %s is moved aside to %s and the stage starts "
-                        "again; delete that folder when you no longer need it.", what, partial, aside)
+            log.warning(
+                "resume=never: the interrupted run of %s in %s is moved aside to %s and the stage "
+                "starts "
+                "again; delete that folder when you no longer need it.",
+                what,
+                partial,
+                aside,
+            )
         return
     refusals, restore = [], {}
     for partial in partials:
         if partial == work_dir:
             continue
         changed = _changed_keys(partial, now)
-        fixed = {key: values for key, values in changed.items() if not matches_any(key, stage.resumable_keys)}
+        fixed = {
+            key: values
+            for key, values in changed.items()
+            if not matches_any(key, stage.resumable_keys)
+        }
         problems = [] if fixed else stage.check_resume(partial, cfg)
         if not fixed and not problems and not work_dir.exists():
             os.replace(partial, work_dir)
-            log.info("Continuing the interrupted run of %s from %s, with %s", what, partial, _listed(changed))
+            log.info(
+                "Continuing the interrupted run of %s from %s, with %s",
+                what,
+                partial,
+                _listed(changed),
+            )
             continue
         kept = stage.kept_state(partial)
         if not kept:
-            log.info("Removing the partial output of an earlier, different run of %s: %s (it holds nothing a run "
-                     "continues from)", what, partial)
+            log.info(
+                "Removing the partial output of an earlier, different run of %s: %s (it holds "
+                "nothing a run "
+                "continues from)",
+                what,
+                partial,
+            )
             shutil.rmtree(partial, ignore_errors=True)
             continue
         reasons = [f"it ran with {_listed(changed)}"]
         if fixed:
             reasons.append(f"{', '.join(fixed)} cannot change while it is continued")
-            restore.update({key: old for key, (old, _) in fixed.items() if key.split(".")[0] in now.config})
+            restore.update(
+                {key: old for key, (old, _) in fixed.items() if key.split(".")[0] in now.config}
+            )
         elif not problems:
             reasons.append(f"a partial folder of this very config exists too ({work_dir})")
         refusals.append(f"{partial} holds {kept}; {'; '.join(reasons + problems)}")
     if refusals:
         values = " ".join(f"{key}={old}" for key, old in restore.items())
-        resumable = f"; these may change: {', '.join(stage.resumable_keys)}" if stage.resumable_keys else ""
+        resumable = (
+            f"; these may change: {', '.join(stage.resumable_keys)}" if stage.resumable_keys else ""
+        )
         raise StageError(
-            f"{what}: an interrupted run of another configuration is kept, not deleted: {' | '.join(refusals)}. "
-            f"Either continue it: run with its values again{f' ({values})' if values else ''}{resumable}. Or start "
-            f"again: add resume=never, which moves it aside to .{stage.name}.set-aside-<time>-<hash>/ (delete that "
-            f"folder yourself once you no longer need it).")
+            f"{what}: an interrupted run of another configuration is kept, not deleted: "
+            f"{' | '.join(refusals)}. "
+            "Either continue it: run with its values "
+            f"again{f' ({values})' if values else ''}{resumable}. Or start "
+            "again: add resume=never, which moves it aside to "
+            f".{stage.name}.set-aside-<time>-<hash>/ (delete that "
+            f"folder yourself once you no longer need it)."
+        )
 
 
 def _changed_keys(partial: Path, now: Expected) -> dict[str, tuple]:
-    """What differs between the run recorded in `partial` and this one: config keys, and `inputs.<name>...`."""
+    """What differs between the run recorded in `partial` and this one: config keys, and
+    `inputs.<name>...`."""
     try:
         recorded = json.loads((partial / PARTIAL_RECORD).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return {"(unrecorded configuration)": ("?", "this run's")}
     changed = differences(recorded.get("config"), now.config)
-    changed.update({f"inputs.{key}": values for key, values in differences(recorded.get("inputs"), now.inputs).items()})
+    changed.update(
+        {
+            f"inputs.{key}": values
+            for key, values in differences(recorded.get("inputs"), now.inputs).items()
+        }
+    )
     return changed
 
 
 def _listed(changed: dict[str, tuple]) -> str:
-    return ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items()) or "no key changed"
+    return (
+        ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items())
+        or "no key changed"
+    )
 
 
 def invalidate(cfg, stages: tuple[str, ...]) -> None:
@@ -388,11 +498,16 @@ def invalidate(cfg, stages: tuple[str, ...]) -> None:
         marker = stage_dir(cfg, later) / MARKER
         if marker.exists():
             marker.unlink()
-            log.info("Invalidated %s for %s (its input changes); it will run again.", later, cfg.lang.code)
+            log.info(
+                "Invalidated %s for %s (its input changes); it will run again.",
+                later,
+                cfg.lang.code,
+            )
 
 
 def execute(stage: Stage, cfg, downstream: tuple[str, ...] = ()) -> Optional[dict]:
-    """Run one stage under the contract and its lock. Returns its marker, or None if it went to Slurm."""
+    """Run one stage under the contract and its lock. Returns its marker, or None if it went to
+    Slurm."""
     final_dir = stage_dir(cfg, stage.name)
     with stage_lock(final_dir, f"stage {stage.name} for {cfg.lang.code}"):
         # An output replaced by a run killed before it could remove it.
@@ -402,10 +517,21 @@ def execute(stage: Stage, cfg, downstream: tuple[str, ...] = ()) -> Optional[dic
             return read_marker(final_dir)
         finished = read_marker(run.work_dir)
         if finished is not None and finished.get("config_hash") == run.config_hash:
-            log.info("The interrupted run of %s for %s in %s had finished its work; moving its output into place.",
-                     stage.name, run.lang, run.work_dir)
+            log.info(
+                "The interrupted run of %s for %s in %s had finished its work; moving its output "
+                "into place.",
+                stage.name,
+                run.lang,
+                run.work_dir,
+            )
             return run.publish(finished)
-        log.info("Running %s for %s (config hash %s) in %s", stage.name, run.lang, run.config_hash, run.work_dir)
+        log.info(
+            "Running %s for %s (config hash %s) in %s",
+            stage.name,
+            run.lang,
+            run.config_hash,
+            run.work_dir,
+        )
         metrics = stage.run(run)
         if metrics is not None:
             return run.commit(metrics)

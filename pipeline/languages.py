@@ -21,7 +21,8 @@ TABLE_PATH = Path(__file__).resolve().parent.parent / "conf" / "languages.yaml"
 
 
 def _load_table(path: Path = TABLE_PATH) -> dict[str, dict]:
-    # libyaml's loader reads the table in a tenth of the pure-Python one's second: every command line pays it.
+    # libyaml's loader reads the table in a tenth of the pure-Python one's second: every command
+    # line pays it.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(path, encoding="utf-8") as f:
         return yaml.load(f, Loader=loader)
@@ -37,7 +38,9 @@ def _alias_index(table: dict[str, dict]) -> dict[str, str]:
         for name in filter(None, names):
             owner = index.setdefault(str(name).lower(), code)
             if owner != code:
-                raise ValueError(f"{TABLE_PATH}: code {name!r} is listed for both {owner!r} and {code!r}")
+                raise ValueError(
+                    f"{TABLE_PATH}: code {name!r} is listed for both {owner!r} and {code!r}"
+                )
     return index
 
 
@@ -49,22 +52,24 @@ class UnknownLanguageError(ValueError):
 
 
 def _named(typed: str) -> list[str]:
-    """The codes of the languages whose name contains `typed` or a word spelled like it: `norwegian` is both nob
-    (Norwegian Bokmål) and nno (Norwegian Nynorsk), `croatian` is hbs."""
+    """The codes of the languages whose name contains `typed` or a word spelled like it: `norwegian`
+    is both nob (Norwegian Bokmål) and nno (Norwegian Nynorsk), `croatian` is hbs."""
     typed = typed.strip().lower()
     if len(typed) < 3:
         return []
     found = []
     for code, entry in LANGUAGES.items():
         name = str(entry["name"]).lower()
-        if typed in name or difflib.get_close_matches(typed, re.findall(r"\w+", name), n=1, cutoff=0.8):
+        if typed in name or difflib.get_close_matches(
+            typed, re.findall(r"\w+", name), n=1, cutoff=0.8
+        ):
             found.append(code)
     return found
 
 
 def resolve_language(typed: str) -> str:
-    """The table's ISO 639-3 code for `typed`, or an error naming the closest known codes, languages whose name
-    it spells first."""
+    """The table's ISO 639-3 code for `typed`, or an error naming the closest known codes, languages
+    whose name it spells first."""
     code = _ALIASES.get(str(typed).strip().lower())
     if code is not None:
         return code
@@ -78,21 +83,25 @@ def resolve_language(typed: str) -> str:
 
 
 def resolve_languages(typed: str) -> list[str]:
-    """`langs=`: `all` (the table's HPLT v1.2 languages), or codes such as `[nob,nn,fao]`, each resolved like
-    `lang=`; the table's codes in the table's order, without duplicates."""
+    """`langs=`: `all` (the table's HPLT v1.2 languages), or codes such as `[nob,nn,fao]`, each
+    resolved like `lang=`; the table's codes in the table's order, without duplicates."""
     text = str(typed).strip()
     if text == "all":
         return [code for code, entry in LANGUAGES.items() if entry.get("in_hplt_v1_2", True)]
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
-    codes = {resolve_language(part.strip().strip("'\"")) for part in text.split(",") if part.strip()}
+    codes = {
+        resolve_language(part.strip().strip("'\"")) for part in text.split(",") if part.strip()
+    }
     if not codes:
-        raise UnknownLanguageError(f"`langs={typed}` names no language. Give codes such as langs=[nob,nno], or "
-                                   "langs=all for the 75 HPLT v1.2 languages.")
+        raise UnknownLanguageError(
+            f"`langs={typed}` names no language. Give codes such as langs=[nob,nno], or "
+            "langs=all for the 75 HPLT v1.2 languages."
+        )
     return [code for code in LANGUAGES if code in codes]
 
 
-# -- a table entry as a typed config (the `lang` section) --------------------------------------------
+# -- a table entry as a typed config (the `lang` section) ------------------------------------------
 
 
 @dataclass
@@ -113,14 +122,18 @@ class FilterThresholds:
 
     language_score: float = 0.65
     dup_line_frac: float = 0.3
-    top_n_grams: List[NGramLimit] = field(default_factory=lambda: _ngram_limits((2, 0.2), (3, 0.18), (4, 0.16)))
+    top_n_grams: List[NGramLimit] = field(
+        default_factory=lambda: _ngram_limits((2, 0.2), (3, 0.18), (4, 0.16))
+    )
     dup_n_grams: List[NGramLimit] = field(
-        default_factory=lambda: _ngram_limits((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+        default_factory=lambda: _ngram_limits(
+            (5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)
+        )
     )
     line_punct_thr: float = 0.12
     new_line_ratio: float = 0.3
-    # FineWeb quality: at most this share of the characters in lines that repeat an earlier line (FineWeb's value;
-    # FineWeb-2's configs do not set it).
+    # FineWeb quality: at most this share of the characters in lines that repeat an earlier line
+    # (FineWeb's value; FineWeb-2's configs do not set it).
     char_duplicates_ratio: float = 0.01
     min_avg_word_length: int = 3
     max_avg_word_length: int = 10
@@ -131,8 +144,9 @@ class FilterThresholds:
 
 @dataclass
 class Lid176Labels:
-    """How fastText's lid.176 model (the clean stage's default language ID) names the language: its labels, whose
-    scores a document's score sums (Bokmål is `no` or `nn`), and the score a document needs."""
+    """How fastText's lid.176 model (the clean stage's default language ID) names the language: its
+    labels, whose scores a document's score sums (Bokmål is `no` or `nn`), and the score a document
+    needs."""
 
     labels: List[str] = MISSING
     threshold: float = MISSING
@@ -155,8 +169,8 @@ class LanguageConfig:
     in_hplt_v1_2: bool = True
     filters_source: str = "defaults"
     filters: FilterThresholds = field(default_factory=FilterThresholds)
-    # The default of `clean.heldout_sources`: raw files of another kind than most of the language's text, held out
-    # whole to score the model on text it never trained on.
+    # The default of `clean.heldout_sources`: raw files of another kind than most of the language's
+    # text, held out whole to score the model on text it never trained on.
     heldout_sources: List[str] = field(default_factory=list)
 
 

@@ -1,9 +1,11 @@
-"""Checks the command line before Hydra composes it, so that mistakes fail with a useful message at once.
+"""Checks the command line before Hydra composes it, so that mistakes fail with a useful message at
+once.
 
-Hydra already rejects unknown keys and mistyped values, but only after composing the config and in its own words;
-this adds what it cannot know: the closest valid keys, stage and language names (closest first), the language
-aliases (`lang=nb` becomes `lang=nob`), each value checked against its key's type, and which languages the run
-needs (so that only those are registered as `lang` options, pipeline/config.py).
+Hydra already rejects unknown keys and mistyped values, but only after composing the config and in
+its own words; this adds what it cannot know: the closest valid keys, stage and language names
+(closest first), the language aliases (`lang=nb` becomes `lang=nob`), each value checked against its
+key's type, and which languages the run needs (so that only those are registered as `lang` options,
+pipeline/config.py).
 """
 
 from __future__ import annotations
@@ -16,21 +18,45 @@ from typing import Any, Optional
 from omegaconf.errors import ValidationError
 from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
-from pipeline.config import (DEMO_MODEL, FULL_SCALE_OVERRIDE, PLAN_TARGET, SCALE_GROUP, TARGETS, WORKFLOW_TARGETS,
-                             PipelineConfig)
+from pipeline.config import (
+    DEMO_MODEL,
+    FULL_SCALE_OVERRIDE,
+    PLAN_TARGET,
+    SCALE_GROUP,
+    TARGETS,
+    WORKFLOW_TARGETS,
+    PipelineConfig,
+)
 from pipeline.errors import closest_first
 from pipeline.languages import resolve_language, resolve_languages
 from pipeline.model.base_shape import base_shape
 from pipeline.model.hf_config import CheckpointError
 
 # Hydra flags that take the next argument as their value.
-_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                     "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
+_FLAGS_WITH_VALUE = {
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--info",
+    "-i",
+    "--experimental-rerun",
+}
 _HELP_FLAGS = {"--help", "-h"}
 _CONFIG_GROUPS = {"lang", "cluster", "mix", "model", SCALE_GROUP}
-# A leaf's type -> the OmegaConf node that converts a command-line value to it, and how to name the type.
-_TYPED_NODES = {int: (IntegerNode, "an integer"), float: (FloatNode, "a number"),
-                bool: (BooleanNode, "true or false")}
+# A leaf's type -> the OmegaConf node that converts a command-line value to it, and how to name the
+# type.
+_TYPED_NODES = {
+    int: (IntegerNode, "an integer"),
+    float: (FloatNode, "a number"),
+    bool: (BooleanNode, "true or false"),
+}
 
 
 class OverrideError(ValueError):
@@ -69,8 +95,8 @@ class Leaf:
 
 
 def check_key(dotted: str) -> Optional[Leaf]:
-    """Raise OverrideError if `dotted` is not a key of the pipeline config; returns the key's field, or None below
-    a list or a free-form dict (cluster.sbatch_args), which Hydra checks."""
+    """Raise OverrideError if `dotted` is not a key of the pipeline config; returns the key's field,
+    or None below a list or a free-form dict (cluster.sbatch_args), which Hydra checks."""
     cls, walked, entry_next, leaf = PipelineConfig, [], False, None
     for part in dotted.split("."):
         if entry_next:  # an index or key into a list or dict of dataclasses (mix.sources.0.path)
@@ -78,7 +104,8 @@ def check_key(dotted: str) -> Optional[Leaf]:
             walked.append(part)
             continue
         if cls is None:
-            return None  # below a leaf or inside a free-form dict (cluster.sbatch_args): Hydra checks the rest
+            # below a leaf or inside a free-form dict (cluster.sbatch_args): Hydra checks the rest
+            return None
         types = typing.get_type_hints(cls)
         if part not in types:
             prefix = ".".join(walked)
@@ -86,11 +113,14 @@ def check_key(dotted: str) -> Optional[Leaf]:
             typed = f"{prefix}.{part}" if prefix else part
             suggestions = closest_first(typed, known)[:3]
             raise OverrideError(
-                f"Unknown config key `{dotted}`. Did you mean: {', '.join(f'`{s}`' for s in suggestions)}? "
+                f"Unknown config key `{dotted}`. Did you mean: "
+                f"{', '.join(f'`{s}`' for s in suggestions)}? "
                 "`python -m pipeline --cfg job stage=clean lang=nob` prints every key."
             )
         walked.append(part)
-        default = next((f.default for f in dataclasses.fields(cls) if f.name == part), dataclasses.MISSING)
+        default = next(
+            (f.default for f in dataclasses.fields(cls) if f.name == part), dataclasses.MISSING
+        )
         leaf = Leaf(types[part], default)
         cls = _dataclass_of(types[part])
         entry_next = cls is not None and typing.get_origin(types[part]) in (list, dict)
@@ -98,13 +128,18 @@ def check_key(dotted: str) -> Optional[Leaf]:
 
 
 def check_value(key: str, value: str, leaf: Leaf) -> None:
-    """Raise OverrideError if `value` cannot become the integer, number or boolean that `key` holds; other types,
-    interpolations, quoted values and sweeps are Hydra's to check."""
+    """Raise OverrideError if `value` cannot become the integer, number or boolean that `key` holds;
+    other types, interpolations, quoted values and sweeps are Hydra's to check."""
     args = typing.get_args(leaf.type)
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), None) if optional else leaf.type
-    if base not in _TYPED_NODES or value.startswith(("'", '"')) or "${" in value or "," in value \
-            or _is_sweep_function(value):
+    if (
+        base not in _TYPED_NODES
+        or value.startswith(("'", '"'))
+        or "${" in value
+        or "," in value
+        or _is_sweep_function(value)
+    ):
         return
     node, expected = _TYPED_NODES[base]
     if optional and value == "null":
@@ -114,8 +149,10 @@ def check_value(key: str, value: str, leaf: Leaf) -> None:
     except ValidationError:
         default = str(leaf.default).lower() if base is bool else leaf.default
         example = "" if leaf.default in (None, dataclasses.MISSING) else f", e.g. {key}={default}"
-        raise OverrideError(f"Invalid value for `{key}`: {value!r} is not {expected}. `{key}` takes "
-                            f"{expected}{' or null' if optional else ''}{example}.") from None
+        raise OverrideError(
+            f"Invalid value for `{key}`: {value!r} is not {expected}. `{key}` takes "
+            f"{expected}{' or null' if optional else ''}{example}."
+        ) from None
 
 
 def _split_override(arg: str) -> Optional[tuple[str, str, str]]:
@@ -130,13 +167,17 @@ def _split_override(arg: str) -> Optional[tuple[str, str, str]]:
 
 
 def override_key(arg: str) -> str:
-    """The key of a `key=value` override without Hydra's `+`/`~` prefixes; "" for any other argument."""
+    """The key of a `key=value` override without Hydra's `+`/`~` prefixes; "" for any other
+    argument."""
     parsed = _split_override(arg)
     return parsed[1] if parsed else ""
 
 
 def _is_sweep_function(value: str) -> bool:
-    return any(value.startswith(f"{fn}(") for fn in ("choice", "range", "glob", "interval", "sort", "shuffle"))
+    return any(
+        value.startswith(f"{fn}(")
+        for fn in ("choice", "range", "glob", "interval", "sort", "shuffle")
+    )
 
 
 def _is_sweep(value: str) -> bool:
@@ -144,9 +185,11 @@ def _is_sweep(value: str) -> bool:
 
 
 def _parsed_path(override: str) -> Optional[str]:
-    """The value of `key=value` as Hydra reads it (quotes and escapes resolved, e.g. a path with spaces); None for a
-    sweep over several values."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser  # its grammar: only when a path is given
+    """The value of `key=value` as Hydra reads it (quotes and escapes resolved, e.g. a path with
+    spaces); None for a sweep over several values."""
+    from hydra.core.override_parser.overrides_parser import (
+        OverridesParser,
+    )  # its grammar: only when a path is given
 
     parsed = OverridesParser.create().parse_override(override)
     return None if parsed.is_sweep_override() else str(parsed.value())
@@ -157,8 +200,9 @@ def _given_base(value: Optional[str]) -> bool:
 
 
 def shape_of_base(base: Optional[str]) -> Optional[dict]:
-    """The model shape that `model.base=<base>` (the value as typed) gives, for FULL_SCALE_OVERRIDE; None without a
-    base, or for an interpolation (resolved later) or a sweep (several bases): the config check compares those."""
+    """The model shape that `model.base=<base>` (the value as typed) gives, for FULL_SCALE_OVERRIDE;
+    None without a base, or for an interpolation (resolved later) or a sweep (several bases): the
+    config check compares those."""
     path = _parsed_path(f"model.base={base}") if _given_base(base) and "${" not in base else None
     if path is None:
         return None
@@ -169,20 +213,25 @@ def shape_of_base(base: Optional[str]) -> Optional[dict]:
 
 
 def with_full_scale(overrides: list[str]) -> tuple[list[str], Optional[dict]]:
-    """`overrides` (`key=value` arguments, flags allowed) with `scale=full` after their last `model.base=` or `model=`
-    when they give a base or a preset other than the demo's and choose no scale themselves; and the base's shape."""
+    """`overrides` (`key=value` arguments, flags allowed) with `scale=full` after their last
+    `model.base=` or `model=` when they give a base or a preset other than the demo's and choose no
+    scale themselves; and the base's shape."""
     parsed = {key: value for _, key, value in filter(None, map(_split_override, overrides))}
     base, preset = _given_base(parsed.get("model.base")), parsed.get("model", DEMO_MODEL)
     if SCALE_GROUP in parsed or not (base or preset != DEMO_MODEL and not _is_sweep(preset)):
         return overrides, None
-    # Among the overrides, not after a flag such as `--cfg job`, which would end Hydra's list of them.
+    # Among the overrides, not after a flag such as `--cfg job`, which would end Hydra's list of
+    # them.
     last = max(i for i, arg in enumerate(overrides) if override_key(arg) in ("model.base", "model"))
-    return ([*overrides[:last + 1], FULL_SCALE_OVERRIDE, *overrides[last + 1:]],
-            shape_of_base(parsed["model.base"]) if base else None)
+    return (
+        [*overrides[: last + 1], FULL_SCALE_OVERRIDE, *overrides[last + 1 :]],
+        shape_of_base(parsed["model.base"]) if base else None,
+    )
 
 
 def preflight(argv: list[str]) -> CommandLine:
-    """Validate and normalise the override arguments; returns the argv to hand to Hydra and what the run needs."""
+    """Validate and normalise the override arguments; returns the argv to hand to Hydra and what the
+    run needs."""
     if any(arg in _HELP_FLAGS for arg in argv):
         return CommandLine(argv=argv, help=True)
     hydra_help = "--hydra-help" in argv
@@ -220,7 +269,8 @@ def preflight(argv: list[str]) -> CommandLine:
             for v in value.split(","):
                 if v not in TARGETS:
                     raise OverrideError(
-                        f"Unknown stage `stage={v}`. Valid stages, closest first: {', '.join(closest_first(v, TARGETS))}."
+                        f"Unknown stage `stage={v}`. Valid stages, closest first: "
+                        f"{', '.join(closest_first(v, TARGETS))}."
                     )
         elif key not in _CONFIG_GROUPS:
             leaf = check_key(key)
@@ -229,21 +279,38 @@ def preflight(argv: list[str]) -> CommandLine:
         out.append(f"{key}={value}")
     out, shape = with_full_scale(out)
     if hydra_help and "lang" not in seen:
-        out.append("lang=nob")  # Hydra composes the config even for --hydra-help; any language will do
+        out.append(
+            "lang=nob"
+        )  # Hydra composes the config even for --hydra-help; any language will do
         languages = ["nob"]
     if not hydra_help:
-        for required, choices in (("stage", ", ".join(TARGETS)), ("lang", "an ISO 639-3 code such as nob")):
-            if required not in seen and not (required == "lang" and ("langs" in seen or stages == {PLAN_TARGET})):
-                several = (" (stage=workflow and stage=status also take langs=[nob,nno] or langs=all)"
-                           if stages and stages <= set(WORKFLOW_TARGETS) else "")
+        for required, choices in (
+            ("stage", ", ".join(TARGETS)),
+            ("lang", "an ISO 639-3 code such as nob"),
+        ):
+            if required not in seen and not (
+                required == "lang" and ("langs" in seen or stages == {PLAN_TARGET})
+            ):
+                several = (
+                    " (stage=workflow and stage=status also take langs=[nob,nno] or langs=all)"
+                    if stages and stages <= set(WORKFLOW_TARGETS)
+                    else ""
+                )
                 raise OverrideError(
                     f"Missing `{required}=`. Give one of: {choices}{several}. "
                     "Example: python -m pipeline stage=clean lang=nob"
                 )
         if "langs" in seen and not stages <= set(WORKFLOW_TARGETS):
-            raise OverrideError("`langs=` is for stage=workflow and stage=status; the other stages take one "
-                                "language (lang=nob), or sweep with -m lang=nob,nno.")
+            raise OverrideError(
+                "`langs=` is for stage=workflow and stage=status; the other stages take one "
+                "language (lang=nob), or sweep with -m lang=nob,nno."
+            )
         if {"lang", "langs"} <= seen.keys():
-            raise OverrideError("Give either lang=<code> (one language) or langs=[...] (several), not both.")
-    return CommandLine(argv=out, languages=None if languages is None else tuple(dict.fromkeys(languages)),
-                       base_shape=shape)
+            raise OverrideError(
+                "Give either lang=<code> (one language) or langs=[...] (several), not both."
+            )
+    return CommandLine(
+        argv=out,
+        languages=None if languages is None else tuple(dict.fromkeys(languages)),
+        base_shape=shape,
+    )

@@ -1,12 +1,13 @@
-"""Slurm's commands, for every part of the pipeline that talks to Slurm: sbatch, squeue, scancel and sacct (where
-accounting exists) for the workflow (pipeline/workflow/), squeue for the clean stage's datatrove jobs, and the
-`srun` command line that starts a training stage's ranks (pipeline/parallel/ranks.py). The ground floor: it imports
-nothing of the project but its errors.
+"""Slurm's commands, for every part of the pipeline that talks to Slurm: sbatch, squeue, scancel and
+sacct (where accounting exists) for the workflow (pipeline/workflow/), squeue for the clean stage's
+datatrove jobs, and the `srun` command line that starts a training stage's ranks
+(pipeline/parallel/ranks.py). The ground floor: it imports nothing of the project but its errors.
 
-Arguments go to the commands as lists, never through a shell; the values that end up in a batch script are checked
-by the `cluster` section (pipeline/cluster.py) and quoted by the workflow's script (pipeline/workflow/jobs.py). squeue shows a finished job for MinJobAge
-(300 s by default) only; older ones are found with sacct when the cluster keeps accounting, and otherwise not at
-all (the workflow then goes by the markers and the logs).
+Arguments go to the commands as lists, never through a shell; the values that end up in a batch
+script are checked by the `cluster` section (pipeline/cluster.py) and quoted by the workflow's
+script (pipeline/workflow/jobs.py). squeue shows a finished job for MinJobAge (300 s by default)
+only; older ones are found with sacct when the cluster keeps accounting, and otherwise not at all
+(the workflow then goes by the markers and the logs).
 """
 
 from __future__ import annotations
@@ -23,9 +24,28 @@ from pipeline.errors import StageError
 
 log = logging.getLogger(__name__)
 
-_RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "RESIZING", "SUSPENDED", "STOPPED"}
-_FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-             "PREEMPTED", "REVOKED"}
+_RUNNING = {
+    "RUNNING",
+    "COMPLETING",
+    "CONFIGURING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "RESIZING",
+    "SUSPENDED",
+    "STOPPED",
+}
+_FINISHED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+    "REVOKED",
+}
 
 
 @dataclass(frozen=True)
@@ -59,16 +79,21 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
-        raise StageError(f"`{argv[0]}` is not installed here: stage=workflow runs where Slurm's commands work "
-                         f"(a login node), or add workflow.dry_run=true to only print the scripts.") from None
+        raise StageError(
+            f"`{argv[0]}` is not installed here: stage=workflow runs where Slurm's commands work "
+            f"(a login node), or add workflow.dry_run=true to only print the scripts."
+        ) from None
 
 
 def submit(argv: list[str]) -> str:
     """Run `sbatch --parsable ...`; returns the job id."""
     result = _run(argv)
     if result.returncode != 0:
-        raise StageError(f"sbatch failed ({result.returncode}): {result.stderr.strip() or result.stdout.strip()}\n"
-                         f"command: {' '.join(argv)}")
+        raise StageError(
+            f"sbatch failed ({result.returncode}): "
+            f"{result.stderr.strip() or result.stdout.strip()}\n"
+            f"command: {' '.join(argv)}"
+        )
     return result.stdout.strip().split(";")[0]
 
 
@@ -78,9 +103,14 @@ def task_states(job_ids: Iterable[str]) -> dict[tuple[str, int], TaskState]:
     if not wanted:
         return {}
     # All of this user's jobs, filtered here: naming a purged job id makes squeue fail.
-    result = _run(["squeue", "--me", "--noheader", "--array", "--states=all", "--format=%F|%K|%T|%r"])
+    result = _run(
+        ["squeue", "--me", "--noheader", "--array", "--states=all", "--format=%F|%K|%T|%r"]
+    )
     if result.returncode != 0:
-        raise StageError(f"squeue failed ({result.returncode}): {result.stderr.strip()}. Is Slurm up (scontrol ping)?")
+        raise StageError(
+            f"squeue failed ({result.returncode}): {result.stderr.strip()}. Is Slurm up (scontrol "
+            "ping)?"
+        )
     states = {}
     for line in result.stdout.splitlines():
         job_id, index, state, reason = (line.split("|", 3) + ["", "", "", ""])[:4]
@@ -93,10 +123,22 @@ def _accounting_states(job_ids: set[str], known: dict) -> dict[tuple[str, int], 
     """States of finished tasks that squeue no longer shows, from sacct; {} without accounting."""
     if shutil.which("sacct") is None:
         return {}
-    result = _run(["sacct", "--noheader", "--parsable2", "--allocations", "--format=JobID,State",
-                   f"--jobs={','.join(sorted(job_ids))}"])
-    if result.returncode != 0:  # "Slurm accounting storage is disabled": markers and logs will have to do
-        log.debug("sacct is not available (%s); going by the markers and logs", result.stderr.strip())
+    result = _run(
+        [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            "--format=JobID,State",
+            f"--jobs={','.join(sorted(job_ids))}",
+        ]
+    )
+    if (
+        result.returncode != 0
+    ):  # "Slurm accounting storage is disabled": markers and logs will have to do
+        log.debug(
+            "sacct is not available (%s); going by the markers and logs", result.stderr.strip()
+        )
         return {}
     states = {}
     for line in result.stdout.splitlines():
@@ -113,24 +155,37 @@ def cancel(slurm_ids: list[str]) -> None:
 
 
 def live_jobs(job_ids: Iterable[str]) -> list[str]:
-    """Those of `job_ids` that are still queued or running; none where Slurm is not installed (nothing of it runs
-    here either) or does not answer in time."""
+    """Those of `job_ids` that are still queued or running; none where Slurm is not installed
+    (nothing of it runs here either) or does not answer in time."""
     ids = [str(job) for job in job_ids]
     if not ids:
         return []
     try:
-        queue = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True,
-                               timeout=60)
+        queue = subprocess.run(
+            ["squeue", "-h", "-o", "%i", "-j", ",".join(ids)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     return queue.stdout.split()  # empty also when Slurm no longer knows them (finished)
 
 
-def srun_command(ntasks: int, srun_args: Iterable, container: str | None, command: list[str]) -> list[str]:
-    """`srun` with one task per rank, the cluster's srun options and container (`cluster.container`, split as a
-    shell would, but run without one), then `command`; a rank that fails ends the step."""
+def srun_command(
+    ntasks: int, srun_args: Iterable, container: str | None, command: list[str]
+) -> list[str]:
+    """`srun` with one task per rank, the cluster's srun options and container (`cluster.container`,
+    split as a shell would, but run without one), then `command`; a rank that fails ends the step."""
     wrapper = shlex.split(container) if container else []
-    return ["srun", f"--ntasks={ntasks}", "--kill-on-bad-exit=1", *map(str, srun_args), *wrapper, *command]
+    return [
+        "srun",
+        f"--ntasks={ntasks}",
+        "--kill-on-bad-exit=1",
+        *map(str, srun_args),
+        *wrapper,
+        *command,
+    ]
 
 
 def inside_allocation() -> bool:
@@ -142,5 +197,8 @@ def task_ranks() -> dict[str, str]:
     """Under srun, torch.distributed's rank variables from Slurm's task ids; {} outside srun."""
     if "SLURM_PROCID" not in os.environ:
         return {}
-    return {"RANK": os.environ["SLURM_PROCID"], "LOCAL_RANK": os.environ["SLURM_LOCALID"],
-            "WORLD_SIZE": os.environ["SLURM_NTASKS"]}
+    return {
+        "RANK": os.environ["SLURM_PROCID"],
+        "LOCAL_RANK": os.environ["SLURM_LOCALID"],
+        "WORLD_SIZE": os.environ["SLURM_NTASKS"],
+    }

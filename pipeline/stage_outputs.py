@@ -1,17 +1,20 @@
-"""Typed handles to every stage's output, the one module that knows which files each stage leaves in its folder
-`${work_dir}/<lang>/<stage>/`: a stage reads `run.read_input(run.output(MixOutput).plan)`, never a `"plan.json"` of
-its own (tests/unit/test_import_layers.py checks that no stage module spells another stage's file names).
+"""Typed handles to every stage's output, the one module that knows which files each stage leaves in
+its folder `${work_dir}/<lang>/<stage>/`: a stage reads
+`run.read_input(run.output(MixOutput).plan)`, never a `"plan.json"` of its own
+(tests/unit/test_import_layers.py checks that no stage module spells another stage's file names).
 
-A handle is a frozen dataclass of the folder; a file that stages read is an `OutputFile` (the path and how it is read,
-so that `StageRun.read_input` names the stage that wrote a damaged one), a folder or a file handed on to a library a
-path. The names themselves stay with the libraries that write and read them (`packed.json` is the sampler's,
-`tokenizer.json` the tokenizer folder's, `hf/` the training stage's export): a default is written in one place, and
-the handles gather them per stage.
+A handle is a frozen dataclass of the folder; a file that stages read is an `OutputFile` (the path
+and how it is read, so that `StageRun.read_input` names the stage that wrote a damaged one), a
+folder or a file handed on to a library a path. The names themselves stay with the libraries that
+write and read them (`packed.json` is the sampler's, `tokenizer.json` the tokenizer folder's, `hf/`
+the training stage's export): a default is written in one place, and the handles gather them per
+stage.
 
-Why a module of its own rather than a part of pipeline/contract.py: the contract is the ground floor, which runs any
-stage whatever its files and imports nothing above it; the handles import the libraries' names, so they sit above the
-libraries, beside the contract, for the stages and the workflow (DESIGN, the layers: "contract, stage outputs"). They
-import no torch: a reader that needs it imports it when it reads, so that the data stages still start without it.
+Why a module of its own rather than a part of pipeline/contract.py: the contract is the ground
+floor, which runs any stage whatever its files and imports nothing above it; the handles import the
+libraries' names, so they sit above the libraries, beside the contract, for the stages and the
+workflow (DESIGN, the layers: "contract, stage outputs"). They import no torch: a reader that needs
+it imports it when it reads, so that the data stages still start without it.
 """
 
 from __future__ import annotations
@@ -133,7 +136,8 @@ class TokenizerOutput(StageOutput):
 
 @dataclass(frozen=True)
 class PackOutput(StageOutput):
-    """The packed shards, which the sampler reads from the folder, and the exact plan (pipeline/packing/packed.py)."""
+    """The packed shards, which the sampler reads from the folder, and the exact plan
+    (pipeline/packing/packed.py)."""
 
     stage: ClassVar[str] = "pack"
 
@@ -143,7 +147,9 @@ class PackOutput(StageOutput):
 
 
 def _opened_checkpoint(path: Path):
-    from pipeline.model.model_tensors import opened_checkpoint  # torch: only when a checkpoint is read
+    from pipeline.model.model_tensors import (
+        opened_checkpoint,
+    )  # torch: only when a checkpoint is read
 
     return opened_checkpoint(path)
 
@@ -156,7 +162,8 @@ def _heldout_rows(path: Path):
 
 @dataclass(frozen=True)
 class TrainedModelOutput(StageOutput):
-    """A training stage's trained model (pipeline/training/job.py: its files), its own held-out rows and metrics."""
+    """A training stage's trained model (pipeline/training/job.py: its files), its own held-out rows
+    and metrics."""
 
     @property
     def export(self) -> Path:
@@ -180,7 +187,8 @@ class TrainedModelOutput(StageOutput):
 
     @property
     def logged_heldout_bpb(self) -> Optional[float]:
-        """The held-out bits per byte it logged at the end, on its held-out rows; None where it has none."""
+        """The held-out bits per byte it logged at the end, on its held-out rows; None where it has
+        none."""
         return ((self.marker or {}).get("metrics") or {}).get("heldout_bpb_after")
 
 
@@ -189,10 +197,12 @@ class WarmupOutput(TrainedModelOutput):
     stage: ClassVar[str] = "warmup"
 
     def recorded_base(self, work_dir: str) -> Optional[str]:
-        """The base model it warm-started (its marker records it), in the work folder `work_dir` wherever it is now;
-        None while it is not done."""
+        """The base model it warm-started (its marker records it), in the work folder `work_dir`
+        wherever it is now; None while it is not done."""
         marker = self.marker
-        return str(resolve_path(work_dir, marker["metrics"]["base"])) if marker is not None else None
+        return (
+            str(resolve_path(work_dir, marker["metrics"]["base"])) if marker is not None else None
+        )
 
 
 @dataclass(frozen=True)
@@ -215,8 +225,15 @@ class EvaluateOutput(StageOutput):
         return OutputFile(self.folder / EVALUATE_REPORT_TEXT, _text)
 
 
-# The training stages' outputs, in the recipe's order: the models the evaluate stage scores after the base.
+# The training stages' outputs, in the recipe's order: the models the evaluate stage scores after
+# the base.
 TRAINED_OUTPUTS: tuple[type[TrainedModelOutput], ...] = (WarmupOutput, PretrainOutput)
-STAGE_OUTPUTS: tuple[type[StageOutput], ...] = (CleanOutput, ReplayOutput, MixOutput, TokenizerOutput, PackOutput,
-                                                *TRAINED_OUTPUTS, EvaluateOutput)
-
+STAGE_OUTPUTS: tuple[type[StageOutput], ...] = (
+    CleanOutput,
+    ReplayOutput,
+    MixOutput,
+    TokenizerOutput,
+    PackOutput,
+    *TRAINED_OUTPUTS,
+    EvaluateOutput,
+)

@@ -1,8 +1,9 @@
-"""The work folder's layout, which every stage and the libraries that read earlier stages' outputs share: each stage's
-output at `${work_dir}/<lang>/<stage>/`, finished when its marker `_SUCCESS.json` is there, and paths inside the work
-folder recorded relative to it (`${work_dir}/eng/clean`), so that a moved or copied work folder stays current. How a
-stage comes to write there (partial folders, hashes, the lock) is pipeline/contract.py's; which files each stage's output
-holds, pipeline/stage_outputs.py's."""
+"""The work folder's layout, which every stage and the libraries that read earlier stages' outputs
+share: each stage's output at `${work_dir}/<lang>/<stage>/`, finished when its marker
+`_SUCCESS.json` is there, and paths inside the work folder recorded relative to it
+(`${work_dir}/eng/clean`), so that a moved or copied work folder stays current. How a stage comes to
+write there (partial folders, hashes, the lock) is pipeline/contract.py's; which files each stage's
+output holds, pipeline/stage_outputs.py's."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ def stage_dir(cfg, stage: str) -> Path:
 
 
 def portable_path(cfg, path) -> str:
-    """How the contract records a path: `${work_dir}/eng/clean` inside the work folder, else absolute."""
+    """How the contract records a path: `${work_dir}/eng/clean` inside the work folder, else
+    absolute."""
     return record_path(cfg.work_dir, path)
 
 
 def record_path(work_dir: str, path) -> str:
-    """`portable_path` in the work folder `work_dir`, for the libraries, which take it rather than the config."""
+    """`portable_path` in the work folder `work_dir`, for the libraries, which take it rather than
+    the config."""
     absolute = Path(path).absolute().resolve()
     try:
         return WORK_DIR_PREFIX + str(absolute.relative_to(Path(work_dir).absolute().resolve()))
@@ -41,21 +44,28 @@ def record_path(work_dir: str, path) -> str:
 def resolve_path(work_dir: str, recorded: str) -> Path:
     """The path that `portable_path` recorded, in the work folder `work_dir` (wherever it is now)."""
     if recorded.startswith(WORK_DIR_PREFIX):
-        return Path(work_dir).absolute() / recorded[len(WORK_DIR_PREFIX):]
+        return Path(work_dir).absolute() / recorded[len(WORK_DIR_PREFIX) :]
     return Path(recorded)
 
 
 def output_identity(cfg, path) -> Optional[dict]:
     """For a path inside a finished stage output of this work folder (the demo's base model,
-    `${work_dir}/eng/pretrain/hf`): that stage's config hash, which names its content wherever the folder is."""
+    `${work_dir}/eng/pretrain/hf`): that stage's config hash, which names its content wherever the
+    folder is."""
     recorded = portable_path(cfg, path)
     if not recorded.startswith(WORK_DIR_PREFIX):
         return None
-    parts = Path(recorded[len(WORK_DIR_PREFIX):]).parts  # <lang>/<stage>/...
-    marker = read_marker(Path(cfg.work_dir).absolute().joinpath(*parts[:2])) if len(parts) >= 2 else None
+    parts = Path(recorded[len(WORK_DIR_PREFIX) :]).parts  # <lang>/<stage>/...
+    marker = (
+        read_marker(Path(cfg.work_dir).absolute().joinpath(*parts[:2])) if len(parts) >= 2 else None
+    )
     if marker is None:
         return None
-    return {"stage_output": "/".join(parts[:2]), "config_hash": marker["config_hash"], "within": "/".join(parts[2:])}
+    return {
+        "stage_output": "/".join(parts[:2]),
+        "config_hash": marker["config_hash"],
+        "within": "/".join(parts[2:]),
+    }
 
 
 def read_marker(directory: Path) -> Optional[dict]:
@@ -71,8 +81,9 @@ def read_marker(directory: Path) -> Optional[dict]:
 
 @dataclass(frozen=True)
 class OutputFile(Generic[T]):
-    """A file of a stage's output and how it is read: what `StageRun.read_input` takes, so that a stage reads an
-    earlier output's file with its reader and a damaged one fails naming the stage that wrote it."""
+    """A file of a stage's output and how it is read: what `StageRun.read_input` takes, so that a
+    stage reads an earlier output's file with its reader and a damaged one fails naming the stage
+    that wrote it."""
 
     path: Path
     read: Callable[[Path], T]

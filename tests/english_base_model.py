@@ -1,6 +1,6 @@
 """A small English base model for the warm-start tests: its own byte-level BPE tokenizer and a tiny
-transformer trained for 300 steps (one to two minutes on one core; built once per test session) on the embedded
-English text, saved as a Hugging Face folder (what a user's `model.base` is)."""
+transformer trained for 300 steps (one to two minutes on one core; built once per test session) on
+the embedded English text, saved as a Hugging Face folder (what a user's `model.base` is)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def build_english_base(folder: Path, steps: int = 300, seq_len: int = 128, batch
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
         starts = torch.randint(0, len(data) - seq_len - 1, (batch,), generator=generator)
-        window = torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()])
+        window = torch.stack([data[s : s + seq_len + 1] for s in starts.tolist()])
         logits = model(window[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
         optimizer.zero_grad()

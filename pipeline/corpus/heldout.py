@@ -1,10 +1,11 @@
-"""Held-out text for tokenizer and model evaluation: whole sources, and a deterministic split by document id.
+"""Held-out text for tokenizer and model evaluation: whole sources, and a deterministic split by
+document id.
 
-A held-out source is every document of the raw files, or of the records' `source`, that `clean.heldout_sources`
-names (glob patterns): text of a kind the model never trains on. Of the rest, the held-out documents are those with
-the smallest id hashes: every document whose hash falls below `clean.heldout_fraction` (decided while streaming, in
-any task), topped up after the stage to at least `clean.heldout_min_documents` (so that a small language still has
-text to evaluate on).
+A held-out source is every document of the raw files, or of the records' `source`, that
+`clean.heldout_sources` names (glob patterns): text of a kind the model never trains on. Of the
+rest, the held-out documents are those with the smallest id hashes: every document whose hash falls
+below `clean.heldout_fraction` (decided while streaming, in any task), topped up after the stage to
+at least `clean.heldout_min_documents` (so that a small language still has text to evaluate on).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ TOP_UP_SHARD = "min_documents.jsonl.gz"
 
 def id_hash(doc_id: str) -> int:
     """The document's place in the held-out order, uniform in [0, 2**64)."""
-    return int.from_bytes(hashlib.blake2b(_SALT + doc_id.encode("utf-8"), digest_size=8).digest(), "big")
+    return int.from_bytes(
+        hashlib.blake2b(_SALT + doc_id.encode("utf-8"), digest_size=8).digest(), "big"
+    )
 
 
 def is_heldout(doc_id: str, fraction: float) -> bool:
@@ -41,12 +44,15 @@ def is_heldout(doc_id: str, fraction: float) -> bool:
 
 
 def is_heldout_source(raw_file: str, source: str, patterns: list[str]) -> bool:
-    """Whether a document is held out with its whole source: a pattern matches its raw file's path below
-    `${raw_dir}/<lang>/` or name (`regjeringen_*` also holds out `2024/regjeringen_a.jsonl.gz`), or its record's
-    `source` field (one book of a file of books: `*Sherlock-Holmes*`)."""
+    """Whether a document is held out with its whole source: a pattern matches its raw file's path
+    below `${raw_dir}/<lang>/` or name (`regjeringen_*` also holds out
+    `2024/regjeringen_a.jsonl.gz`), or its record's `source` field (one book of a file of books:
+    `*Sherlock-Holmes*`)."""
     name = PurePosixPath(raw_file).name
-    return any(fnmatchcase(raw_file, pattern) or fnmatchcase(name, pattern) or fnmatchcase(source, pattern)
-               for pattern in patterns)
+    return any(
+        fnmatchcase(raw_file, pattern) or fnmatchcase(name, pattern) or fnmatchcase(source, pattern)
+        for pattern in patterns
+    )
 
 
 class HeldoutSourceSplit(PipelineStep):
@@ -63,8 +69,11 @@ class HeldoutSourceSplit(PipelineStep):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.writer as writer:
             for doc in data:
-                if is_heldout_source(doc.metadata.get("raw_file", ""), str(doc.metadata.get("source", "")),
-                                     self.patterns):
+                if is_heldout_source(
+                    doc.metadata.get("raw_file", ""),
+                    str(doc.metadata.get("source", "")),
+                    self.patterns,
+                ):
                     writer.write(doc, rank)
                     self.stat_update("heldout_source")
                     self.stat_update("heldout_source_chars", value=len(doc.text))
@@ -106,9 +115,10 @@ def _id(line: bytes) -> str:
 
 
 def choose_top_up(train: Path, missing: int) -> tuple[dict[str, list[str]], Counts]:
-    """The `missing` training documents with the smallest id hashes: their ids by `train` shard, and the documents
-    and characters they hold per raw file ({raw file: [documents, characters]}). Reads every training document once:
-    it runs when the split holds too few documents, i.e. on a small corpus. Changes nothing (`move_to_heldout` does)."""
+    """The `missing` training documents with the smallest id hashes: their ids by `train` shard, and
+    the documents and characters they hold per raw file ({raw file: [documents, characters]}). Reads
+    every training document once: it runs when the split holds too few documents, i.e. on a small
+    corpus. Changes nothing (`move_to_heldout` does)."""
     if missing <= 0:
         return {}, {}
 
@@ -129,15 +139,21 @@ def choose_top_up(train: Path, missing: int) -> tuple[dict[str, list[str]], Coun
 
 
 def move_to_heldout(train: Path, heldout: Path, chosen: dict[str, list[str]]) -> None:
-    """Move the documents `choose_top_up` chose from their `train` shards to `heldout/`'s top-up shard. Taken again
-    after a kill, it finishes the move: the top-up shard is written whole before any training shard loses a
-    document, and a shard that has lost its documents already is left alone."""
+    """Move the documents `choose_top_up` chose from their `train` shards to `heldout/`'s top-up
+    shard. Taken again after a kill, it finishes the move: the top-up shard is written whole before
+    any training shard loses a document, and a shard that has lost its documents already is left
+    alone."""
     if not chosen:
         return
     leaving = {name: set(ids) for name, ids in chosen.items()}
     target = heldout / TOP_UP_SHARD
     if not target.exists():
-        moved = [line for name in sorted(chosen) for line in _lines(train / name) if _id(line) in leaving[name]]
+        moved = [
+            line
+            for name in sorted(chosen)
+            for line in _lines(train / name)
+            if _id(line) in leaving[name]
+        ]
         heldout.mkdir(parents=True, exist_ok=True)
         commit_step("clean: write the held-out top-up")
         _write_atomic(target, moved)

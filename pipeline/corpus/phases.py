@@ -1,17 +1,18 @@
-"""The clean stage's datatrove pipeline: its filters, its four phases, the executors that run them (local processes
-or Slurm jobs), the statistics summed into metrics and the held-out top-up's plan. Plain values in (the work folder,
-the `clean` section, the language's table entry): cleaning.py runs it, pipeline/stages/clean.py under the stage
-contract.
+"""The clean stage's datatrove pipeline: its filters, its four phases, the executors that run them
+(local processes or Slurm jobs), the statistics summed into metrics and the held-out top-up's plan.
+Plain values in (the work folder, the `clean` section, the language's table entry): cleaning.py runs
+it, pipeline/stages/clean.py under the stage contract.
 
-1. read (bad records counted, never fatal) -> language ID -> Gopher repetition -> Gopher quality
-   -> C4 (off by default) -> FineWeb quality -> intermediate shards + MinHash signatures;
+1. read (bad records counted, never fatal) -> language ID -> Gopher repetition -> Gopher quality ->
+   C4 (off by default) -> FineWeb quality -> intermediate shards + MinHash signatures;
 2. MinHash buckets;  3. MinHash clusters (with cluster sizes, for the mix stage's rehydration);
-4. drop near-duplicates (keeping one per cluster, annotated with its cluster size) -> the documents of the raw files
-   that `clean.heldout_sources` names to `heldout_source/` -> held-out split by document-id hash -> `train/` and
-   `heldout/` shards.
+4. drop near-duplicates (keeping one per cluster, annotated with its cluster size) -> the documents
+   of the raw files that `clean.heldout_sources` names to `heldout_source/` -> held-out split by
+   document-id hash -> `train/` and `heldout/` shards.
 
-Every rejected document is written under `rejected/<filter>/` with its reason in its metadata; a tally after the
-reader and after each step that removes or routes documents counts them per raw file (pipeline/corpus/source_counts.py).
+Every rejected document is written under `rejected/<filter>/` with its reason in its metadata; a
+tally after the reader and after each step that removes or routes documents counts them per raw file
+(pipeline/corpus/source_counts.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter,
 from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, choose_top_up
 from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader
 from pipeline.corpus.report import count, step_key, summed_stats
-from pipeline.corpus.source_counts import HELDOUT, HELDOUT_SOURCE, READ, SourceTally, moved_to_heldout, per_source
+from pipeline.corpus.source_counts import (
+    HELDOUT,
+    HELDOUT_SOURCE,
+    READ,
+    SourceTally,
+    moved_to_heldout,
+    per_source,
+)
 from pipeline.corpus.words import minhash_word_tokenizer
 from pipeline.errors import StageError
 from pipeline.languages import LanguageConfig
@@ -45,15 +53,18 @@ DUPLICATES = "minhash_duplicate"
 
 
 def raw_language_folder(raw_dir: str, lang: LanguageConfig) -> Path:
-    """`${raw_dir}/<lang>/`, accepting any of the language's codes as the folder name (HPLT uses `nb`)."""
+    """`${raw_dir}/<lang>/`, accepting any of the language's codes as the folder name (HPLT uses
+    `nb`)."""
     root = Path(raw_dir)
     names = [lang.code, lang.hplt_code, lang.iso639_1, *lang.aliases]
     for name in filter(None, names):
         if (root / name).is_dir():
             return root / name
     raise StageError(
-        f"No raw input for {lang.code}: none of {', '.join(str(root / n) for n in dict.fromkeys(filter(None, names)))} "
-        f"is a directory. Put {', '.join(RAW_PATTERNS)} files in {root / lang.code}/ or point raw_dir= at "
+        f"No raw input for {lang.code}: none of "
+        f"{', '.join(str(root / n) for n in dict.fromkeys(filter(None, names)))} "
+        f"is a directory. Put {', '.join(RAW_PATTERNS)} files in {root / lang.code}/ or point "
+        "raw_dir= at "
         f"a folder with a {lang.code}/ subfolder."
     )
 
@@ -64,47 +75,88 @@ def _rejected(work: Path, name: str):
     return JsonlWriter(str(work / "rejected" / name))
 
 
-def quality_filters(work: Path, clean: CleanConfig, lang: LanguageConfig, tokenizer) -> list[tuple[str, object]]:
-    """(name, datatrove filter) pairs: language ID, then the quality and repetition filters that `clean` switches on,
-    with the language's thresholds (`lang.filters`); the name keys `rejected/<name>/` and `metrics.rejected`."""
-    from datatrove.pipeline.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
-                                            GopherRepetitionFilter)
-
+def quality_filters(
+    work: Path, clean: CleanConfig, lang: LanguageConfig, tokenizer
+) -> list[tuple[str, object]]:
+    """(name, datatrove filter) pairs: language ID, then the quality and repetition filters that
+    `clean` switches on, with the language's thresholds (`lang.filters`); the name keys
+    `rejected/<name>/` and `metrics.rejected`."""
+    from datatrove.pipeline.filters import (
+        C4QualityFilter,
+        FineWebQualityFilter,
+        GopherQualityFilter,
+        GopherRepetitionFilter,
+    )
 
     limits = lang.filters
     chosen = []
     language_id = choose_language_id(lang, clean.lid)
     if language_id.model is not None:
-        chosen.append(("language_id", LocalLanguageFilter, dict(model_path=str(language_id.model),
-                                                                 labels=list(language_id.labels),
-                                                                 threshold=language_id.threshold)))
+        chosen.append(
+            (
+                "language_id",
+                LocalLanguageFilter,
+                dict(
+                    model_path=str(language_id.model),
+                    labels=list(language_id.labels),
+                    threshold=language_id.threshold,
+                ),
+            )
+        )
     else:
         chosen.append(("declared_language", DeclaredLanguageFilter, dict(lang=lang)))
     if clean.gopher_repetition:
-        chosen.append(("gopher_repetition", GopherRepetitionFilter, dict(
-            dup_line_frac=limits.dup_line_frac,
-            top_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.top_n_grams),
-            dup_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.dup_n_grams),
-            language=tokenizer,
-        )))
+        chosen.append(
+            (
+                "gopher_repetition",
+                GopherRepetitionFilter,
+                dict(
+                    dup_line_frac=limits.dup_line_frac,
+                    top_n_grams=tuple(
+                        (limit.n, limit.max_fraction) for limit in limits.top_n_grams
+                    ),
+                    dup_n_grams=tuple(
+                        (limit.n, limit.max_fraction) for limit in limits.dup_n_grams
+                    ),
+                    language=tokenizer,
+                ),
+            )
+        )
     if clean.gopher_quality:
-        chosen.append(("gopher_quality", GopherQualityFilter, dict(
-            min_doc_words=clean.gopher_min_doc_words,
-            min_avg_word_length=limits.min_avg_word_length,
-            max_avg_word_length=limits.max_avg_word_length,
-            max_non_alpha_words_ratio=limits.max_non_alpha_words_ratio,
-            stop_words=list(limits.stopwords) if limits.stopwords else None,
-            min_stop_words=2 if limits.stopwords else None,
-            language=tokenizer,
-        )))
+        chosen.append(
+            (
+                "gopher_quality",
+                GopherQualityFilter,
+                dict(
+                    min_doc_words=clean.gopher_min_doc_words,
+                    min_avg_word_length=limits.min_avg_word_length,
+                    max_avg_word_length=limits.max_avg_word_length,
+                    max_non_alpha_words_ratio=limits.max_non_alpha_words_ratio,
+                    stop_words=list(limits.stopwords) if limits.stopwords else None,
+                    min_stop_words=2 if limits.stopwords else None,
+                    language=tokenizer,
+                ),
+            )
+        )
     if clean.c4:
         chosen.append(("c4_quality", C4QualityFilter, dict(language=tokenizer)))
     if clean.fineweb_quality:
-        chosen.append(("fineweb_quality", FineWebQualityFilter, dict(
-            line_punct_thr=limits.line_punct_thr, new_line_ratio=limits.new_line_ratio,
-            char_duplicates_ratio=limits.char_duplicates_ratio, language=tokenizer,
-        )))
-    return [(name, cls(exclusion_writer=_rejected(work, name), **kwargs)) for name, cls, kwargs in chosen]
+        chosen.append(
+            (
+                "fineweb_quality",
+                FineWebQualityFilter,
+                dict(
+                    line_punct_thr=limits.line_punct_thr,
+                    new_line_ratio=limits.new_line_ratio,
+                    char_duplicates_ratio=limits.char_duplicates_ratio,
+                    language=tokenizer,
+                ),
+            )
+        )
+    return [
+        (name, cls(exclusion_writer=_rejected(work, name), **kwargs))
+        for name, cls, kwargs in chosen
+    ]
 
 
 def _tally(work: Path, label: str) -> SourceTally:
@@ -120,7 +172,8 @@ def _split_and_write(work: Path, clean: CleanConfig, heldout_sources: list[str])
     return [
         HeldoutSourceSplit(heldout_sources, writer("heldout_source")),
         _tally(work, HELDOUT_SOURCE),
-        HeldoutSplit(clean.heldout_fraction, writer("heldout")), _tally(work, HELDOUT),
+        HeldoutSplit(clean.heldout_fraction, writer("heldout")),
+        _tally(work, HELDOUT),
         writer("train"),
     ]
 
@@ -129,20 +182,41 @@ def _minhash_config(clean):
     from datatrove.pipeline.dedup.minhash import MinhashConfig
 
     d = clean.dedup
-    return MinhashConfig(n_grams=d.n_grams, num_buckets=d.num_buckets, hashes_per_bucket=d.hashes_per_bucket, seed=d.seed)
+    return MinhashConfig(
+        n_grams=d.n_grams,
+        num_buckets=d.num_buckets,
+        hashes_per_bucket=d.hashes_per_bucket,
+        seed=d.seed,
+    )
 
 
-def build_phases(work: Path, raw_folder: Path, clean: CleanConfig, lang: LanguageConfig, tasks: int, tokenizer,
-                 filters: list[tuple[str, object]], heldout_sources: list[str]) -> list[tuple[str, list, int]]:
-    """The phases, working in `work`, as (name, datatrove pipeline, number of tasks), from the (name, step) pairs of
-    `quality_filters`; the documents of `heldout_sources` (patterns) go to `heldout_source/`."""
-    from datatrove.pipeline.dedup.minhash import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
-                                                  MinhashDedupSignature)
+def build_phases(
+    work: Path,
+    raw_folder: Path,
+    clean: CleanConfig,
+    lang: LanguageConfig,
+    tasks: int,
+    tokenizer,
+    filters: list[tuple[str, object]],
+    heldout_sources: list[str],
+) -> list[tuple[str, list, int]]:
+    """The phases, working in `work`, as (name, datatrove pipeline, number of tasks), from the
+    (name, step) pairs of `quality_filters`; the documents of `heldout_sources` (patterns) go to
+    `heldout_source/`."""
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
+    )
     from datatrove.pipeline.writers import JsonlWriter
 
-
-    reader = RawCorpusReader(str(raw_folder), str(work / "raw_files.txt"), str(work / "bad_records"),
-                             max_record_bytes=clean.max_record_bytes)
+    reader = RawCorpusReader(
+        str(raw_folder),
+        str(work / "raw_files.txt"),
+        str(work / "bad_records"),
+        max_record_bytes=clean.max_record_bytes,
+    )
     filtering = [reader, _tally(work, READ)]
     for name, step in filters:
         filtering += [step, _tally(work, name)]
@@ -150,21 +224,43 @@ def build_phases(work: Path, raw_folder: Path, clean: CleanConfig, lang: Languag
         return [(FILTER_PHASE, filtering + _split_and_write(work, clean, heldout_sources), tasks)]
 
     minhash, words = _minhash_config(clean), minhash_word_tokenizer(lang, tokenizer)
-    signatures, buckets, clusters = (str(work / "minhash" / part) for part in ("signatures", "buckets", "clusters"))
+    signatures, buckets, clusters = (
+        str(work / "minhash" / part) for part in ("signatures", "buckets", "clusters")
+    )
     return [
-        (FILTER_PHASE, filtering + [
-            JsonlWriter(str(work / "filtered")),
-            MinhashDedupSignature(signatures, config=minhash, language=words),
-        ], tasks),
-        (BUCKETS_PHASE, [MinhashDedupBuckets(signatures, buckets, config=minhash)], minhash.num_buckets),
-        (CLUSTER_PHASE, [MinhashDedupCluster(buckets, clusters, config=minhash, save_cluster_size=True)], 1),
-        (SPLIT_PHASE, [
-            # Not the intermediate file's path (datatrove's `file_path`): it is gone once the stage is done.
-            TaskOutputReader(str(work / "filtered"), add_file_path=False),
-            MinhashDedupFilter(clusters, exclusion_writer=_rejected(work, DUPLICATES), load_cluster_sizes=True),
-            _tally(work, DUPLICATES),
-            *_split_and_write(work, clean, heldout_sources),
-        ], tasks),
+        (
+            FILTER_PHASE,
+            filtering
+            + [
+                JsonlWriter(str(work / "filtered")),
+                MinhashDedupSignature(signatures, config=minhash, language=words),
+            ],
+            tasks,
+        ),
+        (
+            BUCKETS_PHASE,
+            [MinhashDedupBuckets(signatures, buckets, config=minhash)],
+            minhash.num_buckets,
+        ),
+        (
+            CLUSTER_PHASE,
+            [MinhashDedupCluster(buckets, clusters, config=minhash, save_cluster_size=True)],
+            1,
+        ),
+        (
+            SPLIT_PHASE,
+            [
+                # Not the intermediate file's path (datatrove's `file_path`): it is gone once the
+                # stage is done.
+                TaskOutputReader(str(work / "filtered"), add_file_path=False),
+                MinhashDedupFilter(
+                    clusters, exclusion_writer=_rejected(work, DUPLICATES), load_cluster_sizes=True
+                ),
+                _tally(work, DUPLICATES),
+                *_split_and_write(work, clean, heldout_sources),
+            ],
+            tasks,
+        ),
     ]
 
 
@@ -188,7 +284,11 @@ def collect_metrics(work: Path, deduplicated: bool) -> dict:
     if deduplicated:
         rejected[DUPLICATES] = duplicates
 
-    bad_by_reason = {k.removeprefix("bad_records."): int(v) for k, v in reader.items() if k.startswith("bad_records.")}
+    bad_by_reason = {
+        k.removeprefix("bad_records."): int(v)
+        for k, v in reader.items()
+        if k.startswith("bad_records.")
+    }
     if settings["unreadable_names"]:
         bad_by_reason[BAD_FILE_NAME] = len(settings["unreadable_names"])
     metrics = {
@@ -212,54 +312,110 @@ def collect_metrics(work: Path, deduplicated: bool) -> dict:
         "input_files": len(settings["input_files"]),
         "sources": per_source(work / TALLIES, list(rejected), settings["input_files"]),
     }
-    accounted = metrics["docs_out"] + metrics["docs_heldout"] + metrics["docs_heldout_source"] + sum(rejected.values())
+    accounted = (
+        metrics["docs_out"]
+        + metrics["docs_heldout"]
+        + metrics["docs_heldout_source"]
+        + sum(rejected.values())
+    )
     if accounted != metrics["docs_in"]:
-        log.warning("clean: %d documents read but %d accounted for (kept + held out + held-out source + rejected).",
-                    metrics["docs_in"], accounted)
+        log.warning(
+            "clean: %d documents read but %d accounted for (kept + held out + held-out source + "
+            "rejected).",
+            metrics["docs_in"],
+            accounted,
+        )
     return metrics
 
 
 def top_up_plan(work: Path, clean: CleanConfig, lang: str, raw_folder: Path, metrics: dict) -> dict:
     """The commit's plan: the documents of `work/train` that top the held-out split up to
-    `clean.heldout_min_documents` (at most a quarter of the kept documents) and the metrics with them moved; warns
-    when the corpus is too small for it."""
-    minimum, kept, heldout = clean.heldout_min_documents, metrics["docs_out"], metrics["docs_heldout"]
+    `clean.heldout_min_documents` (at most a quarter of the kept documents) and the metrics with
+    them moved; warns when the corpus is too small for it."""
+    minimum, kept, heldout = (
+        clean.heldout_min_documents,
+        metrics["docs_out"],
+        metrics["docs_heldout"],
+    )
     wanted = min(minimum, (kept + heldout) // 4)
     chosen, moved = choose_top_up(work / "train", wanted - heldout)
     docs, chars = sum(d for d, _ in moved.values()), sum(c for _, c in moved.values())
     if docs:
-        log.warning("clean %s: clean.heldout_fraction=%g of %d kept documents held out %d; %d more are held out "
-                    "(those with the smallest id hashes) to reach %d.", lang, clean.heldout_fraction,
-                    kept + heldout, heldout, docs, wanted)
+        log.warning(
+            "clean %s: clean.heldout_fraction=%g of %d kept documents held out %d; %d more are "
+            "held out "
+            "(those with the smallest id hashes) to reach %d.",
+            lang,
+            clean.heldout_fraction,
+            kept + heldout,
+            heldout,
+            docs,
+            wanted,
+        )
     if heldout + docs < minimum:
-        log.warning("clean %s: only %d documents kept, too few for clean.heldout_min_documents=%d: %d held out (a "
-                    "quarter), so held-out scores will be noisy. Add text to %s if you can.", lang, kept + heldout,
-                    minimum, heldout + docs, raw_folder)
-    metrics = {**metrics, "docs_out": kept - docs, "docs_heldout": heldout + docs,
-               "chars_out": metrics["chars_out"] - chars, "chars_heldout": metrics["chars_heldout"] + chars,
-               "heldout_added_for_minimum": docs, "sources": moved_to_heldout(metrics["sources"], moved)}
+        log.warning(
+            "clean %s: only %d documents kept, too few for clean.heldout_min_documents=%d: %d held "
+            "out (a "
+            "quarter), so held-out scores will be noisy. Add text to %s if you can.",
+            lang,
+            kept + heldout,
+            minimum,
+            heldout + docs,
+            raw_folder,
+        )
+    metrics = {
+        **metrics,
+        "docs_out": kept - docs,
+        "docs_heldout": heldout + docs,
+        "chars_out": metrics["chars_out"] - chars,
+        "chars_heldout": metrics["chars_heldout"] + chars,
+        "heldout_added_for_minimum": docs,
+        "sources": moved_to_heldout(metrics["sources"], moved),
+    }
     return {"metrics": metrics, "top_up": chosen}
 
 
-def executor(cluster: ClusterConfig, workers: int, pipeline: list, tasks: int, logging_dir: Path, depends,
-             job_name: str):
-    """The phase's datatrove executor: `workers` local processes, or a Slurm job (array) on `cluster`."""
+def executor(
+    cluster: ClusterConfig,
+    workers: int,
+    pipeline: list,
+    tasks: int,
+    logging_dir: Path,
+    depends,
+    job_name: str,
+):
+    """The phase's datatrove executor: `workers` local processes, or a Slurm job (array) on
+    `cluster`."""
     if cluster.executor == "slurm":
         from datatrove.executor.slurm import SlurmPipelineExecutor
 
         # datatrove writes `--option` for an empty value, `--option=True` for true.
-        sbatch_args = {key: "" if value is True else value for key, value in cluster.sbatch_args.items()}
+        sbatch_args = {
+            key: "" if value is True else value for key, value in cluster.sbatch_args.items()
+        }
         if cluster.account:
             sbatch_args["account"] = cluster.account
         return SlurmPipelineExecutor(
-            pipeline=pipeline, tasks=tasks, time=cluster.cpu_time, partition=cluster.partition,
-            cpus_per_task=cluster.cpus_per_task, mem_per_cpu_gb=cluster.mem_per_cpu_gb, qos=cluster.qos,
-            job_name=job_name, logging_dir=str(logging_dir), depends=depends, sbatch_args=sbatch_args,
-            env_command=cluster.env_command, slurm_logs_folder=str(logging_dir / "slurm"),
+            pipeline=pipeline,
+            tasks=tasks,
+            time=cluster.cpu_time,
+            partition=cluster.partition,
+            cpus_per_task=cluster.cpus_per_task,
+            mem_per_cpu_gb=cluster.mem_per_cpu_gb,
+            qos=cluster.qos,
+            job_name=job_name,
+            logging_dir=str(logging_dir),
+            depends=depends,
+            sbatch_args=sbatch_args,
+            env_command=cluster.env_command,
+            slurm_logs_folder=str(logging_dir / "slurm"),
         )
     from datatrove.executor.local import LocalPipelineExecutor
 
     return LocalPipelineExecutor(
-        pipeline=pipeline, tasks=tasks, workers=min(workers, tasks), logging_dir=str(logging_dir),
+        pipeline=pipeline,
+        tasks=tasks,
+        workers=min(workers, tasks),
+        logging_dir=str(logging_dir),
         depends=depends,
     )

@@ -1,12 +1,13 @@
-"""The clean stage's statistics and `report.md`: datatrove's per-task statistics read back and summed, and where each
-raw file's documents and characters went (training, held out, held-out source, or which filter removed them).
+"""The clean stage's statistics and `report.md`: datatrove's per-task statistics read back and
+summed, and where each raw file's documents and characters went (training, held out, held-out
+source, or which filter removed them).
 
-datatrove writes `<logging_dir>/stats/<rank>.json` for every finished task (a list with one entry per
-pipeline step: its name and counters). Summing the per-task files, rather than trusting the merged
-`stats.json`, gives the right totals when a run was resumed or ran as Slurm jobs.
+datatrove writes `<logging_dir>/stats/<rank>.json` for every finished task (a list with one entry
+per pipeline step: its name and counters). Summing the per-task files, rather than trusting the
+merged `stats.json`, gives the right totals when a run was resumed or ran as Slurm jobs.
 
-Numbers in reports and logs (the mix and tokenizer reports use them too) have three significant digits and a unit
-prefix (2.63M tokens, 2.63 MB).
+Numbers in reports and logs (the mix and tokenizer reports use them too) have three significant
+digits and a unit prefix (2.63M tokens, 2.63 MB).
 """
 
 from __future__ import annotations
@@ -25,17 +26,27 @@ def _share(part: int, whole: int) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(row) + " |" for row in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
 
 
 def _rows(sources: dict[str, dict], filters: list[str], unit: str, shown) -> list[list[str]]:
-    """One row per source and a total: `unit` (`docs` or `chars`) in, kept share, each split and each filter."""
+    """One row per source and a total: `unit` (`docs` or `chars`) in, kept share, each split and
+    each filter."""
     totals = {"in": 0, **{key: 0 for _, key in _SPLITS}, **{name: 0 for name in filters}}
     rows = []
     for name, entry in sources.items():
-        values = {"in": entry[f"{unit}_in"], **{key: entry[f"{unit}_{key}"] for _, key in _SPLITS},
-                  **{f: entry["rejected" if unit == "docs" else "chars_rejected"].get(f, 0) for f in filters}}
+        values = {
+            "in": entry[f"{unit}_in"],
+            **{key: entry[f"{unit}_{key}"] for _, key in _SPLITS},
+            **{
+                f: entry["rejected" if unit == "docs" else "chars_rejected"].get(f, 0)
+                for f in filters
+            },
+        }
         for key, value in values.items():
             totals[key] += value
         rows.append([f"`{name}`", *_cells(values, filters, shown)])
@@ -46,8 +57,15 @@ def _rows(sources: dict[str, dict], filters: list[str], unit: str, shown) -> lis
 
 def _cells(values: dict, filters: list[str], shown) -> list[str]:
     kept = sum(values[key] for _, key in _SPLITS)
-    return [shown(values["in"]), _share(kept, values["in"]), *(shown(values[key]) for _, key in _SPLITS),
-            *(f"{shown(values[f])} ({_share(values[f], values['in'])})" if values[f] else "0" for f in filters)]
+    return [
+        shown(values["in"]),
+        _share(kept, values["in"]),
+        *(shown(values[key]) for _, key in _SPLITS),
+        *(
+            f"{shown(values[f])} ({_share(values[f], values['in'])})" if values[f] else "0"
+            for f in filters
+        ),
+    ]
 
 
 def _names(names: list[str]) -> str:
@@ -56,20 +74,32 @@ def _names(names: list[str]) -> str:
 
 def markdown(lang: str, metrics: dict) -> str:
     sources, filters = metrics["sources"], list(metrics["rejected"])
-    header = ["raw file", "in", "kept", *(label for label, _ in _SPLITS), *(f"`{f}`" for f in filters)]
+    header = [
+        "raw file",
+        "in",
+        "kept",
+        *(label for label, _ in _SPLITS),
+        *(f"`{f}`" for f in filters),
+    ]
     lines = [
         f"# Clean report: {lang}",
         "",
         f"{metrics['docs_in']} documents ({tokens_text(metrics['chars_in'])} characters) read from "
-        f"{metrics['input_files']} raw files; {metrics['docs_out']} kept for training, {metrics['docs_heldout']} held "
+        f"{metrics['input_files']} raw files; {metrics['docs_out']} kept for training, "
+        f"{metrics['docs_heldout']} held "
         f"out, {metrics['docs_heldout_source']} in held-out sources (`clean.heldout_sources`: "
-        f"{_names(metrics['heldout_source_patterns'])}; whole raw files: {_names(metrics['heldout_source_files'])}), "
-        f"{sum(metrics['rejected'].values())} rejected; {metrics['bad_records']} bad records. Language ID: "
+        f"{_names(metrics['heldout_source_patterns'])}; whole raw files: "
+        f"{_names(metrics['heldout_source_files'])}), "
+        f"{sum(metrics['rejected'].values())} rejected; {metrics['bad_records']} bad records. "
+        "Language ID: "
         f"{metrics['language_id']['description']}.",
         "",
-        "Per raw file: what went where. *kept* is the share that any split keeps (training, held out, held-out "
-        "source); each filter's column is what it removed, with its share of what the file brought in. Rejected "
-        "documents are in `rejected/<filter>/`, with the reason in their metadata (`filter_reason`).",
+        "Per raw file: what went where. *kept* is the share that any split keeps (training, held "
+        "out, held-out "
+        "source); each filter's column is what it removed, with its share of what the file brought "
+        "in. Rejected "
+        "documents are in `rejected/<filter>/`, with the reason in their metadata "
+        "(`filter_reason`).",
         "",
         "## Documents",
         "",
@@ -81,9 +111,15 @@ def markdown(lang: str, metrics: dict) -> str:
         "",
         "## Rejections by reason (all files)",
         "",
-        *_table(["filter.reason", "documents"],
-                [[f"`{reason}`", str(n)] for reason, n in sorted(metrics["rejected_by_reason"].items(),
-                                                                 key=lambda item: -item[1])]),
+        *_table(
+            ["filter.reason", "documents"],
+            [
+                [f"`{reason}`", str(n)]
+                for reason, n in sorted(
+                    metrics["rejected_by_reason"].items(), key=lambda item: -item[1]
+                )
+            ],
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -95,7 +131,9 @@ def summed_stats(logging_dir: Path) -> dict[str, dict[str, float]]:
     for task_file in sorted(Path(logging_dir, "stats").glob("*.json")):
         for step in json.loads(task_file.read_text(encoding="utf-8")):
             for counter, value in step.get("stats", {}).items():
-                totals[step["name"]][counter] += value["total"] if isinstance(value, dict) else value
+                totals[step["name"]][counter] += (
+                    value["total"] if isinstance(value, dict) else value
+                )
     return {name: dict(counters) for name, counters in totals.items()}
 
 

@@ -1,10 +1,11 @@
-"""Documents and characters per raw file at each point of the clean pipeline: what each filter removed from each
-source, for the marker's `sources` metrics and the report.
+"""Documents and characters per raw file at each point of the clean pipeline: what each filter
+removed from each source, for the marker's `sources` metrics and the report.
 
-A `SourceTally` step follows the reader and every step that removes or routes documents. It counts what reaches it,
-per raw file (the reader's `raw_file` metadata), and when its task's documents are through writes
-`<folder>/<label>/<rank>.json`; what a step took from a file is the difference between the tallies before and after
-it. Side files rather than datatrove statistics, whose task logs print every counter: one per file would fill them.
+A `SourceTally` step follows the reader and every step that removes or routes documents. It counts
+what reaches it, per raw file (the reader's `raw_file` metadata), and when its task's documents are
+through writes `<folder>/<label>/<rank>.json`; what a step took from a file is the difference
+between the tallies before and after it. Side files rather than datatrove statistics, whose task
+logs print every counter: one per file would fill them.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from datatrove.pipeline.base import PipelineStep
 
 from pipeline.json_files import write_json_atomic
 
-# The tallies that every run has: after the reader, after the held-out-source routing, after the held-out split
-# (what is left there is the training split). The filters' tallies come between the first two.
+# The tallies that every run has: after the reader, after the held-out-source routing, after the
+# held-out split (what is left there is the training split). The filters' tallies come between the
+# first two.
 READ, HELDOUT_SOURCE, HELDOUT = "read", "heldout_source", "heldout"
 # Documents from elsewhere than the raw reader (none in a clean run) are counted under this name.
 UNKNOWN_FILE = "(no raw file)"
@@ -33,7 +35,8 @@ class SourceTally(PipelineStep):
     type = "📊 - TALLY"
 
     def __init__(self, folder: Path, label: str):
-        self.name = f"Per raw file after {label}"  # before PipelineStep.__init__, which names the step's statistics
+        # before PipelineStep.__init__, which names the step's statistics
+        self.name = f"Per raw file after {label}"
         super().__init__()
         self.folder = Path(folder)
         self.label = label
@@ -66,21 +69,28 @@ def tally_order(removers: list[str]) -> list[str]:
 
 
 def per_source(folder: Path, removers: list[str], files: list[str]) -> dict[str, dict]:
-    """{raw file: its documents and characters in, kept for training, held out, held out as a whole source, and
-    rejected by each of `removers`}, for each of `files` (read or not) and any other file a tally saw."""
+    """{raw file: its documents and characters in, kept for training, held out, held out as a whole
+    source, and rejected by each of `removers`}, for each of `files` (read or not) and any other
+    file a tally saw."""
     order = tally_order(removers)
     tallies = {label: summed_tally(folder, label) for label in order}
     names = list(dict.fromkeys([*files, *(name for counts in tallies.values() for name in counts)]))
     sources = {}
     for name in names:
         remaining = [tallies[label].get(name, [0, 0]) for label in order]
-        taken = {label: (before[0] - after[0], before[1] - after[1])
-                 for label, before, after in zip(order[1:], remaining, remaining[1:])}
+        taken = {
+            label: (before[0] - after[0], before[1] - after[1])
+            for label, before, after in zip(order[1:], remaining, remaining[1:])
+        }
         sources[name] = {
-            "docs_in": remaining[0][0], "chars_in": remaining[0][1],
-            "docs_out": remaining[-1][0], "chars_out": remaining[-1][1],
-            "docs_heldout": taken[HELDOUT][0], "chars_heldout": taken[HELDOUT][1],
-            "docs_heldout_source": taken[HELDOUT_SOURCE][0], "chars_heldout_source": taken[HELDOUT_SOURCE][1],
+            "docs_in": remaining[0][0],
+            "chars_in": remaining[0][1],
+            "docs_out": remaining[-1][0],
+            "chars_out": remaining[-1][1],
+            "docs_heldout": taken[HELDOUT][0],
+            "chars_heldout": taken[HELDOUT][1],
+            "docs_heldout_source": taken[HELDOUT_SOURCE][0],
+            "chars_heldout_source": taken[HELDOUT_SOURCE][1],
             "rejected": {label: taken[label][0] for label in removers},
             "chars_rejected": {label: taken[label][1] for label in removers},
         }
@@ -88,7 +98,8 @@ def per_source(folder: Path, removers: list[str], files: list[str]) -> dict[str,
 
 
 def moved_to_heldout(sources: dict[str, dict], moved: Counts) -> dict[str, dict]:
-    """`sources` after the held-out top-up moved `moved` ({raw file: [documents, characters]}) out of training."""
+    """`sources` after the held-out top-up moved `moved` ({raw file: [documents, characters]}) out
+    of training."""
     updated = {name: dict(entry) for name, entry in sources.items()}
     for name, (docs, chars) in moved.items():
         entry = updated[name]

@@ -2,13 +2,14 @@
 
 The one definition used by the training stages' held-out scores and by `stage=evaluate`.
 
-Each document is fed as `[start] + tokens`, where `start` is the token the model saw before documents in
-training (EOS in packed data), so its first token is predicted too. Long documents are cut into windows of
-at most `seq_len` inputs; the first window scores every token it predicts, each later window moves on by
-`stride` tokens and scores only those, the rest of it being context. Every token, hence every byte, is
-scored exactly once. The windows are packed into rows of `seq_len` tokens with one segment id per window, so
-that a window attends only to itself (the same logits as alone: ALiBi and RoPE depend on relative positions
-only); positions that are context or padding have the label `IGNORE`.
+Each document is fed as `[start] + tokens`, where `start` is the token the model saw before
+documents in training (EOS in packed data), so its first token is predicted too. Long documents are
+cut into windows of at most `seq_len` inputs; the first window scores every token it predicts, each
+later window moves on by `stride` tokens and scores only those, the rest of it being context. Every
+token, hence every byte, is scored exactly once. The windows are packed into rows of `seq_len`
+tokens with one segment id per window, so that a window attends only to itself (the same logits as
+alone: ALiBi and RoPE depend on relative positions only); positions that are context or padding have
+the label `IGNORE`.
 
 Bits per byte = the summed negative log-likelihood in bits over the documents' UTF-8 bytes; token
 perplexity (exp of the mean per-token NLL) is kept for reference, not comparison.
@@ -31,8 +32,8 @@ IGNORE = -100
 @dataclass(frozen=True)
 class Window:
     document: int
-    begin: int   # first input position
-    end: int     # one past the last input position
+    begin: int  # first input position
+    end: int  # one past the last input position
     scored: int  # the window's last `scored` predictions count
 
 
@@ -50,19 +51,21 @@ def windows(document: int, targets: int, seq_len: int, stride: int) -> Iterator[
 class ScoringRows:
     """Held-out documents as rows of `seq_len` tokens, ready for any forward pass."""
 
-    inputs: np.ndarray       # (rows, seq_len) int64
-    labels: np.ndarray       # (rows, seq_len) int64: the next token where scored, else IGNORE
-    segment_ids: np.ndarray  # (rows, seq_len) int64: one id per window of the row, another for the padding
-    bytes: int               # UTF-8 bytes of the documents
-    tokens: int              # scored tokens (every token of every document)
+    inputs: np.ndarray  # (rows, seq_len) int64
+    labels: np.ndarray  # (rows, seq_len) int64: the next token where scored, else IGNORE
+    segment_ids: (
+        np.ndarray
+    )  # (rows, seq_len) int64: one id per window of the row, another for the padding
+    bytes: int  # UTF-8 bytes of the documents
+    tokens: int  # scored tokens (every token of every document)
     documents: int
 
     def __len__(self) -> int:
         return len(self.inputs)
 
     def padded_to(self, multiple: int) -> "ScoringRows":
-        """The same rows and extra rows that score nothing, so that their number is a multiple of `multiple`
-        (whole evaluation batches on every data-parallel replica)."""
+        """The same rows and extra rows that score nothing, so that their number is a multiple of
+        `multiple` (whole evaluation batches on every data-parallel replica)."""
         extra = -len(self) % multiple
         if not extra:
             return self
@@ -70,16 +73,29 @@ class ScoringRows:
 
         def more(array: np.ndarray, value: int) -> np.ndarray:
             return np.concatenate([array, np.full((extra, seq_len), value, dtype=np.int64)])
-        return ScoringRows(more(self.inputs, 0), more(self.labels, IGNORE), more(self.segment_ids, 0),
-                           self.bytes, self.tokens, self.documents)
+
+        return ScoringRows(
+            more(self.inputs, 0),
+            more(self.labels, IGNORE),
+            more(self.segment_ids, 0),
+            self.bytes,
+            self.tokens,
+            self.documents,
+        )
 
 
-def scoring_rows(texts: Iterable[str], tokenizer, start_id: int, seq_len: int, stride: int,
-                 max_tokens: Optional[int] = None) -> ScoringRows:
-    """The documents' windows packed into rows in order, until `max_tokens` scored tokens: the document that
-    crosses it is cut there, its bytes those of the text its kept tokens cover (a long first document, a law or a
-    book, would otherwise make a held-out score of a few thousand tokens one of a hundred thousand). Empty
-    documents (no token) are skipped."""
+def scoring_rows(
+    texts: Iterable[str],
+    tokenizer,
+    start_id: int,
+    seq_len: int,
+    stride: int,
+    max_tokens: Optional[int] = None,
+) -> ScoringRows:
+    """The documents' windows packed into rows in order, until `max_tokens` scored tokens: the
+    document that crosses it is cut there, its bytes those of the text its kept tokens cover (a long
+    first document, a law or a book, would otherwise make a held-out score of a few thousand tokens
+    one of a hundred thousand). Empty documents (no token) are skipped."""
     rows_in, rows_label, rows_segment = [], [], []
     row_in, row_label, row_segment = [], [], []
     total_bytes = tokens = documents = 0
@@ -101,7 +117,7 @@ def scoring_rows(texts: Iterable[str], tokenizer, start_id: int, seq_len: int, s
             continue
         if max_tokens is not None and tokens + len(ids) > max_tokens:
             kept = max_tokens - tokens
-            ids, text = ids[:kept], text[:encoding.offsets[kept - 1][1]]
+            ids, text = ids[:kept], text[: encoding.offsets[kept - 1][1]]
         sequence = [start_id, *ids]
         total_bytes += len(text.encode("utf-8"))
         tokens += len(ids)
@@ -111,21 +127,26 @@ def scoring_rows(texts: Iterable[str], tokenizer, start_id: int, seq_len: int, s
             if len(row_in) + size > seq_len:
                 close_row()
             segment = row_segment[-1] + 1 if row_segment else 0
-            row_in.extend(sequence[window.begin:window.end])
-            targets = sequence[window.begin + 1:window.end + 1]
-            row_label.extend([IGNORE] * (size - window.scored) + targets[size - window.scored:])
+            row_in.extend(sequence[window.begin : window.end])
+            targets = sequence[window.begin + 1 : window.end + 1]
+            row_label.extend([IGNORE] * (size - window.scored) + targets[size - window.scored :])
             row_segment.extend([segment] * size)
     if row_in:
         close_row()
 
     def array(rows: list) -> np.ndarray:
         return np.asarray(rows, dtype=np.int64).reshape(-1, seq_len)
-    return ScoringRows(array(rows_in), array(rows_label), array(rows_segment), total_bytes, tokens, documents)
+
+    return ScoringRows(
+        array(rows_in), array(rows_label), array(rows_segment), total_bytes, tokens, documents
+    )
 
 
 def summed_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The summed negative log-likelihood (nats, float32) of the labels that are not IGNORE."""
-    return F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+    return F.cross_entropy(
+        logits.float().flatten(0, -2), labels.flatten(), ignore_index=IGNORE, reduction="sum"
+    )
 
 
 def bits_per_byte(nats: float, utf8_bytes: int) -> float:
@@ -135,19 +156,30 @@ def bits_per_byte(nats: float, utf8_bytes: int) -> float:
 
 
 @torch.no_grad()
-def score_rows(model: torch.nn.Module, rows: ScoringRows, batch_size: int, device: torch.device, progress=None,
-               first_added: Optional[int] = None) -> tuple[float, Optional[dict]]:
-    """The summed NLL (nats) of every scored token, `batch_size` rows per forward pass of a plain model; with
-    `first_added`, for a tokenizer that extends its base's (every base token at its own id, the added ones from
-    there), also what the added tokens take in the same pass: {"first_added", "mass": their mean probability where a
-    base token is the target, "base_targets", "added_targets": how many scored targets are of each kind}."""
+def score_rows(
+    model: torch.nn.Module,
+    rows: ScoringRows,
+    batch_size: int,
+    device: torch.device,
+    progress=None,
+    first_added: Optional[int] = None,
+) -> tuple[float, Optional[dict]]:
+    """The summed NLL (nats) of every scored token, `batch_size` rows per forward pass of a plain
+    model; with `first_added`, for a tokenizer that extends its base's (every base token at its own
+    id, the added ones from there), also what the added tokens take in the same pass:
+    {"first_added", "mass": their mean probability where a base token is the target, "base_targets",
+    "added_targets": how many scored targets are of each kind}."""
     nats, mass, base_targets, added_targets = 0.0, 0.0, 0, 0
     for start in range(0, len(rows), batch_size):
         part = slice(start, start + batch_size)
-        inputs, labels, segments = (torch.from_numpy(array[part]).to(device)
-                                    for array in (rows.inputs, rows.labels, rows.segment_ids))
+        inputs, labels, segments = (
+            torch.from_numpy(array[part]).to(device)
+            for array in (rows.inputs, rows.labels, rows.segment_ids)
+        )
         logits = model(inputs, segments)
-        for row in range(len(inputs)):  # one row's log-softmax at a time: a large vocabulary stays in memory
+        for row in range(
+            len(inputs)
+        ):  # one row's log-softmax at a time: a large vocabulary stays in memory
             if first_added is None:
                 nats += summed_nll(logits[row], labels[row]).double().item()
                 continue
@@ -164,8 +196,12 @@ def score_rows(model: torch.nn.Module, rows: ScoringRows, batch_size: int, devic
             progress.update(int((labels != IGNORE).sum()))
     if first_added is None:
         return nats, None
-    return nats, {"first_added": first_added, "mass": mass / base_targets if base_targets else 0.0,
-                  "base_targets": base_targets, "added_targets": added_targets}
+    return nats, {
+        "first_added": first_added,
+        "mass": mass / base_targets if base_targets else 0.0,
+        "base_targets": base_targets,
+        "added_targets": added_targets,
+    }
 
 
 @dataclass
@@ -186,15 +222,30 @@ class Score:
         return math.exp(self.nats / self.tokens)
 
     def as_dict(self) -> dict:
-        return {"bits_per_byte": self.bits_per_byte, "token_perplexity": self.token_perplexity,
-                "tokens": self.tokens, "bytes": self.bytes, "documents": self.documents,
-                "tokens_per_byte": self.tokens / self.bytes}
+        return {
+            "bits_per_byte": self.bits_per_byte,
+            "token_perplexity": self.token_perplexity,
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+            "documents": self.documents,
+            "tokens_per_byte": self.tokens / self.bytes,
+        }
 
 
-def score_documents(model: torch.nn.Module, tokenizer, texts: Iterable[str], start_id: int, seq_len: int,
-                    stride: int, batch_size: int, device: torch.device, progress=None,
-                    first_added: Optional[int] = None) -> Score:
-    """Every token of every document scored once by a plain model (stage=evaluate); `first_added`: as score_rows."""
+def score_documents(
+    model: torch.nn.Module,
+    tokenizer,
+    texts: Iterable[str],
+    start_id: int,
+    seq_len: int,
+    stride: int,
+    batch_size: int,
+    device: torch.device,
+    progress=None,
+    first_added: Optional[int] = None,
+) -> Score:
+    """Every token of every document scored once by a plain model (stage=evaluate); `first_added`:
+    as score_rows."""
     rows = scoring_rows(texts, tokenizer, start_id, seq_len, stride)
     nats, added = score_rows(model, rows, batch_size, device, progress, first_added)
     return Score(nats, rows.tokens, rows.bytes, rows.documents, added)

@@ -1,6 +1,6 @@
-"""The models the evaluate stage scores, each with its own tokenizer and the windows that fit it: bits per byte on a
-held-out set (bits_per_byte.py), what its added tokens take there, the downstream tasks (task_scoring.py), and a
-training stage's own held-out rows scored again."""
+"""The models the evaluate stage scores, each with its own tokenizer and the windows that fit it:
+bits per byte on a held-out set (bits_per_byte.py), what its added tokens take there, the downstream
+tasks (task_scoring.py), and a training stage's own held-out rows scored again."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ import torch
 from tqdm import tqdm
 
 from pipeline.errors import StageError
-from pipeline.evaluation.bits_per_byte import Score, ScoringRows, bits_per_byte, score_documents, score_rows
+from pipeline.evaluation.bits_per_byte import (
+    Score,
+    ScoringRows,
+    bits_per_byte,
+    score_documents,
+    score_rows,
+)
 from pipeline.evaluation.eval_config import EvalConfig
 from pipeline.evaluation.report import reproduction_line
 from pipeline.evaluation.task_files import Task
@@ -27,19 +33,22 @@ from pipeline.tokenization.folder import load_tokenizer, token_roles
 
 log = logging.getLogger(__name__)
 
-# The exported model rescoring its training stage's own held-out rows may differ from the number the stage logged by
-# rounding only (bf16 on a GPU, other batches): more than this share is a disagreement between the two computations.
+# The exported model rescoring its training stage's own held-out rows may differ from the number the
+# stage logged by rounding only (bf16 on a GPU, other batches): more than this share is a
+# disagreement between the two computations.
 REPRODUCTION_TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
 class ModelToScore:
-    """A model folder (Hugging Face, with its tokenizer) under its name: `base`, or the training stage that made it."""
+    """A model folder (Hugging Face, with its tokenizer) under its name: `base`, or the training
+    stage that made it."""
 
     name: str
     folder: str
-    # A trained model's: the held-out bits per byte its stage logged, its stage's held-out rows (read when asked:
-    # the training stage's heldout.npz) and training curves (metrics.jsonl); None where there are none.
+    # A trained model's: the held-out bits per byte its stage logged, its stage's held-out rows
+    # (read when asked: the training stage's heldout.npz) and training curves (metrics.jsonl); None
+    # where there are none.
     logged_bpb: Optional[float] = None
     rows: Optional[Callable[[], ScoringRows]] = None
     curves: Optional[Path] = None
@@ -58,68 +67,124 @@ class LoadedModel:
     stride: int
 
 
-def load_model(name: str, folder: str, evaluation: EvalConfig, lang: str, device: torch.device) -> LoadedModel:
+def load_model(
+    name: str, folder: str, evaluation: EvalConfig, lang: str, device: torch.device
+) -> LoadedModel:
     model = load_base(folder)
-    check_finite(model, f"evaluate {lang}: the {name} model in {folder}", "it is not scored. Train it again (or "
-                 "give model.base a sound model).")
+    check_finite(
+        model,
+        f"evaluate {lang}: the {name} model in {folder}",
+        "it is not scored. Train it again (or give model.base a sound model).",
+    )
     model = model.to(device).eval()
     if device.type == "cuda":
         model = model.to(torch.bfloat16)
     tokenizer = load_tokenizer(folder)
     start_id = token_roles(Path(folder), tokenizer)[evaluation.document_start]
     if start_id is None:
-        raise StageError(f"evaluate: the tokenizer of {folder} has no {evaluation.document_start} token; set "
-                         f"eval.document_start to the token its model saw before documents (eos or bos).")
-    # null: the length the training stages train at by default, so that every model is scored as it trained
+        raise StageError(
+            f"evaluate: the tokenizer of {folder} has no {evaluation.document_start} token; set "
+            f"eval.document_start to the token its model saw before documents (eos or bos)."
+        )
+    # null: the length the training stages train at by default, so that every model is scored as it
+    # trained
     seq_len = min(training_seq_len(model.cfg, evaluation.seq_len), model.cfg.max_seq_len)
     stride = min(evaluation.stride or max(1, seq_len // 2), seq_len)
     return LoadedModel(name, folder, model, tokenizer, start_id, seq_len, stride)
 
 
-def score_set(loaded: LoadedModel, text_set: TextSet, texts: list[str], batch_size: int, lang: str, device,
-              first_added: int | None = None) -> Score:
-    """The model's score on the set; with `first_added`, what its added tokens take there too (score_rows)."""
-    with tqdm(desc=f"evaluate {loaded.name} on {text_set.name}", unit="tok", disable=None) as progress:
-        score = score_documents(loaded.model, loaded.tokenizer, texts, loaded.start_id, loaded.seq_len,
-                                loaded.stride, batch_size, device, progress, first_added)
+def score_set(
+    loaded: LoadedModel,
+    text_set: TextSet,
+    texts: list[str],
+    batch_size: int,
+    lang: str,
+    device,
+    first_added: int | None = None,
+) -> Score:
+    """The model's score on the set; with `first_added`, what its added tokens take there too
+    (score_rows)."""
+    with tqdm(
+        desc=f"evaluate {loaded.name} on {text_set.name}", unit="tok", disable=None
+    ) as progress:
+        score = score_documents(
+            loaded.model,
+            loaded.tokenizer,
+            texts,
+            loaded.start_id,
+            loaded.seq_len,
+            loaded.stride,
+            batch_size,
+            device,
+            progress,
+            first_added,
+        )
     if not math.isfinite(score.bits_per_byte):
-        raise StageError(f"evaluate {lang}: the {loaded.name} model in {loaded.folder} scores "
-                         f"{score.bits_per_byte} bits per byte on {text_set.where}: its outputs overflow. No report "
-                         f"is written; check the model (and eval.seq_len against the length it was trained on).")
-    log.info("evaluate %s: %s on %s: %.4f bits per byte (token perplexity %.2f, %d tokens over %d bytes)", lang,
-             loaded.name, text_set.name, score.bits_per_byte, score.token_perplexity, score.tokens, score.bytes)
+        raise StageError(
+            f"evaluate {lang}: the {loaded.name} model in {loaded.folder} scores "
+            f"{score.bits_per_byte} bits per byte on {text_set.where}: its outputs overflow. No "
+            "report "
+            f"is written; check the model (and eval.seq_len against the length it was trained on)."
+        )
+    log.info(
+        "evaluate %s: %s on %s: %.4f bits per byte (token perplexity %.2f, %d tokens over %d bytes)",
+        lang,
+        loaded.name,
+        text_set.name,
+        score.bits_per_byte,
+        score.token_perplexity,
+        score.tokens,
+        score.bytes,
+    )
     if score.added is not None:
-        log.info("evaluate %s: %s on %s: the added tokens take %.2f%% of the probability where a base token is the "
-                 "target; %d of %d targets are added tokens", lang, loaded.name, text_set.name,
-                 100 * score.added["mass"], score.added["added_targets"],
-                 score.added["base_targets"] + score.added["added_targets"])
+        log.info(
+            "evaluate %s: %s on %s: the added tokens take %.2f%% of the probability where a base "
+            "token is the "
+            "target; %d of %d targets are added tokens",
+            lang,
+            loaded.name,
+            text_set.name,
+            100 * score.added["mass"],
+            score.added["added_targets"],
+            score.added["base_targets"] + score.added["added_targets"],
+        )
     return score
 
 
 def first_added_id(base_vocab: dict[str, int] | None, tokenizer) -> int | None:
-    """The first added id where `tokenizer` extends the base's (every base token at its own id, more after it, as
-    tokenizer.extend_base makes it); None for another tokenizer or without a base."""
+    """The first added id where `tokenizer` extends the base's (every base token at its own id, more
+    after it, as tokenizer.extend_base makes it); None for another tokenizer or without a base."""
     if base_vocab is None:
         return None
     vocab = tokenizer.get_vocab()
-    if len(vocab) <= len(base_vocab) or any(vocab.get(token) != token_id for token, token_id in base_vocab.items()):
+    if len(vocab) <= len(base_vocab) or any(
+        vocab.get(token) != token_id for token, token_id in base_vocab.items()
+    ):
         return None
     return max(base_vocab.values()) + 1
 
 
-def reproduce_training_score(model: ModelToScore, loaded: LoadedModel, batch_size: int, lang: str,
-                             device) -> dict | None:
-    """The training stage's own held-out rows (the same documents, windows and start token it scored) scored by the
-    exported model the way evaluate scores: the stage's logged heldout_bpb_after again, unless something differs
-    between the training engine and the exported model. None for the base, or an output without the rows."""
+def reproduce_training_score(
+    model: ModelToScore, loaded: LoadedModel, batch_size: int, lang: str, device
+) -> dict | None:
+    """The training stage's own held-out rows (the same documents, windows and start token it
+    scored) scored by the exported model the way evaluate scores: the stage's logged
+    heldout_bpb_after again, unless something differs between the training engine and the exported
+    model. None for the base, or an output without the rows."""
     if model.rows is None or model.logged_bpb is None:
         return None
     logged, rows = model.logged_bpb, model.rows()
     nats, _ = score_rows(loaded.model, rows, batch_size, device)
     rescored = bits_per_byte(nats, rows.bytes)
-    result = {"logged": logged, "rescored": rescored, "seq_len": int(rows.inputs.shape[1]), "tokens": rows.tokens,
-              "bytes": rows.bytes, "documents": rows.documents,
-              "agree": abs(rescored - logged) <= REPRODUCTION_TOLERANCE * logged}
+    result = {
+        "logged": logged,
+        "rescored": rescored,
+        "seq_len": int(rows.inputs.shape[1]),
+        "tokens": rows.tokens,
+        "bytes": rows.bytes,
+        "documents": rows.documents,
+        "agree": abs(rescored - logged) <= REPRODUCTION_TOLERANCE * logged,
+    }
     if result["agree"]:
         log.info("evaluate %s: %s", lang, reproduction_line(loaded.name, result))
     else:
@@ -127,13 +192,26 @@ def reproduce_training_score(model: ModelToScore, loaded: LoadedModel, batch_siz
     return result
 
 
-def score_tasks(loaded: LoadedModel, tasks: list[Task], batch_size: int, lang: str, device) -> dict[str, dict]:
-    scorer = ScoringModel(loaded.model, loaded.tokenizer, loaded.start_id, loaded.seq_len, batch_size, device)
+def score_tasks(
+    loaded: LoadedModel, tasks: list[Task], batch_size: int, lang: str, device
+) -> dict[str, dict]:
+    scorer = ScoringModel(
+        loaded.model, loaded.tokenizer, loaded.start_id, loaded.seq_len, batch_size, device
+    )
     results = {}
     for task in tasks:
         accuracies = score_task(scorer, task)
-        results[task.name] = {scoring: accuracy.as_dict() for scoring, accuracy in accuracies.items()}
-        log.info("evaluate %s: %s on the %s task: %s", lang, loaded.name, task.name,
-                 ", ".join(f"{scoring} {accuracy.accuracy:.3f} (n={accuracy.n}, chance {accuracy.chance:.3f})"
-                           for scoring, accuracy in accuracies.items()))
+        results[task.name] = {
+            scoring: accuracy.as_dict() for scoring, accuracy in accuracies.items()
+        }
+        log.info(
+            "evaluate %s: %s on the %s task: %s",
+            lang,
+            loaded.name,
+            task.name,
+            ", ".join(
+                f"{scoring} {accuracy.accuracy:.3f} (n={accuracy.n}, chance {accuracy.chance:.3f})"
+                for scoring, accuracy in accuracies.items()
+            ),
+        )
     return results

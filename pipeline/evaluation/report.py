@@ -1,5 +1,5 @@
-"""The evaluate stage's report: tables in Markdown, the regressions against the base model, and two PNG plots (BPB
-per model and held-out set; training curves)."""
+"""The evaluate stage's report: tables in Markdown, the regressions against the base model, and two
+PNG plots (BPB per model and held-out set; training curves)."""
 
 from __future__ import annotations
 
@@ -12,60 +12,92 @@ REPORT_FILE, REPORT_TEXT_FILE = "report.json", "report.md"
 BPB_PLOT = "bpb.png"
 CURVES_PLOT = "training_curves.png"
 TRAINING_STAGES = {"warmup", "pretrain"}
-# Why the training stages' own held-out numbers differ from the `heldout` column, so that nobody takes it for a bug.
+# Why the training stages' own held-out numbers differ from the `heldout` column, so that nobody
+# takes it for a bug.
 TRAINING_SCORES_NOTE = (
-    "The warmup and pretrain stages log held-out bits per byte too (their metrics.jsonl, markers and logs), by the "
-    "same definition (pipeline/evaluation/bits_per_byte.py) on the same held-out split, but on other rows: the first "
-    "`warmup.train.eval_tokens` / `train.eval_tokens` tokens of it (in the split's shard order, which groups "
-    "documents by raw file; the document that reaches the budget cut there) in windows of the training sequence "
-    "length, where this report takes up to `eval.max_bytes` per set in windows of `eval.seq_len`. The training "
-    "stages keep those rows (heldout.npz); the table below scores them again with the exported model, so the "
-    "stage's number and this report's meet there.")
+    "The warmup and pretrain stages log held-out bits per byte too (their metrics.jsonl, markers "
+    "and logs), by the "
+    "same definition (pipeline/evaluation/bits_per_byte.py) on the same held-out split, but on "
+    "other rows: the first "
+    "`warmup.train.eval_tokens` / `train.eval_tokens` tokens of it (in the split's shard order, "
+    "which groups "
+    "documents by raw file; the document that reaches the budget cut there) in windows of the "
+    "training sequence "
+    "length, where this report takes up to `eval.max_bytes` per set in windows of `eval.seq_len`. "
+    "The training "
+    "stages keep those rows (heldout.npz); the table below scores them again with the exported "
+    "model, so the "
+    "stage's number and this report's meet there."
+)
 
 
 def read_curves(metrics_file: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(tokens, loss) and (tokens, held-out BPB) points of a training stage's metrics.jsonl."""
-    rows = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    losses = [(row["tokens"], row["loss"]) for row in rows if "loss" in row and row["loss"] is not None]
+    rows = [
+        json.loads(line)
+        for line in metrics_file.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    losses = [
+        (row["tokens"], row["loss"]) for row in rows if "loss" in row and row["loss"] is not None
+    ]
     # Held-out rows carry the step only; every step trains the same number of tokens.
     per_step = losses[-1][0] / max(row["step"] for row in rows if "loss" in row) if losses else 0
-    heldout = [(round(row["step"] * per_step), row["heldout_bpb"]) for row in rows if "heldout_bpb" in row]
+    heldout = [
+        (round(row["step"] * per_step), row["heldout_bpb"]) for row in rows if "heldout_bpb" in row
+    ]
     return losses, heldout
 
 
 def find_regressions(bpb: dict[str, dict[str, float]]) -> list[dict]:
-    """Each (trained model, held-out set) where the model predicts the text worse than the base model, from bits per
-    byte per model and set; none without a base model."""
+    """Each (trained model, held-out set) where the model predicts the text worse than the base
+    model, from bits per byte per model and set; none without a base model."""
     base = bpb.get("base")
     if base is None:
         return []
-    return [{"model": model, "set": name, "bits_per_byte": value, "base_bits_per_byte": base[name]}
-            for model, by_set in bpb.items() if model != "base"
-            for name, value in by_set.items() if name in base and value > base[name]]
+    return [
+        {"model": model, "set": name, "bits_per_byte": value, "base_bits_per_byte": base[name]}
+        for model, by_set in bpb.items()
+        if model != "base"
+        for name, value in by_set.items()
+        if name in base and value > base[name]
+    ]
 
 
 def reproduction_line(model: str, result: dict) -> str:
-    """Whether the exported model gives the training stage's logged held-out score on the stage's own rows."""
-    what = (f"{model}'s exported model scores {result['rescored']:.4f} bits per byte on the {model} stage's own "
-            f"held-out rows ({result['documents']} documents, {result['tokens']:,} tokens, windows of "
-            f"{result['seq_len']}), where the stage logged {result['logged']:.4f}")
+    """Whether the exported model gives the training stage's logged held-out score on the stage's
+    own rows."""
+    what = (
+        f"{model}'s exported model scores {result['rescored']:.4f} bits per byte on the {model} "
+        "stage's own "
+        f"held-out rows ({result['documents']} documents, {result['tokens']:,} tokens, windows of "
+        f"{result['seq_len']}), where the stage logged {result['logged']:.4f}"
+    )
     if result["agree"]:
         return f"{what}: the two computations agree"
-    return (f"WARNING: {what}: the training engine and the exported model disagree on the same rows (by "
-            f"{result['rescored'] / result['logged'] - 1:+.1%}), so one of the two numbers is wrong; compare "
-            f"them with kernels=reference and on a CPU to find which")
+    return (
+        f"WARNING: {what}: the training engine and the exported model disagree on the same rows "
+        "(by "
+        f"{result['rescored'] / result['logged'] - 1:+.1%}), so one of the two numbers is wrong; "
+        "compare "
+        f"them with kernels=reference and on a CPU to find which"
+    )
 
 
 def regression_line(regression: dict, title: str) -> str:
-    return (f"WARNING: {regression['model']} is worse than the base model on the {title} set: "
-            f"{regression['bits_per_byte']:.4f} bits per byte against the base's {regression['base_bits_per_byte']:.4f}"
-            f" (+{regression['bits_per_byte'] / regression['base_bits_per_byte'] - 1:.1%})")
+    return (
+        f"WARNING: {regression['model']} is worse than the base model on the {title} set: "
+        f"{regression['bits_per_byte']:.4f} bits per byte against the base's "
+        f"{regression['base_bits_per_byte']:.4f}"
+        f" (+{regression['bits_per_byte'] / regression['base_bits_per_byte'] - 1:.1%})"
+    )
 
 
-def write_plots(out_dir: Path, bpb: dict[str, dict[str, float]], titles: dict[str, str],
-                curves: dict[str, Path]) -> list[str]:
-    """bpb.png (bars per held-out set, one per model) and, when training metrics exist, training_curves.png (warmup
-    then pretrain, on one token axis)."""
+def write_plots(
+    out_dir: Path, bpb: dict[str, dict[str, float]], titles: dict[str, str], curves: dict[str, Path]
+) -> list[str]:
+    """bpb.png (bars per held-out set, one per model) and, when training metrics exist,
+    training_curves.png (warmup then pretrain, on one token axis)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -77,8 +109,13 @@ def write_plots(out_dir: Path, bpb: dict[str, dict[str, float]], titles: dict[st
     width = 0.8 / max(1, len(bpb))
     for place, (model, by_set) in enumerate(bpb.items()):
         positions = [index + (place - (len(bpb) - 1) / 2) * width for index in range(len(titles))]
-        bars = axis.bar(positions, [by_set[name] for name in titles], width, label=model,
-                        color=colours[place % len(colours)])
+        bars = axis.bar(
+            positions,
+            [by_set[name] for name in titles],
+            width,
+            label=model,
+            color=colours[place % len(colours)],
+        )
         axis.bar_label(bars, fmt="%.3f", fontsize=7)
     axis.set_xticks(range(len(titles)), list(titles.values()))
     axis.set_ylabel("bits per byte (lower is better)")
@@ -97,7 +134,12 @@ def write_plots(out_dir: Path, bpb: dict[str, dict[str, float]], titles: dict[st
             if losses:
                 loss_axis.plot([offset + t for t, _ in losses], [v for _, v in losses], label=stage)
             if heldout:
-                bpb_axis.plot([offset + t for t, _ in heldout], [v for _, v in heldout], marker="o", label=stage)
+                bpb_axis.plot(
+                    [offset + t for t, _ in heldout],
+                    [v for _, v in heldout],
+                    marker="o",
+                    label=stage,
+                )
             offset += losses[-1][0] if losses else 0
         loss_axis.set_title("Training loss (nats per token)")
         bpb_axis.set_title("Held-out bits per byte during training")
@@ -112,41 +154,73 @@ def write_plots(out_dir: Path, bpb: dict[str, dict[str, float]], titles: dict[st
 
 
 def added_tokens_line(added: dict[str, dict], title: str) -> str:
-    """What the added tokens of an extended base tokenizer take on the base language's set, per trained model, and
-    why a warm start that freezes the body and the base's rows cannot beat the base there."""
-    shares = "; ".join(f"{model} {share['mass']:.2%} ({-math.log2(1 - share['mass']):.4f} bits per token), "
-                       f"{share['added_targets']:,} of {share['base_targets'] + share['added_targets']:,} targets "
-                       f"added tokens" for model, share in added.items())
+    """What the added tokens of an extended base tokenizer take on the base language's set, per
+    trained model, and why a warm start that freezes the body and the base's rows cannot beat the
+    base there."""
+    shares = "; ".join(
+        f"{model} {share['mass']:.2%} ({-math.log2(1 - share['mass']):.4f} bits per token), "
+        f"{share['added_targets']:,} of {share['base_targets'] + share['added_targets']:,} targets "
+        f"added tokens"
+        for model, share in added.items()
+    )
     first = next(iter(added.values()))["first_added"]
-    return (f"On the {title} set the added tokens (ids from {first:,}) take this share of the probability where a "
-            f"base token is the target: {shares}. Where the text is cut as the base cuts it, a model whose body and "
-            f"base rows are frozen (warmup with warmup.base_rows=frozen) gives the right token the base's "
-            f"probability times one minus that share, so it cannot do better than the base there; training the body "
-            f"(pretrain) or the base rows at a small learning rate (warmup.base_rows_lr) can.")
+    return (
+        f"On the {title} set the added tokens (ids from {first:,}) take this share of the "
+        "probability where a "
+        f"base token is the target: {shares}. Where the text is cut as the base cuts it, a model "
+        "whose body and "
+        "base rows are frozen (warmup with warmup.base_rows=frozen) gives the right token the "
+        "base's "
+        "probability times one minus that share, so it cannot do better than the base there; "
+        "training the body "
+        f"(pretrain) or the base rows at a small learning rate (warmup.base_rows_lr) can."
+    )
 
 
 def markdown(lang: str, report: dict, plots: list[str]) -> str:
-    """The report (the evaluate stage's report.json): the held-out sets, bits per byte per model and set, the
-    regressions, each set's details, then the downstream tasks."""
+    """The report (the evaluate stage's report.json): the held-out sets, bits per byte per model and
+    set, the regressions, each set's details, then the downstream tasks."""
     sets, scores, regressions = report["sets"], report["scores"], report["regressions"]
-    lines = [f"# Evaluation: {lang}", "",
-             "Bits per byte = summed negative log-likelihood (bits) over the text's UTF-8 bytes, comparable across "
-             "tokenizers (lower is better); token perplexity depends on the tokenizer and is for reference only.", "",
-             "## Held-out sets", "", "| set | text | documents | bytes |", "|---|---|---:|---:|"]
-    lines += [f"| {about['title']} | {about['text']} | {about['documents']:,} | {about['bytes']:,} |"
-              for about in sets.values()]
-    lines += [""] + [f"- not scored: `{name}`: {reason}." for name, reason in report["skipped_sets"].items()]
-    lines += ["", "## Bits per byte", "",
-              "| model | " + " | ".join(about["title"] for about in sets.values()) + " | folder |",
-              "|---|" + "---:|" * len(sets) + "---|"]
+    lines = [
+        f"# Evaluation: {lang}",
+        "",
+        "Bits per byte = summed negative log-likelihood (bits) over the text's UTF-8 bytes, "
+        "comparable across "
+        "tokenizers (lower is better); token perplexity depends on the tokenizer and is for "
+        "reference only.",
+        "",
+        "## Held-out sets",
+        "",
+        "| set | text | documents | bytes |",
+        "|---|---|---:|---:|",
+    ]
+    lines += [
+        f"| {about['title']} | {about['text']} | {about['documents']:,} | {about['bytes']:,} |"
+        for about in sets.values()
+    ]
+    lines += [""] + [
+        f"- not scored: `{name}`: {reason}." for name, reason in report["skipped_sets"].items()
+    ]
+    lines += [
+        "",
+        "## Bits per byte",
+        "",
+        "| model | " + " | ".join(about["title"] for about in sets.values()) + " | folder |",
+        "|---|" + "---:|" * len(sets) + "---|",
+    ]
     flagged = {(regression["model"], regression["set"]) for regression in regressions}
     for model, by_set in scores.items():
-        cells = [f"{by_set[name]['bits_per_byte']:.4f}{' (worse than base)' * ((model, name) in flagged)}"
-                 for name in sets]
+        cells = [
+            f"{by_set[name]['bits_per_byte']:.4f}{' (worse than base)' * ((model, name) in flagged)}"
+            for name in sets
+        ]
         lines.append(f"| {model} | " + " | ".join(cells) + f" | {report['models'][model]} |")
     lines.append("")
     if regressions:
-        lines += [f"**{regression_line(regression, sets[regression['set']]['title'])}**" for regression in regressions]
+        lines += [
+            f"**{regression_line(regression, sets[regression['set']]['title'])}**"
+            for regression in regressions
+        ]
         added = report.get("added_tokens")
         if added and any(regression["set"] == added["set"] for regression in regressions):
             lines += ["", added_tokens_line(added["models"], sets[added["set"]]["title"])]
@@ -156,25 +230,41 @@ def markdown(lang: str, report: dict, plots: list[str]) -> str:
         lines.append("No base model and trained model to compare: no regression is checked.")
     lines.append("")
     for name, about in sets.items():
-        lines += [f"### {about['title']}", "", about["text"], "",
-                  "| model | bits per byte | token perplexity | tokens per byte | tokens | bytes |",
-                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"### {about['title']}",
+            "",
+            about["text"],
+            "",
+            "| model | bits per byte | token perplexity | tokens per byte | tokens | bytes |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for model, by_set in scores.items():
             score = by_set[name]
-            lines.append(f"| {model} | {score['bits_per_byte']:.4f} | {score['token_perplexity']:.2f} | "
-                         f"{score['tokens_per_byte']:.3f} | {score['tokens']:,} | {score['bytes']:,} |")
+            lines.append(
+                f"| {model} | {score['bits_per_byte']:.4f} | {score['token_perplexity']:.2f} | "
+                f"{score['tokens_per_byte']:.3f} | {score['tokens']:,} | {score['bytes']:,} |"
+            )
         lines.append("")
     lines += task_tables(report["tasks"], report["skipped_tasks"])
     if TRAINING_STAGES & scores.keys():
         lines += ["## The training stages' held-out numbers", "", TRAINING_SCORES_NOTE, ""]
         reproduced = report["training_heldout"]
         if reproduced:
-            lines += ["| model | logged by the stage | rescored here | documents | tokens | window |",
-                      "|---|---:|---:|---:|---:|---:|"]
-            lines += [f"| {model} | {result['logged']:.4f} | {result['rescored']:.4f} | {result['documents']:,} | "
-                      f"{result['tokens']:,} | {result['seq_len']:,} |" for model, result in reproduced.items()]
-            lines += [""] + [f"**{reproduction_line(model, result)}**" for model, result in reproduced.items()
-                             if not result["agree"]]
+            lines += [
+                "| model | logged by the stage | rescored here | documents | tokens | window |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
+            lines += [
+                f"| {model} | {result['logged']:.4f} | {result['rescored']:.4f} | "
+                f"{result['documents']:,} | "
+                f"{result['tokens']:,} | {result['seq_len']:,} |"
+                for model, result in reproduced.items()
+            ]
+            lines += [""] + [
+                f"**{reproduction_line(model, result)}**"
+                for model, result in reproduced.items()
+                if not result["agree"]
+            ]
             lines.append("")
     lines.extend(f"![{plot}]({plot})" for plot in plots)
     return "\n".join(lines) + "\n"
@@ -186,25 +276,48 @@ def _interval(result: dict) -> str:
 
 
 def task_tables(tasks: dict[str, dict], skipped: dict[str, str]) -> list[str]:
-    """A table per task: the accuracy of each model under each scoring, with its 95% Wilson interval."""
+    """A table per task: the accuracy of each model under each scoring, with its 95% Wilson
+    interval."""
     if not tasks and not skipped:
         return []
-    lines = ["## Downstream tasks", "",
-             "Accuracy on the test items [95% Wilson interval]; chance = one over the number of choices. Intervals "
-             "that overlap do not tell the models apart.", ""]
+    lines = [
+        "## Downstream tasks",
+        "",
+        "Accuracy on the test items [95% Wilson interval]; chance = one over the number of "
+        "choices. Intervals "
+        "that overlap do not tell the models apart.",
+        "",
+    ]
     for name, about in tasks.items():
         results = about["results"]
         scorings = list(next(iter(results.values()))) if results else []
-        first = next(iter(next(iter(results.values())).values())) if results else {"chance": 0, "n": about["test"]}
-        what = (f"{len(about['labels'])} categories ({', '.join(about['labels'])}), {about['train']} train + "
-                f"{about['dev']} dev examples, majority share of test {about['majority']:.3f}"
-                if about["layout"] == "sib200" else "4 answers per question")
-        lines += [f"### {name}", "",
-                  f"{about['layout']} layout, language {about['language']}, {about['path']}: {what}; n = "
-                  f"{first['n']} test items, chance {first['chance']:.3f}.", "",
-                  "| model | " + " | ".join(scorings) + " |", "|---|" + "---:|" * len(scorings)]
-        lines += [f"| {model} | " + " | ".join(_interval(by_scoring[scoring]) for scoring in scorings) + " |"
-                  for model, by_scoring in results.items()]
+        first = (
+            next(iter(next(iter(results.values())).values()))
+            if results
+            else {"chance": 0, "n": about["test"]}
+        )
+        what = (
+            f"{len(about['labels'])} categories ({', '.join(about['labels'])}), {about['train']} "
+            "train + "
+            f"{about['dev']} dev examples, majority share of test {about['majority']:.3f}"
+            if about["layout"] == "sib200"
+            else "4 answers per question"
+        )
+        lines += [
+            f"### {name}",
+            "",
+            f"{about['layout']} layout, language {about['language']}, {about['path']}: {what}; n = "
+            f"{first['n']} test items, chance {first['chance']:.3f}.",
+            "",
+            "| model | " + " | ".join(scorings) + " |",
+            "|---|" + "---:|" * len(scorings),
+        ]
+        lines += [
+            f"| {model} | "
+            + " | ".join(_interval(by_scoring[scoring]) for scoring in scorings)
+            + " |"
+            for model, by_scoring in results.items()
+        ]
         lines.append("")
     lines += [f"- not built: `{name}`: {reason}." for name, reason in skipped.items()]
     return lines + ([""] if skipped else [])

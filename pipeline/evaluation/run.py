@@ -1,8 +1,10 @@
-"""What the evaluate stage does: every model scored on every held-out set (texts.py) and downstream task, flagged
-where a trained model is worse than the base, and reported (report.py: report.json, report.md and the plots).
+"""What the evaluate stage does: every model scored on every held-out set (texts.py) and downstream
+task, flagged where a trained model is worse than the base, and reported (report.py: report.json,
+report.md and the plots).
 
-The tasks (`eval.tasks`, and those built from the held-out split with `eval.heldout_tasks`: task_builder.py) are read
-and checked before any model loads, and one model is in memory at a time (models.py).
+The tasks (`eval.tasks`, and those built from the held-out split with `eval.heldout_tasks`:
+task_builder.py) are read and checked before any model loads, and one model is in memory at a time
+(models.py).
 """
 
 from __future__ import annotations
@@ -17,14 +19,34 @@ import torch
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
 from pipeline.evaluation.eval_config import task_name
-from pipeline.evaluation.models import (ModelToScore, first_added_id, load_model, reproduce_training_score, score_set,
-                                        score_tasks)
-from pipeline.evaluation.report import (REPORT_FILE, REPORT_TEXT_FILE, added_tokens_line, find_regressions, markdown,
-                                        regression_line, write_plots)
+from pipeline.evaluation.models import (
+    ModelToScore,
+    first_added_id,
+    load_model,
+    reproduce_training_score,
+    score_set,
+    score_tasks,
+)
+from pipeline.evaluation.report import (
+    REPORT_FILE,
+    REPORT_TEXT_FILE,
+    added_tokens_line,
+    find_regressions,
+    markdown,
+    regression_line,
+    write_plots,
+)
 from pipeline.evaluation.task_builder import build_heldout_tasks
 from pipeline.evaluation.task_files import Task, read_task
-from pipeline.evaluation.texts import (HELDOUT, TextSet, base_lang_sets, heldout_set, is_base_lang, text_files,
-                                      text_sets)
+from pipeline.evaluation.texts import (
+    HELDOUT,
+    TextSet,
+    base_lang_sets,
+    heldout_set,
+    is_base_lang,
+    text_files,
+    text_sets,
+)
 from pipeline.json_files import write_json_atomic
 from pipeline.kernels import set_backend
 from pipeline.model.model_config import ModelConfig, parameter_count
@@ -32,22 +54,24 @@ from pipeline.model.files import base_identity
 
 log = logging.getLogger(__name__)
 
-# stage=workflow scores models of this size or more on a GPU (a real base: SmolLM2-135M took 2.2 minutes on one H100);
-# the demo's small model on a CPU.
+# stage=workflow scores models of this size or more on a GPU (a real base: SmolLM2-135M took 2.2
+# minutes on one H100); the demo's small model on a CPU.
 GPU_SCORING_PARAMETERS = 50_000_000
-# In the stage's folder: the tasks built from the held-out text, and what the readers unpack while they read.
+# In the stage's folder: the tasks built from the held-out text, and what the readers unpack while
+# they read.
 BUILT_TASKS, SCRATCH = "tasks", "scratch"
 
 
 def scores_on_gpu(model: ModelConfig) -> bool:
-    """Whether models of this shape (the base's, which the trained ones keep) are large enough to need a GPU."""
+    """Whether models of this shape (the base's, which the trained ones keep) are large enough to
+    need a GPU."""
     return parameter_count(model) >= GPU_SCORING_PARAMETERS
 
 
 def eval_inputs(cfg, base: Optional[str]) -> dict:
-    """What the evaluation reads besides the earlier stages' outputs, by content: the base model `base`, `eval.path`'s
-    files, the text of the base model's language and the tasks' files (`cfg`: the pipeline config, for its `eval`
-    section and the text sets, texts.py)."""
+    """What the evaluation reads besides the earlier stages' outputs, by content: the base model
+    `base`, `eval.path`'s files, the text of the base model's language and the tasks' files (`cfg`:
+    the pipeline config, for its `eval` section and the text sets, texts.py)."""
     inputs = {}
     if base is not None:
         inputs["base"] = base_identity(cfg, base)
@@ -57,25 +81,33 @@ def eval_inputs(cfg, base: Optional[str]) -> dict:
     if not isinstance(base_lang, str):
         inputs["base_lang_text"] = {text_set.name: text_set.identity() for text_set in base_lang}
     if cfg.eval.tasks:
-        inputs["tasks"] = {task_name(task): fingerprint_files(*text_files(Path(task.path))[:2])
-                           for task in cfg.eval.tasks}
+        inputs["tasks"] = {
+            task_name(task): fingerprint_files(*text_files(Path(task.path))[:2])
+            for task in cfg.eval.tasks
+        }
     return inputs
 
 
-def _read_sets(cfg, clean: Optional[Path], scratch: Path) -> tuple[dict[str, TextSet], dict[str, list[tuple[str, dict]]],
-                                                                   dict[str, str]]:
-    """The held-out sets with text, their documents as (text, metadata), up to eval.max_bytes each, and why the others
-    are skipped."""
+def _read_sets(
+    cfg, clean: Optional[Path], scratch: Path
+) -> tuple[dict[str, TextSet], dict[str, list[tuple[str, dict]]], dict[str, str]]:
+    """The held-out sets with text, their documents as (text, metadata), up to eval.max_bytes each,
+    and why the others are skipped."""
     lang = cfg.lang.code
     found, skipped = text_sets(cfg, clean)
     sets, records = {}, {}
     for text_set in found:
-        documents = [record for record in text_set.records(scratch, cfg.eval.max_bytes) if record[0]]
+        documents = [
+            record for record in text_set.records(scratch, cfg.eval.max_bytes) if record[0]
+        ]
         if documents:
             sets[text_set.name], records[text_set.name] = text_set, documents
         elif text_set.name == HELDOUT:
-            raise StageError(f"evaluate {lang}: {text_set.where} holds no text. Give eval.path=<file or folder>, "
-                             f"or raise clean.heldout_min_documents and run clean again.")
+            raise StageError(
+                f"evaluate {lang}: {text_set.where} holds no text. Give eval.path=<file or "
+                "folder>, "
+                f"or raise clean.heldout_min_documents and run clean again."
+            )
         else:
             skipped[text_set.name] = f"{text_set.where} holds no text"
     for name, reason in skipped.items():
@@ -83,20 +115,30 @@ def _read_sets(cfg, clean: Optional[Path], scratch: Path) -> tuple[dict[str, Tex
     return sets, records, skipped
 
 
-def _read_tasks(cfg, heldout: list[tuple[str, dict]], folder: Path) -> tuple[list[Task], dict[str, str]]:
-    """eval.tasks and the tasks built from the `heldout` set's documents (eval.heldout_tasks), read and checked: a
-    bad file fails here, before any model loads. Also why a built task is missing."""
+def _read_tasks(
+    cfg, heldout: list[tuple[str, dict]], folder: Path
+) -> tuple[list[Task], dict[str, str]]:
+    """eval.tasks and the tasks built from the `heldout` set's documents (eval.heldout_tasks), read
+    and checked: a bad file fails here, before any model loads. Also why a built task is missing."""
     lang = cfg.lang.code
     configured, skipped = list(cfg.eval.tasks), {}
     if cfg.eval.heldout_tasks:
         built, skipped = build_heldout_tasks(heldout, lang, folder / BUILT_TASKS)
         for task in built:
             if any(task_name(other) == task.name for other in cfg.eval.tasks):
-                raise StageError(f"evaluate {lang}: eval.tasks names a task `{task.name}`, like the task built "
-                                 f"from the held-out text; give it another name, or set eval.heldout_tasks=false.")
+                raise StageError(
+                    f"evaluate {lang}: eval.tasks names a task `{task.name}`, like the task built "
+                    "from the held-out text; give it another name, or set "
+                    "eval.heldout_tasks=false."
+                )
         configured += built
     for name, reason in skipped.items():
-        log.info("evaluate %s: the `%s` task is not built from the held-out text: %s.", lang, name, reason)
+        log.info(
+            "evaluate %s: the `%s` task is not built from the held-out text: %s.",
+            lang,
+            name,
+            reason,
+        )
     return [read_task(task, folder / SCRATCH / "datasets") for task in configured], skipped
 
 
@@ -107,15 +149,25 @@ def _describe_task(task: Task, folder: Path, final_dir: Path) -> dict:
     about = {"layout": task.layout, "language": task.language, "path": str(path)}
     if task.layout == "sib200":
         counts = [sum(example.label == label for example in task.test) for label in task.labels]
-        return {**about, "labels": list(task.labels), "train": len(task.train), "dev": len(task.dev),
-                "test": len(task.test), "k": task.k, "majority": max(counts) / len(task.test)}
+        return {
+            **about,
+            "labels": list(task.labels),
+            "train": len(task.train),
+            "dev": len(task.dev),
+            "test": len(task.test),
+            "k": task.k,
+            "majority": max(counts) / len(task.test),
+        }
     return {**about, "test": len(task.questions)}
 
 
-def evaluate_models(folder: Path, final_dir: Path, models: list[ModelToScore], cfg, clean: Optional[Path]) -> dict:
-    """Score `models` (in the recipe's order, the base first) on the held-out sets (of the clean output `clean`, or
-    `eval.path`) and the tasks; write the report to `folder` (where it will be: `final_dir`) and return the marker's
-    metrics. `cfg`: the pipeline config, for its `eval` section, its kernels and the text sets (texts.py)."""
+def evaluate_models(
+    folder: Path, final_dir: Path, models: list[ModelToScore], cfg, clean: Optional[Path]
+) -> dict:
+    """Score `models` (in the recipe's order, the base first) on the held-out sets (of the clean
+    output `clean`, or `eval.path`) and the tasks; write the report to `folder` (where it will be:
+    `final_dir`) and return the marker's metrics. `cfg`: the pipeline config, for its `eval`
+    section, its kernels and the text sets (texts.py)."""
     lang, evaluation = cfg.lang.code, cfg.eval
     set_backend(cfg.kernels)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -123,7 +175,8 @@ def evaluate_models(folder: Path, final_dir: Path, models: list[ModelToScore], c
     sets, records, skipped = _read_sets(cfg, clean, folder / SCRATCH)
     tasks, skipped_tasks = _read_tasks(cfg, records[HELDOUT], folder)
     texts = {name: [text for text, _ in documents] for name, documents in records.items()}
-    # What the added tokens take is measured on the first set of the base's language (the unread book for English).
+    # What the added tokens take is measured on the first set of the base's language (the unread
+    # book for English).
     base_set = next((name for name in sets if is_base_lang(name)), None)
     scores, task_results, reproduced, added = {}, {}, {}, {}
     base_vocab = None  # the base comes first in `models`
@@ -133,11 +186,22 @@ def evaluate_models(folder: Path, final_dir: Path, models: list[ModelToScore], c
         if name == "base":
             base_vocab = loaded.tokenizer.get_vocab()
         first_added = None if name == "base" else first_added_id(base_vocab, loaded.tokenizer)
-        scored = {set_name: score_set(loaded, text_set, texts[set_name], evaluation.batch_size, lang, device,
-                                      first_added if set_name == base_set else None)
-                  for set_name, text_set in sets.items()}
-        scores[name] = {set_name: {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
-                        for set_name, score in scored.items()}
+        scored = {
+            set_name: score_set(
+                loaded,
+                text_set,
+                texts[set_name],
+                evaluation.batch_size,
+                lang,
+                device,
+                first_added if set_name == base_set else None,
+            )
+            for set_name, text_set in sets.items()
+        }
+        scores[name] = {
+            set_name: {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
+            for set_name, score in scored.items()
+        }
         if base_set is not None and scored[base_set].added is not None:
             added[name] = scored[base_set].added
         again = reproduce_training_score(model, loaded, evaluation.batch_size, lang, device)
@@ -146,33 +210,68 @@ def evaluate_models(folder: Path, final_dir: Path, models: list[ModelToScore], c
         task_results[name] = score_tasks(loaded, tasks, evaluation.batch_size, lang, device)
         del loaded  # one model in memory at a time
     shutil.rmtree(folder / SCRATCH, ignore_errors=True)
-    bpb = {name: {set_name: score["bits_per_byte"] for set_name, score in by_set.items()}
-           for name, by_set in scores.items()}
+    bpb = {
+        name: {set_name: score["bits_per_byte"] for set_name, score in by_set.items()}
+        for name, by_set in scores.items()
+    }
     regressions = find_regressions(bpb)
     for regression in regressions:
-        log.warning("evaluate %s: %s", lang, regression_line(regression, sets[regression["set"]].title))
+        log.warning(
+            "evaluate %s: %s", lang, regression_line(regression, sets[regression["set"]].title)
+        )
     if added and any(is_base_lang(regression["set"]) for regression in regressions):
         log.warning("evaluate %s: %s", lang, added_tokens_line(added, sets[base_set].title))
     if "base" not in found:
-        log.info("evaluate %s: no base model to compare with (model.base), so no regression is checked.", lang)
+        log.info(
+            "evaluate %s: no base model to compare with (model.base), so no regression is checked.",
+            lang,
+        )
     curves = {model.name: model.curves for model in models if model.curves is not None}
     titles = {name: text_set.title for name, text_set in sets.items()}
     plots = write_plots(folder, bpb, titles, curves)
-    described = {name: {"title": text_set.title, "text": text_set.where, "documents": len(texts[name]),
-                        "bytes": sum(len(text.encode("utf-8")) for text in texts[name])}
-                 for name, text_set in sets.items()}
-    task_report = {task.name: {**_describe_task(task, folder, final_dir),
-                               "results": {model: task_results[model][task.name] for model in found}}
-                   for task in tasks}
-    report = {"lang": lang, "models": found, "sets": described, "skipped_sets": skipped, "scores": scores,
-              "regressions": regressions, "added_tokens": {"set": base_set, "models": added} if added else {},
-              "training_heldout": reproduced, "tasks": task_report,
-              "skipped_tasks": skipped_tasks}
+    described = {
+        name: {
+            "title": text_set.title,
+            "text": text_set.where,
+            "documents": len(texts[name]),
+            "bytes": sum(len(text.encode("utf-8")) for text in texts[name]),
+        }
+        for name, text_set in sets.items()
+    }
+    task_report = {
+        task.name: {
+            **_describe_task(task, folder, final_dir),
+            "results": {model: task_results[model][task.name] for model in found},
+        }
+        for task in tasks
+    }
+    report = {
+        "lang": lang,
+        "models": found,
+        "sets": described,
+        "skipped_sets": skipped,
+        "scores": scores,
+        "regressions": regressions,
+        "added_tokens": {"set": base_set, "models": added} if added else {},
+        "training_heldout": reproduced,
+        "tasks": task_report,
+        "skipped_tasks": skipped_tasks,
+    }
     write_json_atomic(folder / REPORT_FILE, report)
     (folder / REPORT_TEXT_FILE).write_text(markdown(lang, report, plots), encoding="utf-8")
     log.info("evaluate %s: report in %s", lang, final_dir / REPORT_TEXT_FILE)
-    return {"bits_per_byte": bpb, "regressions": regressions,
-            "training_heldout": {name: {key: again[key] for key in ("logged", "rescored", "agree")}
-                                 for name, again in reproduced.items()},
-            "tasks": {task: {model: {scoring: result["accuracy"] for scoring, result in by_model.items()}
-                             for model, by_model in about["results"].items()} for task, about in task_report.items()}}
+    return {
+        "bits_per_byte": bpb,
+        "regressions": regressions,
+        "training_heldout": {
+            name: {key: again[key] for key in ("logged", "rescored", "agree")}
+            for name, again in reproduced.items()
+        },
+        "tasks": {
+            task: {
+                model: {scoring: result["accuracy"] for scoring, result in by_model.items()}
+                for model, by_model in about["results"].items()
+            }
+            for task, about in task_report.items()
+        },
+    }

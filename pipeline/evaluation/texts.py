@@ -1,13 +1,16 @@
 """The held-out text an evaluation reads, as named sets that every model is scored on:
 
-- `heldout`: the clean stage's held-out split (documents drawn at random from the training corpus), or `eval.path`;
-- `heldout_source`: the clean stage's `heldout_source` split, whole sources (`clean.heldout_sources`) that no stage
-  trains on: the language outside the training text's domain;
-- `base_lang`: held-out text of the base model's language (`model.base_lang`): `eval.base_lang_path`, or what that
-  language's clean stage held out when it is done: its held-out sources, one set per pattern of its
-  `heldout_sources` when there are several (`base_lang:<pattern>`; English: a novel the replay never reads, and
-  Universal Dependencies' web text, reviews and email, a domain it never replays), else its held-out split; a
-  recipe that makes the model forget it shows here.
+- `heldout`: the clean stage's held-out split (documents drawn at random from the training corpus),
+  or `eval.path`;
+- `heldout_source`: the clean stage's `heldout_source` split, whole sources
+  (`clean.heldout_sources`) that no stage trains on: the language outside the training text's
+  domain;
+- `base_lang`: held-out text of the base model's language (`model.base_lang`):
+  `eval.base_lang_path`, or what that language's clean stage held out when it is done: its held-out
+  sources, one set per pattern of its `heldout_sources` when there are several
+  (`base_lang:<pattern>`; English: a novel the replay never reads, and Universal Dependencies' web
+  text, reviews and email, a domain it never replays), else its held-out split; a recipe that makes
+  the model forget it shows here.
 
 A set without text is skipped with the reason, never an error; only `heldout` is required.
 """
@@ -21,8 +24,14 @@ from typing import Iterator, Optional
 
 from pipeline.corpus.heldout import is_heldout_source
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files
-from pipeline.corpus.sources import (HELDOUT_SOURCE_SPLIT, HELDOUT_SPLIT, RAW_FOLDER, SourceInput, clean_output,
-                                     read_documents)
+from pipeline.corpus.sources import (
+    HELDOUT_SOURCE_SPLIT,
+    HELDOUT_SPLIT,
+    RAW_FOLDER,
+    SourceInput,
+    clean_output,
+    read_documents,
+)
 from pipeline.languages import LANGUAGES, language_config
 from pipeline.work_folder import read_marker, stage_dir
 
@@ -43,8 +52,8 @@ def _plain_lines(files: list[Path]) -> Iterator[str]:
 
 
 def text_files(path: Path) -> tuple[Path, list[str], bool]:
-    """The folder, the files in it (relative paths) and whether they are raw corpus files (else plain text) that
-    `eval.path` names."""
+    """The folder, the files in it (relative paths) and whether they are raw corpus files (else
+    plain text) that `eval.path` names."""
     if path.is_file():
         return path.parent, [path.name], _is_raw(path)
     raw = find_raw_files(path)
@@ -54,18 +63,20 @@ def text_files(path: Path) -> tuple[Path, list[str], bool]:
 
 
 def _raw(folder: Path, files: list[str], scratch: Path) -> Iterator:
-    return read_documents(SourceInput("eval", folder, RAW_FOLDER, folder, tuple(files), {}), scratch)
+    return read_documents(
+        SourceInput("eval", folder, RAW_FOLDER, folder, tuple(files), {}), scratch
+    )
 
 
 @dataclass(frozen=True)
 class TextSet:
     """One held-out set: a clean stage's split, or a file or folder the user gave."""
 
-    name: str   # HELDOUT, HELDOUT_SOURCE, BASE_LANG or `BASE_LANG:<pattern>`
+    name: str  # HELDOUT, HELDOUT_SOURCE, BASE_LANG or `BASE_LANG:<pattern>`
     title: str  # its column in the report
     where: str  # what the text is, for people
-    # Either a clean stage output and its split (of a held-out source split, only the documents of the sources that
-    # these `clean.heldout_sources` patterns name; empty: all of it) ...
+    # Either a clean stage output and its split (of a held-out source split, only the documents of
+    # the sources that these `clean.heldout_sources` patterns name; empty: all of it) ...
     clean: Optional[Path] = None
     split: str = HELDOUT_SPLIT
     sources: tuple[str, ...] = ()
@@ -73,17 +84,32 @@ class TextSet:
     path: Optional[str] = None
 
     def records(self, scratch: Path, max_bytes: int) -> list[tuple[str, dict]]:
-        """(text, metadata) of whole documents, in a fixed order, until `max_bytes` UTF-8 bytes are reached (the one
-        that crosses it included). Plain text has no metadata; the clean reader's records carry their raw file."""
+        """(text, metadata) of whole documents, in a fixed order, until `max_bytes` UTF-8 bytes are
+        reached (the one that crosses it included). Plain text has no metadata; the clean reader's
+        records carry their raw file."""
         if self.path is None:
-            found = ((document.text, document.metadata) for document in
-                     read_documents(clean_output(self.name, self.clean, split=self.split), scratch / self.name)
-                     if not self.sources or is_heldout_source(document.metadata.get("raw_file", ""),
-                                                              str(document.metadata.get("source", "")), self.sources))
+            found = (
+                (document.text, document.metadata)
+                for document in read_documents(
+                    clean_output(self.name, self.clean, split=self.split), scratch / self.name
+                )
+                if not self.sources
+                or is_heldout_source(
+                    document.metadata.get("raw_file", ""),
+                    str(document.metadata.get("source", "")),
+                    self.sources,
+                )
+            )
         else:
             folder, files, raw = text_files(Path(self.path))
-            found = (((document.text, document.metadata) for document in _raw(folder, files, scratch / self.name))
-                     if raw else ((text, {}) for text in _plain_lines([folder / name for name in files])))
+            found = (
+                (
+                    (document.text, document.metadata)
+                    for document in _raw(folder, files, scratch / self.name)
+                )
+                if raw
+                else ((text, {}) for text in _plain_lines([folder / name for name in files]))
+            )
         taken, chosen = 0, []
         for text, metadata in found:
             if taken >= max_bytes:
@@ -93,13 +119,16 @@ class TextSet:
         return chosen
 
     def identity(self) -> dict:
-        """What the set's text is, for the evaluate stage's config hash: a clean output by its hash (its own
-        language's enters through the contract), files by their content."""
+        """What the set's text is, for the evaluate stage's config hash: a clean output by its hash
+        (its own language's enters through the contract), files by their content."""
         if self.path is not None:
             folder, files, _ = text_files(Path(self.path))
             return fingerprint_files(folder, files)
-        return {"clean_config_hash": read_marker(self.clean)["config_hash"], "split": self.split,
-                "sources": list(self.sources)}
+        return {
+            "clean_config_hash": read_marker(self.clean)["config_hash"],
+            "split": self.split,
+            "sources": list(self.sources),
+        }
 
 
 def _has_files(folder: Path) -> bool:
@@ -109,8 +138,12 @@ def _has_files(folder: Path) -> bool:
 def heldout_set(path: Optional[str], lang: str, clean: Optional[Path]) -> TextSet:
     if path is not None:
         return TextSet(HELDOUT, "eval.path", str(Path(path).resolve()), path=path)
-    return TextSet(HELDOUT, "held-out split", f"the held-out split of {lang}'s clean stage ({clean / HELDOUT_SPLIT})",
-                   clean=clean)
+    return TextSet(
+        HELDOUT,
+        "held-out split",
+        f"the held-out split of {lang}'s clean stage ({clean / HELDOUT_SPLIT})",
+        clean=clean,
+    )
 
 
 def heldout_source_set(lang: str, clean: Optional[Path]) -> TextSet | str:
@@ -119,10 +152,17 @@ def heldout_source_set(lang: str, clean: Optional[Path]) -> TextSet | str:
         return f"{lang}'s clean stage is not done, so there is no held-out source (clean.heldout_sources)"
     folder = clean / HELDOUT_SOURCE_SPLIT
     if not _has_files(folder):
-        return (f"the clean stage held out no source ({folder} holds no shard): name raw files in "
-                f"clean.heldout_sources to score the language outside the training text's domain")
-    return TextSet(HELDOUT_SOURCE, "held-out source", f"the sources {lang}'s clean stage held out whole ({folder})",
-                   clean=clean, split=HELDOUT_SOURCE_SPLIT)
+        return (
+            f"the clean stage held out no source ({folder} holds no shard): name raw files in "
+            f"clean.heldout_sources to score the language outside the training text's domain"
+        )
+    return TextSet(
+        HELDOUT_SOURCE,
+        "held-out source",
+        f"the sources {lang}'s clean stage held out whole ({folder})",
+        clean=clean,
+        split=HELDOUT_SOURCE_SPLIT,
+    )
 
 
 def base_lang_clean(cfg) -> Path:
@@ -141,34 +181,73 @@ def base_lang_sets(cfg) -> list[TextSet] | str:
     code = cfg.model.base_lang
     title = f"{code} held-out"
     if cfg.eval.base_lang_path is not None:
-        return [TextSet(BASE_LANG, title, str(Path(cfg.eval.base_lang_path).resolve()), path=cfg.eval.base_lang_path)]
+        return [
+            TextSet(
+                BASE_LANG,
+                title,
+                str(Path(cfg.eval.base_lang_path).resolve()),
+                path=cfg.eval.base_lang_path,
+            )
+        ]
     if code == cfg.lang.code:
         return f"model.base_lang is {code}, the language evaluated: its held-out text is the `{HELDOUT}` set"
     clean = base_lang_clean(cfg)
     marker = read_marker(clean)
     if marker is None:
-        return (f"no held-out text of the base model's language {code} (model.base_lang): run python -m pipeline "
-                f"stage=clean lang={code} work_dir={cfg.work_dir}, or give eval.base_lang_path=<file or folder>")
-    # The sources it held out whole first: the mix replays its training text several times, so held-out pages of the
-    # same books flatter the model. Each source apart: text of the replayed kind, and of kinds never replayed.
+        return (
+            f"no held-out text of the base model's language {code} (model.base_lang): run python "
+            "-m pipeline "
+            f"stage=clean lang={code} work_dir={cfg.work_dir}, or give eval.base_lang_path=<file "
+            "or folder>"
+        )
+    # The sources it held out whole first: the mix replays its training text several times, so
+    # held-out pages of the same books flatter the model. Each source apart: text of the replayed
+    # kind, and of kinds never replayed.
     if _has_files(clean / HELDOUT_SOURCE_SPLIT):
-        where = f"of the sources {code}'s clean stage held out whole ({clean / HELDOUT_SOURCE_SPLIT})"
+        where = (
+            f"of the sources {code}'s clean stage held out whole ({clean / HELDOUT_SOURCE_SPLIT})"
+        )
         patterns = marker.get("metrics", {}).get("heldout_source_patterns") or []
         if len(patterns) < 2:
-            return [TextSet(BASE_LANG, title, f"the documents {where}", clean=clean, split=HELDOUT_SOURCE_SPLIT)]
-        return [TextSet(f"{BASE_LANG}:{pattern}", f"{code} held-out {pattern}", f"the documents matching {pattern} "
-                        f"{where}", clean=clean, split=HELDOUT_SOURCE_SPLIT, sources=(pattern,))
-                for pattern in patterns]
+            return [
+                TextSet(
+                    BASE_LANG,
+                    title,
+                    f"the documents {where}",
+                    clean=clean,
+                    split=HELDOUT_SOURCE_SPLIT,
+                )
+            ]
+        return [
+            TextSet(
+                f"{BASE_LANG}:{pattern}",
+                f"{code} held-out {pattern}",
+                f"the documents matching {pattern} {where}",
+                clean=clean,
+                split=HELDOUT_SOURCE_SPLIT,
+                sources=(pattern,),
+            )
+            for pattern in patterns
+        ]
     if not _has_files(clean / HELDOUT_SPLIT):
         return f"{code}'s clean stage ({clean}) held out no document"
-    return [TextSet(BASE_LANG, title, f"the held-out split of {code}'s clean stage ({clean / HELDOUT_SPLIT})",
-                    clean=clean)]
+    return [
+        TextSet(
+            BASE_LANG,
+            title,
+            f"the held-out split of {code}'s clean stage ({clean / HELDOUT_SPLIT})",
+            clean=clean,
+        )
+    ]
 
 
 def text_sets(cfg, clean: Optional[Path]) -> tuple[list[TextSet], dict[str, str]]:
     """The sets to score, in the report's order, and the reason each missing one is skipped."""
     sets, skipped = [heldout_set(cfg.eval.path, cfg.lang.code, clean)], {}
-    for name, found in ((HELDOUT_SOURCE, heldout_source_set(cfg.lang.code, clean)), (BASE_LANG, base_lang_sets(cfg))):
+    for name, found in (
+        (HELDOUT_SOURCE, heldout_source_set(cfg.lang.code, clean)),
+        (BASE_LANG, base_lang_sets(cfg)),
+    ):
         if isinstance(found, str):
             skipped[name] = found
         else:

@@ -1,36 +1,38 @@
 """FlashAttention-2 in Triton with ALiBi, causal and document masks, GQA: forward and backward.
 
-Imported only when a call runs the Triton backend (pipeline.kernels dispatches), so the package works
-with torch alone. Shapes (batch, heads, seq, head_dim) like SDPA, any strides with a contiguous head_dim; the output
-and the gradients keep their input's memory layout; k and v may have fewer heads.
+Imported only when a call runs the Triton backend (pipeline.kernels dispatches), so the package
+works with torch alone. Shapes (batch, heads, seq, head_dim) like SDPA, any strides with a
+contiguous head_dim; the output and the gradients keep their input's memory layout; k and v may have
+fewer heads.
 
 Forward: one program per (query block, batch x head) streams key blocks with an online softmax in
-float32 and stores the log-sum-exp (LSE) per row. Backward recomputes the probabilities from the LSE,
-never storing attention: one program per query block accumulates dQ and first stores the softmax
-backward's per-row term delta = rowsum(dO * O); then one program per key block and kv head accumulates
-dK and dV over the query blocks of every query head of its group (GQA sums in registers, no atomics:
-deterministic). That is 7 matrix products per tile pair against the 5 of a FlashAttention-2 backward
-that adds dQ with float32 atomics inside the dK/dV loop; such a variant was built and timed on an H100
-(Triton 3.6) and was slower at every tiling that compiles without register spills: docs/benchmark-log.md,
-"Attention", has the figures.
+float32 and stores the log-sum-exp (LSE) per row. Backward recomputes the probabilities from the
+LSE, never storing attention: one program per query block accumulates dQ and first stores the
+softmax backward's per-row term delta = rowsum(dO * O); then one program per key block and kv head
+accumulates dK and dV over the query blocks of every query head of its group (GQA sums in registers,
+no atomics: deterministic). That is 7 matrix products per tile pair against the 5 of a
+FlashAttention-2 backward that adds dQ with float32 atomics inside the dK/dV loop; such a variant
+was built and timed on an H100 (Triton 3.6) and was slower at every tiling that compiles without
+register spills: docs/benchmark-log.md, "Attention", has the figures.
 
-Scores live in the log2 domain (exp2 is the native instruction): log2(e) is folded, on the host, into
-the softmax scale and into the ALiBi slopes. ALiBi adds slope * (j - i); a kernel adds slope * (j - anchor)
-with `anchor` the first position of its own block instead, which differs by a constant per row (softmax
-ignores it) and costs one fused multiply-add per score, like no bias at all. The LSE is stored in the
-true (j - i) frame, so each kernel can pick its own anchor.
+Scores live in the log2 domain (exp2 is the native instruction): log2(e) is folded, on the host,
+into the softmax scale and into the ALiBi slopes. ALiBi adds slope * (j - i); a kernel adds slope *
+(j - anchor) with `anchor` the first position of its own block instead, which differs by a constant
+per row (softmax ignores it) and costs one fused multiply-add per score, like no bias at all. The
+LSE is stored in the true (j - i) frame, so each kernel can pick its own anchor.
 
-Which tile pairs run: causal loops run the blocks wholly on the visible side of the diagonal without a causal
-mask and only the diagonal blocks with one. Document masks (segment ids) are resolved per block before the
-attention kernels run (`_segment_block_ranges`, one small launch per tiling): each block gets the range of the
-other side's blocks that share a segment with it, and inside it the run of "full" blocks where every pair
-does; the kernels loop over that range only. The ranges are resolved once per batch: every layer that gets the
-same `segment_ids` tensor (unchanged: its version counter) reuses the int32 ids and the ranges of the first
-(`_document_blocks`). The forward and dQ kernels apply the document mask to the partial blocks at the range's ends
-and nothing to the full ones; the dK/dV kernel runs its range and diagonal as one masked loop, which leaves it the
-registers for one more pipeline stage. The loops have no data-dependent branch, so Triton's software pipeliner
-streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's work, as this kernel had
-before, keeps the loads out of the pipeline (docs/benchmark-log.md, packed rows).
+Which tile pairs run: causal loops run the blocks wholly on the visible side of the diagonal without
+a causal mask and only the diagonal blocks with one. Document masks (segment ids) are resolved per
+block before the attention kernels run (`_segment_block_ranges`, one small launch per tiling): each
+block gets the range of the other side's blocks that share a segment with it, and inside it the run
+of "full" blocks where every pair does; the kernels loop over that range only. The ranges are
+resolved once per batch: every layer that gets the same `segment_ids` tensor (unchanged: its version
+counter) reuses the int32 ids and the ranges of the first (`_document_blocks`). The forward and dQ
+kernels apply the document mask to the partial blocks at the range's ends and nothing to the full
+ones; the dK/dV kernel runs its range and diagonal as one masked loop, which leaves it the registers
+for one more pipeline stage. The loops have no data-dependent branch, so Triton's software pipeliner
+streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's work, as
+this kernel had before, keeps the loads out of the pipeline (docs/benchmark-log.md, packed rows).
 """
 
 from __future__ import annotations
@@ -47,19 +49,23 @@ from pipeline.kernels.launch_configs import AttentionConfigs, attention_configs,
 from pipeline.kernels.reference import unstack_qkv
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E): the kernels work in the log2 domain
-# Masked scores: finite, so that a forward row whose first key blocks are all masked gives exp2(0) = 1
-# garbage that the next real maximum rescales to exactly 0 (no inf - inf = NaN); the backward subtracts
-# a finite LSE from it and gets exp2(-1e30) = 0.
+# Masked scores: finite, so that a forward row whose first key blocks are all masked gives exp2(0) =
+# 1 garbage that the next real maximum rescales to exactly 0 (no inf - inf = NaN); the backward
+# subtracts a finite LSE from it and gets exp2(-1e30) = 0.
 MASKED = tl.constexpr(-1.0e30)
 INT32_MAX = tl.constexpr(2147483647)
 INT32_MIN = tl.constexpr(-2147483648)
 
 
 @triton.jit
-def _load_tile(ptrs, rows, cols, n_rows, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+def _load_tile(
+    ptrs, rows, cols, n_rows, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr
+):
     if CHECK_ROWS:
         if CHECK_COLS:
-            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+            tile = tl.load(
+                ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0
+            )
         else:
             tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
     else:
@@ -71,7 +77,9 @@ def _load_tile(ptrs, rows, cols, n_rows, n_cols, CHECK_ROWS: tl.constexpr, CHECK
 
 
 @triton.jit
-def _store_tile(ptrs, tile, rows, cols, n_rows, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+def _store_tile(
+    ptrs, tile, rows, cols, n_rows, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr
+):
     if CHECK_ROWS:
         if CHECK_COLS:
             tl.store(ptrs, tile, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
@@ -95,12 +103,27 @@ def _load_rows(ptrs, rows, n_rows, CHECK_ROWS: tl.constexpr):
 
 
 @triton.jit
-def _masked_scores(a, b, a_pos, b_pos, a_seg, b_seg, alibi_slope2, anchor, qk_scale, seq_len,
-                   QUERIES_FIRST: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                   CHECK_B: tl.constexpr, SEGMENT_MASK: tl.constexpr):
-    """Log2-domain scores of one tile pair, rows of `a` against rows of `b`: queries x keys when QUERIES_FIRST,
-    else keys x queries (the dK/dV kernel's transposed view). ALiBi is taken relative to `anchor`; masked
-    entries are MASKED. CHECK_B masks rows of `b` past the sequence end (a's are never stored)."""
+def _masked_scores(
+    a,
+    b,
+    a_pos,
+    b_pos,
+    a_seg,
+    b_seg,
+    alibi_slope2,
+    anchor,
+    qk_scale,
+    seq_len,
+    QUERIES_FIRST: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    CHECK_B: tl.constexpr,
+    SEGMENT_MASK: tl.constexpr,
+):
+    """Log2-domain scores of one tile pair, rows of `a` against rows of `b`: queries x keys when
+    QUERIES_FIRST, else keys x queries (the dK/dV kernel's transposed view). ALiBi is taken relative
+    to `anchor`; masked entries are MASKED. CHECK_B masks rows of `b` past the sequence end (a's are
+    never stored)."""
     scores = tl.dot(a, tl.trans(b))
     if HAS_ALIBI:
         if QUERIES_FIRST:
@@ -122,11 +145,21 @@ def _masked_scores(a, b, a_pos, b_pos, a_seg, b_seg, alibi_slope2, anchor, qk_sc
 
 
 @triton.jit
-def _segment_range(seg_row_ptr, ranges_ptr, block, batch, positions, seq_len, region_lo, region_hi,
-                   HAS_SEGMENTS: tl.constexpr):
-    """For the block at `positions` (its program's own queries or keys): the other side's range [lo, hi) that
-    it can see, the run [full_lo, full_hi) inside it where no document mask is needed, all clipped to the
-    region [region_lo, region_hi), and the block's segment ids. Without documents: the whole region, full."""
+def _segment_range(
+    seg_row_ptr,
+    ranges_ptr,
+    block,
+    batch,
+    positions,
+    seq_len,
+    region_lo,
+    region_hi,
+    HAS_SEGMENTS: tl.constexpr,
+):
+    """For the block at `positions` (its program's own queries or keys): the other side's range [lo,
+    hi) that it can see, the run [full_lo, full_hi) inside it where no document mask is needed, all
+    clipped to the region [region_lo, region_hi), and the block's segment ids. Without documents:
+    the whole region, full."""
     if HAS_SEGMENTS:
         bounds = ranges_ptr + (batch * tl.num_programs(0) + block) * 4
         lo = tl.minimum(tl.maximum(tl.load(bounds), region_lo), region_hi)
@@ -144,17 +177,26 @@ def _segment_range(seg_row_ptr, ranges_ptr, block, batch, positions, seq_len, re
 
 
 @triton.jit
-def _segment_block_ranges(seg_ptr, ranges_ptr, stride_seg_b, seq_len,
-                          OUTER: tl.constexpr, INNER: tl.constexpr, CHUNK: tl.constexpr):
-    """For each OUTER-wide block of a row (program_id 0) and batch row (program_id 1): the range of INNER-wide
-    blocks that share a segment with it, and the run of those where every position does ("full" blocks).
+def _segment_block_ranges(
+    seg_ptr,
+    ranges_ptr,
+    stride_seg_b,
+    seq_len,
+    OUTER: tl.constexpr,
+    INNER: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """For each OUTER-wide block of a row (program_id 0) and batch row (program_id 1): the range of
+    INNER-wide blocks that share a segment with it, and the run of those where every position does
+    ("full" blocks).
 
-    A block is seen when the [min, max] intervals of the two blocks' segment ids overlap: exact (no block that
-    no position can see) when ids are monotone along the row, as packers number documents, and a superset
-    otherwise, which the kernels' element-wise document mask keeps correct. A block is full when both blocks
-    hold one and the same id and the inner one lies wholly inside the sequence. The full run is kept only if it
-    is one unbroken run; otherwise every block of the range is masked. Writes [lo, full_lo, full_hi, hi] as
-    positions (multiples of INNER); full_lo == full_hi == lo when no full run exists."""
+    A block is seen when the [min, max] intervals of the two blocks' segment ids overlap: exact (no
+    block that no position can see) when ids are monotone along the row, as packers number
+    documents, and a superset otherwise, which the kernels' element-wise document mask keeps
+    correct. A block is full when both blocks hold one and the same id and the inner one lies wholly
+    inside the sequence. The full run is kept only if it is one unbroken run; otherwise every block
+    of the range is masked. Writes [lo, full_lo, full_hi, hi] as positions (multiples of INNER);
+    full_lo == full_hi == lo when no full run exists."""
     block = tl.program_id(0)
     batch = tl.program_id(1)
     seg_row = seg_ptr + batch * stride_seg_b
@@ -178,7 +220,13 @@ def _segment_block_ranges(seg_ptr, ranges_ptr, stride_seg_b, seq_len,
         inner_max = tl.max(tl.where(valid, inner_seg, INT32_MIN), 1)
         whole = tl.min(valid.to(tl.int32), 1) == 1
         seen = (inner_max >= outer_min) & (inner_min <= outer_max)
-        full = seen & whole & (inner_min == inner_max) & (inner_min == outer_min) & (outer_min == outer_max)
+        full = (
+            seen
+            & whole
+            & (inner_min == inner_max)
+            & (inner_min == outer_min)
+            & (outer_min == outer_max)
+        )
         first_seen = tl.minimum(first_seen, tl.min(tl.where(seen, inner_block, INT32_MAX), 0))
         last_seen = tl.maximum(last_seen, tl.max(tl.where(seen, inner_block, -1), 0))
         first_full = tl.minimum(first_full, tl.min(tl.where(full, inner_block, INT32_MAX), 0))
@@ -196,40 +244,113 @@ def _segment_block_ranges(seg_ptr, ranges_ptr, stride_seg_b, seq_len,
 
 
 @triton.jit
-def _forward_key_blocks(acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q,
-                        offs_m, offs_n, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
-                        BLOCK_N: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                        CHECK_KEYS: tl.constexpr, SEGMENT_MASK: tl.constexpr, CHECK_D: tl.constexpr):
+def _forward_key_blocks(
+    acc,
+    row_sum,
+    row_max,
+    q,
+    k_ptrs,
+    v_ptrs,
+    stride_ks,
+    stride_vs,
+    seg_row_ptr,
+    seg_q,
+    offs_m,
+    offs_n,
+    offs_d,
+    alibi_slope2,
+    anchor,
+    qk_scale,
+    seq_len,
+    head_dim,
+    lo,
+    hi,
+    BLOCK_N: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    CHECK_KEYS: tl.constexpr,
+    SEGMENT_MASK: tl.constexpr,
+    CHECK_D: tl.constexpr,
+):
     """Online softmax over the key blocks [lo, hi) for one query block."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         seg_k = keys
         if SEGMENT_MASK:
             seg_k = tl.load(seg_row_ptr + keys, mask=keys < seq_len, other=-1)
-        k = _load_tile(k_ptrs + start_n * stride_ks, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
-        scores = _masked_scores(q, k, offs_m, keys, seg_q, seg_k, alibi_slope2, anchor, qk_scale, seq_len,
-                                QUERIES_FIRST=True, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL_MASK,
-                                CHECK_B=CHECK_KEYS, SEGMENT_MASK=SEGMENT_MASK)
+        k = _load_tile(
+            k_ptrs + start_n * stride_ks, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D
+        )
+        scores = _masked_scores(
+            q,
+            k,
+            offs_m,
+            keys,
+            seg_q,
+            seg_k,
+            alibi_slope2,
+            anchor,
+            qk_scale,
+            seq_len,
+            QUERIES_FIRST=True,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=CAUSAL_MASK,
+            CHECK_B=CHECK_KEYS,
+            SEGMENT_MASK=SEGMENT_MASK,
+        )
         new_max = tl.maximum(row_max, tl.max(scores, 1))
         p = tl.math.exp2(scores - new_max[:, None])
         rescale = tl.math.exp2(row_max - new_max)
         row_sum = row_sum * rescale + tl.sum(p, 1)
-        v = _load_tile(v_ptrs + start_n * stride_vs, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
+        v = _load_tile(
+            v_ptrs + start_n * stride_vs, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D
+        )
         acc = tl.dot(p.to(v.dtype), v, acc * rescale[:, None])
         row_max = new_max
     return acc, row_sum, row_max
 
 
 @triton.jit
-def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr, ranges_ptr,
-                       stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                       stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, stride_seg_b,
-                       heads, group, seq_len, head_dim, qk_scale,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                       HAS_ALIBI: tl.constexpr, HAS_SEGMENTS: tl.constexpr, CHECK_SEQ: tl.constexpr,
-                       CHECK_D: tl.constexpr):
+def _attention_forward(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    lse_ptr,
+    slopes_ptr,
+    seg_ptr,
+    ranges_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_seg_b,
+    heads,
+    group,
+    seq_len,
+    head_dim,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SEGMENTS: tl.constexpr,
+    CHECK_SEQ: tl.constexpr,
+    CHECK_D: tl.constexpr,
+):
     block = tl.program_id(0)
-    if CAUSAL:  # the last query blocks have the most keys: start them first so that no SM idles at the end
+    if (
+        CAUSAL
+    ):  # the last query blocks have the most keys: start them first so that no SM idles at the end
         block = tl.num_programs(0) - 1 - block
     batch_head = tl.program_id(1)
     batch = batch_head // heads
@@ -240,45 +361,161 @@ def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr,
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q_ptrs = q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
+    q_ptrs = (
+        q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
+    )
     q = _load_tile(q_ptrs, offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
-    k_ptrs = k_ptr + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
-    v_ptrs = v_ptr + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
+    k_ptrs = (
+        k_ptr
+        + batch * stride_kb
+        + kv_head * stride_kh
+        + offs_n[:, None] * stride_ks
+        + offs_d[None, :]
+    )
+    v_ptrs = (
+        v_ptr
+        + batch * stride_vb
+        + kv_head * stride_vh
+        + offs_n[:, None] * stride_vs
+        + offs_d[None, :]
+    )
     alibi_slope2 = 0.0
     if HAS_ALIBI:
         alibi_slope2 = tl.load(slopes_ptr + head)
     seg_row_ptr = seg_ptr + batch * stride_seg_b
-    # Keys before the block's first query are visible to all its queries (causal); the diagonal comes last.
+    # Keys before the block's first query are visible to all its queries (causal); the diagonal
+    # comes last.
     region_hi = anchor if CAUSAL else seq_len
-    lo, full_lo, full_hi, hi, seg_q = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_m, seq_len, 0,
-                                                     region_hi, HAS_SEGMENTS=HAS_SEGMENTS)
+    lo, full_lo, full_hi, hi, seg_q = _segment_range(
+        seg_row_ptr,
+        ranges_ptr,
+        block,
+        batch,
+        offs_m,
+        seq_len,
+        0,
+        region_hi,
+        HAS_SEGMENTS=HAS_SEGMENTS,
+    )
 
     row_max = tl.full([BLOCK_M], MASKED, dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if HAS_SEGMENTS:
         acc, row_sum, row_max = _forward_key_blocks(
-            acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n,
-            offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, full_lo, BLOCK_N=BLOCK_N,
-            HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not CAUSAL, SEGMENT_MASK=True,
-            CHECK_D=CHECK_D)
+            acc,
+            row_sum,
+            row_max,
+            q,
+            k_ptrs,
+            v_ptrs,
+            stride_ks,
+            stride_vs,
+            seg_row_ptr,
+            seg_q,
+            offs_m,
+            offs_n,
+            offs_d,
+            alibi_slope2,
+            anchor,
+            qk_scale,
+            seq_len,
+            head_dim,
+            lo,
+            full_lo,
+            BLOCK_N=BLOCK_N,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=False,
+            CHECK_KEYS=CHECK_SEQ and not CAUSAL,
+            SEGMENT_MASK=True,
+            CHECK_D=CHECK_D,
+        )
     acc, row_sum, row_max = _forward_key_blocks(
-        acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
-        alibi_slope2, anchor, qk_scale, seq_len, head_dim, full_lo, full_hi, BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI,
-        CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS), SEGMENT_MASK=False,
-        CHECK_D=CHECK_D)
+        acc,
+        row_sum,
+        row_max,
+        q,
+        k_ptrs,
+        v_ptrs,
+        stride_ks,
+        stride_vs,
+        seg_row_ptr,
+        seg_q,
+        offs_m,
+        offs_n,
+        offs_d,
+        alibi_slope2,
+        anchor,
+        qk_scale,
+        seq_len,
+        head_dim,
+        full_lo,
+        full_hi,
+        BLOCK_N=BLOCK_N,
+        HAS_ALIBI=HAS_ALIBI,
+        CAUSAL_MASK=False,
+        CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS),
+        SEGMENT_MASK=False,
+        CHECK_D=CHECK_D,
+    )
     if HAS_SEGMENTS:
         acc, row_sum, row_max = _forward_key_blocks(
-            acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n,
-            offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, full_hi, hi, BLOCK_N=BLOCK_N,
-            HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not CAUSAL, SEGMENT_MASK=True,
-            CHECK_D=CHECK_D)
+            acc,
+            row_sum,
+            row_max,
+            q,
+            k_ptrs,
+            v_ptrs,
+            stride_ks,
+            stride_vs,
+            seg_row_ptr,
+            seg_q,
+            offs_m,
+            offs_n,
+            offs_d,
+            alibi_slope2,
+            anchor,
+            qk_scale,
+            seq_len,
+            head_dim,
+            full_hi,
+            hi,
+            BLOCK_N=BLOCK_N,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=False,
+            CHECK_KEYS=CHECK_SEQ and not CAUSAL,
+            SEGMENT_MASK=True,
+            CHECK_D=CHECK_D,
+        )
     if CAUSAL:
         acc, row_sum, row_max = _forward_key_blocks(
-            acc, row_sum, row_max, q, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n,
-            offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, anchor, tl.minimum(anchor + BLOCK_M, seq_len),
-            BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True, CHECK_KEYS=CHECK_SEQ, SEGMENT_MASK=HAS_SEGMENTS,
-            CHECK_D=CHECK_D)
+            acc,
+            row_sum,
+            row_max,
+            q,
+            k_ptrs,
+            v_ptrs,
+            stride_ks,
+            stride_vs,
+            seg_row_ptr,
+            seg_q,
+            offs_m,
+            offs_n,
+            offs_d,
+            alibi_slope2,
+            anchor,
+            qk_scale,
+            seq_len,
+            head_dim,
+            anchor,
+            tl.minimum(anchor + BLOCK_M, seq_len),
+            BLOCK_N=BLOCK_N,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=True,
+            CHECK_KEYS=CHECK_SEQ,
+            SEGMENT_MASK=HAS_SEGMENTS,
+            CHECK_D=CHECK_D,
+        )
 
     acc = acc / row_sum[:, None]
     # LSE (log2 domain) in the true (j - i) frame: the scores above carried + slope * (i - anchor).
@@ -290,20 +527,61 @@ def _attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, seg_ptr,
         tl.store(lse_ptrs, lse, mask=offs_m < seq_len)
     else:
         tl.store(lse_ptrs, lse)
-    o_ptrs = o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
-    _store_tile(o_ptrs, acc.to(o_ptr.dtype.element_ty), offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
+    o_ptrs = (
+        o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
+    )
+    _store_tile(
+        o_ptrs,
+        acc.to(o_ptr.dtype.element_ty),
+        offs_m,
+        offs_d,
+        seq_len,
+        head_dim,
+        CHECK_SEQ,
+        CHECK_D,
+    )
 
 
 @triton.jit
-def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr,
-                              delta_ptr, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head,
-                              anchor, qk_scale, seq_len, head_dim, group, lo, hi,
-                              BLOCK_M: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                              CHECK_QUERIES: tl.constexpr, SEGMENT_MASK: tl.constexpr, CHECK_D: tl.constexpr):
-    """dK, dV of one key block from the query blocks [lo, hi) of every query head of its group (keys x queries).
-    One flat loop over (head, query block) pairs rather than a loop over heads around a loop over blocks: in the
-    nest, the compiler kept per-head values live across the inner loop and the GQA kernels spilled (sm90, D=128,
-    32 x 64 tiles: 504 bytes with two or more heads per group, none with one); flat, they compile as one head does."""
+def _backward_kv_query_blocks(
+    dk,
+    dv,
+    k,
+    v,
+    q_ptrs,
+    do_ptrs,
+    stride_qh,
+    stride_qs,
+    stride_doh,
+    stride_dos,
+    lse_ptr,
+    delta_ptr,
+    slopes_ptr,
+    seg_row_ptr,
+    seg_k,
+    offs_n,
+    offs_m,
+    offs_d,
+    first_head,
+    anchor,
+    qk_scale,
+    seq_len,
+    head_dim,
+    group,
+    lo,
+    hi,
+    BLOCK_M: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    CHECK_QUERIES: tl.constexpr,
+    SEGMENT_MASK: tl.constexpr,
+    CHECK_D: tl.constexpr,
+):
+    """dK, dV of one key block from the query blocks [lo, hi) of every query head of its group (keys
+    x queries). One flat loop over (head, query block) pairs rather than a loop over heads around a
+    loop over blocks: in the nest, the compiler kept per-head values live across the inner loop and
+    the GQA kernels spilled (sm90, D=128, 32 x 64 tiles: 504 bytes with two or more heads per group,
+    none with one); flat, they compile as one head does."""
     member = 0
     start_m = lo
     for _ in tl.range(0, group * tl.cdiv(hi - lo, BLOCK_M)):
@@ -311,8 +589,15 @@ def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_q
         seg_q = queries
         if SEGMENT_MASK:
             seg_q = tl.load(seg_row_ptr + queries, mask=queries < seq_len, other=-1)
-        q = _load_tile(q_ptrs + member * stride_qh + start_m * stride_qs, queries, offs_d, seq_len, head_dim,
-                       CHECK_QUERIES, CHECK_D)
+        q = _load_tile(
+            q_ptrs + member * stride_qh + start_m * stride_qs,
+            queries,
+            offs_d,
+            seq_len,
+            head_dim,
+            CHECK_QUERIES,
+            CHECK_D,
+        )
         rows = member * seq_len + queries
         lse = _load_rows(lse_ptr + rows, queries, seq_len, CHECK_QUERIES)
         delta = _load_rows(delta_ptr + rows, queries, seq_len, CHECK_QUERIES)
@@ -320,12 +605,33 @@ def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_q
         if HAS_ALIBI:  # into this kernel's frame, anchored at the key block
             alibi_slope2 = tl.load(slopes_ptr + first_head + member)
             lse = lse + alibi_slope2 * (queries - anchor).to(tl.float32)
-        scores_t = _masked_scores(k, q, offs_n, queries, seg_k, seg_q, alibi_slope2, anchor, qk_scale, seq_len,
-                                  QUERIES_FIRST=False, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL_MASK,
-                                  CHECK_B=CHECK_QUERIES, SEGMENT_MASK=SEGMENT_MASK)
+        scores_t = _masked_scores(
+            k,
+            q,
+            offs_n,
+            queries,
+            seg_k,
+            seg_q,
+            alibi_slope2,
+            anchor,
+            qk_scale,
+            seq_len,
+            QUERIES_FIRST=False,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=CAUSAL_MASK,
+            CHECK_B=CHECK_QUERIES,
+            SEGMENT_MASK=SEGMENT_MASK,
+        )
         p_t = tl.math.exp2(scores_t - lse[None, :])
-        do = _load_tile(do_ptrs + member * stride_doh + start_m * stride_dos, queries, offs_d, seq_len, head_dim,
-                        CHECK_QUERIES, CHECK_D)
+        do = _load_tile(
+            do_ptrs + member * stride_doh + start_m * stride_dos,
+            queries,
+            offs_d,
+            seq_len,
+            head_dim,
+            CHECK_QUERIES,
+            CHECK_D,
+        )
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
@@ -337,15 +643,53 @@ def _backward_kv_query_blocks(dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_q
 
 
 @triton.jit
-def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, slopes_ptr, seg_ptr,
-                           ranges_ptr,
-                           stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                           stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-                           stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_seg_b,
-                           heads, kv_heads, group, seq_len, head_dim, qk_scale, sm_scale,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                           CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
-                           CHECK_SEQ: tl.constexpr, CHECK_D: tl.constexpr):
+def _attention_backward_kv(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    dk_ptr,
+    dv_ptr,
+    lse_ptr,
+    delta_ptr,
+    slopes_ptr,
+    seg_ptr,
+    ranges_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_dob,
+    stride_doh,
+    stride_dos,
+    stride_dkb,
+    stride_dkh,
+    stride_dks,
+    stride_dvb,
+    stride_dvh,
+    stride_dvs,
+    stride_seg_b,
+    heads,
+    kv_heads,
+    group,
+    seq_len,
+    head_dim,
+    qk_scale,
+    sm_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SEGMENTS: tl.constexpr,
+    CHECK_SEQ: tl.constexpr,
+    CHECK_D: tl.constexpr,
+):
     block = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
     batch = batch_kv_head // kv_heads
@@ -355,70 +699,271 @@ def _attention_backward_kv(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr,
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
-    k = _load_tile(k_ptr + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
-                   offs_n, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
-    v = _load_tile(v_ptr + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
-                   offs_n, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
+    k = _load_tile(
+        k_ptr
+        + batch * stride_kb
+        + kv_head * stride_kh
+        + offs_n[:, None] * stride_ks
+        + offs_d[None, :],
+        offs_n,
+        offs_d,
+        seq_len,
+        head_dim,
+        CHECK_SEQ,
+        CHECK_D,
+    )
+    v = _load_tile(
+        v_ptr
+        + batch * stride_vb
+        + kv_head * stride_vh
+        + offs_n[:, None] * stride_vs
+        + offs_d[None, :],
+        offs_n,
+        offs_d,
+        seq_len,
+        head_dim,
+        CHECK_SEQ,
+        CHECK_D,
+    )
     seg_row_ptr = seg_ptr + batch * stride_seg_b
     # Queries after the key block see all of it (causal); the diagonal queries need the causal mask.
     diagonal_end = tl.minimum(anchor + BLOCK_N, seq_len)
     region_lo = diagonal_end if CAUSAL else 0
-    lo, _, _, hi, seg_k = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_n, seq_len, region_lo, seq_len,
-                                         HAS_SEGMENTS=HAS_SEGMENTS)
+    lo, _, _, hi, seg_k = _segment_range(
+        seg_row_ptr,
+        ranges_ptr,
+        block,
+        batch,
+        offs_n,
+        seq_len,
+        region_lo,
+        seq_len,
+        HAS_SEGMENTS=HAS_SEGMENTS,
+    )
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     first_head = kv_head * group
-    q_ptrs = q_ptr + batch * stride_qb + first_head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
-    do_ptrs = do_ptr + batch * stride_dob + first_head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :]
-    row_offset = (batch * heads + first_head) * seq_len  # lse, delta: (batch, heads, seq), a group's heads adjacent
+    q_ptrs = (
+        q_ptr
+        + batch * stride_qb
+        + first_head * stride_qh
+        + offs_m[:, None] * stride_qs
+        + offs_d[None, :]
+    )
+    do_ptrs = (
+        do_ptr
+        + batch * stride_dob
+        + first_head * stride_doh
+        + offs_m[:, None] * stride_dos
+        + offs_d[None, :]
+    )
+    row_offset = (
+        batch * heads + first_head
+    ) * seq_len  # lse, delta: (batch, heads, seq), a group's heads adjacent
     if HAS_SEGMENTS:
-        # The diagonal and the document range in one loop, every block masked. Split into the masked ends and the
-        # unmasked run (as the forward and dQ kernels run theirs), the kernel needed 2 pipeline stages to compile
-        # without spills; as one loop it runs 3, which measured 1.06x forward+backward on packed rows (docs/benchmark-log.md).
+        # The diagonal and the document range in one loop, every block masked. Split into the masked
+        # ends and the unmasked run (as the forward and dQ kernels run theirs), the kernel needed 2
+        # pipeline stages to compile without spills; as one loop it runs 3, which measured 1.06x
+        # forward+backward on packed rows (docs/benchmark-log.md).
         start = anchor if CAUSAL else lo
         dk, dv = _backward_kv_query_blocks(
-            dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
-            delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
-            qk_scale, seq_len, head_dim, group, start, hi, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL,
-            CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=True, CHECK_D=CHECK_D)
+            dk,
+            dv,
+            k,
+            v,
+            q_ptrs,
+            do_ptrs,
+            stride_qh,
+            stride_qs,
+            stride_doh,
+            stride_dos,
+            lse_ptr + row_offset,
+            delta_ptr + row_offset,
+            slopes_ptr,
+            seg_row_ptr,
+            seg_k,
+            offs_n,
+            offs_m,
+            offs_d,
+            first_head,
+            anchor,
+            qk_scale,
+            seq_len,
+            head_dim,
+            group,
+            start,
+            hi,
+            BLOCK_M=BLOCK_M,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=CAUSAL,
+            CHECK_QUERIES=CHECK_SEQ,
+            SEGMENT_MASK=True,
+            CHECK_D=CHECK_D,
+        )
     else:
         if CAUSAL:
             dk, dv = _backward_kv_query_blocks(
-                dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
-                delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
-                qk_scale, seq_len, head_dim, group, anchor, diagonal_end, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI,
-                CAUSAL_MASK=True, CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=False, CHECK_D=CHECK_D)
+                dk,
+                dv,
+                k,
+                v,
+                q_ptrs,
+                do_ptrs,
+                stride_qh,
+                stride_qs,
+                stride_doh,
+                stride_dos,
+                lse_ptr + row_offset,
+                delta_ptr + row_offset,
+                slopes_ptr,
+                seg_row_ptr,
+                seg_k,
+                offs_n,
+                offs_m,
+                offs_d,
+                first_head,
+                anchor,
+                qk_scale,
+                seq_len,
+                head_dim,
+                group,
+                anchor,
+                diagonal_end,
+                BLOCK_M=BLOCK_M,
+                HAS_ALIBI=HAS_ALIBI,
+                CAUSAL_MASK=True,
+                CHECK_QUERIES=CHECK_SEQ,
+                SEGMENT_MASK=False,
+                CHECK_D=CHECK_D,
+            )
         dk, dv = _backward_kv_query_blocks(
-            dk, dv, k, v, q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, lse_ptr + row_offset,
-            delta_ptr + row_offset, slopes_ptr, seg_row_ptr, seg_k, offs_n, offs_m, offs_d, first_head, anchor,
-            qk_scale, seq_len, head_dim, group, lo, hi, BLOCK_M=BLOCK_M, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=False,
-            CHECK_QUERIES=CHECK_SEQ, SEGMENT_MASK=False, CHECK_D=CHECK_D)
+            dk,
+            dv,
+            k,
+            v,
+            q_ptrs,
+            do_ptrs,
+            stride_qh,
+            stride_qs,
+            stride_doh,
+            stride_dos,
+            lse_ptr + row_offset,
+            delta_ptr + row_offset,
+            slopes_ptr,
+            seg_row_ptr,
+            seg_k,
+            offs_n,
+            offs_m,
+            offs_d,
+            first_head,
+            anchor,
+            qk_scale,
+            seq_len,
+            head_dim,
+            group,
+            lo,
+            hi,
+            BLOCK_M=BLOCK_M,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=False,
+            CHECK_QUERIES=CHECK_SEQ,
+            SEGMENT_MASK=False,
+            CHECK_D=CHECK_D,
+        )
 
     dk = dk * sm_scale
-    _store_tile(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
-                dk.to(dk_ptr.dtype.element_ty), offs_n, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
-    _store_tile(dv_ptr + batch * stride_dvb + kv_head * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :],
-                dv.to(dv_ptr.dtype.element_ty), offs_n, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
+    _store_tile(
+        dk_ptr
+        + batch * stride_dkb
+        + kv_head * stride_dkh
+        + offs_n[:, None] * stride_dks
+        + offs_d[None, :],
+        dk.to(dk_ptr.dtype.element_ty),
+        offs_n,
+        offs_d,
+        seq_len,
+        head_dim,
+        CHECK_SEQ,
+        CHECK_D,
+    )
+    _store_tile(
+        dv_ptr
+        + batch * stride_dvb
+        + kv_head * stride_dvh
+        + offs_n[:, None] * stride_dvs
+        + offs_d[None, :],
+        dv.to(dv_ptr.dtype.element_ty),
+        offs_n,
+        offs_d,
+        seq_len,
+        head_dim,
+        CHECK_SEQ,
+        CHECK_D,
+    )
 
 
 @triton.jit
-def _backward_q_key_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m,
-                           offs_n, offs_d, alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, hi,
-                           BLOCK_N: tl.constexpr, HAS_ALIBI: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                           CHECK_KEYS: tl.constexpr, SEGMENT_MASK: tl.constexpr, CHECK_D: tl.constexpr):
-    """dQ of one query block from the key blocks [lo, hi); `lse` already carries the block's ALiBi row term."""
+def _backward_q_key_blocks(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    k_ptrs,
+    v_ptrs,
+    stride_ks,
+    stride_vs,
+    seg_row_ptr,
+    seg_q,
+    offs_m,
+    offs_n,
+    offs_d,
+    alibi_slope2,
+    anchor,
+    qk_scale,
+    seq_len,
+    head_dim,
+    lo,
+    hi,
+    BLOCK_N: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    CHECK_KEYS: tl.constexpr,
+    SEGMENT_MASK: tl.constexpr,
+    CHECK_D: tl.constexpr,
+):
+    """dQ of one query block from the key blocks [lo, hi); `lse` already carries the block's ALiBi
+    row term."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         seg_k = keys
         if SEGMENT_MASK:
             seg_k = tl.load(seg_row_ptr + keys, mask=keys < seq_len, other=-1)
-        k = _load_tile(k_ptrs + start_n * stride_ks, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
-        scores = _masked_scores(q, k, offs_m, keys, seg_q, seg_k, alibi_slope2, anchor, qk_scale, seq_len,
-                                QUERIES_FIRST=True, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=CAUSAL_MASK,
-                                CHECK_B=CHECK_KEYS, SEGMENT_MASK=SEGMENT_MASK)
+        k = _load_tile(
+            k_ptrs + start_n * stride_ks, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D
+        )
+        scores = _masked_scores(
+            q,
+            k,
+            offs_m,
+            keys,
+            seg_q,
+            seg_k,
+            alibi_slope2,
+            anchor,
+            qk_scale,
+            seq_len,
+            QUERIES_FIRST=True,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=CAUSAL_MASK,
+            CHECK_B=CHECK_KEYS,
+            SEGMENT_MASK=SEGMENT_MASK,
+        )
         p = tl.math.exp2(scores - lse[:, None])
-        v = _load_tile(v_ptrs + start_n * stride_vs, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D)
+        v = _load_tile(
+            v_ptrs + start_n * stride_vs, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D
+        )
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
@@ -426,17 +971,55 @@ def _backward_q_key_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, str
 
 
 @triton.jit
-def _attention_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, slopes_ptr, seg_ptr,
-                          ranges_ptr,
-                          stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                          stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
-                          stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs, stride_seg_b,
-                          heads, group, seq_len, head_dim, qk_scale, sm_scale,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                          CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
-                          CHECK_SEQ: tl.constexpr, CHECK_D: tl.constexpr):
-    """dQ of one query block; it also computes and stores the block's delta = rowsum(dO * O) for the dK/dV
-    kernel that runs after it, since it holds dO anyway (one pass over dO and one launch fewer)."""
+def _attention_backward_q(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    do_ptr,
+    dq_ptr,
+    lse_ptr,
+    delta_ptr,
+    slopes_ptr,
+    seg_ptr,
+    ranges_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_dob,
+    stride_doh,
+    stride_dos,
+    stride_dqb,
+    stride_dqh,
+    stride_dqs,
+    stride_seg_b,
+    heads,
+    group,
+    seq_len,
+    head_dim,
+    qk_scale,
+    sm_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SEGMENTS: tl.constexpr,
+    CHECK_SEQ: tl.constexpr,
+    CHECK_D: tl.constexpr,
+):
+    """dQ of one query block; it also computes and stores the block's delta = rowsum(dO * O) for the
+    dK/dV kernel that runs after it, since it holds dO anyway (one pass over dO and one launch
+    fewer)."""
     block = tl.program_id(0)
     if CAUSAL:  # heaviest query blocks first, as in the forward
         block = tl.num_programs(0) - 1 - block
@@ -449,12 +1032,45 @@ def _attention_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, d
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q = _load_tile(q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
-                   offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
-    do = _load_tile(do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
-                    offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
-    o = _load_tile(o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
-                   offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
+    q = _load_tile(
+        q_ptr
+        + batch * stride_qb
+        + head * stride_qh
+        + offs_m[:, None] * stride_qs
+        + offs_d[None, :],
+        offs_m,
+        offs_d,
+        seq_len,
+        head_dim,
+        CHECK_SEQ,
+        CHECK_D,
+    )
+    do = _load_tile(
+        do_ptr
+        + batch * stride_dob
+        + head * stride_doh
+        + offs_m[:, None] * stride_dos
+        + offs_d[None, :],
+        offs_m,
+        offs_d,
+        seq_len,
+        head_dim,
+        CHECK_SEQ,
+        CHECK_D,
+    )
+    o = _load_tile(
+        o_ptr
+        + batch * stride_ob
+        + head * stride_oh
+        + offs_m[:, None] * stride_os
+        + offs_d[None, :],
+        offs_m,
+        offs_d,
+        seq_len,
+        head_dim,
+        CHECK_SEQ,
+        CHECK_D,
+    )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if CHECK_SEQ:
         tl.store(delta_ptr + batch_head * seq_len + offs_m, delta, mask=offs_m < seq_len)
@@ -467,67 +1083,216 @@ def _attention_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, d
         lse = lse + alibi_slope2 * (offs_m - anchor).to(tl.float32)
     seg_row_ptr = seg_ptr + batch * stride_seg_b
     region_hi = anchor if CAUSAL else seq_len
-    lo, full_lo, full_hi, hi, seg_q = _segment_range(seg_row_ptr, ranges_ptr, block, batch, offs_m, seq_len, 0,
-                                                     region_hi, HAS_SEGMENTS=HAS_SEGMENTS)
+    lo, full_lo, full_hi, hi, seg_q = _segment_range(
+        seg_row_ptr,
+        ranges_ptr,
+        block,
+        batch,
+        offs_m,
+        seq_len,
+        0,
+        region_hi,
+        HAS_SEGMENTS=HAS_SEGMENTS,
+    )
 
-    k_ptrs = k_ptr + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
-    v_ptrs = v_ptr + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
+    k_ptrs = (
+        k_ptr
+        + batch * stride_kb
+        + kv_head * stride_kh
+        + offs_n[:, None] * stride_ks
+        + offs_d[None, :]
+    )
+    v_ptrs = (
+        v_ptr
+        + batch * stride_vb
+        + kv_head * stride_vh
+        + offs_n[:, None] * stride_vs
+        + offs_d[None, :]
+    )
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if HAS_SEGMENTS:
         dq = _backward_q_key_blocks(
-            dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
-            alibi_slope2, anchor, qk_scale, seq_len, head_dim, lo, full_lo, BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not CAUSAL, SEGMENT_MASK=True, CHECK_D=CHECK_D)
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_ptrs,
+            v_ptrs,
+            stride_ks,
+            stride_vs,
+            seg_row_ptr,
+            seg_q,
+            offs_m,
+            offs_n,
+            offs_d,
+            alibi_slope2,
+            anchor,
+            qk_scale,
+            seq_len,
+            head_dim,
+            lo,
+            full_lo,
+            BLOCK_N=BLOCK_N,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=False,
+            CHECK_KEYS=CHECK_SEQ and not CAUSAL,
+            SEGMENT_MASK=True,
+            CHECK_D=CHECK_D,
+        )
     dq = _backward_q_key_blocks(
-        dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
-        alibi_slope2, anchor, qk_scale, seq_len, head_dim, full_lo, full_hi, BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI,
-        CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS), SEGMENT_MASK=False,
-        CHECK_D=CHECK_D)
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_ptrs,
+        v_ptrs,
+        stride_ks,
+        stride_vs,
+        seg_row_ptr,
+        seg_q,
+        offs_m,
+        offs_n,
+        offs_d,
+        alibi_slope2,
+        anchor,
+        qk_scale,
+        seq_len,
+        head_dim,
+        full_lo,
+        full_hi,
+        BLOCK_N=BLOCK_N,
+        HAS_ALIBI=HAS_ALIBI,
+        CAUSAL_MASK=False,
+        CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS),
+        SEGMENT_MASK=False,
+        CHECK_D=CHECK_D,
+    )
     if HAS_SEGMENTS:
         dq = _backward_q_key_blocks(
-            dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
-            alibi_slope2, anchor, qk_scale, seq_len, head_dim, full_hi, hi, BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=False, CHECK_KEYS=CHECK_SEQ and not CAUSAL, SEGMENT_MASK=True, CHECK_D=CHECK_D)
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_ptrs,
+            v_ptrs,
+            stride_ks,
+            stride_vs,
+            seg_row_ptr,
+            seg_q,
+            offs_m,
+            offs_n,
+            offs_d,
+            alibi_slope2,
+            anchor,
+            qk_scale,
+            seq_len,
+            head_dim,
+            full_hi,
+            hi,
+            BLOCK_N=BLOCK_N,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=False,
+            CHECK_KEYS=CHECK_SEQ and not CAUSAL,
+            SEGMENT_MASK=True,
+            CHECK_D=CHECK_D,
+        )
     if CAUSAL:
         dq = _backward_q_key_blocks(
-            dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, seg_row_ptr, seg_q, offs_m, offs_n, offs_d,
-            alibi_slope2, anchor, qk_scale, seq_len, head_dim, anchor, tl.minimum(anchor + BLOCK_M, seq_len),
-            BLOCK_N=BLOCK_N, HAS_ALIBI=HAS_ALIBI, CAUSAL_MASK=True, CHECK_KEYS=CHECK_SEQ, SEGMENT_MASK=HAS_SEGMENTS,
-            CHECK_D=CHECK_D)
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_ptrs,
+            v_ptrs,
+            stride_ks,
+            stride_vs,
+            seg_row_ptr,
+            seg_q,
+            offs_m,
+            offs_n,
+            offs_d,
+            alibi_slope2,
+            anchor,
+            qk_scale,
+            seq_len,
+            head_dim,
+            anchor,
+            tl.minimum(anchor + BLOCK_M, seq_len),
+            BLOCK_N=BLOCK_N,
+            HAS_ALIBI=HAS_ALIBI,
+            CAUSAL_MASK=True,
+            CHECK_KEYS=CHECK_SEQ,
+            SEGMENT_MASK=HAS_SEGMENTS,
+            CHECK_D=CHECK_D,
+        )
     dq = dq * sm_scale
-    _store_tile(dq_ptr + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
-                dq.to(dq_ptr.dtype.element_ty), offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
+    _store_tile(
+        dq_ptr
+        + batch * stride_dqb
+        + head * stride_dqh
+        + offs_m[:, None] * stride_dqs
+        + offs_d[None, :],
+        dq.to(dq_ptr.dtype.element_ty),
+        offs_m,
+        offs_d,
+        seq_len,
+        head_dim,
+        CHECK_SEQ,
+        CHECK_D,
+    )
 
 
 def _flags(seq_len: int, head_dim: int, configs: AttentionConfigs) -> tuple[int, bool, bool]:
     """(padded head dim, whether any tile crosses the sequence end, whether the head dim is padded)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
-    tiles = (configs.forward.block_m, configs.forward.block_n, configs.backward_kv.block_m,
-             configs.backward_kv.block_n, configs.backward_q.block_m, configs.backward_q.block_n)
+    tiles = (
+        configs.forward.block_m,
+        configs.forward.block_n,
+        configs.backward_kv.block_m,
+        configs.backward_kv.block_n,
+        configs.backward_q.block_m,
+        configs.backward_q.block_n,
+    )
     return block_d, any(seq_len % tile for tile in tiles), block_d != head_dim
 
 
 def _segment_ranges(segments: torch.Tensor, outer: int, inner: int) -> torch.Tensor:
-    """(batch, outer blocks, 4) int32 [lo, full_lo, full_hi, hi] of `_segment_block_ranges` for one tiling."""
+    """(batch, outer blocks, 4) int32 [lo, full_lo, full_hi, hi] of `_segment_block_ranges` for one
+    tiling."""
     batch, seq_len = segments.shape
     outer_blocks = triton.cdiv(seq_len, outer)
     ranges = torch.empty((batch, outer_blocks, 4), device=segments.device, dtype=torch.int32)
     chunk = max(inner, min(1024, triton.next_power_of_2(seq_len)))
-    _segment_block_ranges[(outer_blocks, batch)](segments, ranges, segments.stride(0), seq_len, OUTER=outer,
-                                                  INNER=inner, CHUNK=chunk, num_warps=4)
+    _segment_block_ranges[(outer_blocks, batch)](
+        segments,
+        ranges,
+        segments.stride(0),
+        seq_len,
+        OUTER=outer,
+        INNER=inner,
+        CHUNK=chunk,
+        num_warps=4,
+    )
     return ranges
 
 
 class _DocumentBlocks:
-    """One batch's segment ids as the kernels read them (int32, contiguous) and their block ranges per tiling,
-    each resolved on first use and then kept: a model hands the same `segment_ids` tensor to every layer, and
-    every layer's forward and backward reuse what the first one resolved (one small launch per tiling and batch
-    instead of per layer; `_document_blocks` finds the entry again)."""
+    """One batch's segment ids as the kernels read them (int32, contiguous) and their block ranges
+    per tiling, each resolved on first use and then kept: a model hands the same `segment_ids`
+    tensor to every layer, and every layer's forward and backward reuse what the first one resolved
+    (one small launch per tiling and batch instead of per layer; `_document_blocks` finds the entry
+    again)."""
 
     def __init__(self, segment_ids: torch.Tensor, keep: bool) -> None:
-        # Always a copy: were it the caller's tensor (already int32), the kept entry would keep that tensor alive.
+        # Always a copy: were it the caller's tensor (already int32), the kept entry would keep that
+        # tensor alive.
         self.segments = segment_ids.to(torch.int32, copy=True).contiguous()
-        self.keep = keep  # False while a CUDA graph is being captured: what it computes exists only in replays
+        # False while a CUDA graph is being captured: what it computes exists only in replays
+        self.keep = keep
         self._ranges: dict[tuple[int, int], torch.Tensor] = {}
 
     def ranges(self, outer: int, inner: int) -> torch.Tensor:
@@ -543,15 +1308,17 @@ def _capturing(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-# id(segment_ids) -> (weak reference to it, its version counter then, its blocks); entries leave with their tensor.
+# id(segment_ids) -> (weak reference to it, its version counter then, its blocks); entries leave
+# with their tensor.
 _DOCUMENT_BLOCKS: dict[int, tuple[weakref.ref, int, _DocumentBlocks]] = {}
 
 
 def _document_blocks(segment_ids: torch.Tensor) -> _DocumentBlocks:
-    """The blocks of `segment_ids`, shared by every call that passes this very tensor unchanged: its version counter,
-    which every in-place torch op on it bumps, must not have moved (ids changed behind torch's back, through a
-    numpy view or `.data`, are not seen: pass a new tensor instead). Inference tensors have no version counter and
-    nothing is kept while a CUDA graph is captured; both are resolved per call."""
+    """The blocks of `segment_ids`, shared by every call that passes this very tensor unchanged: its
+    version counter, which every in-place torch op on it bumps, must not have moved (ids changed
+    behind torch's back, through a numpy view or `.data`, are not seen: pass a new tensor instead).
+    Inference tensors have no version counter and nothing is kept while a CUDA graph is captured;
+    both are resolved per call."""
     if segment_ids.is_inference() or _capturing(segment_ids):
         return _DocumentBlocks(segment_ids, keep=False)
     key, version = id(segment_ids), segment_ids._version
@@ -571,32 +1338,51 @@ def _document_blocks(segment_ids: torch.Tensor) -> _DocumentBlocks:
 
 def _check_inputs(q, k, v, alibi_slopes, segment_ids) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"flash_attention: q, k, v must be (batch, heads, seq, head_dim); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            "flash_attention: q, k, v must be (batch, heads, seq, head_dim); got "
+            f"{tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     batch, heads, seq_len, head_dim = q.shape
     if k.shape != v.shape or k.shape[0] != batch or k.shape[2] != seq_len or k.shape[3] != head_dim:
-        raise ValueError(f"flash_attention: k {tuple(k.shape)} and v {tuple(v.shape)} must be (batch, kv_heads, seq, "
-                         f"head_dim) with q's batch, seq and head_dim {tuple(q.shape)}")
+        raise ValueError(
+            f"flash_attention: k {tuple(k.shape)} and v {tuple(v.shape)} must be (batch, kv_heads, "
+            "seq, "
+            f"head_dim) with q's batch, seq and head_dim {tuple(q.shape)}"
+        )
     if heads % k.shape[1]:
-        raise ValueError(f"flash_attention: {heads} query heads are not a multiple of {k.shape[1]} key/value heads")
+        raise ValueError(
+            f"flash_attention: {heads} query heads are not a multiple of {k.shape[1]} key/value "
+            "heads"
+        )
     if head_dim > 128:
-        raise ValueError(f"flash_attention: head_dim {head_dim} > 128 is not supported by the Triton kernel; use "
-                         f"the reference backend (set_backend('reference') or PIPELINE_KERNELS=reference)")
+        raise ValueError(
+            f"flash_attention: head_dim {head_dim} > 128 is not supported by the Triton kernel; "
+            "use "
+            f"the reference backend (set_backend('reference') or PIPELINE_KERNELS=reference)"
+        )
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        raise ValueError("flash_attention: the head_dim axis of q, k and v must be contiguous (stride 1)")
+        raise ValueError(
+            "flash_attention: the head_dim axis of q, k and v must be contiguous (stride 1)"
+        )
     if alibi_slopes is not None and alibi_slopes.shape != (heads,):
-        raise ValueError(f"flash_attention: alibi_slopes must have one slope per query head ({heads},); got "
-                         f"{tuple(alibi_slopes.shape)}")
+        raise ValueError(
+            f"flash_attention: alibi_slopes must have one slope per query head ({heads},); got "
+            f"{tuple(alibi_slopes.shape)}"
+        )
     if segment_ids is not None and segment_ids.shape != (batch, seq_len):
-        raise ValueError(f"flash_attention: segment_ids must be (batch, seq) = ({batch}, {seq_len}); got "
-                         f"{tuple(segment_ids.shape)}")
+        raise ValueError(
+            f"flash_attention: segment_ids must be (batch, seq) = ({batch}, {seq_len}); got "
+            f"{tuple(segment_ids.shape)}"
+        )
 
 
-def _launch_forward(ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale,
-                    configs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward kernel; keeps the settings and document blocks on `ctx`. Returns the output (laid out like q), the
-    log-sum-exp and the scaled slopes: tensors the caller saves for the backward with `save_for_backward` (an output
-    kept on `ctx` would hold its own graph alive)."""
+def _launch_forward(
+    ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward kernel; keeps the settings and document blocks on `ctx`. Returns the output (laid
+    out like q), the log-sum-exp and the scaled slopes: tensors the caller saves for the backward
+    with `save_for_backward` (an output kept on `ctx` would hold its own graph alive)."""
     batch, heads, seq_len, head_dim = q.shape
     kv_heads = k.shape[1]
     arch = current_arch(q.device)
@@ -608,17 +1394,48 @@ def _launch_forward(ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_sca
     segments = blocks.segments if has_segments else q.new_empty((1, 1), dtype=torch.int32)
     cfg = configs.forward
     ranges = blocks.ranges(cfg.block_m, cfg.block_n) if has_segments else segments
-    # In q's memory layout: a model's q is a (batch, seq, heads, head_dim) projection viewed as (batch, heads, seq,
-    # head_dim), and an output laid out like it is read back as (batch, seq, hidden) without a copy.
+    # In q's memory layout: a model's q is a (batch, seq, heads, head_dim) projection viewed as
+    # (batch, heads, seq, head_dim), and an output laid out like it is read back as (batch, seq,
+    # hidden) without a copy.
     out = torch.empty_like(q)
     lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
     _attention_forward[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
-        q, k, v, out, lse, slopes2, segments, ranges,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), segments.stride(0),
-        heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi,
-        HAS_SEGMENTS=has_segments, CHECK_SEQ=check_seq, CHECK_D=check_d, **cfg.launch_options(arch))
+        q,
+        k,
+        v,
+        out,
+        lse,
+        slopes2,
+        segments,
+        ranges,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        segments.stride(0),
+        heads,
+        heads // kv_heads,
+        seq_len,
+        head_dim,
+        sm_scale * LOG2E,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_D=block_d,
+        CAUSAL=causal,
+        HAS_ALIBI=has_alibi,
+        HAS_SEGMENTS=has_segments,
+        CHECK_SEQ=check_seq,
+        CHECK_D=check_d,
+        **cfg.launch_options(arch),
+    )
     ctx.settings = (causal, has_alibi, has_segments, sm_scale, configs)
     ctx.blocks = blocks  # integer tensors, shared by the layers of a batch: not saved per layer
     return out, lse, slopes2
@@ -639,52 +1456,140 @@ def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> N
         return blocks.ranges(outer, inner) if has_segments else segments
 
     delta = torch.empty_like(lse)
-    flags = dict(BLOCK_D=block_d, CAUSAL=causal, HAS_ALIBI=has_alibi, HAS_SEGMENTS=has_segments,
-                 CHECK_SEQ=check_seq, CHECK_D=check_d)
+    flags = dict(
+        BLOCK_D=block_d,
+        CAUSAL=causal,
+        HAS_ALIBI=has_alibi,
+        HAS_SEGMENTS=has_segments,
+        CHECK_SEQ=check_seq,
+        CHECK_D=check_d,
+    )
     cfg = configs.backward_q  # first: it stores delta, which the dK/dV kernel reads
     _attention_backward_q[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
-        q, k, v, out, grad_out, dq, lse, delta, slopes2, segments, ranges_for(cfg.block_m, cfg.block_n),
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        grad_out.stride(0), grad_out.stride(1), grad_out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-        segments.stride(0), heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
+        q,
+        k,
+        v,
+        out,
+        grad_out,
+        dq,
+        lse,
+        delta,
+        slopes2,
+        segments,
+        ranges_for(cfg.block_m, cfg.block_n),
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        grad_out.stride(0),
+        grad_out.stride(1),
+        grad_out.stride(2),
+        dq.stride(0),
+        dq.stride(1),
+        dq.stride(2),
+        segments.stride(0),
+        heads,
+        heads // kv_heads,
+        seq_len,
+        head_dim,
+        sm_scale * LOG2E,
+        sm_scale,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        **flags,
+        **cfg.launch_options(arch),
+    )
     cfg = configs.backward_kv
     _attention_backward_kv[(triton.cdiv(seq_len, cfg.block_n), batch * kv_heads)](
-        q, k, v, grad_out, dk, dv, lse, delta, slopes2, segments, ranges_for(cfg.block_n, cfg.block_m),
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), segments.stride(0),
-        heads, kv_heads, heads // kv_heads, seq_len, head_dim, sm_scale * LOG2E, sm_scale,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, **cfg.launch_options(arch))
+        q,
+        k,
+        v,
+        grad_out,
+        dk,
+        dv,
+        lse,
+        delta,
+        slopes2,
+        segments,
+        ranges_for(cfg.block_n, cfg.block_m),
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        grad_out.stride(0),
+        grad_out.stride(1),
+        grad_out.stride(2),
+        dk.stride(0),
+        dk.stride(1),
+        dk.stride(2),
+        dv.stride(0),
+        dv.stride(1),
+        dv.stride(2),
+        segments.stride(0),
+        heads,
+        kv_heads,
+        heads // kv_heads,
+        seq_len,
+        head_dim,
+        sm_scale * LOG2E,
+        sm_scale,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        **flags,
+        **cfg.launch_options(arch),
+    )
 
 
 class _FlashAttention(torch.autograd.Function):
-
     @staticmethod
     def forward(ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs):
-        out, lse, slopes2 = _launch_forward(ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs)
+        out, lse, slopes2 = _launch_forward(
+            ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs
+        )
         ctx.save_for_backward(q, k, v, out, lse, slopes2)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, *attention = ctx.saved_tensors
-        # Laid out like q, k, v (see the forward's output): their projections' gradients then need no copy either.
+        # Laid out like q, k, v (see the forward's output): their projections' gradients then need
+        # no copy either.
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         _launch_backward(ctx, q, k, v, *attention, grad_out, dq, dk, dv)
         return dq, dk, dv, None, None, None, None, None
 
 
 class _StackedFlashAttention(torch.autograd.Function):
-    """Attention over q, k, v held side by side in one tensor (one projection made them): the backward writes their
-    gradients side by side into one tensor too, where three separate gradients would be copied into one by
-    autograd to reach the projection."""
+    """Attention over q, k, v held side by side in one tensor (one projection made them): the
+    backward writes their gradients side by side into one tensor too, where three separate gradients
+    would be copied into one by autograd to reach the projection."""
 
     @staticmethod
-    def forward(ctx, qkv, heads, head_dim, causal, alibi_slopes, segment_ids, softmax_scale, configs):
-        out, lse, slopes2 = _launch_forward(ctx, *unstack_qkv(qkv, heads, head_dim), causal, alibi_slopes,
-                                            segment_ids, softmax_scale, configs)
+    def forward(
+        ctx, qkv, heads, head_dim, causal, alibi_slopes, segment_ids, softmax_scale, configs
+    ):
+        out, lse, slopes2 = _launch_forward(
+            ctx,
+            *unstack_qkv(qkv, heads, head_dim),
+            causal,
+            alibi_slopes,
+            segment_ids,
+            softmax_scale,
+            configs,
+        )
         ctx.save_for_backward(qkv, out, lse, slopes2)
         ctx.shape = (heads, head_dim)
         return out
@@ -693,30 +1598,71 @@ class _StackedFlashAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         qkv, *attention = ctx.saved_tensors
         grad_qkv = torch.empty_like(qkv)
-        _launch_backward(ctx, *unstack_qkv(qkv, *ctx.shape), *attention, grad_out,
-                         *unstack_qkv(grad_qkv, *ctx.shape))
+        _launch_backward(
+            ctx,
+            *unstack_qkv(qkv, *ctx.shape),
+            *attention,
+            grad_out,
+            *unstack_qkv(grad_qkv, *ctx.shape),
+        )
         return grad_qkv, None, None, None, None, None, None, None
 
 
-def _configs(q: torch.Tensor, has_segments: bool, configs: Optional[AttentionConfigs]) -> AttentionConfigs:
-    return (configs or attention_configs(current_arch(q.device), q.shape[-1])).specialised(has_segments)
+def _configs(
+    q: torch.Tensor, has_segments: bool, configs: Optional[AttentionConfigs]
+) -> AttentionConfigs:
+    return (configs or attention_configs(current_arch(q.device), q.shape[-1])).specialised(
+        has_segments
+    )
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
-                    alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
-                    softmax_scale: Optional[float] = None, configs: Optional[AttentionConfigs] = None) -> torch.Tensor:
-    """The Triton kernel behind pipeline.kernels.flash_attention; `configs` overrides the table (tests)."""
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    segment_ids: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    configs: Optional[AttentionConfigs] = None,
+) -> torch.Tensor:
+    """The Triton kernel behind pipeline.kernels.flash_attention; `configs` overrides the table
+    (tests)."""
     _check_inputs(q, k, v, alibi_slopes, segment_ids)
-    return _FlashAttention.apply(q, k, v, causal, alibi_slopes, segment_ids, softmax_scale,
-                                 _configs(q, segment_ids is not None, configs))
+    return _FlashAttention.apply(
+        q,
+        k,
+        v,
+        causal,
+        alibi_slopes,
+        segment_ids,
+        softmax_scale,
+        _configs(q, segment_ids is not None, configs),
+    )
 
 
-def stacked_flash_attention(qkv: torch.Tensor, heads: int, head_dim: int, *, causal: bool = True,
-                            alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
-                            softmax_scale: Optional[float] = None,
-                            configs: Optional[AttentionConfigs] = None) -> torch.Tensor:
+def stacked_flash_attention(
+    qkv: torch.Tensor,
+    heads: int,
+    head_dim: int,
+    *,
+    causal: bool = True,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    segment_ids: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    configs: Optional[AttentionConfigs] = None,
+) -> torch.Tensor:
     """The Triton kernel behind pipeline.kernels.stacked_flash_attention."""
     q, k, v = unstack_qkv(qkv, heads, head_dim)
     _check_inputs(q, k, v, alibi_slopes, segment_ids)
-    return _StackedFlashAttention.apply(qkv, heads, head_dim, causal, alibi_slopes, segment_ids, softmax_scale,
-                                        _configs(q, segment_ids is not None, configs))
+    return _StackedFlashAttention.apply(
+        qkv,
+        heads,
+        head_dim,
+        causal,
+        alibi_slopes,
+        segment_ids,
+        softmax_scale,
+        _configs(q, segment_ids is not None, configs),
+    )

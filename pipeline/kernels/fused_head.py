@@ -1,15 +1,16 @@
-"""The LM head and its cross-entropy fused: the (tokens, vocabulary) logits exist only a chunk of rows at a time,
-on one device or over the vocabulary shards of tensor-parallel ranks.
+"""The LM head and its cross-entropy fused: the (tokens, vocabulary) logits exist only a chunk of
+rows at a time, on one device or over the vocabulary shards of tensor-parallel ranks.
 
-For each chunk of rows: logits = rows @ weight.T in the hidden states' dtype; per row, the float32 log-sum-exp and
-the target's logit (over the shards: lse = m + log(sum_r exp(lse_r - m)) with m the largest lse_r, target logits
-summed); the loss; and at once the gradient of the logits, (softmax - one-hot) x the row's weight in the loss,
-written over the logits, from which the chunk's gradients of the rows and of the weight follow by two matmuls.
-The backward only scales those by the incoming gradient. Under tensor parallelism the rows' gradient is this
-shard's part: the caller sums it over the ranks (the head's input goes through an all-reduce in the backward).
+For each chunk of rows: logits = rows @ weight.T in the hidden states' dtype; per row, the float32
+log-sum-exp and the target's logit (over the shards: lse = m + log(sum_r exp(lse_r - m)) with m the
+largest lse_r, target logits summed); the loss; and at once the gradient of the logits, (softmax -
+one-hot) x the row's weight in the loss, written over the logits, from which the chunk's gradients
+of the rows and of the weight follow by two matmuls. The backward only scales those by the incoming
+gradient. Under tensor parallelism the rows' gradient is this shard's part: the caller sums it over
+the ranks (the head's input goes through an all-reduce in the backward).
 
-The per-row primitives come from the backend: the Triton kernels of cross_entropy.py on a GPU, their PyTorch
-twins in reference.py elsewhere.
+The per-row primitives come from the backend: the Triton kernels of cross_entropy.py on a GPU, their
+PyTorch twins in reference.py elsewhere.
 """
 
 from __future__ import annotations
@@ -19,20 +20,22 @@ from typing import Callable, Optional
 
 import torch
 
-# Rows per chunk: the chunk's logits take chunk x vocab x 2 bytes (bf16), 256 MiB at vocab 131072 with 1024 rows,
-# while each chunk's matmuls stay large enough to run at full speed.
+# Rows per chunk: the chunk's logits take chunk x vocab x 2 bytes (bf16), 256 MiB at vocab 131072
+# with 1024 rows, while each chunk's matmuls stay large enough to run at full speed.
 CHUNK_LOGIT_ELEMENTS = 1024 * 131072
 REDUCTIONS = ("mean", "sum")
 
 
 @dataclass(frozen=True)
 class VocabShard:
-    """This rank's rows of a head cut by vocabulary: ids `start` .. `start + weight rows - 1`, and the function that
-    combines per-row statistics over the shards in place (`all_reduce(tensor, "max" | "sum")`).
+    """This rank's rows of a head cut by vocabulary: ids `start` .. `start + weight rows - 1`, and
+    the function that combines per-row statistics over the shards in place (`all_reduce(tensor,
+    "max" | "sum")`).
 
-    `size` is every rank's shard, padding rows included: the same on all ranks, whereas the weight a rank passes
-    holds only its real rows (fewer on the last shard, none on a shard of padding only). The chunks follow `size`,
-    so that every rank cuts the tokens alike and takes part in the same all-reduces."""
+    `size` is every rank's shard, padding rows included: the same on all ranks, whereas the weight a
+    rank passes holds only its real rows (fewer on the last shard, none on a shard of padding only).
+    The chunks follow `size`, so that every rank cuts the tokens alike and takes part in the same
+    all-reduces."""
 
     start: int
     size: int
@@ -41,11 +44,11 @@ class VocabShard:
 
 @dataclass(frozen=True)
 class RowPrimitives:
-    # (logits (rows, cols), targets (rows,), vocab_start) -> (lse, target logit) per row, float32; the target's
-    # logit is 0 where the columns do not hold it.
+    # (logits (rows, cols), targets (rows,), vocab_start) -> (lse, target logit) per row, float32;
+    # the target's logit is 0 where the columns do not hold it.
     statistics: Callable
-    # (logits, out, targets, lse, grad_lse, grad_target, vocab_start): out = grad_lse * softmax + grad_target *
-    # one-hot(target), row by row (out may be logits itself).
+    # (logits, out, targets, lse, grad_lse, grad_target, vocab_start): out = grad_lse * softmax +
+    # grad_target * one-hot(target), row by row (out may be logits itself).
     softmax_gradient: Callable
 
 
@@ -62,14 +65,14 @@ def _combined(lse: torch.Tensor, target_logit: torch.Tensor, shard: Optional[Voc
 
 
 class _FusedHeadLoss(torch.autograd.Function):
-
     @staticmethod
     def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops):
         rows = hidden.reshape(-1, hidden.shape[-1])
         rows = rows if rows.stride(-1) == 1 else rows.contiguous()
         targets = targets.reshape(-1).contiguous()
         valid = targets != ignore_index
-        # each row's weight in the loss: 1/n_valid for the mean over the rows that count, 1 for their sum
+        # each row's weight in the loss: 1/n_valid for the mean over the rows that count, 1 for
+        # their sum
         divisor = valid.sum().clamp(min=1).float() if reduction == "mean" else 1.0
         row_scale = valid.float() / divisor
         start = 0 if shard is None else shard.start
@@ -81,7 +84,8 @@ class _FusedHeadLoss(torch.autograd.Function):
             logits = rows[chunk] @ weight.t()
             if logits.shape[1]:
                 lse, target_logit = ops.statistics(logits, targets[chunk], start)
-            else:  # a shard of padding ids only: it adds nothing, yet takes part in every all-reduce
+            # a shard of padding ids only: it adds nothing, yet takes part in every all-reduce
+            else:
                 lse = torch.full((logits.shape[0],), float("-inf"), device=logits.device)
                 target_logit = torch.zeros_like(lse)
             lse, target_logit = _combined(lse, target_logit, shard)
@@ -102,23 +106,45 @@ class _FusedHeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_rows, grad_weight = ctx.saved_tensors
-        grad_hidden = (grad_rows * grad_loss).view(ctx.hidden_shape) if grad_rows is not None else None
-        return grad_hidden, grad_weight * grad_loss if grad_weight is not None else None, *([None] * 6)
+        grad_hidden = (
+            (grad_rows * grad_loss).view(ctx.hidden_shape) if grad_rows is not None else None
+        )
+        return (
+            grad_hidden,
+            grad_weight * grad_loss if grad_weight is not None else None,
+            *([None] * 6),
+        )
 
 
-def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                               ops: RowPrimitives, ignore_index: int = -100, chunk_size: Optional[int] = None,
-                               reduction: str = "mean", shard: Optional[VocabShard] = None) -> torch.Tensor:
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    ops: RowPrimitives,
+    ignore_index: int = -100,
+    chunk_size: Optional[int] = None,
+    reduction: str = "mean",
+    shard: Optional[VocabShard] = None,
+) -> torch.Tensor:
     if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"linear_cross_entropy: hidden {tuple(hidden.shape)} needs one target per row; targets "
-                         f"are {tuple(targets.shape)}")
+        raise ValueError(
+            f"linear_cross_entropy: hidden {tuple(hidden.shape)} needs one target per row; targets "
+            f"are {tuple(targets.shape)}"
+        )
     if reduction not in REDUCTIONS:
-        raise ValueError(f"linear_cross_entropy: reduction={reduction!r}; allowed: {', '.join(REDUCTIONS)}")
+        raise ValueError(
+            f"linear_cross_entropy: reduction={reduction!r}; allowed: {', '.join(REDUCTIONS)}"
+        )
     head_rows = weight.shape[0]
     if shard is not None:
         if head_rows > shard.size:
-            raise ValueError(f"linear_cross_entropy: this rank's head has {head_rows} rows, more than the vocabulary "
-                             f"shard's size {shard.size}")
+            raise ValueError(
+                f"linear_cross_entropy: this rank's head has {head_rows} rows, more than the "
+                "vocabulary "
+                f"shard's size {shard.size}"
+            )
         head_rows = shard.size  # the same on every rank: so are the chunks
     chunk_size = chunk_size or max(1, CHUNK_LOGIT_ELEMENTS // max(1, head_rows))
-    return _FusedHeadLoss.apply(hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops)
+    return _FusedHeadLoss.apply(
+        hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops
+    )

@@ -1,20 +1,22 @@
 """Launch configurations of every Triton kernel, one explicit table per GPU architecture.
 
 No autotuning: the configurations are fixed, so that the ahead-of-time compile test
-(tests/unit/kernels/test_kernels_compile.py) can build every one of them for gfx90a and sm90 on a CPU machine and
-check that it uses the matrix units and does not spill, and so that a run's speed does not depend on
-a tuning pass. Architectures:
+(tests/unit/kernels/test_kernels_compile.py) can build every one of them for gfx90a and sm90 on a
+CPU machine and check that it uses the matrix units and does not spill, and so that a run's speed
+does not depend on a tuning pass. Architectures:
 
-- `sm90` (H100/H200): 228 KiB of shared memory per SM, wgmma on 4-warp warpgroups. Triton 3.6 software
-  pipelines the K/V loads `num_stages` deep (cp.async/TMA), so large tiles with 3-4 stages pay off.
-- `gfx90a` (MI250X GCD): wavefront 64 (a "warp" is 64 lanes, so 4 warps = 256 threads), 64 KiB LDS per
-  CU, MFMA 32x32x8 / 16x16x16 for bf16. Triton's AMD stream pipeliner double-buffers in LDS with
-  num_stages=2, so tiles must fit twice in 64 KiB; `waves_per_eu` caps registers per wave so that that
-  many waves share a SIMD and hide memory latency (512 VGPRs per SIMD lane / waves); `matrix_instr_nonkdim`
-  picks the MFMA shape (16: 16x16 tiles, fewer registers for the accumulators than 32x32).
-  `kpack` only matters on gfx942 (it is ignored and deprecated elsewhere), so it stays at 1.
-- `default`: any other GPU (A100, MI300 until tuned) and the CPU interpreter: moderate tiles that fit
-  everywhere.
+- `sm90` (H100/H200): 228 KiB of shared memory per SM, wgmma on 4-warp warpgroups. Triton 3.6
+  software pipelines the K/V loads `num_stages` deep (cp.async/TMA), so large tiles with 3-4 stages
+  pay off.
+- `gfx90a` (MI250X GCD): wavefront 64 (a "warp" is 64 lanes, so 4 warps = 256 threads), 64 KiB LDS
+  per CU, MFMA 32x32x8 / 16x16x16 for bf16. Triton's AMD stream pipeliner double-buffers in LDS with
+  num_stages=2, so tiles must fit twice in 64 KiB; `waves_per_eu` caps registers per wave so that
+  that many waves share a SIMD and hide memory latency (512 VGPRs per SIMD lane / waves);
+  `matrix_instr_nonkdim` picks the MFMA shape (16: 16x16 tiles, fewer registers for the accumulators
+  than 32x32). `kpack` only matters on gfx942 (it is ignored and deprecated elsewhere), so it stays
+  at 1.
+- `default`: any other GPU (A100, MI300 until tuned) and the CPU interpreter: moderate tiles that
+  fit everywhere.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import torch
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes and launch options of one kernel. For attention, block_m tiles queries and block_n keys;
-    for row-wise kernels (norms, cross-entropy) block_n is the column chunk and block_m is unused (1)."""
+    """Tile sizes and launch options of one kernel. For attention, block_m tiles queries and block_n
+    keys; for row-wise kernels (norms, cross-entropy) block_n is the column chunk and block_m is
+    unused (1)."""
 
     block_m: int
     block_n: int
@@ -42,17 +45,23 @@ class KernelConfig:
         """Keyword arguments of a Triton launch (or of triton.compile's options) for `arch`."""
         options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         if arch.startswith("gfx"):
-            options.update(waves_per_eu=self.waves_per_eu, matrix_instr_nonkdim=self.matrix_instr_nonkdim)
+            options.update(
+                waves_per_eu=self.waves_per_eu, matrix_instr_nonkdim=self.matrix_instr_nonkdim
+            )
         return options
 
 
 @dataclass(frozen=True)
 class AttentionConfigs:
     forward: KernelConfig
-    backward_kv: KernelConfig  # one program per key block: block_n keys, loops over block_m-query blocks
-    backward_q: KernelConfig  # one program per query block: block_m queries, loops over block_n-key blocks
-    # With document masks (segment ids) the kernels are another specialisation with more live registers; where
-    # the dense tiles would spill there, `documents` holds the ones to use instead.
+    backward_kv: (
+        KernelConfig  # one program per key block: block_n keys, loops over block_m-query blocks
+    )
+    backward_q: (
+        KernelConfig  # one program per query block: block_m queries, loops over block_n-key blocks
+    )
+    # With document masks (segment ids) the kernels are another specialisation with more live
+    # registers; where the dense tiles would spill there, `documents` holds the ones to use instead.
     documents: Optional[AttentionConfigs] = None
 
     def specialised(self, has_segments: bool) -> AttentionConfigs:
@@ -60,73 +69,92 @@ class AttentionConfigs:
         return self.documents if has_segments and self.documents is not None else self
 
 
-# Keyed by architecture, then by the padded head dim (64: head dims up to 64; 128: 65..128, so 80 and 96
-# run in 128-wide tiles with the extra columns masked).
+# Keyed by architecture, then by the padded head dim (64: head dims up to 64; 128: 65..128, so 80
+# and 96 run in 128-wide tiles with the extra columns masked).
 ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
     "sm90": {
-        # Forward: 128 queries x 64 keys with 8 warps (two warpgroups, wgmma on 64 rows each), K/V loads pipelined 4
-        # deep (160 KiB of shared memory): the fastest dense candidate that bench/attention_configs.py timed on an
-        # H100; 128x128 tiles spill at D=128. On packed rows (document masks) a program's key range is short, and
-        # 64 x 64 tiles with one warpgroup and 2 stages (two programs per SM) ran 1.32x the 128 x 64 ones; the
-        # same holds for dQ there (+8%).
-        # Backward dK/dV: the program keeps its keys' K and V tiles in shared memory (wgmma operands) and the dK/dV
-        # accumulators (fp32) in registers while query blocks stream by: 64 keys x 32-query steps with one
-        # warpgroup and 3 stages, which replaced 128 keys x 16 queries with 8 warps (2026-11-26, H100; figures in
-        # docs/benchmark-log.md); the same on packed rows, where its one masked loop leaves the registers for the third stage
-        # (1.06x forward+backward against 2 stages, 2026-11-27). dQ: 128 queries, 64-key blocks. Every entry
-        # compiles without spills, with one query head per key head and with several
+        # Forward: 128 queries x 64 keys with 8 warps (two warpgroups, wgmma on 64 rows each), K/V
+        # loads pipelined 4 deep (160 KiB of shared memory): the fastest dense candidate that
+        # bench/attention_configs.py timed on an H100; 128x128 tiles spill at D=128. On packed rows
+        # (document masks) a program's key range is short, and 64 x 64 tiles with one warpgroup and
+        # 2 stages (two programs per SM) ran 1.32x the 128 x 64 ones; the same holds for dQ there
+        # (+8%). Backward dK/dV: the program keeps its keys' K and V tiles in shared memory (wgmma
+        # operands) and the dK/dV accumulators (fp32) in registers while query blocks stream by: 64
+        # keys x 32-query steps with one warpgroup and 3 stages, which replaced 128 keys x 16
+        # queries with 8 warps (2026-11-26, H100; figures in docs/benchmark-log.md); the same on
+        # packed rows, where its one masked loop leaves the registers for the third stage (1.06x
+        # forward+backward against 2 stages, 2026-11-27). dQ: 128 queries, 64-key blocks. Every
+        # entry compiles without spills, with one query head per key head and with several
         # (tests/unit/kernels/test_kernels_compile.py).
-        128: AttentionConfigs(forward=KernelConfig(128, 64, 8, 4),
-                              backward_kv=KernelConfig(32, 64, 4, 3),
-                              backward_q=KernelConfig(128, 64, 8, 3),
-                              documents=AttentionConfigs(forward=KernelConfig(64, 64, 4, 2),
-                                                         backward_kv=KernelConfig(32, 64, 4, 3),
-                                                         backward_q=KernelConfig(64, 64, 4, 2))),
-        # D=64 halves every tile: 4 warps suffice for the forward's 128x64 tiles (3 stages; on packed rows 64 x 32
-        # with 2 stages, +19%), dK/dV 64 keys x 64 queries with one warpgroup and 3 stages (packed rows too), dQ 64
-        # queries x 32 keys with 4 stages.
-        64: AttentionConfigs(forward=KernelConfig(128, 64, 4, 3),
-                             backward_kv=KernelConfig(64, 64, 4, 3),
-                             backward_q=KernelConfig(64, 32, 4, 4),
-                             documents=AttentionConfigs(forward=KernelConfig(64, 32, 4, 2),
-                                                        backward_kv=KernelConfig(64, 64, 4, 3),
-                                                        backward_q=KernelConfig(64, 32, 4, 4))),
+        128: AttentionConfigs(
+            forward=KernelConfig(128, 64, 8, 4),
+            backward_kv=KernelConfig(32, 64, 4, 3),
+            backward_q=KernelConfig(128, 64, 8, 3),
+            documents=AttentionConfigs(
+                forward=KernelConfig(64, 64, 4, 2),
+                backward_kv=KernelConfig(32, 64, 4, 3),
+                backward_q=KernelConfig(64, 64, 4, 2),
+            ),
+        ),
+        # D=64 halves every tile: 4 warps suffice for the forward's 128x64 tiles (3 stages; on
+        # packed rows 64 x 32 with 2 stages, +19%), dK/dV 64 keys x 64 queries with one warpgroup
+        # and 3 stages (packed rows too), dQ 64 queries x 32 keys with 4 stages.
+        64: AttentionConfigs(
+            forward=KernelConfig(128, 64, 4, 3),
+            backward_kv=KernelConfig(64, 64, 4, 3),
+            backward_q=KernelConfig(64, 32, 4, 4),
+            documents=AttentionConfigs(
+                forward=KernelConfig(64, 32, 4, 2),
+                backward_kv=KernelConfig(64, 64, 4, 3),
+                backward_q=KernelConfig(64, 32, 4, 4),
+            ),
+        ),
     },
     "gfx90a": {
-        # Forward: 128x64 tiles with 4 wavefronts (256 lanes) and waves_per_eu=2 (at most 256 VGPRs per lane,
-        # two waves per SIMD to hide memory latency): 252 VGPRs, no spills, 32 KiB of LDS. MFMA 16x16
-        # (nonkdim 16) needs fewer accumulator registers than 32x32. One stage: the K/V tiles are read
-        # straight into registers; a second LDS stage spills at D=128.
-        # Backward: the dK/dV program holds K, V, dK, dV of 64 keys (wider spills); waves_per_eu=1 lets it
-        # use the accumulation registers (AGPRs) too. dQ: 64 queries x 32 keys.
-        # With document masks the forward's 128x64 tiles spill a few VGPRs with 4 wavefronts (the element-wise
-        # segment compare); 8 wavefronts halve each lane's share and compile clean.
-        128: AttentionConfigs(forward=KernelConfig(128, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
-                              backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
-                              backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
-                              documents=AttentionConfigs(
-                                  forward=KernelConfig(128, 64, 8, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
-                                  backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
-                                  backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16))),
-        # D=64: tiles are half as large, so the forward double-buffers K/V in LDS (num_stages=2, 16 KiB) and
-        # every kernel keeps two waves per SIMD. dK/dV takes 32-query steps (64 spilled 15 registers once its loop
-        # over a group's heads was flattened); with document masks the forward is as at D=128. Not timed on an
-        # MI250X: chosen by the compiler's report alone.
-        64: AttentionConfigs(forward=KernelConfig(128, 64, 4, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
-                             backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
-                             backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
-                             documents=AttentionConfigs(
-                                 forward=KernelConfig(128, 64, 8, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
-                                 backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
-                                 backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16))),
+        # Forward: 128x64 tiles with 4 wavefronts (256 lanes) and waves_per_eu=2 (at most 256 VGPRs
+        # per lane, two waves per SIMD to hide memory latency): 252 VGPRs, no spills, 32 KiB of LDS.
+        # MFMA 16x16 (nonkdim 16) needs fewer accumulator registers than 32x32. One stage: the K/V
+        # tiles are read straight into registers; a second LDS stage spills at D=128. Backward: the
+        # dK/dV program holds K, V, dK, dV of 64 keys (wider spills); waves_per_eu=1 lets it use the
+        # accumulation registers (AGPRs) too. dQ: 64 queries x 32 keys. With document masks the
+        # forward's 128x64 tiles spill a few VGPRs with 4 wavefronts (the element-wise segment
+        # compare); 8 wavefronts halve each lane's share and compile clean.
+        128: AttentionConfigs(
+            forward=KernelConfig(128, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+            backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
+            backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
+            documents=AttentionConfigs(
+                forward=KernelConfig(128, 64, 8, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
+                backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
+            ),
+        ),
+        # D=64: tiles are half as large, so the forward double-buffers K/V in LDS (num_stages=2, 16
+        # KiB) and every kernel keeps two waves per SIMD. dK/dV takes 32-query steps (64 spilled 15
+        # registers once its loop over a group's heads was flattened); with document masks the
+        # forward is as at D=128. Not timed on an MI250X: chosen by the compiler's report alone.
+        64: AttentionConfigs(
+            forward=KernelConfig(128, 64, 4, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
+            backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+            backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+            documents=AttentionConfigs(
+                forward=KernelConfig(128, 64, 8, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
+                backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+            ),
+        ),
     },
     "default": {
-        128: AttentionConfigs(forward=KernelConfig(64, 64, 4, 2),
-                              backward_kv=KernelConfig(32, 64, 4, 2),
-                              backward_q=KernelConfig(64, 32, 4, 2)),
-        64: AttentionConfigs(forward=KernelConfig(64, 64, 4, 2),
-                             backward_kv=KernelConfig(32, 64, 4, 2),
-                             backward_q=KernelConfig(64, 32, 4, 2)),
+        128: AttentionConfigs(
+            forward=KernelConfig(64, 64, 4, 2),
+            backward_kv=KernelConfig(32, 64, 4, 2),
+            backward_q=KernelConfig(64, 32, 4, 2),
+        ),
+        64: AttentionConfigs(
+            forward=KernelConfig(64, 64, 4, 2),
+            backward_kv=KernelConfig(32, 64, 4, 2),
+            backward_q=KernelConfig(64, 32, 4, 2),
+        ),
     },
 }
 
@@ -141,8 +169,9 @@ ROWWISE: dict[str, KernelConfig] = {
 
 @dataclass(frozen=True)
 class NormBackwardConfig:
-    """The norm backward holds its row in registers, `lane_elements` per lane, so its warps grow with the hidden
-    size; `programs_per_sm` programs per multiprocessor each sum the weight gradient of a chunk of rows."""
+    """The norm backward holds its row in registers, `lane_elements` per lane, so its warps grow
+    with the hidden size; `programs_per_sm` programs per multiprocessor each sum the weight gradient
+    of a chunk of rows."""
 
     lane_elements: int
     programs_per_sm: int
@@ -153,8 +182,9 @@ class NormBackwardConfig:
         return max(4, min(self.max_warps, block // (self.warp_size * self.lane_elements)))
 
 
-# 16 elements per lane: sm90 gives the LayerNorm backward 128 registers at hidden 4096 (8 warps, two programs per
-# SM) and 8192 (16 warps), none spilled; 8 per lane would need 32 warps at 8192, capped at 64 registers, and spill.
+# 16 elements per lane: sm90 gives the LayerNorm backward 128 registers at hidden 4096 (8 warps, two
+# programs per SM) and 8192 (16 warps), none spilled; 8 per lane would need 32 warps at 8192, capped
+# at 64 registers, and spill.
 NORM_BACKWARD: dict[str, NormBackwardConfig] = {
     "sm90": NormBackwardConfig(lane_elements=16, programs_per_sm=2, warp_size=32, max_warps=32),
     "gfx90a": NormBackwardConfig(lane_elements=16, programs_per_sm=2, warp_size=64, max_warps=16),
@@ -171,8 +201,8 @@ def current_arch(device: torch.device | None = None) -> str:
 
 @functools.cache
 def _arch_of(index: int) -> str:
-    """Asked once per GPU: every kernel launch looks its table up, and reading the device's properties each time
-    cost a small model's training a visible share of its host time."""
+    """Asked once per GPU: every kernel launch looks its table up, and reading the device's
+    properties each time cost a small model's training a visible share of its host time."""
     if torch.version.hip:
         name = torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
         return name if name in ATTENTION else "default"

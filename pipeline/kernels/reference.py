@@ -1,9 +1,10 @@
 """Plain PyTorch references of the kernels: the CPU path and the test oracle of the Triton kernels.
 
-`attention` writes every score out (batch x heads x seq x seq in float32), which makes it the oracle and makes the
-memory of a training step predictable (pipeline/memory_fit counts what its autograd saves); `scoring_attention`
-computes the same with PyTorch's fused attention, for the forward passes that build no autograd graph (scoring
-held-out text on a CPU, at 2,048 tokens: 10x faster causal alone, 2.3x with ALiBi and documents).
+`attention` writes every score out (batch x heads x seq x seq in float32), which makes it the oracle
+and makes the memory of a training step predictable (pipeline/memory_fit counts what its autograd
+saves); `scoring_attention` computes the same with PyTorch's fused attention, for the forward passes
+that build no autograd graph (scoring held-out text on a CPU, at 2,048 tokens: 10x faster causal
+alone, 2.3x with ALiBi and documents).
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import torch
 from pipeline.kernels.fused_head import RowPrimitives
 
 
-def unstack_qkv(qkv: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v as (batch, heads, seq, head_dim) views of their stack (batch, seq, (heads + 2 kv_heads) x head_dim)."""
+def unstack_qkv(
+    qkv: torch.Tensor, heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as (batch, heads, seq, head_dim) views of their stack (batch, seq, (heads + 2
+    kv_heads) x head_dim)."""
     batch, seq, width = qkv.shape
     kv_heads = (width // head_dim - heads) // 2
     q, k, v = qkv.view(batch, seq, -1, head_dim).split([heads, kv_heads, kv_heads], dim=2)
@@ -26,26 +30,42 @@ def unstack_qkv(qkv: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Ten
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
     if q.shape[1] % k.shape[1]:
-        raise ValueError(f"attention: {q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+        raise ValueError(
+            f"attention: {q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value "
+            "heads"
+        )
 
 
-def _mask(q: torch.Tensor, causal: bool, alibi_slopes: Optional[torch.Tensor],
-          segment_ids: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Which keys each query may see, (batch or 1, 1, seq, seq), and the ALiBi bias slope_h * (j - i) of query i
-    and key j, (1, heads, seq, seq) in float32, or None."""
+def _mask(
+    q: torch.Tensor,
+    causal: bool,
+    alibi_slopes: Optional[torch.Tensor],
+    segment_ids: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Which keys each query may see, (batch or 1, 1, seq, seq), and the ALiBi bias slope_h * (j -
+    i) of query i and key j, (1, heads, seq, seq) in float32, or None."""
     _, heads, seq, _ = q.shape
     positions = torch.arange(seq, device=q.device)
     distance = positions[None, :] - positions[:, None]  # j - i
-    allowed = (distance <= 0 if causal else torch.ones_like(distance, dtype=torch.bool)).view(1, 1, seq, seq)
+    allowed = (distance <= 0 if causal else torch.ones_like(distance, dtype=torch.bool)).view(
+        1, 1, seq, seq
+    )
     if segment_ids is not None:
         allowed = allowed & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
     bias = None if alibi_slopes is None else alibi_slopes.float().view(1, heads, 1, 1) * distance
     return allowed, bias
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
-              alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
-              softmax_scale: Optional[float] = None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    segment_ids: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+) -> torch.Tensor:
     """Attention over (batch, heads, seq, head_dim); k and v may have fewer heads (GQA/MQA).
 
     ALiBi adds slope_h * (j - i) to the score of query i and key j: BLOOM adds slope_h * j, which
@@ -66,16 +86,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return torch.matmul(probabilities, v.float()).to(q.dtype)
 
 
-def scoring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
-                      alibi_slopes: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None,
-                      softmax_scale: Optional[float] = None) -> torch.Tensor:
-    """`attention` through `scaled_dot_product_attention` in float32: the same masks and ALiBi bias (`_mask`, as an
-    additive mask), the softmax fused; causal attention alone takes SDPA's own causal kernel."""
+def scoring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    segment_ids: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+) -> torch.Tensor:
+    """`attention` through `scaled_dot_product_attention` in float32: the same masks and ALiBi bias
+    (`_mask`, as an additive mask), the softmax fused; causal attention alone takes SDPA's own
+    causal kernel."""
     _check_heads(q, k)
     q32, k32, v32 = q.float(), k.float(), v.float()
     sdpa = torch.nn.functional.scaled_dot_product_attention
     if alibi_slopes is None and segment_ids is None:
-        return sdpa(q32, k32, v32, is_causal=causal, scale=softmax_scale, enable_gqa=True).to(q.dtype)
+        return sdpa(q32, k32, v32, is_causal=causal, scale=softmax_scale, enable_gqa=True).to(
+            q.dtype
+        )
     allowed, bias = _mask(q, causal, alibi_slopes, segment_ids)
     mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
     return sdpa(q32, k32, v32, attn_mask=mask, scale=softmax_scale, enable_gqa=True).to(q.dtype)
@@ -88,17 +118,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (normed * weight.float()).to(x.dtype)
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float
+) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis, in float32."""
-    out = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], weight.float(),
-                                         bias.float() if bias is not None else None, eps)
+    out = torch.nn.functional.layer_norm(
+        x.float(), x.shape[-1:], weight.float(), bias.float() if bias is not None else None, eps
+    )
     return out.to(x.dtype)
 
 
-def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
-                           vocab_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of a (rows, shard_vocab) logits shard: float32 log-sum-exp, and the logit of the row's target
-    (a global id; the shard holds ids vocab_start .. vocab_start + shard_vocab - 1), 0 where the shard lacks it."""
+def vocab_shard_statistics(
+    logits: torch.Tensor, targets: torch.Tensor, vocab_start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of a (rows, shard_vocab) logits shard: float32 log-sum-exp, and the logit of the
+    row's target (a global id; the shard holds ids vocab_start .. vocab_start + shard_vocab - 1), 0
+    where the shard lacks it."""
     logits = logits.float()
     local = targets - vocab_start
     holds = (local >= 0) & (local < logits.shape[-1])
@@ -106,13 +141,22 @@ def vocab_shard_statistics(logits: torch.Tensor, targets: torch.Tensor,
     return logits.logsumexp(-1), torch.where(holds, target_logit, 0.0)
 
 
-def softmax_gradient(logits: torch.Tensor, out: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
-                     grad_lse: torch.Tensor, grad_target: torch.Tensor, vocab_start: int = 0) -> None:
-    """out = grad_lse * softmax(logits) + grad_target * one-hot(target), per row (out may be logits itself); the
-    gradient of grad_lse * lse + grad_target * target_logit, as the Triton kernel computes it."""
+def softmax_gradient(
+    logits: torch.Tensor,
+    out: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    grad_lse: torch.Tensor,
+    grad_target: torch.Tensor,
+    vocab_start: int = 0,
+) -> None:
+    """out = grad_lse * softmax(logits) + grad_target * one-hot(target), per row (out may be logits
+    itself); the gradient of grad_lse * lse + grad_target * target_logit, as the Triton kernel
+    computes it."""
     local = targets - vocab_start
     holds = (local >= 0) & (local < logits.shape[-1])
-    # In `out` when it is float32, so that no float32 copy of the chunk is held besides it (the planner counts none).
+    # In `out` when it is float32, so that no float32 copy of the chunk is held besides it (the
+    # planner counts none).
     grad = out if out.dtype == torch.float32 else torch.empty_like(out, dtype=torch.float32)
     torch.sub(logits.float(), lse[:, None], out=grad).exp_().mul_(grad_lse[:, None])
     rows = torch.arange(len(targets), device=logits.device)[holds]
@@ -125,10 +169,19 @@ def softmax_gradient(logits: torch.Tensor, out: torch.Tensor, targets: torch.Ten
 ROW_PRIMITIVES = RowPrimitives(statistics=vocab_shard_statistics, softmax_gradient=softmax_gradient)
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy of the LM head `hidden @ weight.T` over the targets that are not `ignore_index` (their mean or
-    sum), all logits at once: the oracle of the fused, chunked one (fused_head.py)."""
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Cross-entropy of the LM head `hidden @ weight.T` over the targets that are not `ignore_index`
+    (their mean or sum), all logits at once: the oracle of the fused, chunked one (fused_head.py)."""
     logits = (hidden @ weight.t()).float()
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                             ignore_index=ignore_index, reduction=reduction)
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        targets.reshape(-1),
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )

@@ -1,8 +1,8 @@
-"""The planner on a pipeline config: `stage=plan` prints it, `check_layout` refuses a pretrain layout that cannot
-fit before any rank starts.
+"""The planner on a pipeline config: `stage=plan` prints it, `check_layout` refuses a pretrain
+layout that cannot fit before any rank starts.
 
-The plan as text: one row per pipeline stage (every rank of a stage holds the same), the step's arithmetic, the
-verdict and the rules of thumb.
+The plan as text: one row per pipeline stage (every rank of a stage holds the same), the step's
+arithmetic, the verdict and the rules of thumb.
 """
 
 from __future__ import annotations
@@ -14,7 +14,12 @@ from pipeline.errors import StageError
 from pipeline.memory_fit.devices import GIB, resolve_device
 from pipeline.memory_fit.layout import Layout
 from pipeline.memory_fit.plan import Plan, make_plan, numerics_for, smallest_fitting, with_layout
-from pipeline.model.model_config import ModelConfig, parameter_count, training_seq_len, uneven_for_tensor_parallel
+from pipeline.model.model_config import (
+    ModelConfig,
+    parameter_count,
+    training_seq_len,
+    uneven_for_tensor_parallel,
+)
 from pipeline.parallel.parallel_config import ParallelConfig
 from pipeline.training.train_config import TrainConfig
 
@@ -22,91 +27,142 @@ log = logging.getLogger(__name__)
 
 
 class LayoutError(StageError):
-    """A layout that cannot run: it does not fit the device, or does not fit the model's shape. The message says
-    what to change."""
+    """A layout that cannot run: it does not fit the device, or does not fit the model's shape. The
+    message says what to change."""
 
 
-def _refuse_what_cannot_run(model: ModelConfig, tp: int, pp: int, seq_len: int, seq_len_given: bool) -> None:
+def _refuse_what_cannot_run(
+    model: ModelConfig, tp: int, pp: int, seq_len: int, seq_len_given: bool
+) -> None:
     if model.sliding_window is not None and seq_len > model.sliding_window:
-        source = (f"train.seq_len={seq_len}" if seq_len_given
-                  else f"train.seq_len=null takes {seq_len}")
-        raise LayoutError(f"{source}, longer than the model's attention window (model.sliding_window="
-                          f"{model.sliding_window}), which the attention kernels do not implement: set "
-                          f"train.seq_len={model.sliding_window} or less.")
+        source = (
+            f"train.seq_len={seq_len}" if seq_len_given else f"train.seq_len=null takes {seq_len}"
+        )
+        raise LayoutError(
+            f"{source}, longer than the model's attention window (model.sliding_window="
+            f"{model.sliding_window}), which the attention kernels do not implement: set "
+            f"train.seq_len={model.sliding_window} or less."
+        )
     uneven = uneven_for_tensor_parallel(model, tp)
     if uneven:
-        raise LayoutError(f"parallel.tp={tp} does not divide the model's {', '.join(uneven)} "
-                          f"({', '.join(str(getattr(model, key)) for key in uneven)}): tensor parallelism gives each "
-                          f"rank an equal share; choose a tp that divides them.")
+        raise LayoutError(
+            f"parallel.tp={tp} does not divide the model's {', '.join(uneven)} "
+            f"({', '.join(str(getattr(model, key)) for key in uneven)}): tensor parallelism gives "
+            "each "
+            f"rank an equal share; choose a tp that divides them."
+        )
     if pp > model.num_layers:
-        raise LayoutError(f"parallel.pp={pp} is more pipeline stages than the model has blocks ({model.num_layers}): "
-                          f"choose parallel.pp <= {model.num_layers}.")
+        raise LayoutError(
+            f"parallel.pp={pp} is more pipeline stages than the model has blocks "
+            f"({model.num_layers}): "
+            f"choose parallel.pp <= {model.num_layers}."
+        )
 
 
-def plan_for_config(cfg, model: ModelConfig | None = None, train: TrainConfig | None = None) -> Plan:
-    """The plan of a training section (default: pretrain's `cfg.train`; its micro-batch set) with cfg's parallel
-    and kernels sections, for `model` (default: cfg.model)."""
+def plan_for_config(
+    cfg, model: ModelConfig | None = None, train: TrainConfig | None = None
+) -> Plan:
+    """The plan of a training section (default: pretrain's `cfg.train`; its micro-batch set) with
+    cfg's parallel and kernels sections, for `model` (default: cfg.model)."""
     model = model or cfg.model
     train, parallel = train or cfg.train, cfg.parallel
     seq_len = training_seq_len(model, train.seq_len)
     _refuse_what_cannot_run(model, parallel.tp, parallel.pp, seq_len, train.seq_len is not None)
-    layout = Layout(tp=parallel.tp, pp=parallel.pp, dp=parallel.dp, micro_batch=train.micro_batch_size,
-                    accumulation=train.global_batch_size // (train.micro_batch_size * parallel.dp), seq_len=seq_len,
-                    checkpoint_interval=train.activation_checkpoint_interval)
+    layout = Layout(
+        tp=parallel.tp,
+        pp=parallel.pp,
+        dp=parallel.dp,
+        micro_batch=train.micro_batch_size,
+        accumulation=train.global_batch_size // (train.micro_batch_size * parallel.dp),
+        seq_len=seq_len,
+        checkpoint_interval=train.activation_checkpoint_interval,
+    )
     device = resolve_device(cfg.plan, cfg.cluster.name, cfg.cluster.gpus_per_node)
-    return make_plan(model, layout, numerics_for(device, train.precision, cfg.kernels), device,
-                     cfg.plan.usable_fraction)
+    return make_plan(
+        model,
+        layout,
+        numerics_for(device, train.precision, cfg.kernels),
+        device,
+        cfg.plan.usable_fraction,
+    )
 
 
-# A pipeline of pp stages idles (pp - 1) / (m + pp - 1) of its step with m micro-batches: a planned micro-batch keeps
-# m >= 4 pp (a bubble of at most a fifth) where the global batch allows.
+# A pipeline of pp stages idles (pp - 1) / (m + pp - 1) of its step with m micro-batches: a planned
+# micro-batch keeps m >= 4 pp (a bubble of at most a fifth) where the global batch allows.
 MICRO_BATCHES_PER_STAGE = 4
 # The micro-batch where the device's memory is unknown.
 UNKNOWN_MEMORY_MICRO_BATCH = 8
 
 
-def fitting_micro_batch(cfg, train: TrainConfig, prefix: str = "train",
-                        model: ModelConfig | None = None) -> TrainConfig:
-    """The section with `micro_batch_size` null replaced by the largest micro-batch that fits the device (the
-    planner's estimate, within plan.usable_fraction): of the divisors of global_batch_size / dp, the largest whose
-    layout fits and, with pp > 1, leaves at least 4 pp micro-batches per step. A small model trains several times
-    faster with a large micro-batch on a GPU (fewer, larger kernel launches); the result is the same model, as
-    the micro-batch only cuts the global batch. A set micro-batch is returned as it is; where nothing fits, 1
-    (check_layout then refuses it with a layout that fits). `model`: as plan_for_config."""
+def fitting_micro_batch(
+    cfg, train: TrainConfig, prefix: str = "train", model: ModelConfig | None = None
+) -> TrainConfig:
+    """The section with `micro_batch_size` null replaced by the largest micro-batch that fits the
+    device (the planner's estimate, within plan.usable_fraction): of the divisors of
+    global_batch_size / dp, the largest whose layout fits and, with pp > 1, leaves at least 4 pp
+    micro-batches per step. A small model trains several times faster with a large micro-batch on a
+    GPU (fewer, larger kernel launches); the result is the same model, as the micro-batch only cuts
+    the global batch. A set micro-batch is returned as it is; where nothing fits, 1 (check_layout
+    then refuses it with a layout that fits). `model`: as plan_for_config."""
     if train.micro_batch_size is not None:
         return train
     per_rank = train.global_batch_size // cfg.parallel.dp
-    deep = [m for m in range(per_rank, 0, -1) if per_rank % m == 0
-            and (cfg.parallel.pp == 1 or per_rank // m >= MICRO_BATCHES_PER_STAGE * cfg.parallel.pp)] or [1]
+    deep = [
+        m
+        for m in range(per_rank, 0, -1)
+        if per_rank % m == 0
+        and (cfg.parallel.pp == 1 or per_rank // m >= MICRO_BATCHES_PER_STAGE * cfg.parallel.pp)
+    ] or [1]
     # The device, numerics and model are resolved once; each candidate changes the layout alone.
     plan = plan_for_config(cfg, model, train=dataclasses.replace(train, micro_batch_size=deep[-1]))
     if plan.capacity is None:
         micro = next(m for m in deep if m <= UNKNOWN_MEMORY_MICRO_BATCH)  # 1 is always among them
-        log.warning("%s.micro_batch_size=null: the memory of %s is unknown, so %d (set plan.device or "
-                    "plan.memory_gib to plan it, or %s.micro_batch_size).", prefix, plan.device.label, micro, prefix)
+        log.warning(
+            "%s.micro_batch_size=null: the memory of %s is unknown, so %d (set plan.device or "
+            "plan.memory_gib to plan it, or %s.micro_batch_size).",
+            prefix,
+            plan.device.label,
+            micro,
+            prefix,
+        )
         return dataclasses.replace(train, micro_batch_size=micro)
     candidates = (with_layout(plan, micro_batch=m, accumulation=per_rank // m) for m in deep)
     chosen = next((candidate for candidate in candidates if candidate.fits), None)
     if chosen is None:  # the smallest, 1: check_layout refuses it, naming a layout that fits
         return dataclasses.replace(train, micro_batch_size=deep[-1])
     micro = chosen.layout.micro_batch
-    log.info("%s.micro_batch_size=null: %d sequences per micro-batch, the largest of %s that fits (peak %.1f GiB "
-             "per rank of %.1f GiB usable on %s).", prefix, micro, "/".join(map(str, deep)),
-             chosen.largest.peak / GIB, plan.capacity / GIB, plan.device.label)
+    log.info(
+        "%s.micro_batch_size=null: %d sequences per micro-batch, the largest of %s that fits (peak "
+        "%.1f GiB "
+        "per rank of %.1f GiB usable on %s).",
+        prefix,
+        micro,
+        "/".join(map(str, deep)),
+        chosen.largest.peak / GIB,
+        plan.capacity / GIB,
+        plan.device.label,
+    )
     return dataclasses.replace(train, micro_batch_size=micro)
 
 
 def node_filling_layout(cfg, per_node: int, sections: tuple[TrainConfig, ...]) -> ParallelConfig:
-    """The layout that fills whole nodes of `per_node` GPUs for cfg's model (stage=workflow on a partition that gives
-    whole nodes): the fewest tensor x pipeline ranks that fit the device, as stage=plan finds them (`smallest_fitting`,
-    planned with micro-batches of one, at the data-parallel degree they leave room for), and the data-parallel ranks
-    that fill the rest of the node, as many as divide every training section's global batch. A model that fits one
-    GPU trains with dp = per_node; an unknown device memory leaves tp = pp = 1."""
+    """The layout that fills whole nodes of `per_node` GPUs for cfg's model (stage=workflow on a
+    partition that gives whole nodes): the fewest tensor x pipeline ranks that fit the device, as
+    stage=plan finds them (`smallest_fitting`, planned with micro-batches of one, at the
+    data-parallel degree they leave room for), and the data-parallel ranks that fill the rest of the
+    node, as many as divide every training section's global batch. A model that fits one GPU trains
+    with dp = per_node; an unknown device memory leaves tp = pp = 1."""
     tp, pp = 1, 1
     while True:
         room = max(1, per_node // (tp * pp))
-        dp = max(d for d in range(1, room + 1)
-                 if all(section.global_batch_size % (d * (section.micro_batch_size or 1)) == 0 for section in sections))
+        dp = max(
+            d
+            for d in range(1, room + 1)
+            if all(
+                section.global_batch_size % (d * (section.micro_batch_size or 1)) == 0
+                for section in sections
+            )
+        )
         layout = dataclasses.replace(cfg.parallel, tp=tp, pp=pp, dp=dp)
         trial = dataclasses.replace(cfg, parallel=layout)
         plan = plan_for_config(trial, train=dataclasses.replace(cfg.train, micro_batch_size=1))
@@ -119,58 +175,95 @@ def node_filling_layout(cfg, per_node: int, sections: tuple[TrainConfig, ...]) -
 
 
 def refusal(plan: Plan) -> str:
-    """Why `plan` does not fit, and the smallest layout that does (or what to change when none does)."""
+    """Why `plan` does not fit, and the smallest layout that does (or what to change when none
+    does)."""
     largest, capacity = plan.largest, plan.capacity
-    message = (f"The layout {describe_layout(plan)} does not fit: pipeline stage {largest.stage} needs "
-               f"{largest.peak / GIB:.1f} GiB per rank ({largest.phase}), more than the {capacity / GIB:.1f} GiB "
-               f"usable ({plan.usable_fraction:.0%} of the {plan.device.label}'s memory).")
+    message = (
+        f"The layout {describe_layout(plan)} does not fit: pipeline stage {largest.stage} needs "
+        f"{largest.peak / GIB:.1f} GiB per rank ({largest.phase}), more than the "
+        f"{capacity / GIB:.1f} GiB "
+        f"usable ({plan.usable_fraction:.0%} of the {plan.device.label}'s memory)."
+    )
     found = smallest_fitting(plan)
     if found is None:
-        return (f"{message} No layout with tp <= {plan.device.per_node} and pp <= {plan.model.num_layers} fits at "
-                f"this dp, micro-batch and sequence length, even with activation checkpointing: lower "
-                f"train.micro_batch_size or train.seq_len, or raise parallel.dp (ZeRO-1 divides the optimizer "
-                f"state by it).")
+        return (
+            f"{message} No layout with tp <= {plan.device.per_node} and pp <= "
+            f"{plan.model.num_layers} fits at "
+            f"this dp, micro-batch and sequence length, even with activation checkpointing: lower "
+            "train.micro_batch_size or train.seq_len, or raise parallel.dp (ZeRO-1 divides the "
+            "optimizer "
+            f"state by it)."
+        )
     layout = found.layout
-    checkpointing = (f" train.activation_checkpoint_interval={layout.checkpoint_interval}"
-                     if layout.checkpoint_interval != plan.layout.checkpoint_interval else "")
-    return (f"{message} The smallest layout that fits with the same dp, micro-batch and global batch: "
-            f"parallel.tp={layout.tp} parallel.pp={layout.pp}{checkpointing} ({layout.ranks} ranks; peak "
-            f"{found.largest.peak / GIB:.1f} GiB on stage {found.largest.stage}). "
-            f"`python -m pipeline stage=plan ...` with the same options prints the table.")
+    checkpointing = (
+        f" train.activation_checkpoint_interval={layout.checkpoint_interval}"
+        if layout.checkpoint_interval != plan.layout.checkpoint_interval
+        else ""
+    )
+    return (
+        f"{message} The smallest layout that fits with the same dp, micro-batch and global batch: "
+        f"parallel.tp={layout.tp} parallel.pp={layout.pp}{checkpointing} ({layout.ranks} ranks; "
+        "peak "
+        f"{found.largest.peak / GIB:.1f} GiB on stage {found.largest.stage}). "
+        f"`python -m pipeline stage=plan ...` with the same options prints the table."
+    )
 
 
 def check_layout(cfg, train: TrainConfig | None = None, model: ModelConfig | None = None) -> Plan:
-    """Refuse (LayoutError) a pretrain layout (`train`, default cfg.train, with its micro-batch set) that does not
-    fit the device, naming the smallest one that does. An unknown device memory is not refused: it is logged."""
+    """Refuse (LayoutError) a pretrain layout (`train`, default cfg.train, with its micro-batch set)
+    that does not fit the device, naming the smallest one that does. An unknown device memory is not
+    refused: it is logged."""
     plan = plan_for_config(cfg, model, train=train)
     for rule in plan.rules():
         if not rule.kept:
             log.warning("Layout rule of thumb: %s", rule.text)
     if plan.capacity is None:
-        log.warning("Memory of %s unknown: the layout is not checked (set plan.device or plan.memory_gib).",
-                    plan.device.label)
+        log.warning(
+            "Memory of %s unknown: the layout is not checked (set plan.device or plan.memory_gib).",
+            plan.device.label,
+        )
     elif not plan.fits:
         raise LayoutError(refusal(plan))
     else:
-        log.info("Layout %s: peak %.1f GiB per rank of %.1f GiB usable.", describe_layout(plan),
-                 plan.largest.peak / GIB, plan.capacity / GIB)
+        log.info(
+            "Layout %s: peak %.1f GiB per rank of %.1f GiB usable.",
+            describe_layout(plan),
+            plan.largest.peak / GIB,
+            plan.capacity / GIB,
+        )
     return plan
 
 
 def print_plan(cfg) -> None:
-    """`stage=plan`: the table for the configured layout (with model.base, the command line has already given the
-    model the base's shape); a layout that does not fit ends with the smallest that does, and a non-zero exit."""
+    """`stage=plan`: the table for the configured layout (with model.base, the command line has
+    already given the model the base's shape); a layout that does not fit ends with the smallest
+    that does, and a non-zero exit."""
     plan = plan_for_config(cfg, train=fitting_micro_batch(cfg, cfg.train))
     print(render(plan))
     if plan.capacity is None:
-        raise LayoutError(f"The memory of {plan.device.label} is unknown: give plan.device (mi250x, h100, h200, cpu) "
-                          f"or plan.memory_gib=<GiB per device>.")
+        raise LayoutError(
+            f"The memory of {plan.device.label} is unknown: give plan.device (mi250x, h100, h200, "
+            "cpu) "
+            f"or plan.memory_gib=<GiB per device>."
+        )
     if not plan.fits:
         raise LayoutError(refusal(plan))
 
 
-_COLUMNS = ("stage", "blocks", "weights", "grads", "optimizer", "activations", "{other}", "head+loss", "buffers",
-            "peak", "at", "of usable")
+_COLUMNS = (
+    "stage",
+    "blocks",
+    "weights",
+    "grads",
+    "optimizer",
+    "activations",
+    "{other}",
+    "head+loss",
+    "buffers",
+    "peak",
+    "at",
+    "of usable",
+)
 
 
 def _unit(largest: float) -> tuple[str, float]:
@@ -178,26 +271,37 @@ def _unit(largest: float) -> tuple[str, float]:
 
 
 def _checkpointing(interval: int) -> str:
-    return "no activation checkpointing" if interval == 0 else f"activation checkpointing every {interval} block(s)"
+    return (
+        "no activation checkpointing"
+        if interval == 0
+        else f"activation checkpointing every {interval} block(s)"
+    )
 
 
 def describe_model(model: ModelConfig) -> str:
-    heads = f"{model.num_heads} heads" + (f" / {model.num_kv_heads} key-value" if model.num_kv_heads != model.num_heads
-                                          else "")
+    heads = f"{model.num_heads} heads" + (
+        f" / {model.num_kv_heads} key-value" if model.num_kv_heads != model.num_heads else ""
+    )
     count = parameter_count(model)
     size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
-    return (f"{size} parameters (hidden {model.hidden_size}, {model.num_layers} layers, {heads}, FFN {model.ffn_size} "
-            f"{model.activation}, vocabulary {model.vocab_size}, {model.position})")
+    return (
+        f"{size} parameters (hidden {model.hidden_size}, {model.num_layers} layers, {heads}, FFN "
+        f"{model.ffn_size} "
+        f"{model.activation}, vocabulary {model.vocab_size}, {model.position})"
+    )
 
 
 def describe_layout(plan: Plan) -> str:
     layout, device = plan.layout, plan.device
-    where = device.label + ("" if device.accelerator else f" memory shared by {layout.ranks} rank(s)")
+    where = device.label + (
+        "" if device.accelerator else f" memory shared by {layout.ranks} rank(s)"
+    )
     return f"{layout.describe()} = {layout.ranks} rank(s) on {where}"
 
 
-# Above this share of a step (percent) the pipeline's idle time is worth more micro-batches per step: two H200 ran
-# PP2 at 0.86 of two GPUs with m = 8 (bubble 11.1%) and at 0.90 with m = 16 (5.9%) (BENCHMARKS.md, issue 28).
+# Above this share of a step (percent) the pipeline's idle time is worth more micro-batches per
+# step: two H200 ran PP2 at 0.86 of two GPUs with m = 8 (bubble 11.1%) and at 0.90 with m = 16
+# (5.9%) (BENCHMARKS.md, issue 28).
 BUBBLE_PERCENT_WORTH_MORE_MICRO_BATCHES = 10
 
 
@@ -205,9 +309,14 @@ def _bubble_advice(layout: Layout) -> str:
     limit = BUBBLE_PERCENT_WORTH_MORE_MICRO_BATCHES
     if 100 * layout.bubble <= limit:
         return ""
-    enough = -(-(layout.pp - 1) * (100 - limit) // limit)  # the least m with (pp - 1) / (m + pp - 1) <= limit
-    return (f"; m >= {enough} micro-batches per step keep it within {limit}% (raise train.global_batch_size, or "
-            f"lower train.micro_batch_size)")
+    enough = -(
+        -(layout.pp - 1) * (100 - limit) // limit
+    )  # the least m with (pp - 1) / (m + pp - 1) <= limit
+    return (
+        f"; m >= {enough} micro-batches per step keep it within {limit}% (raise "
+        "train.global_batch_size, or "
+        f"lower train.micro_batch_size)"
+    )
 
 
 def render(plan: Plan) -> str:
@@ -219,24 +328,38 @@ def render(plan: Plan) -> str:
 
     capacity = plan.capacity
     memory = device.memory_per_rank(layout.ranks)
-    lines = [f"Plan: {describe_layout(plan)}",
-             f"Model: {describe_model(plan.model)}"]
+    lines = [f"Plan: {describe_layout(plan)}", f"Model: {describe_model(plan.model)}"]
     if memory is None:
-        lines.append(f"Device: {device.label}, memory unknown: give plan.device (mi250x, h100, h200, cpu) or "
-                     f"plan.memory_gib")
+        lines.append(
+            f"Device: {device.label}, memory unknown: give plan.device (mi250x, h100, h200, cpu) "
+            "or "
+            f"plan.memory_gib"
+        )
     else:
-        lines.append(f"Device: {device.label}, {memory / GIB:.1f} GiB per rank; the plan may fill "
-                     f"{plan.usable_fraction:.0%} = {capacity / GIB:.1f} GiB (plan.usable_fraction)")
+        lines.append(
+            f"Device: {device.label}, {memory / GIB:.1f} GiB per rank; the plan may fill "
+            f"{plan.usable_fraction:.0%} = {capacity / GIB:.1f} GiB (plan.usable_fraction)"
+        )
     precision = "bf16" if nx.value_bytes == 2 else "fp32"
     attention = "FlashAttention (Triton)" if nx.flash else "reference attention (s x s softmax)"
     lines += [
-        (f"Step: micro-batch {layout.micro_batch} x seq {layout.seq_len}; dp {layout.dp} x micro {layout.micro_batch} "
-         f"x accumulation {layout.accumulation} = global batch {layout.global_batch} = {layout.tokens_per_step:,} "
-         f"tokens"),
-        (f"Pipeline bubble: (pp - 1) / (m + pp - 1) = {layout.pp - 1} / {layout.accumulation + layout.pp - 1} = "
-         f"{layout.bubble:.1%}{_bubble_advice(layout)}"),
-        (f"Numerics: {precision} weights and gradients, fp32 master weights and Adam moments in ZeRO-1 partitions "
-         f"over dp={layout.dp}, {attention}, {_checkpointing(layout.checkpoint_interval)}"),
+        (
+            f"Step: micro-batch {layout.micro_batch} x seq {layout.seq_len}; dp {layout.dp} x "
+            f"micro {layout.micro_batch} "
+            f"x accumulation {layout.accumulation} = global batch {layout.global_batch} = "
+            f"{layout.tokens_per_step:,} "
+            f"tokens"
+        ),
+        (
+            f"Pipeline bubble: (pp - 1) / (m + pp - 1) = {layout.pp - 1} / "
+            f"{layout.accumulation + layout.pp - 1} = "
+            f"{layout.bubble:.1%}{_bubble_advice(layout)}"
+        ),
+        (
+            f"Numerics: {precision} weights and gradients, fp32 master weights and Adam moments in "
+            "ZeRO-1 partitions "
+            f"over dp={layout.dp}, {attention}, {_checkpointing(layout.checkpoint_interval)}"
+        ),
         "",
     ]
     other = f"ckpt={plan.alternative_interval}" if plan.alternative_interval else "no ckpt"
@@ -244,26 +367,50 @@ def render(plan: Plan) -> str:
     rows = []
     for stage, alternative in zip(plan.stages, plan.alternative):
         share = f"{stage.peak / capacity:.0%}" if capacity else "?"
-        rows.append([str(stage.stage), str(stage.blocks), size(stage.weights), size(stage.gradients),
-                     size(stage.optimizer), size(stage.activations), size(alternative.activations),
-                     size(stage.loss) if stage.loss else "-", size(stage.buffers), size(stage.peak), stage.phase,
-                     share])
+        rows.append(
+            [
+                str(stage.stage),
+                str(stage.blocks),
+                size(stage.weights),
+                size(stage.gradients),
+                size(stage.optimizer),
+                size(stage.activations),
+                size(alternative.activations),
+                size(stage.loss) if stage.loss else "-",
+                size(stage.buffers),
+                size(stage.peak),
+                stage.phase,
+                share,
+            ]
+        )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines.append(f"{unit} per rank")
     for row in [header, *rows]:
-        lines.append("  ".join(cell.ljust(width) if i in (0, 10) else cell.rjust(width)
-                               for i, (cell, width) in enumerate(zip(row, widths))).rstrip())
+        lines.append(
+            "  ".join(
+                cell.ljust(width) if i in (0, 10) else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
     largest = plan.largest
     lines.append("")
     if capacity is None:
-        lines.append(f"Unknown whether it fits: the largest peak is {size(largest.peak)} {unit} (stage "
-                     f"{largest.stage}, {largest.phase}).")
+        lines.append(
+            f"Unknown whether it fits: the largest peak is {size(largest.peak)} {unit} (stage "
+            f"{largest.stage}, {largest.phase})."
+        )
     elif plan.fits:
-        lines.append(f"Fits: the largest peak, {size(largest.peak)} {unit} on stage {largest.stage} ({largest.phase}), "
-                     f"is {largest.peak / capacity:.0%} of the {capacity / GIB:.1f} GiB usable.")
+        lines.append(
+            f"Fits: the largest peak, {size(largest.peak)} {unit} on stage {largest.stage} "
+            f"({largest.phase}), "
+            f"is {largest.peak / capacity:.0%} of the {capacity / GIB:.1f} GiB usable."
+        )
     else:
-        lines.append(f"Does not fit: stage {largest.stage} peaks at {size(largest.peak)} {unit} ({largest.phase}), "
-                     f"more than the {capacity / GIB:.1f} GiB usable.")
+        lines.append(
+            f"Does not fit: stage {largest.stage} peaks at {size(largest.peak)} {unit} "
+            f"({largest.phase}), "
+            f"more than the {capacity / GIB:.1f} GiB usable."
+        )
     lines.append("Rules of thumb:")
     lines += [f"  {'ok' if rule.kept else '!!'}  {rule.text}" for rule in plan.rules()]
     return "\n".join(lines)

@@ -1,9 +1,10 @@
-"""The devices a layout is planned against: memory per rank, devices per node, and how the engine runs there.
+"""The devices a layout is planned against: memory per rank, devices per node, and how the engine
+runs there.
 
-A rank of the training stages runs on one GPU (one MI250X GCD on LUMI) in bf16 with the Triton kernels, or, on a
-machine without GPU, as a CPU process in float32 with the PyTorch reference kernels; CPU ranks share the host's
-memory. `resolve_device` reads nothing but small files of the driver and the kernel, so that the command line
-needs no torch to answer.
+A rank of the training stages runs on one GPU (one MI250X GCD on LUMI) in bf16 with the Triton
+kernels, or, on a machine without GPU, as a CPU process in float32 with the PyTorch reference
+kernels; CPU ranks share the host's memory. `resolve_device` reads nothing but small files of the
+driver and the kernel, so that the command line needs no torch to answer.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ class Device:
 
 
 DEVICES = {
-    # 64 GB of HBM2e per GCD; a LUMI-G node has 4 MI250X modules = 8 GCDs (and 512 GB of host memory).
+    # 64 GB of HBM2e per GCD; a LUMI-G node has 4 MI250X modules = 8 GCDs (and 512 GB of host
+    # memory).
     "mi250x": Device("mi250x", "MI250X GCD", 64.0, min_hidden_per_tp=1280),
-    # nvidia-smi's memory.total: 81559 MiB for an H100 80GB HBM3, 143771 MiB for an H200 (141 GB HBM3e).
+    # nvidia-smi's memory.total: 81559 MiB for an H100 80GB HBM3, 143771 MiB for an H200 (141 GB
+    # HBM3e).
     "h100": Device("h100", "H100 80GB", 81559 / 1024),
     "h200": Device("h200", "H200", 143771 / 1024),
 }
@@ -54,8 +57,8 @@ _NVIDIA_INFO = "/proc/driver/nvidia/gpus/*/information"
 
 
 def resolve_device(plan, cluster_name: str, gpus_per_node: int) -> Device:
-    """The device of `plan.device` (see PlanConfig), with `plan.memory_gib` and the cluster's GPUs per node
-    (`cluster.gpus_per_node`, when set) applied."""
+    """The device of `plan.device` (see PlanConfig), with `plan.memory_gib` and the cluster's GPUs
+    per node (`cluster.gpus_per_node`, when set) applied."""
     name = plan.device
     if name == "auto":
         name = CLUSTER_DEVICES.get(cluster_name) or _visible_nvidia_gpu() or "cpu"
@@ -79,7 +82,8 @@ def host_device() -> Device:
 
 
 def _visible_nvidia_gpu() -> Optional[str]:
-    """The table name of the NVIDIA GPU the driver lists (its model name when the table lacks it), or None."""
+    """The table name of the NVIDIA GPU the driver lists (its model name when the table lacks it),
+    or None."""
     for path in sorted(glob.glob(_NVIDIA_INFO)):
         found = re.search(r"^Model:\s*(.+)$", Path(path).read_text(errors="replace"), re.MULTILINE)
         if found:

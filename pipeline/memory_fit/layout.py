@@ -1,4 +1,5 @@
-"""A training layout and its arithmetic: ranks, micro-batches in flight, pipeline bubble, tokens per step."""
+"""A training layout and its arithmetic: ranks, micro-batches in flight, pipeline bubble, tokens per
+step."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ class Layout:
         return (self.pp - 1) / (self.accumulation + self.pp - 1)
 
     def in_flight(self, stage: int) -> int:
-        """Micro-batches whose activations stage `stage` holds at once under 1F1B: those it has run forward and
-        not yet backward, up to `pp - stage` (the first stage waits longest for its gradients)."""
+        """Micro-batches whose activations stage `stage` holds at once under 1F1B: those it has run
+        forward and not yet backward, up to `pp - stage` (the first stage waits longest for its
+        gradients)."""
         return min(self.pp - stage, self.accumulation)
 
     def describe(self) -> str:
@@ -44,8 +46,8 @@ class Layout:
 
 
 def blocks_per_stage(num_layers: int, pp: int) -> list[int]:
-    """Transformer blocks of each pipeline stage, as DeepSpeed's `type:BlockLayer` partition balances them: the
-    first `num_layers % pp` stages get one more."""
+    """Transformer blocks of each pipeline stage, as DeepSpeed's `type:BlockLayer` partition
+    balances them: the first `num_layers % pp` stages get one more."""
     if not 1 <= pp <= num_layers:
         raise ValueError(f"pp={pp} must be between 1 and the model's {num_layers} blocks")
     base, extra = divmod(num_layers, pp)

@@ -1,34 +1,39 @@
-"""Memory of one rank of the training engine, term by term, from the model's shape and the layout (in bytes).
+"""Memory of one rank of the training engine, term by term, from the model's shape and the layout
+(in bytes).
 
-What is counted is what pipeline/training/engine.py builds (DeepSpeed's PipelineEngine, ZeRO-1 over the
-data-parallel group) and what autograd keeps for the backward of pipeline/model/transformer.py. Symbols: b
-micro-batch, s sequence length, h hidden size, a and g query and key/value heads, d head size, f FFN width,
-t = tp, e bytes per value (2 in bf16, 4 in fp32), P the rank's parameters (P_T those it trains).
+What is counted is what pipeline/training/engine.py builds (DeepSpeed's PipelineEngine, ZeRO-1 over
+the data-parallel group) and what autograd keeps for the backward of pipeline/model/transformer.py.
+Symbols: b micro-batch, s sequence length, h hidden size, a and g query and key/value heads, d head
+size, f FFN width, t = tp, e bytes per value (2 in bf16, 4 in fp32), P the rank's parameters (P_T
+those it trains).
 
 - weights e·P; gradients e·P_T (`param.grad`, summed over the step's micro-batches);
 - optimizer 12·P_T/dp: fp32 master weights and Adam's two moments, ZeRO-1 partitions over dp;
-- activations per block and micro-batch, saved for the backward: the residual stream and the norms' outputs
-  are whole on every tensor-parallel rank (no sequence parallelism), the rest is cut by t:
-  flash (Triton) e·b·s·(4h + (3a + 2g)·d/t + c·f/t) + 4·b·s·a/t, with c = 4 for SwiGLU, 2 for GELU: the norms'
-  inputs and outputs, q, k, v, the attention output and its reshaped copy, the MLP's intermediates and the
-  kernel's float32 log-sum-exp; no s x s matrix. The PyTorch reference (CPU) keeps the float32 softmax
-  4·b·s²·a/t and the mask b·s², q, k, v in float32 at a/t heads, and RMSNorm's normalised input besides;
-- the first stage holds `pp` micro-batches in flight, stage i `pp - i` (at most the accumulation steps m);
-  with activation checkpointing every k blocks a recomputed chunk keeps only its input e·b·s·h, and the backward
-  recomputes one chunk at a time;
-- the last stage keeps the logits e·b·s·V/t of up to two micro-batches (DeepSpeed's pipeline buffers) and
-  the loss works on about 12 bytes per logit in float32 (log-probabilities and two gradients). Where the engine
-  fuses the head with the loss (HEAD_FUSED_WITH_LOSS), the buffers keep the head's input e·b·s·h instead, and
-  the loss saves the gradients of that input and of the head's weight e·V·h/t, which its backward scales into
-  new tensors; only a chunk of the logits exists at a time;
-- buffers: ZeRO's gradient-reduction bucket of 5e8 values (allocated at the first gradient of every backward and
-  for the reduction at the end of the step) and the pipeline's send/receive tensors of e·b·s·h (cut by t when
-  tp > 1).
+- activations per block and micro-batch, saved for the backward: the residual stream and the norms'
+  outputs are whole on every tensor-parallel rank (no sequence parallelism), the rest is cut by t:
+  flash (Triton) e·b·s·(4h + (3a + 2g)·d/t + c·f/t) + 4·b·s·a/t, with c = 4 for SwiGLU, 2 for GELU:
+  the norms' inputs and outputs, q, k, v, the attention output and its reshaped copy, the MLP's
+  intermediates and the kernel's float32 log-sum-exp; no s x s matrix. The PyTorch reference (CPU)
+  keeps the float32 softmax 4·b·s²·a/t and the mask b·s², q, k, v in float32 at a/t heads, and
+  RMSNorm's normalised input besides;
+- the first stage holds `pp` micro-batches in flight, stage i `pp - i` (at most the accumulation
+  steps m); with activation checkpointing every k blocks a recomputed chunk keeps only its input
+  e·b·s·h, and the backward recomputes one chunk at a time;
+- the last stage keeps the logits e·b·s·V/t of up to two micro-batches (DeepSpeed's pipeline
+  buffers) and the loss works on about 12 bytes per logit in float32 (log-probabilities and two
+  gradients). Where the engine fuses the head with the loss (HEAD_FUSED_WITH_LOSS), the buffers keep
+  the head's input e·b·s·h instead, and the loss saves the gradients of that input and of the head's
+  weight e·V·h/t, which its backward scales into new tensors; only a chunk of the logits exists at a
+  time;
+- buffers: ZeRO's gradient-reduction bucket of 5e8 values (allocated at the first gradient of every
+  backward and for the reduction at the end of the step) and the pipeline's send/receive tensors of
+  e·b·s·h (cut by t when tp > 1).
 
-A rank's peak is the largest of three moments: the backward (activations, full gradients), the gradient
-reduction (gradients and the bucket) and the optimizer step (the reduction's copy of the rank's gradient partition,
-a flat e and an fp32 copy of it, and on a CPU the unfused AdamW's two fp32 temporaries). CPU ranks count only
-written memory, as the process's resident set does: the bucket costs what is written into it.
+A rank's peak is the largest of three moments: the backward (activations, full gradients), the
+gradient reduction (gradients and the bucket) and the optimizer step (the reduction's copy of the
+rank's gradient partition, a flat e and an fp32 copy of it, and on a CPU the unfused AdamW's two
+fp32 temporaries). CPU ranks count only written memory, as the process's resident set does: the
+bucket costs what is written into it.
 """
 
 from __future__ import annotations
@@ -40,15 +45,16 @@ from pipeline.model.model_config import ModelConfig
 
 # DeepSpeed's ZeRO default `reduce_bucket_size` (the engine does not set it), in values.
 REDUCE_BUCKET = 500_000_000
-# float32 bytes per logit of the loss's working set: log-probabilities (or the logits a vocab-parallel loss saves)
-# and two gradients of that size alive at once in its backward.
+# float32 bytes per logit of the loss's working set: log-probabilities (or the logits a
+# vocab-parallel loss saves) and two gradients of that size alive at once in its backward.
 LOSS_BYTES_PER_LOGIT = 12
-# Whether the engine's last pipeline layer hands the hidden states and the head's weight to a loss that applies the
-# head itself, a chunk of rows at a time (pipeline/kernels/fused_head.py); tests/unit/memory_fit/test_plan.py checks that this says
-# what pipeline/parallel/pipeline_model.py does.
+# Whether the engine's last pipeline layer hands the hidden states and the head's weight to a loss
+# that applies the head itself, a chunk of rows at a time (pipeline/kernels/fused_head.py);
+# tests/unit/memory_fit/test_plan.py checks that this says what pipeline/parallel/pipeline_model.py
+# does.
 HEAD_FUSED_WITH_LOSS = True
-# Logits per chunk of that fused loss (pipeline/kernels/fused_head.py: CHUNK_LOGIT_ELEMENTS; the planner stays
-# torch-free, so tests/unit/memory_fit/test_plan.py checks that the two agree).
+# Logits per chunk of that fused loss (pipeline/kernels/fused_head.py: CHUNK_LOGIT_ELEMENTS; the
+# planner stays torch-free, so tests/unit/memory_fit/test_plan.py checks that the two agree).
 FUSED_LOSS_CHUNK_LOGITS = 1024 * 131072
 
 
@@ -58,7 +64,8 @@ class Numerics:
 
     # 2: bf16 weights and activations, 4: fp32.
     value_bytes: int
-    # The Triton kernels (FlashAttention, norms); False: the PyTorch references, which build s x s matrices.
+    # The Triton kernels (FlashAttention, norms); False: the PyTorch references, which build s x s
+    # matrices.
     flash: bool
     # CPU ranks: memory counts the pages written (the resident set), not what is reserved.
     host: bool
@@ -66,7 +73,8 @@ class Numerics:
 
 @dataclass(frozen=True)
 class StageMemory:
-    """One rank of pipeline stage `stage` (every tensor- and data-parallel rank of a stage holds the same)."""
+    """One rank of pipeline stage `stage` (every tensor- and data-parallel rank of a stage holds the
+    same)."""
 
     stage: int
     blocks: int
@@ -76,21 +84,22 @@ class StageMemory:
     optimizer: int
     # At the backward's peak: the micro-batches in flight and the working set of the backward.
     activations: int
-    # Last stage: what the LM head and the loss hold: the logits (or the head's input) the pipeline keeps, and the
-    # loss's working set.
+    # Last stage: what the LM head and the loss hold: the logits (or the head's input) the pipeline
+    # keeps, and the loss's working set.
     loss: int
     # The gradient-reduction bucket and the pipeline's send/receive tensors.
     buffers: int
     peak: int
     # When the peak happens: backward, gradient reduction or optimizer step.
     phase: str
-    # What stays allocated between optimizer steps: weights, optimizer state, and what the pipeline's buffers
-    # keep (the last layer's output, the send/receive tensors).
+    # What stays allocated between optimizer steps: weights, optimizer state, and what the
+    # pipeline's buffers keep (the last layer's output, the send/receive tensors).
     between_steps: int
 
 
 def vocab_shard(model: ModelConfig, tp: int) -> int:
-    """Vocabulary rows of one tensor-parallel rank: the padded vocabulary in tp equal multiples of the padding."""
+    """Vocabulary rows of one tensor-parallel rank: the padded vocabulary in tp equal multiples of
+    the padding."""
     parts = tp * model.pad_vocab_multiple
     return -(-model.padded_vocab_size // parts) * model.pad_vocab_multiple
 
@@ -100,8 +109,8 @@ def _norm_parameters(model: ModelConfig) -> int:
 
 
 def block_parameters(model: ModelConfig, tp: int) -> int:
-    """One block's parameters on a tensor-parallel rank: column/row-parallel matrices cut by tp; norms and the
-    row-parallel layers' biases whole."""
+    """One block's parameters on a tensor-parallel rank: column/row-parallel matrices cut by tp;
+    norms and the row-parallel layers' biases whole."""
     h, d, f = model.hidden_size, model.head_dim, model.ffn_size // tp
     heads, kv_heads = model.num_heads // tp, model.num_kv_heads // tp
     swiglu = model.activation == "swiglu"
@@ -112,8 +121,8 @@ def block_parameters(model: ModelConfig, tp: int) -> int:
 
 
 def stage_parameters(model: ModelConfig, tp: int, pp: int, stage: int) -> tuple[int, int]:
-    """(held, trained) parameters of a rank of pipeline stage `stage`. With tied embeddings and pp > 1 the last
-    stage holds its own copy of the embedding, of which it trains only the matrix."""
+    """(held, trained) parameters of a rank of pipeline stage `stage`. With tied embeddings and pp >
+    1 the last stage holds its own copy of the embedding, of which it trains only the matrix."""
     blocks = blocks_per_stage(model.num_layers, pp)[stage]
     vocab = vocab_shard(model, tp) * model.hidden_size
     embedding_norm = _norm_parameters(model) if model.embedding_norm else 0
@@ -134,8 +143,8 @@ def stage_parameters(model: ModelConfig, tp: int, pp: int, stage: int) -> tuple[
 
 
 def _norm_activations(model: ModelConfig, rows: int, nx: Numerics) -> int:
-    """What one norm saves of a (rows, h) input besides its output: the input (float32 in the reference) and
-    its statistics; the reference RMSNorm also its float32 normalised input."""
+    """What one norm saves of a (rows, h) input besides its output: the input (float32 in the
+    reference) and its statistics; the reference RMSNorm also its float32 normalised input."""
     h = model.hidden_size
     stats = 4 * rows * (1 if model.norm == "rmsnorm" else 2)
     if nx.flash:
@@ -144,20 +153,25 @@ def _norm_activations(model: ModelConfig, rows: int, nx: Numerics) -> int:
     return 4 * rows * h + normalised + stats
 
 
-def block_activations(model: ModelConfig, micro_batch: int, seq_len: int, tp: int, nx: Numerics) -> int:
+def block_activations(
+    model: ModelConfig, micro_batch: int, seq_len: int, tp: int, nx: Numerics
+) -> int:
     """Bytes one block keeps for its backward per micro-batch on a tensor-parallel rank."""
     b, s, e = micro_batch, seq_len, nx.value_bytes
     rows, h, d = b * s, model.hidden_size, model.head_dim
     heads, kv_heads, ffn = model.num_heads // tp, model.num_kv_heads // tp, model.ffn_size // tp
-    norms = 2 * (_norm_activations(model, rows, nx) + e * rows * h)  # each norm's output feeds a linear layer
+    norms = 2 * (
+        _norm_activations(model, rows, nx) + e * rows * h
+    )  # each norm's output feeds a linear layer
     if nx.flash:
-        # q, k, v, the output and the float32 log-sum-exp (the int32 copy of the segment ids is made once per batch
-        # and shared by the layers: pipeline/kernels/attention.py). The kernels lay the output out as the
-        # projections are, so the output projection reads it as it is, with no copy of its own.
+        # q, k, v, the output and the float32 log-sum-exp (the int32 copy of the segment ids is made
+        # once per batch and shared by the layers: pipeline/kernels/attention.py). The kernels lay
+        # the output out as the projections are, so the output projection reads it as it is, with no
+        # copy of its own.
         attention = e * rows * d * (2 * heads + 2 * kv_heads) + 4 * rows * heads
     else:
-        # float32 q and k, v repeated to every query head, the softmax, the causal/document mask, and the output
-        # made contiguous for the output projection.
+        # float32 q and k, v repeated to every query head, the softmax, the causal/document mask,
+        # and the output made contiguous for the output projection.
         attention = 4 * b * heads * s * (3 * d + s) + b * s * s + e * rows * heads * d
     if model.position == "rope":
         attention += 2 * e * s * d  # the rotation's cos and sin
@@ -165,10 +179,13 @@ def block_activations(model: ModelConfig, micro_batch: int, seq_len: int, tp: in
     return norms + attention + mlp
 
 
-def _backward_working_set(model: ModelConfig, micro_batch: int, seq_len: int, tp: int, nx: Numerics) -> int:
-    """What one block's backward holds beyond its saved activations at its fullest: in the MLP two gradients of
-    e·b·s·f/t (SwiGLU's product; one for GELU) and two of the residual stream; in the reference attention the
-    softmax's two s x s gradients, less the MLP's activations that its backward has already freed."""
+def _backward_working_set(
+    model: ModelConfig, micro_batch: int, seq_len: int, tp: int, nx: Numerics
+) -> int:
+    """What one block's backward holds beyond its saved activations at its fullest: in the MLP two
+    gradients of e·b·s·f/t (SwiGLU's product; one for GELU) and two of the residual stream; in the
+    reference attention the softmax's two s x s gradients, less the MLP's activations that its
+    backward has already freed."""
     rows, e = micro_batch * seq_len, nx.value_bytes
     ffn, heads = model.ffn_size // tp, model.num_heads // tp
     swiglu = model.activation == "swiglu"
@@ -180,32 +197,42 @@ def _backward_working_set(model: ModelConfig, micro_batch: int, seq_len: int, tp
 
 
 def _chunks(stage_layers: list[bool], interval: int) -> list[list[bool]]:
-    """The stage's layers (True: a block) cut as DeepSpeed's PipelineModule checkpoints them: runs of `interval`;
-    the project recomputes a run only if it holds nothing but blocks (pipeline_model.TransformerPipeline)."""
+    """The stage's layers (True: a block) cut as DeepSpeed's PipelineModule checkpoints them: runs
+    of `interval`; the project recomputes a run only if it holds nothing but blocks
+    (pipeline_model.TransformerPipeline)."""
     if interval == 0:
         return [stage_layers]
-    return [stage_layers[i:i + interval] for i in range(0, len(stage_layers), interval)]
+    return [stage_layers[i : i + interval] for i in range(0, len(stage_layers), interval)]
 
 
 def _head_and_loss(model: ModelConfig, layout: Layout, nx: Numerics) -> tuple[int, int]:
-    """(kept, working): what DeepSpeed's pipeline buffers keep of the last layer's output (up to two micro-batches,
-    one when a step has one), and what the head and the loss hold at once besides."""
+    """(kept, working): what DeepSpeed's pipeline buffers keep of the last layer's output (up to two
+    micro-batches, one when a step has one), and what the head and the loss hold at once besides."""
     e, rows = nx.value_bytes, layout.micro_batch * layout.seq_len
     shard = vocab_shard(model, layout.tp)
     buffers = 1 if layout.accumulation == 1 else 2
     if not HEAD_FUSED_WITH_LOSS:
-        return (buffers * e * rows * shard,
-                LOSS_BYTES_PER_LOGIT * rows * (model.vocab_size if layout.tp == 1 else shard))
+        return (
+            buffers * e * rows * shard,
+            LOSS_BYTES_PER_LOGIT * rows * (model.vocab_size if layout.tp == 1 else shard),
+        )
     head_gradients = e * rows * model.hidden_size + e * shard * model.hidden_size
     chunk_logits = min(rows, max(1, FUSED_LOSS_CHUNK_LOGITS // shard)) * shard
-    # A CPU takes a chunk's log-sum-exp with torch's logsumexp, which holds a float32 copy of the chunk besides.
+    # A CPU takes a chunk's log-sum-exp with torch's logsumexp, which holds a float32 copy of the
+    # chunk besides.
     chunk = e * chunk_logits + (4 * chunk_logits if nx.host else 0)
     return buffers * e * rows * model.hidden_size, max(head_gradients + chunk, 2 * head_gradients)
 
 
-def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
-                 checkpoint_interval: int | None = None) -> StageMemory:
-    """The memory of a rank of `stage`; `checkpoint_interval` replaces the layout's (to show the alternative)."""
+def stage_memory(
+    model: ModelConfig,
+    layout: Layout,
+    nx: Numerics,
+    stage: int,
+    checkpoint_interval: int | None = None,
+) -> StageMemory:
+    """The memory of a rank of `stage`; `checkpoint_interval` replaces the layout's (to show the
+    alternative)."""
     interval = layout.checkpoint_interval if checkpoint_interval is None else checkpoint_interval
     tp, pp, dp, e = layout.tp, layout.pp, layout.dp, nx.value_bytes
     b, s = layout.micro_batch, layout.seq_len
@@ -215,7 +242,8 @@ def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
     weights, gradients, optimizer = e * held, e * trained, 12 * trained // dp
     rows_h = b * s * model.hidden_size
 
-    # Per micro-batch in flight: the blocks (whole, or a recomputed chunk's input), then the layers around them.
+    # Per micro-batch in flight: the blocks (whole, or a recomputed chunk's input), then the layers
+    # around them.
     layers = [False] * (1 if first else 0) + [True] * blocks + [False] * (2 if last else 0)
     one_block = block_activations(model, b, s, tp, nx)
     saved, recompute = 0, 0
@@ -229,7 +257,9 @@ def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
         saved += _norm_activations(model, b * s, nx)
     if last:  # the final norm's input, and its output where the head (a linear layer) saves it
         saved += _norm_activations(model, b * s, nx) + (0 if HEAD_FUSED_WITH_LOSS else e * rows_h)
-    else:  # the stage's output, kept until its gradient comes back (a tensor-parallel rank keeps its 1/tp share)
+    # the stage's output, kept until its gradient comes back (a tensor-parallel rank keeps its 1/tp
+    # share)
+    else:
         saved += e * rows_h // tp
     working = recompute + _backward_working_set(model, b, s, tp, nx)
 
@@ -240,29 +270,52 @@ def stage_memory(model: ModelConfig, layout: Layout, nx: Numerics, stage: int,
 
     p2p = 0
     if pp > 1:
-        message = e * rows_h // tp  # what travels between stages: 1/tp of it under tensor parallelism
-        if not first:  # the receive buffer; at tp=1 the pipeline also keeps each received input (>= 2 buffers)
+        message = (
+            e * rows_h // tp
+        )  # what travels between stages: 1/tp of it under tensor parallelism
+        if (
+            not first
+        ):  # the receive buffer; at tp=1 the pipeline also keeps each received input (>= 2 buffers)
             p2p += message + (max(2, layout.in_flight(stage)) * e * rows_h if tp == 1 else 0)
         if not last:  # the receive buffer of the output's gradient
             p2p += message
     partition = trained // dp
-    # ZeRO-1 allocates its bucket at the first gradient of every backward and again for the reduction. A CPU
-    # process's resident set grows only by what is written into it: a copy of the rank's gradient partition.
+    # ZeRO-1 allocates its bucket at the first gradient of every backward and again for the
+    # reduction. A CPU process's resident set grows only by what is written into it: a copy of the
+    # rank's gradient partition.
     bucket = e * partition if nx.host else e * REDUCE_BUCKET
-    # The optimizer step, one parameter group after another, first flattens the group's gradients (e) and casts them
-    # to fp32 (a new tensor unless they are fp32 already), then updates it, torch's unfused AdamW on a CPU with two
-    # temporaries of its size (fused on a GPU: none). All the while the gradient partition that the reduction
-    # copied them into stays whole: the groups share it.
+    # The optimizer step, one parameter group after another, first flattens the group's gradients
+    # (e) and casts them to fp32 (a new tensor unless they are fp32 already), then updates it,
+    # torch's unfused AdamW on a CPU with two temporaries of its size (fused on a GPU: none). All
+    # the while the gradient partition that the reduction copied them into stays whole: the groups
+    # share it.
     flatten = e * partition + (4 * partition if e != 4 else 0)
     update = 4 * partition + (8 * partition if nx.host else 0)
 
     static = weights + optimizer + p2p + kept
     phases = {
-        "backward": weights + optimizer + p2p + gradients + activations + loss + (0 if nx.host else bucket),
+        "backward": weights
+        + optimizer
+        + p2p
+        + gradients
+        + activations
+        + loss
+        + (0 if nx.host else bucket),
         "gradient reduction": static + gradients + bucket,
         "optimizer step": static + e * partition + max(flatten, update),
     }
     phase = max(phases, key=phases.get)
-    return StageMemory(stage=stage, blocks=blocks, parameters=held, weights=weights, gradients=gradients,
-                       optimizer=optimizer, activations=activations, loss=loss, buffers=p2p + bucket,
-                       peak=phases[phase], phase=phase, between_steps=static)
+    return StageMemory(
+        stage=stage,
+        blocks=blocks,
+        parameters=held,
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        activations=activations,
+        loss=loss,
+        buffers=p2p + bucket,
+        peak=phases[phase],
+        phase=phase,
+        between_steps=static,
+    )

@@ -60,17 +60,39 @@ class Plan:
         if device.accelerator:
             per_node = f"{device.per_node} {device.label}s per node"
             within = device.per_node % layout.tp == 0
-            rules.append(Rule(within, f"tp={layout.tp} within a node ({per_node})" if within else
-                              f"tp={layout.tp} spans nodes ({per_node}): its all-reduces in every layer would cross "
-                              f"the network; choose a tp that divides {device.per_node} and add pp"))
+            rules.append(
+                Rule(
+                    within,
+                    f"tp={layout.tp} within a node ({per_node})"
+                    if within
+                    else f"tp={layout.tp} spans nodes ({per_node}): its all-reduces in every layer "
+                    "would cross "
+                    f"the network; choose a tp that divides {device.per_node} and add pp",
+                )
+            )
         if device.min_hidden_per_tp:
             share, least = hidden // layout.tp, device.min_hidden_per_tp
             kept = share >= least
-            rules.append(Rule(kept, f"hidden / tp = {hidden} / {layout.tp} = {share} {'>=' if kept else '<'} {least} "
-                                    f"on {device.label}" + ("" if kept else
-                                    ": its matrix products are too small to keep the device busy; lower tp")))
-        rules.append(Rule(True, f"dp x micro x accumulation = {layout.dp} x {layout.micro_batch} x "
-                                f"{layout.accumulation} = {layout.global_batch} = train.global_batch_size"))
+            rules.append(
+                Rule(
+                    kept,
+                    f"hidden / tp = {hidden} / {layout.tp} = {share} {'>=' if kept else '<'} "
+                    f"{least} "
+                    f"on {device.label}"
+                    + (
+                        ""
+                        if kept
+                        else ": its matrix products are too small to keep the device busy; lower tp"
+                    ),
+                )
+            )
+        rules.append(
+            Rule(
+                True,
+                f"dp x micro x accumulation = {layout.dp} x {layout.micro_batch} x "
+                f"{layout.accumulation} = {layout.global_batch} = train.global_batch_size",
+            )
+        )
         return rules
 
     def keeps_rules(self) -> bool:
@@ -78,55 +100,86 @@ class Plan:
 
 
 def numerics_for(device: Device, precision: str, kernels: str) -> Numerics:
-    """What the engine runs on `device` for train.precision and kernels (both `auto`: bf16 and Triton on a GPU,
-    fp32 and the PyTorch references on a CPU)."""
+    """What the engine runs on `device` for train.precision and kernels (both `auto`: bf16 and
+    Triton on a GPU, fp32 and the PyTorch references on a CPU)."""
     bf16 = precision == "bf16" or (precision == "auto" and device.accelerator)
     flash = kernels == "triton" or (kernels == "auto" and device.accelerator)
     return Numerics(value_bytes=2 if bf16 else 4, flash=flash, host=not device.accelerator)
 
 
-def _stages(model: ModelConfig, layout: Layout, numerics: Numerics,
-            interval: Optional[int] = None) -> tuple[StageMemory, ...]:
-    return tuple(stage_memory(model, layout, numerics, stage, interval) for stage in range(layout.pp))
+def _stages(
+    model: ModelConfig, layout: Layout, numerics: Numerics, interval: Optional[int] = None
+) -> tuple[StageMemory, ...]:
+    return tuple(
+        stage_memory(model, layout, numerics, stage, interval) for stage in range(layout.pp)
+    )
 
 
-def make_plan(model: ModelConfig, layout: Layout, numerics: Numerics, device: Device,
-              usable_fraction: float) -> Plan:
-    return Plan(model=model, layout=layout, numerics=numerics, device=device, usable_fraction=usable_fraction,
-                stages=_stages(model, layout, numerics))
+def make_plan(
+    model: ModelConfig, layout: Layout, numerics: Numerics, device: Device, usable_fraction: float
+) -> Plan:
+    return Plan(
+        model=model,
+        layout=layout,
+        numerics=numerics,
+        device=device,
+        usable_fraction=usable_fraction,
+        stages=_stages(model, layout, numerics),
+    )
 
 
 def with_layout(plan: Plan, **changes) -> Plan:
-    return make_plan(plan.model, dataclasses.replace(plan.layout, **changes), plan.numerics, plan.device,
-                     plan.usable_fraction)
+    return make_plan(
+        plan.model,
+        dataclasses.replace(plan.layout, **changes),
+        plan.numerics,
+        plan.device,
+        plan.usable_fraction,
+    )
 
 
 def tensor_parallel_choices(model: ModelConfig, device: Device) -> list[int]:
-    """tp values that cut the heads, key/value heads and FFN evenly and, on GPUs, tile a node (a tensor-parallel
-    group never straddles two nodes)."""
-    return [tp for tp in range(1, model.num_kv_heads + 1)
-            if not uneven_for_tensor_parallel(model, tp) and (not device.accelerator or device.per_node % tp == 0)]
+    """tp values that cut the heads, key/value heads and FFN evenly and, on GPUs, tile a node (a
+    tensor-parallel group never straddles two nodes)."""
+    return [
+        tp
+        for tp in range(1, model.num_kv_heads + 1)
+        if not uneven_for_tensor_parallel(model, tp)
+        and (not device.accelerator or device.per_node % tp == 0)
+    ]
 
 
 def _fits(plan: Plan, layout: Layout) -> bool:
-    """Whether every stage of `layout` fits; the first and last stages, the usual peaks, are tried first."""
+    """Whether every stage of `layout` fits; the first and last stages, the usual peaks, are tried
+    first."""
     capacity = plan.device.memory_per_rank(layout.ranks) * plan.usable_fraction
     order = dict.fromkeys([0, layout.pp - 1, *range(1, layout.pp - 1)])
-    return all(stage_memory(plan.model, layout, plan.numerics, stage).peak <= capacity for stage in order)
+    return all(
+        stage_memory(plan.model, layout, plan.numerics, stage).peak <= capacity for stage in order
+    )
 
 
 def smallest_fitting(plan: Plan) -> Optional[Plan]:
-    """The layout with the fewest model-parallel ranks (tp x pp) that fits, with the same dp, micro-batch and
-    global batch, preferring one that keeps the rules of thumb (at any size), then the shorter pipeline (smaller
-    bubble). Activation checkpointing of every block is tried only where nothing fits without it."""
+    """The layout with the fewest model-parallel ranks (tp x pp) that fits, with the same dp,
+    micro-batch and global batch, preferring one that keeps the rules of thumb (at any size), then
+    the shorter pipeline (smaller bubble). Activation checkpointing of every block is tried only
+    where nothing fits without it."""
     layout = plan.layout
     intervals = [layout.checkpoint_interval] + ([1] if layout.checkpoint_interval == 0 else [])
     choices = tensor_parallel_choices(plan.model, plan.device)
-    kept = {tp: with_layout(plan, tp=tp, pp=1).keeps_rules() for tp in choices}  # the rules depend on tp alone
+    kept = {
+        tp: with_layout(plan, tp=tp, pp=1).keeps_rules() for tp in choices
+    }  # the rules depend on tp alone
     for keeping_rules in (True, False):
-        shapes = sorted(((tp, pp) for tp in choices if kept[tp] or not keeping_rules
-                         for pp in range(1, plan.model.num_layers + 1)),
-                        key=lambda shape: (shape[0] * shape[1], shape[1]))
+        shapes = sorted(
+            (
+                (tp, pp)
+                for tp in choices
+                if kept[tp] or not keeping_rules
+                for pp in range(1, plan.model.num_layers + 1)
+            ),
+            key=lambda shape: (shape[0] * shape[1], shape[1]),
+        )
         for interval in intervals:
             for tp, pp in shapes:
                 candidate = dataclasses.replace(layout, tp=tp, pp=pp, checkpoint_interval=interval)

@@ -1,1 +1,2 @@
-"""The mix stage's decisions: how much each source is worth repeated, and how to fill a token budget."""
+"""The mix stage's decisions: how much each source is worth repeated, and how to fill a token
+budget."""

@@ -1,10 +1,12 @@
-"""The mix stage's plan, estimated: how often each source may be repeated and what fills the token budget.
+"""The mix stage's plan, estimated: how often each source may be repeated and what fills the token
+budget.
 
-Measures the target language's clean text and the configured sources (`mix.sources`: related languages, English,
-code; sources.py), estimates their tokens from their UTF-8 bytes and their script (`mix.bytes_per_token`), plans the
-budget (planner.py) and, with `mix.rehydration`, the target's weights by duplicate-cluster size (rehydration.py);
-writes the plan as data and as text (report.py) and logs its table. Nothing is copied: the later stages follow the
-plan, so repeated data is never stored twice; the pack stage makes it exact with the tokens it counts.
+Measures the target language's clean text and the configured sources (`mix.sources`: related
+languages, English, code; sources.py), estimates their tokens from their UTF-8 bytes and their
+script (`mix.bytes_per_token`), plans the budget (planner.py) and, with `mix.rehydration`, the
+target's weights by duplicate-cluster size (rehydration.py); writes the plan as data and as text
+(report.py) and logs its table. Nothing is copied: the later stages follow the plan, so repeated
+data is never stored twice; the pack stage makes it exact with the tokens it counts.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from pathlib import Path
 from pipeline.corpus.sources import SourceInput, what_clean_kept
 from pipeline.errors import StageError
 from pipeline.mixing.mix_config import MixConfig
-from pipeline.mixing.planner import FIXED_BUDGET, Allocation, PlanError, Source, default_budget, plan_mixture
+from pipeline.mixing.planner import (
+    FIXED_BUDGET,
+    Allocation,
+    PlanError,
+    Source,
+    default_budget,
+    plan_mixture,
+)
 from pipeline.mixing.rehydration import rehydrate
 from pipeline.mixing.report import plan_document, rehydration_section, summary_table, write_plan
 from pipeline.mixing.sources import Measurement, Skipped, measure
@@ -31,33 +40,58 @@ def bytes_per_token(mix: MixConfig, script: str) -> float:
     return mix.bytes_per_token.get(script, mix.default_bytes_per_token)
 
 
-def write_estimated_plan(folder: Path, mix: MixConfig, lang: str, script: str, target_text: SourceInput,
-                         found: list[SourceInput], skipped: list[Skipped], work_dir: str, workers: int) -> dict:
-    """Plan the mix of `target_text` (the clean output of `lang`, written in `script`) and the configured sources
-    that were `found` (sources.locate_sources); write the plan to `folder` and return it. Paths inside the work folder
-    `work_dir` are recorded relative to it, so that a moved work folder keeps its plan."""
+def write_estimated_plan(
+    folder: Path,
+    mix: MixConfig,
+    lang: str,
+    script: str,
+    target_text: SourceInput,
+    found: list[SourceInput],
+    skipped: list[Skipped],
+    work_dir: str,
+    workers: int,
+) -> dict:
+    """Plan the mix of `target_text` (the clean output of `lang`, written in `script`) and the
+    configured sources that were `found` (sources.locate_sources); write the plan to `folder` and
+    return it. Paths inside the work folder `work_dir` are recorded relative to it, so that a moved
+    work folder keeps its plan."""
     for s in skipped:
         log.warning("mix %s: source `%s` skipped (%s): %s", lang, s.name, s.path, s.reason)
     configured = {source.name: source for source in mix.sources}
     scripts = {**{name: source.script for name, source in configured.items()}, lang: script}
 
-    measured = {s.name: measure(s, folder / MEASURED / s.name, workers) for s in (target_text, *found)}
+    measured = {
+        s.name: measure(s, folder / MEASURED / s.name, workers) for s in (target_text, *found)
+    }
 
     def unique_tokens(name: str) -> int:
         return round(measured[name].bytes / bytes_per_token(mix, scripts[name]))
 
     target = Source(lang, unique_tokens(lang), mix.max_epochs)
     if target.unique_tokens == 0:
-        raise StageError(f"mix {lang}: the clean stage kept no training text of {lang} ({target_text.folder}): "
-                         f"{what_clean_kept(target_text.path)}. Check the raw input of {lang} and its filters "
-                         f"(lang.filters.*, clean.lid).")
-    others = [Source(s.name, unique_tokens(s.name), configured[s.name].max_epochs, configured[s.name].priority,
-                     configured[s.name].ratio, configured[s.name].optional) for s in found]
+        raise StageError(
+            f"mix {lang}: the clean stage kept no training text of {lang} ({target_text.folder}): "
+            f"{what_clean_kept(target_text.path)}. Check the raw input of {lang} and its filters "
+            f"(lang.filters.*, clean.lid)."
+        )
+    others = [
+        Source(
+            s.name,
+            unique_tokens(s.name),
+            configured[s.name].max_epochs,
+            configured[s.name].priority,
+            configured[s.name].ratio,
+            configured[s.name].optional,
+        )
+        for s in found
+    ]
     if mix.tokens is not None:
         budget, budget_from = round(mix.tokens), FIXED_BUDGET
     else:
         budget = default_budget(target, others)
-        budget_from = "mix.tokens not set: the target's unique tokens x mix.max_epochs, plus the fixed ratios"
+        budget_from = (
+            "mix.tokens not set: the target's unique tokens x mix.max_epochs, plus the fixed ratios"
+        )
     try:
         plan = plan_mixture(budget, target, others)
     except PlanError as error:
@@ -66,31 +100,65 @@ def write_estimated_plan(folder: Path, mix: MixConfig, lang: str, script: str, t
     for allocation in plan.allocations:
         source = allocation.source
         if source.ratio is not None and plan.share(allocation) < source.ratio - 1e-6:
-            log.warning("mix %s: source `%s` gives %.1f%% of the budget, less than its ratio %g: its %s unique tokens "
-                        "at most %g epochs (mix.sources) are all there is. Give it more text for the full share.",
-                        lang, source.name, 100 * plan.share(allocation), source.ratio,
-                        f"{source.unique_tokens:,}", source.max_epochs)
+            log.warning(
+                "mix %s: source `%s` gives %.1f%% of the budget, less than its ratio %g: its %s "
+                "unique tokens "
+                "at most %g epochs (mix.sources) are all there is. Give it more text for the full "
+                "share.",
+                lang,
+                source.name,
+                100 * plan.share(allocation),
+                source.ratio,
+                f"{source.unique_tokens:,}",
+                source.max_epochs,
+            )
     rehydration = {"enabled": False}
     if mix.rehydration.enabled:
-        rehydration = _rehydration(mix, lang, measured[lang], plan.allocations[0], bytes_per_token(mix, script))
+        rehydration = _rehydration(
+            mix, lang, measured[lang], plan.allocations[0], bytes_per_token(mix, script)
+        )
 
-    facts = {s.name: {"input": s.kind, "path": record_path(work_dir, s.path), "script": scripts[s.name],
-                      "documents": measured[s.name].docs, "bad_records": measured[s.name].bad_records,
-                      "unique_bytes": measured[s.name].bytes,
-                      "bytes_per_token": bytes_per_token(mix, scripts[s.name])}
-             for s in (target_text, *found)}
-    skipped_facts = [{"name": s.name, "path": record_path(work_dir, s.path), "reason": s.reason} for s in skipped]
+    facts = {
+        s.name: {
+            "input": s.kind,
+            "path": record_path(work_dir, s.path),
+            "script": scripts[s.name],
+            "documents": measured[s.name].docs,
+            "bad_records": measured[s.name].bad_records,
+            "unique_bytes": measured[s.name].bytes,
+            "bytes_per_token": bytes_per_token(mix, scripts[s.name]),
+        }
+        for s in (target_text, *found)
+    }
+    skipped_facts = [
+        {"name": s.name, "path": record_path(work_dir, s.path), "reason": s.reason} for s in skipped
+    ]
     document = plan_document(lang, plan, facts, budget_from, skipped_facts, rehydration)
     write_plan(folder, document)
     log.info("mix plan for %s: %s\n%s", lang, document["verdict"], summary_table(document))
     return document
 
 
-def _rehydration(mix: MixConfig, lang: str, target: Measurement, allocation: Allocation,
-                 target_bytes_per_token: float) -> dict:
+def _rehydration(
+    mix: MixConfig,
+    lang: str,
+    target: Measurement,
+    allocation: Allocation,
+    target_bytes_per_token: float,
+) -> dict:
     table = [(row.min_cluster_size, row.weight) for row in mix.rehydration.weights]
     if target.docs_without_cluster_size:
-        log.warning("mix %s: %d documents have no duplicate-cluster size (clean ran without deduplication); "
-                    "rehydration counts them as size 1.", lang, target.docs_without_cluster_size)
-    return rehydration_section(rehydrate(target.by_cluster_size, table, allocation.epochs), table,
-                               target_bytes_per_token, allocation.effective_tokens, target.docs_without_cluster_size)
+        log.warning(
+            "mix %s: %d documents have no duplicate-cluster size (clean ran without "
+            "deduplication); "
+            "rehydration counts them as size 1.",
+            lang,
+            target.docs_without_cluster_size,
+        )
+    return rehydration_section(
+        rehydrate(target.by_cluster_size, table, allocation.epochs),
+        table,
+        target_bytes_per_token,
+        allocation.effective_tokens,
+        target.docs_without_cluster_size,
+    )

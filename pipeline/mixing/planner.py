@@ -1,16 +1,16 @@
 """Filling a token budget from the target language and the other sources: pure functions, no I/O.
 
-The order (issue 3): sources with a fixed ratio first (each gets ratio x budget, which must fit within
-its epoch cap); then the target language, up to its cap; then the other sources by priority (lower
-first, ties in the configured order), each up to its own cap. What is still missing is the shortfall:
-the plan never repeats a source beyond its cap to hide it.
+The order (issue 3): sources with a fixed ratio first (each gets ratio x budget, which must fit
+within its epoch cap); then the target language, up to its cap; then the other sources by priority
+(lower first, ties in the configured order), each up to its own cap. What is still missing is the
+shortfall: the plan never repeats a source beyond its cap to hide it.
 
-The mix plan again (`exact_plan`, for pack), with exact token counts in place of the mix stage's estimates:
-the planner is a pure function of the sources' unique tokens and the
-mix settings that `plan.json` records (budget, epoch caps, priorities, fixed ratios), so the exact plan
-is the same call with the counted tokens. A budget the mix stage derived from the target (no
-`mix.tokens`) is derived again from the target's exact tokens. Unique tokens are the tokens stored,
-EOS included: what training reads.
+The mix plan again (`exact_plan`, for pack), with exact token counts in place of the mix stage's
+estimates: the planner is a pure function of the sources' unique tokens and the mix settings that
+`plan.json` records (budget, epoch caps, priorities, fixed ratios), so the exact plan is the same
+call with the counted tokens. A budget the mix stage derived from the target (no `mix.tokens`) is
+derived again from the target's exact tokens. Unique tokens are the tokens stored, EOS included:
+what training reads.
 
 What repeated data is worth: the data-constrained scaling law of Muennighoff et al. 2023.
 
@@ -43,8 +43,9 @@ class Source:
     # Lower fills first; None for the target, which always comes before the fillers.
     priority: Optional[int] = None
     ratio: Optional[float] = None
-    # An optional source's ratio is a ceiling: a source too small for it gives what its epoch cap allows (the
-    # base language's replay when the raw folder has little of it), where a required one fails the plan.
+    # An optional source's ratio is a ceiling: a source too small for it gives what its epoch cap
+    # allows (the base language's replay when the raw folder has little of it), where a required one
+    # fails the plan.
     optional: bool = False
 
     @property
@@ -112,28 +113,38 @@ def _fixed_ratio_tokens(source: Source, budget: int) -> int:
     wanted = _fixed_share(source, budget)
     if wanted > source.capacity:
         most = source.capacity / budget
-        more_epochs = (f", raise its max_epochs to at least {wanted / source.unique_tokens:.3g}"
-                       if source.unique_tokens else "")
+        more_epochs = (
+            f", raise its max_epochs to at least {wanted / source.unique_tokens:.3g}"
+            if source.unique_tokens
+            else ""
+        )
         raise PlanError(
-            f"Source `{source.name}` cannot give its fixed ratio {source.ratio:g} of the {budget:,}-token budget "
-            f"({wanted:,} tokens): {source.unique_tokens:,} unique tokens at most {source.max_epochs:g} epochs give "
-            f"{source.capacity:,} (ratio {most:.4g}). Lower its ratio to at most {most:.4g}{more_epochs}, give it "
+            f"Source `{source.name}` cannot give its fixed ratio {source.ratio:g} of the "
+            f"{budget:,}-token budget "
+            f"({wanted:,} tokens): {source.unique_tokens:,} unique tokens at most "
+            f"{source.max_epochs:g} epochs give "
+            f"{source.capacity:,} (ratio {most:.4g}). Lower its ratio to at most "
+            f"{most:.4g}{more_epochs}, give it "
             "more data, or lower mix.tokens."
         )
     return wanted
 
 
 def default_budget(target: Source, others: Sequence[Source]) -> int:
-    """The budget whose part left after the fixed ratios is the target at its cap: the largest such budget, so
-    that each share is as large as its ratio allows."""
+    """The budget whose part left after the fixed ratios is the target at its cap: the largest such
+    budget, so that each share is as large as its ratio allows."""
     fixed = [s for s in others if s.ratio is not None]
 
     def left_for_target(budget: int) -> int:
         return budget - sum(_fixed_share(s, budget) for s in fixed)
 
-    # left_for_target grows with the budget (up to the floor of each share): bisect for the last budget that
-    # leaves the target no more than its cap, between the target alone and past the one that meets every ratio.
-    low, high = target.capacity, math.ceil(target.capacity / (1 - sum(s.ratio for s in fixed))) + len(fixed) + 1
+    # left_for_target grows with the budget (up to the floor of each share): bisect for the last
+    # budget that leaves the target no more than its cap, between the target alone and past the one
+    # that meets every ratio.
+    low, high = (
+        target.capacity,
+        math.ceil(target.capacity / (1 - sum(s.ratio for s in fixed))) + len(fixed) + 1,
+    )
     while low < high:
         middle = (low + high + 1) // 2
         if left_for_target(middle) <= target.capacity:
@@ -144,10 +155,15 @@ def default_budget(target: Source, others: Sequence[Source]) -> int:
 
 
 def plan_mixture(budget: int, target: Source, others: Sequence[Source]) -> Plan:
-    """Allocate `budget` tokens: fixed ratios, then the target up to its cap, then the rest by priority."""
+    """Allocate `budget` tokens: fixed ratios, then the target up to its cap, then the rest by
+    priority."""
     if budget <= 0:
         raise PlanError(f"The token budget must be positive, not {budget:,}.")
-    fixed = [Allocation(s, FIXED_RATIO, _fixed_ratio_tokens(s, budget)) for s in others if s.ratio is not None]
+    fixed = [
+        Allocation(s, FIXED_RATIO, _fixed_ratio_tokens(s, budget))
+        for s in others
+        if s.ratio is not None
+    ]
     remaining = budget - sum(a.tokens for a in fixed)
 
     target_allocation = Allocation(target, TARGET, min(target.capacity, remaining))
@@ -166,14 +182,28 @@ FIXED_BUDGET = "mix.tokens"
 
 
 def exact_plan(plan: dict, unique_tokens: Mapping[str, int]) -> Plan:
-    """The plan of `plan.json` with `unique_tokens` (by source name) replacing the estimates it has them for.
+    """The plan of `plan.json` with `unique_tokens` (by source name) replacing the estimates it has
+    them for.
 
     Raises the planner's PlanError when a fixed ratio no longer fits the exact counts.
     """
-    sources = [Source(s["name"], unique_tokens.get(s["name"], s["unique_tokens_est"]), s["max_epochs"],
-                      s["priority"], s["ratio"], s.get("optional", False)) for s in plan["sources"]]
+    sources = [
+        Source(
+            s["name"],
+            unique_tokens.get(s["name"], s["unique_tokens_est"]),
+            s["max_epochs"],
+            s["priority"],
+            s["ratio"],
+            s.get("optional", False),
+        )
+        for s in plan["sources"]
+    ]
     target, others = sources[0], sources[1:]
-    budget = plan["budget_tokens"] if plan["budget_from"] == FIXED_BUDGET else default_budget(target, others)
+    budget = (
+        plan["budget_tokens"]
+        if plan["budget_from"] == FIXED_BUDGET
+        else default_budget(target, others)
+    )
     return plan_mixture(budget, target, others)
 
 

@@ -1,11 +1,12 @@
-"""Rehydration (FineWeb-2): repeat each target document by the size of the duplicate cluster it stood for.
+"""Rehydration (FineWeb-2): repeat each target document by the size of the duplicate cluster it
+stood for.
 
 Deduplication keeps one document per near-duplicate cluster and the clean stage records how many
 documents that cluster had (`minhash_cluster_size`, 1 when unique). FineWeb-2 found that documents
-duplicated more often are on average of higher quality, and upsamples them by a table of cluster size
--> weight (default 1 -> x1, 2 -> x2, 3-4 -> x3, 5-99 -> x5, 100+ -> x8). Here the weights are scaled
-so that the byte-weighted mean repetition equals the target's planned epochs: the epoch cap holds on
-average, and rehydration only moves repetitions from unique documents to duplicated ones.
+duplicated more often are on average of higher quality, and upsamples them by a table of cluster
+size -> weight (default 1 -> x1, 2 -> x2, 3-4 -> x3, 5-99 -> x5, 100+ -> x8). Here the weights are
+scaled so that the byte-weighted mean repetition equals the target's planned epochs: the epoch cap
+holds on average, and rehydration only moves repetitions from unique documents to duplicated ones.
 """
 
 from __future__ import annotations
@@ -17,18 +18,21 @@ from pipeline.mixing.planner import effective_tokens
 
 
 def row_for(cluster_size: int, table: Sequence[tuple[int, float]]) -> int:
-    """The index of the last row (sorted by min_cluster_size) whose min_cluster_size <= cluster_size."""
+    """The index of the last row (sorted by min_cluster_size) whose min_cluster_size <=
+    cluster_size."""
     return max(i for i, (min_size, _) in enumerate(table) if min_size <= cluster_size)
 
 
 def weight_for(cluster_size: int, table: Sequence[tuple[int, float]]) -> float:
-    """The table's weight for one document; its repetitions in the plan are this x `Rehydration.scale`."""
+    """The table's weight for one document; its repetitions in the plan are this x
+    `Rehydration.scale`."""
     return table[row_for(cluster_size, table)][1]
 
 
 @dataclass(frozen=True)
 class Bucket:
-    """The documents whose cluster size lies in [min_cluster_size, max_cluster_size] (None: no upper end)."""
+    """The documents whose cluster size lies in [min_cluster_size, max_cluster_size] (None: no upper
+    end)."""
 
     min_cluster_size: int
     max_cluster_size: Optional[int]
@@ -68,9 +72,11 @@ class Rehydration:
         return sum(b.effective_tokens(bytes_per_token) for b in self.buckets)
 
 
-def rehydrate(by_cluster_size: Mapping[int, Sequence[int]], table: Sequence[tuple[int, float]],
-              epochs: float) -> Rehydration:
-    """Group (documents, bytes) per cluster size into the table's ranges and scale the weights to `epochs`.
+def rehydrate(
+    by_cluster_size: Mapping[int, Sequence[int]], table: Sequence[tuple[int, float]], epochs: float
+) -> Rehydration:
+    """Group (documents, bytes) per cluster size into the table's ranges and scale the weights to
+    `epochs`.
 
     `table` is [(min_cluster_size, weight), ...], ascending, starting at 1.
     """
@@ -80,11 +86,20 @@ def rehydrate(by_cluster_size: Mapping[int, Sequence[int]], table: Sequence[tupl
         totals[row][0] += docs
         totals[row][1] += size_bytes
     all_bytes = sum(size_bytes for _, size_bytes in by_cluster_size.values())
-    weighted = sum(weight_for(size, table) * size_bytes for size, (_, size_bytes) in by_cluster_size.items())
+    weighted = sum(
+        weight_for(size, table) * size_bytes for size, (_, size_bytes) in by_cluster_size.items()
+    )
     mean_weight = weighted / all_bytes
     scale = epochs / mean_weight
     buckets = tuple(
-        Bucket(min_size, table[i + 1][0] - 1 if i + 1 < len(table) else None, weight, docs, size_bytes, weight * scale)
+        Bucket(
+            min_size,
+            table[i + 1][0] - 1 if i + 1 < len(table) else None,
+            weight,
+            docs,
+            size_bytes,
+            weight * scale,
+        )
         for i, ((min_size, weight), (docs, size_bytes)) in enumerate(zip(table, totals))
     )
     return Rehydration(buckets, mean_weight, scale)

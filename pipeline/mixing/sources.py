@@ -1,7 +1,9 @@
-"""Where the mix stage's sources are and how big they are; the plan's sources found again by later stages.
+"""Where the mix stage's sources are and how big they are; the plan's sources found again by later
+stages.
 
 The mix stage locates and measures them; the tokenizer and pack stages read the planned ones again
-(`planned_source`). A source is a clean stage output or a folder of raw files (pipeline/corpus/sources.py).
+(`planned_source`). A source is a clean stage output or a folder of raw files
+(pipeline/corpus/sources.py).
 """
 
 from __future__ import annotations
@@ -12,8 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.corpus.reader import RAW_PATTERNS
-from pipeline.corpus.sources import (RAW_FOLDER, FileTask, SourceInput, clean_output, over_files, raw_folder,
-                                     source_reader)
+from pipeline.corpus.sources import (
+    RAW_FOLDER,
+    FileTask,
+    SourceInput,
+    clean_output,
+    over_files,
+    raw_folder,
+    source_reader,
+)
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES
 from pipeline.work_folder import MARKER, read_marker, resolve_path, stage_dir
@@ -28,82 +37,120 @@ class Skipped:
     reason: str
 
 
-# Stages whose output is a corpus in the clean stage's layout (the replay stage writes the base's samples so).
+# Stages whose output is a corpus in the clean stage's layout (the replay stage writes the base's
+# samples so).
 CORPUS_STAGES = ("clean", "replay")
 
 
 def _stage_command(path: Path, work_dir: str) -> str:
-    """The command that creates `path` when it is `<work_dir>/<lang>/clean` (or `replay`); else empty."""
+    """The command that creates `path` when it is `<work_dir>/<lang>/clean` (or `replay`); else
+    empty."""
     if path.name in CORPUS_STAGES and path.parent.name in LANGUAGES:
-        base = " model.base=<Hugging Face folder> replay.tokens=<tokens>" if path.name == "replay" else ""
+        base = (
+            " model.base=<Hugging Face folder> replay.tokens=<tokens>"
+            if path.name == "replay"
+            else ""
+        )
         return f"python -m pipeline stage={path.name} lang={path.parent.name} work_dir={work_dir}{base}"
     return ""
 
 
 def planned_source(entry: dict, work_dir: str) -> SourceInput:
-    """A source of the mix plan (its `plan.json` entry), to read again, in the work folder `work_dir` wherever it
-    is now (the plan records paths inside it relative to it)."""
+    """A source of the mix plan (its `plan.json` entry), to read again, in the work folder
+    `work_dir` wherever it is now (the plan records paths inside it relative to it)."""
     path = resolve_path(work_dir, entry["path"])
     if entry["input"] == RAW_FOLDER:
         return raw_folder(entry["name"], path)
     if read_marker(path) is None:
         command = _stage_command(path, work_dir) or "python -m pipeline stage=clean lang=<lang>"
-        raise StageError(f"The mix plan's source `{entry['name']}` is the clean output {path}, which has no {MARKER} "
-                         f"any more. Run {command}, then the mix stage again.")
+        raise StageError(
+            f"The mix plan's source `{entry['name']}` is the clean output {path}, which has no "
+            f"{MARKER} "
+            f"any more. Run {command}, then the mix stage again."
+        )
     return clean_output(entry["name"], path)
 
 
-def _locate(name: str, key: str, path: Path, optional: bool, work_dir: str) -> SourceInput | Skipped:
+def _locate(
+    name: str, key: str, path: Path, optional: bool, work_dir: str
+) -> SourceInput | Skipped:
     command = _stage_command(path, work_dir)
     if not path.exists():
         if optional:
-            return Skipped(name, path, "does not exist" + (f"; to add it: {command}" if command else ""))
-        hint = (f"It looks like the clean output of {path.parent.name}: create it first with {command}" if command
-                else f"Point `{key}` at a clean stage output (<work_dir>/<lang>/clean) or a folder of raw "
-                     f"{', '.join(RAW_PATTERNS)} files, or remove the source from mix.sources")
+            return Skipped(
+                name, path, "does not exist" + (f"; to add it: {command}" if command else "")
+            )
+        hint = (
+            f"It looks like the clean output of {path.parent.name}: create it first with {command}"
+            if command
+            else f"Point `{key}` at a clean stage output (<work_dir>/<lang>/clean) or a folder of "
+            "raw "
+            f"{', '.join(RAW_PATTERNS)} files, or remove the source from mix.sources"
+        )
         raise StageError(f"mix source `{name}` ({key}): {path} does not exist. {hint}.")
     if not path.is_dir():
-        raise StageError(f"mix source `{name}` ({key}): {path} is not a folder. Point `{key}` at a folder.")
+        raise StageError(
+            f"mix source `{name}` ({key}): {path} is not a folder. Point `{key}` at a folder."
+        )
 
     marker = read_marker(path)
     if marker is None and command:
         if optional:
-            return Skipped(name, path, f"its {path.name} stage has not finished (no {MARKER}); run: {command}")
-        raise StageError(f"mix source `{name}` ({key}): {path} has no {MARKER}, so its {path.name} stage has not "
-                         f"finished. Run: {command}")
+            return Skipped(
+                name, path, f"its {path.name} stage has not finished (no {MARKER}); run: {command}"
+            )
+        raise StageError(
+            f"mix source `{name}` ({key}): {path} has no {MARKER}, so its {path.name} stage has "
+            "not "
+            f"finished. Run: {command}"
+        )
     if marker is not None:
         if marker.get("stage") not in CORPUS_STAGES:
-            raise StageError(f"mix source `{name}` ({key}): {path} is the output of stage `{marker.get('stage')}`; "
-                             "point it at a clean stage output (<work_dir>/<lang>/clean), the base's samples "
-                             "(<work_dir>/<lang>/replay) or a folder of raw files.")
+            raise StageError(
+                f"mix source `{name}` ({key}): {path} is the output of stage "
+                f"`{marker.get('stage')}`; "
+                "point it at a clean stage output (<work_dir>/<lang>/clean), the base's samples "
+                "(<work_dir>/<lang>/replay) or a folder of raw files."
+            )
         return clean_output(name, path)
 
     source = raw_folder(name, path)
     if not source.files:
-        raise StageError(f"mix source `{name}` ({key}): no {', '.join(RAW_PATTERNS)} files in {path} (subfolders "
-                         f"included). Add files there or point `{key}` elsewhere.")
+        raise StageError(
+            f"mix source `{name}` ({key}): no {', '.join(RAW_PATTERNS)} files in {path} "
+            "(subfolders "
+            f"included). Add files there or point `{key}` elsewhere."
+        )
     return source
 
 
 def locate_sources(cfg) -> tuple[list[SourceInput], list[Skipped]]:
-    """The configured sources that can be read, and those skipped (missing optional ones, the target)."""
+    """The configured sources that can be read, and those skipped (missing optional ones, the
+    target)."""
     target_dir = stage_dir(cfg, "clean").resolve()
     found, skipped = [], []
     for index, source in enumerate(cfg.mix.sources):
         path = Path(source.path).absolute().resolve()
         if path == target_dir:
-            skipped.append(Skipped(source.name, path, "the target language's own clean output, always in the mix"))
+            skipped.append(
+                Skipped(
+                    source.name, path, "the target language's own clean output, always in the mix"
+                )
+            )
             continue
         key = f"mix.sources.{index}.path"
         if source.name == cfg.lang.code:
-            raise StageError(f"mix source `{source.name}` ({key}: {path}) has the target language's name but not its "
-                             f"clean output ({target_dir}); give it another name.")
+            raise StageError(
+                f"mix source `{source.name}` ({key}: {path}) has the target language's name but "
+                "not its "
+                f"clean output ({target_dir}); give it another name."
+            )
         located = _locate(source.name, key, path, source.optional, cfg.work_dir)
         (skipped if isinstance(located, Skipped) else found).append(located)
     return found, skipped
 
 
-# -- measuring -----------------------------------------------------------------------------------------
+# -- measuring -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -146,13 +193,21 @@ def _measure_file(task: FileTask) -> Measurement:
 
 
 def measure(source: SourceInput, scratch: Path, workers: int) -> Measurement:
-    """Documents, UTF-8 bytes and duplicate-cluster sizes of a source; bad records are logged in `scratch`."""
+    """Documents, UTF-8 bytes and duplicate-cluster sizes of a source; bad records are logged in
+    `scratch`."""
     total = Measurement()
-    for measured in over_files(source, scratch, workers, _measure_file, f"mix: measuring {source.name}"):
+    for measured in over_files(
+        source, scratch, workers, _measure_file, f"mix: measuring {source.name}"
+    ):
         total.add(measured)
     if not total.bad_records:
         shutil.rmtree(scratch / "bad_records", ignore_errors=True)  # one empty log per file read
     else:
-        log.warning("mix: %d bad records in source `%s` (%s) were skipped; see %s", total.bad_records,
-                    source.name, source.path, scratch / "bad_records")
+        log.warning(
+            "mix: %d bad records in source `%s` (%s) were skipped; see %s",
+            total.bad_records,
+            source.name,
+            source.path,
+            scratch / "bad_records",
+        )
     return total

@@ -1,12 +1,15 @@
 """The transformer's shape as a typed config: the `model` section, presets in `conf/model/`.
 
 One dataclass covers the two families the recipe starts from: BLOOM (ALiBi, LayerNorm, embedding
-LayerNorm, GELU, biases, tied head) and Llama/Mistral (RoPE, RMSNorm, SwiGLU, grouped-query attention).
-This module imports no torch, so that the command line can check a config without loading it.
+LayerNorm, GELU, biases, tied head) and Llama/Mistral (RoPE, RMSNorm, SwiGLU, grouped-query
+attention). This module imports no torch, so that the command line can check a config without
+loading it.
 
-The typed `export` section: how the training stages write their transformers folder `hf/` (torch-free).
+The typed `export` section: how the training stages write their transformers folder `hf/`
+(torch-free).
 
-The model's size and compute, from its config alone (no weights allocated): parameters and FLOPs per token.
+The model's size and compute, from its config alone (no weights allocated): parameters and FLOPs per
+token.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ ROPE_SCALING_TYPES = ("llama3",)
 
 @dataclass
 class RopeScaling:
-    """Llama 3.1's long-context RoPE: low frequencies slowed by `factor`, high ones kept, a smooth ramp between."""
+    """Llama 3.1's long-context RoPE: low frequencies slowed by `factor`, high ones kept, a smooth
+    ramp between."""
 
     type: str = "llama3"
     factor: float = 8.0
@@ -41,14 +45,15 @@ class ModelConfig:
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
-    # Key/value heads: num_heads for multi-head attention, fewer for grouped-query, 1 for multi-query.
+    # Key/value heads: num_heads for multi-head attention, fewer for grouped-query, 1 for
+    # multi-query.
     num_kv_heads: int = 2
     # Width of the feed-forward layer (for swiglu: of each of its gate and up projections).
     ffn_size: int = 384
     # The tokenizer's vocabulary (what the exported model declares).
     vocab_size: int = 32768
-    # The embedding and head hold the vocabulary rounded up to this multiple (tensor-parallel shards and
-    # GPU kernels want it); the extra rows are zeros and never predicted.
+    # The embedding and head hold the vocabulary rounded up to this multiple (tensor-parallel shards
+    # and GPU kernels want it); the extra rows are zeros and never predicted.
     pad_vocab_multiple: int = 128
     position: str = "rope"
     rope_theta: float = 10000.0
@@ -64,16 +69,17 @@ class ModelConfig:
     tie_embeddings: bool = True
     # The longest sequence the model is made for (Hugging Face's max_position_embeddings).
     max_seq_len: int = 256
-    # Mistral's attention window. The attention kernels attend to the whole causal past, so the model
-    # refuses sequences longer than the window instead of silently computing something else.
+    # Mistral's attention window. The attention kernels attend to the whole causal past, so the
+    # model refuses sequences longer than the window instead of silently computing something else.
     sliding_window: Optional[int] = None
     # Standard deviation of the random initialisation (a model trained from scratch).
     init_std: float = 0.02
-    # The pretrained model to start from: a local Hugging Face folder or a pipeline checkpoint, with its
-    # tokenizer.json. Its config decides the fields above (pipeline/model/base_shape.py).
+    # The pretrained model to start from: a local Hugging Face folder or a pipeline checkpoint, with
+    # its tokenizer.json. Its config decides the fields above (pipeline/model/base_shape.py).
     base: Optional[str] = None
-    # The language the base model was trained in (ISO 639-3): replayed in the mix and in the tokenizer's
-    # training text so that the model keeps it, and scored by evaluate so that forgetting shows.
+    # The language the base model was trained in (ISO 639-3): replayed in the mix and in the
+    # tokenizer's training text so that the model keeps it, and scored by evaluate so that
+    # forgetting shows.
     base_lang: str = "eng"
 
     @property
@@ -86,73 +92,122 @@ class ModelConfig:
         return -(-self.vocab_size // multiple) * multiple
 
 
-# What a training length of null takes: the model's context within its attention window, at most this much
-# (continued pretraining rarely needs a base's whole context, and attention's share of the compute grows with it).
+# What a training length of null takes: the model's context within its attention window, at most
+# this much (continued pretraining rarely needs a base's whole context, and attention's share of the
+# compute grows with it).
 DEFAULT_TRAINING_SEQ_LEN = 2048
 
 
 def training_seq_len(model: ModelConfig, seq_len: Optional[int]) -> int:
-    """The tokens per training sequence: `seq_len` (train.seq_len), or for null the model's context, at most
-    DEFAULT_TRAINING_SEQ_LEN and its sliding window."""
+    """The tokens per training sequence: `seq_len` (train.seq_len), or for null the model's context,
+    at most DEFAULT_TRAINING_SEQ_LEN and its sliding window."""
     if seq_len is not None:
         return seq_len
-    return min(model.max_seq_len, model.sliding_window or model.max_seq_len, DEFAULT_TRAINING_SEQ_LEN)
+    return min(
+        model.max_seq_len, model.sliding_window or model.max_seq_len, DEFAULT_TRAINING_SEQ_LEN
+    )
 
 
 def uneven_for_tensor_parallel(model: ModelConfig, tp: int) -> list[str]:
-    """The sizes that tensor parallelism cuts into `tp` equal parts (query heads, key/value heads, feed-forward
-    width) and `tp` does not divide."""
+    """The sizes that tensor parallelism cuts into `tp` equal parts (query heads, key/value heads,
+    feed-forward width) and `tp` does not divide."""
     return [key for key in ("num_heads", "num_kv_heads", "ffn_size") if getattr(model, key) % tp]
 
 
 def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     """Checks that types alone cannot express; each error names the key and what is allowed."""
-    for key, value, allowed in (("position", model.position, POSITIONS), ("norm", model.norm, NORMS),
-                                ("activation", model.activation, ACTIVATIONS)):
+    for key, value, allowed in (
+        ("position", model.position, POSITIONS),
+        ("norm", model.norm, NORMS),
+        ("activation", model.activation, ACTIVATIONS),
+    ):
         if value not in allowed:
             raise ConfigError(f"{prefix}.{key}", value, allowed)
-    for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "vocab_size",
-                "pad_vocab_multiple", "max_seq_len"):
+    for key in (
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "ffn_size",
+        "vocab_size",
+        "pad_vocab_multiple",
+        "max_seq_len",
+    ):
         if getattr(model, key) < 1:
             raise ConfigError(f"{prefix}.{key}", getattr(model, key), ["an integer >= 1"])
     if model.hidden_size % model.num_heads:
-        raise ConfigError(f"{prefix}.num_heads", model.num_heads,
-                          [f"a divisor of {prefix}.hidden_size={model.hidden_size}"])
+        raise ConfigError(
+            f"{prefix}.num_heads",
+            model.num_heads,
+            [f"a divisor of {prefix}.hidden_size={model.hidden_size}"],
+        )
     if model.head_dim % 2 and model.position == "rope":
-        raise ConfigError(f"{prefix}.num_heads", model.num_heads,
-                          ["a number that leaves an even head size (hidden_size / num_heads) for RoPE"])
+        raise ConfigError(
+            f"{prefix}.num_heads",
+            model.num_heads,
+            ["a number that leaves an even head size (hidden_size / num_heads) for RoPE"],
+        )
     if model.num_heads % model.num_kv_heads:
-        raise ConfigError(f"{prefix}.num_kv_heads", model.num_kv_heads,
-                          [f"a divisor of {prefix}.num_heads={model.num_heads} (1 for multi-query, "
-                           f"{model.num_heads} for multi-head attention)"])
+        raise ConfigError(
+            f"{prefix}.num_kv_heads",
+            model.num_kv_heads,
+            [
+                f"a divisor of {prefix}.num_heads={model.num_heads} (1 for multi-query, "
+                f"{model.num_heads} for multi-head attention)"
+            ],
+        )
     for key in ("norm_eps", "init_std", "rope_theta"):
         if not getattr(model, key) > 0:
             raise ConfigError(f"{prefix}.{key}", getattr(model, key), ["a positive number"])
     if model.sliding_window is not None and model.sliding_window < 1:
-        raise ConfigError(f"{prefix}.sliding_window", model.sliding_window, ["null", "an integer >= 1"])
+        raise ConfigError(
+            f"{prefix}.sliding_window", model.sliding_window, ["null", "an integer >= 1"]
+        )
     scaling = model.rope_scaling
     if scaling is not None:
         if model.position != "rope":
-            raise ConfigError(f"{prefix}.rope_scaling", "set", [f"null when {prefix}.position={model.position}"])
+            raise ConfigError(
+                f"{prefix}.rope_scaling", "set", [f"null when {prefix}.position={model.position}"]
+            )
         if scaling.type not in ROPE_SCALING_TYPES:
             raise ConfigError(f"{prefix}.rope_scaling.type", scaling.type, ROPE_SCALING_TYPES)
-        if not (scaling.factor > 0 and 0 < scaling.low_freq_factor < scaling.high_freq_factor
-                and scaling.original_max_seq_len > 0):
-            raise ConfigError(f"{prefix}.rope_scaling", scaling, [
-                "factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_seq_len > 0 (Llama 3.1: "
-                "factor 8, low_freq_factor 1, high_freq_factor 4, original_max_seq_len 8192)"])
+        if not (
+            scaling.factor > 0
+            and 0 < scaling.low_freq_factor < scaling.high_freq_factor
+            and scaling.original_max_seq_len > 0
+        ):
+            raise ConfigError(
+                f"{prefix}.rope_scaling",
+                scaling,
+                [
+                    "factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_seq_len > "
+                    "0 (Llama 3.1: "
+                    "factor 8, low_freq_factor 1, high_freq_factor 4, original_max_seq_len 8192)"
+                ],
+            )
 
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
-          "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
 
 
 @dataclass
 class ExportConfig:
-    # The largest weights file of `hf/` ("5GB", "500MB", "2GiB" or bytes), as transformers' save_pretrained takes
-    # it: above it the weights go into model-00001-of-0000N.safetensors shards with model.safetensors.index.json.
-    # Not part of the stages' hash: it changes the files, not the model.
+    # The largest weights file of `hf/` ("5GB", "500MB", "2GiB" or bytes), as transformers'
+    # save_pretrained takes it: above it the weights go into model-00001-of-0000N.safetensors shards
+    # with model.safetensors.index.json. Not part of the stages' hash: it changes the files, not the
+    # model.
     max_shard_size: str = "5GB"
 
 
@@ -160,7 +215,9 @@ def shard_bytes(export: ExportConfig) -> int:
     match = _SIZE.fullmatch(str(export.max_shard_size))
     unit = match.group(2).upper() if match else None
     if match is None or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < 1:
-        raise ConfigError("export.max_shard_size", export.max_shard_size, ["a size such as 5GB, 500MB or 2GiB"])
+        raise ConfigError(
+            "export.max_shard_size", export.max_shard_size, ["a size such as 5GB, 500MB or 2GiB"]
+        )
     return int(float(match.group(1)) * _UNITS[unit])
 
 
@@ -176,7 +233,8 @@ def _matmul_parameters_per_block(cfg: ModelConfig) -> int:
 
 
 def parameter_count(cfg: ModelConfig) -> int:
-    """Parameters as Hugging Face counts them: the real vocabulary (no padding), a tied head counted once."""
+    """Parameters as Hugging Face counts them: the real vocabulary (no padding), a tied head counted
+    once."""
     h = cfg.hidden_size
     norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
     attention_biases = cfg.head_dim * (cfg.num_heads + 2 * cfg.num_kv_heads) + h
@@ -192,12 +250,14 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     """Training FLOPs per token (forward + backward = 3 x forward), for MFU.
 
     Counts the matrix multiplications, as PaLM (Chowdhery et al. 2022, appendix B) and Megatron do:
-    2 FLOPs per weight per token in the forward pass for every linear layer and the LM head (the real
-    vocabulary, not the padding), plus attention's two products QK^T and AV, 2 * 2 * seq_len *
+    2 FLOPs per weight per token in the forward pass for every linear layer and the LM head (the
+    real vocabulary, not the padding), plus attention's two products QK^T and AV, 2 * 2 * seq_len *
     num_heads * head_dim per layer and token. Attention is counted over the full seq_len x seq_len
     score matrix, *not* halved for the causal mask, as PaLM's 6N + 12 L H Q T does, so the numbers
     compare with published MFU. Norms, activations, softmax and the embedding lookup are left out.
     """
-    matmul_weights = cfg.num_layers * _matmul_parameters_per_block(cfg) + cfg.vocab_size * cfg.hidden_size
+    matmul_weights = (
+        cfg.num_layers * _matmul_parameters_per_block(cfg) + cfg.vocab_size * cfg.hidden_size
+    )
     attention = cfg.num_layers * 2 * 2 * seq_len * cfg.num_heads * cfg.head_dim
     return 3 * (2 * matmul_weights + attention)

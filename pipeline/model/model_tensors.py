@@ -1,12 +1,13 @@
-"""A model's tensors one at a time: read from a file, drawn at random, or taken from a module, and written to a
-pipeline checkpoint without ever holding the whole model.
+"""A model's tensors one at a time: read from a file, drawn at random, or taken from a module, and
+written to a pipeline checkpoint without ever holding the whole model.
 
-The training stages' launching process starts a model of any size this way: it converts the base model (a Hugging
-Face folder or a pipeline checkpoint) or draws a random one tensor by tensor into the checkpoint that the ranks
-read their shares from, so that it holds one tensor at a time, not the model (docs/model.md, "What a rank holds").
+The training stages' launching process starts a model of any size this way: it converts the base
+model (a Hugging Face folder or a pipeline checkpoint) or draws a random one tensor by tensor into
+the checkpoint that the ranks read their shares from, so that it holds one tensor at a time, not the
+model (docs/model.md, "What a rank holds").
 
-Every source gives the project's tensor names (`Transformer.state_dict()`, the tied head left out) with the padded
-vocabulary rows, under `cfg`.
+Every source gives the project's tensor names (`Transformer.state_dict()`, the tied head left out)
+with the padded vocabulary rows, under `cfg`.
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ CHECKPOINT_WEIGHTS = "model.safetensors"
 
 
 def model_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The checkpoint's tensor names and shapes in the model's order (a tied head is the embedding: left out)."""
+    """The checkpoint's tensor names and shapes in the model's order (a tied head is the embedding:
+    left out)."""
     with torch.device("meta"):
         model = Transformer(cfg)
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()
-            if not (cfg.tie_embeddings and name == "head.weight")}
+    return {
+        name: tuple(tensor.shape)
+        for name, tensor in model.state_dict().items()
+        if not (cfg.tie_embeddings and name == "head.weight")
+    }
 
 
 class ModelTensors:
@@ -64,8 +69,9 @@ class ModuleTensors(ModelTensors):
 
 
 class ScratchTensors(ModelTensors):
-    """A random model (`Transformer.reset_parameters`' distributions), each tensor drawn from its own generator
-    seeded by `seed` and its name: the same values whichever tensors are drawn, in whatever order."""
+    """A random model (`Transformer.reset_parameters`' distributions), each tensor drawn from its
+    own generator seeded by `seed` and its name: the same values whichever tensors are drawn, in
+    whatever order."""
 
     def __init__(self, cfg: ModelConfig, seed: int) -> None:
         self.cfg = cfg
@@ -81,8 +87,8 @@ class ScratchTensors(ModelTensors):
 
 
 class CheckpointTensors(ModelTensors):
-    """A pipeline checkpoint folder (`model_config.json`, `model.safetensors`), read a tensor at a time, in `dtype`
-    (default: as stored)."""
+    """A pipeline checkpoint folder (`model_config.json`, `model.safetensors`), read a tensor at a
+    time, in `dtype` (default: as stored)."""
 
     def __init__(self, folder: Path, dtype: Optional[torch.dtype] = None) -> None:
         self.folder, self.dtype = Path(folder), dtype
@@ -97,8 +103,10 @@ class CheckpointTensors(ModelTensors):
             raise CheckpointError(f"{error}; write the checkpoint again.") from None
         missing = sorted(set(model_shapes(self.cfg)) - set(self._handle.keys()))
         if missing:
-            raise CheckpointError(f"{path} does not match {self.folder / CHECKPOINT_CONFIG}: it lacks "
-                                  f"{', '.join(missing[:5])}. Write the checkpoint again.")
+            raise CheckpointError(
+                f"{path} does not match {self.folder / CHECKPOINT_CONFIG}: it lacks "
+                f"{', '.join(missing[:5])}. Write the checkpoint again."
+            )
         return self
 
     def __exit__(self, *error) -> None:
@@ -110,10 +118,12 @@ class CheckpointTensors(ModelTensors):
 
 
 class ReplacedTensors(ModelTensors):
-    """Another model's tensors with some replaced, under its own config (the warm start: the base's body, new
-    vocabulary matrices)."""
+    """Another model's tensors with some replaced, under its own config (the warm start: the base's
+    body, new vocabulary matrices)."""
 
-    def __init__(self, base: ModelTensors, cfg: ModelConfig, replaced: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, base: ModelTensors, cfg: ModelConfig, replaced: dict[str, torch.Tensor]
+    ) -> None:
         self.base, self.cfg, self.replaced = base, cfg, replaced
 
     def __enter__(self) -> "ReplacedTensors":
@@ -129,8 +139,8 @@ class ReplacedTensors(ModelTensors):
 
 @dataclass
 class StartingModel:
-    """The model a training stage's ranks start from, read a tensor at a time, and what to tell the user if it holds
-    non-finite values."""
+    """The model a training stage's ranks start from, read a tensor at a time, and what to tell the
+    user if it holds non-finite values."""
 
     tensors: ModelTensors
     what: str  # "warmup: the base model ...", naming it in the message
@@ -138,7 +148,8 @@ class StartingModel:
 
 
 def opened_checkpoint(folder: Path) -> CheckpointTensors:
-    """A checkpoint's tensors, its file opened once to check it (a damaged one fails here, naming it)."""
+    """A checkpoint's tensors, its file opened once to check it (a damaged one fails here, naming
+    it)."""
     tensors = CheckpointTensors(folder)
     with tensors:
         return tensors
@@ -159,18 +170,25 @@ def build_model(tensors: ModelTensors) -> Transformer:
 
 
 def write_checkpoint(tensors: ModelTensors, folder: Path) -> list[str]:
-    """`tensors` as a float32 pipeline checkpoint in `folder`, a tensor at a time. Returns the names of the tensors
-    that hold a NaN or an infinity (written all the same: the caller decides)."""
+    """`tensors` as a float32 pipeline checkpoint in `folder`, a tensor at a time. Returns the names
+    of the tensors that hold a NaN or an infinity (written all the same: the caller decides)."""
     cfg = tensors.cfg
     shapes = model_shapes(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     non_finite = []
-    with tensors, TensorFileWriter(folder / CHECKPOINT_WEIGHTS,
-                                   {name: (dtype_name(torch.float32), shape) for name, shape in shapes.items()}) as out:
+    with (
+        tensors,
+        TensorFileWriter(
+            folder / CHECKPOINT_WEIGHTS,
+            {name: (dtype_name(torch.float32), shape) for name, shape in shapes.items()},
+        ) as out,
+    ):
         for name in shapes:
             tensor = tensors.read(name).to(torch.float32)
             if not bool(torch.isfinite(tensor).all()):
                 non_finite.append(name)
             out.write(name, tensor)
-    (folder / CHECKPOINT_CONFIG).write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n", encoding="utf-8")
+    (folder / CHECKPOINT_CONFIG).write_text(
+        json.dumps(dataclasses.asdict(cfg), indent=2) + "\n", encoding="utf-8"
+    )
     return non_finite

@@ -23,8 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.kernels import (add_layer_norm, add_rms_norm, flash_attention, layer_norm, rms_norm,
-                              stacked_flash_attention, unstack_qkv)
+from pipeline.kernels import (
+    add_layer_norm,
+    add_rms_norm,
+    flash_attention,
+    layer_norm,
+    rms_norm,
+    stacked_flash_attention,
+    unstack_qkv,
+)
 from pipeline.model.model_config import ModelConfig, RopeScaling
 
 
@@ -35,20 +42,24 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def applied_weight(self) -> torch.Tensor:
-        """The weight as the norm applies it (a sequence-parallel norm routes its gradient through the ranks)."""
+        """The weight as the norm applies it (a sequence-parallel norm routes its gradient through
+        the ranks)."""
         return self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Statistics in float32 (bf16 sums of squares lose too much); the Triton kernel on a GPU.
         return rms_norm(x, self.applied_weight(), self.eps)
 
-    def add_forward(self, x: torch.Tensor, addend: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(
+        self, x: torch.Tensor, addend: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + addend, its norm) in one pass."""
         return add_rms_norm(x, addend, self.applied_weight(), self.eps)
 
 
 class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm (same `weight`/`bias` parameters, `bias=False` allowed) run by the Triton kernel on a GPU."""
+    """nn.LayerNorm (same `weight`/`bias` parameters, `bias=False` allowed) run by the Triton kernel
+    on a GPU."""
 
     def applied_weights(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Weight and bias as the norm applies them (see RMSNorm.applied_weight)."""
@@ -57,7 +68,9 @@ class LayerNorm(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(x, *self.applied_weights(), self.eps)
 
-    def add_forward(self, x: torch.Tensor, addend: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(
+        self, x: torch.Tensor, addend: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + addend, its norm) in one pass."""
         return add_layer_norm(x, addend, *self.applied_weights(), self.eps)
 
@@ -68,24 +81,36 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def stacked_parameter_grads(grad: torch.Tensor, tokens: torch.Tensor, weights: list[torch.Tensor], has_bias: bool,
-                            wanted: tuple[bool, ...]) -> list[Optional[torch.Tensor]]:
-    """Weight and bias gradients of linear layers run as one over their stacked weights (`_StackedLinears`, and the
-    column-parallel layers): `grad` (tokens, stacked outputs) and `tokens` (tokens, inputs) in 2-D; `wanted` says
-    per layer whether its weight and its bias need one. Returns them in that order, None where not wanted."""
+def stacked_parameter_grads(
+    grad: torch.Tensor,
+    tokens: torch.Tensor,
+    weights: list[torch.Tensor],
+    has_bias: bool,
+    wanted: tuple[bool, ...],
+) -> list[Optional[torch.Tensor]]:
+    """Weight and bias gradients of linear layers run as one over their stacked weights
+    (`_StackedLinears`, and the column-parallel layers): `grad` (tokens, stacked outputs) and
+    `tokens` (tokens, inputs) in 2-D; `wanted` says per layer whether its weight and its bias need
+    one. Returns them in that order, None where not wanted."""
     sizes = [weight.shape[0] for weight in weights]
     grad_weights = (grad.t() @ tokens).split(sizes) if any(wanted[0::2]) else (None,) * len(sizes)
-    grad_biases = grad.sum(0).split(sizes) if has_bias and any(wanted[1::2]) else (None,) * len(sizes)
+    grad_biases = (
+        grad.sum(0).split(sizes) if has_bias and any(wanted[1::2]) else (None,) * len(sizes)
+    )
     grads = []
     for index, (grad_weight, grad_bias) in enumerate(zip(grad_weights, grad_biases)):
-        grads += [grad_weight if wanted[2 * index] else None, grad_bias if wanted[2 * index + 1] else None]
+        grads += [
+            grad_weight if wanted[2 * index] else None,
+            grad_bias if wanted[2 * index + 1] else None,
+        ]
     return grads
 
 
 class _StackedLinears(torch.autograd.Function):
-    """Linear layers that read the same x (q, k, v; gate, up) as one matrix product over their weights stacked; the
-    stack is built again in the backward rather than kept between the passes. The backward's gradient of x is then one
-    product too, instead of one per layer and the additions of their results."""
+    """Linear layers that read the same x (q, k, v; gate, up) as one matrix product over their
+    weights stacked; the stack is built again in the backward rather than kept between the passes.
+    The backward's gradient of x is then one product too, instead of one per layer and the additions
+    of their results."""
 
     @staticmethod
     def forward(ctx, x, *weights_and_biases):
@@ -99,12 +124,14 @@ class _StackedLinears(torch.autograd.Function):
         x, *weights = ctx.saved_tensors
         grad = grad.reshape(-1, grad.shape[-1])
         grad_x = (grad @ torch.cat(weights)).view(x.shape) if ctx.needs_input_grad[0] else None
-        return grad_x, *stacked_parameter_grads(grad, x.reshape(-1, x.shape[-1]), weights, ctx.has_bias,
-                                                ctx.needs_input_grad[1:])
+        return grad_x, *stacked_parameter_grads(
+            grad, x.reshape(-1, x.shape[-1]), weights, ctx.has_bias, ctx.needs_input_grad[1:]
+        )
 
 
 def stacked_linears(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor:
-    """The outputs of linear layers that all read x, side by side along the last axis, from one matrix product."""
+    """The outputs of linear layers that all read x, side by side along the last axis, from one
+    matrix product."""
     parameters = [tensor for layer in layers for tensor in (layer.weight, layer.bias)]
     return _StackedLinears.apply(x, *parameters)
 
@@ -130,8 +157,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         cfg = self.cfg
         qkv = self.project(x)
-        # The shapes follow the projection: a tensor-parallel rank holds a slice of the heads (and, with sequence
-        # parallelism, x only a part of the tokens).
+        # The shapes follow the projection: a tensor-parallel rank holds a slice of the heads (and,
+        # with sequence parallelism, x only a part of the tokens).
         batch, seq, width = qkv.shape
         heads = width // cfg.head_dim * cfg.num_heads // (cfg.num_heads + 2 * cfg.num_kv_heads)
         if cfg.position == "rope":
@@ -139,12 +166,24 @@ class Attention(nn.Module):
             # Positions count from the start of the sequence, also in packed sequences (documents
             # after the first do not start at 0); segment_ids only keep documents apart.
             cos, sin = shared_rope_tables(cfg, seq, q.dtype, q.device)
-            # v copied out of the stack: attention saves v, and a view would keep the unrotated q and k alive too.
-            y = flash_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous(), causal=True,
-                                segment_ids=segment_ids)
+            # v copied out of the stack: attention saves v, and a view would keep the unrotated q
+            # and k alive too.
+            y = flash_attention(
+                apply_rope(q, cos, sin),
+                apply_rope(k, cos, sin),
+                v.contiguous(),
+                causal=True,
+                segment_ids=segment_ids,
+            )
         else:
-            y = stacked_flash_attention(qkv, heads, cfg.head_dim, causal=True, alibi_slopes=self.alibi_slopes(x.device),
-                                        segment_ids=segment_ids)
+            y = stacked_flash_attention(
+                qkv,
+                heads,
+                cfg.head_dim,
+                causal=True,
+                alibi_slopes=self.alibi_slopes(x.device),
+                segment_ids=segment_ids,
+            )
         return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -159,7 +198,11 @@ class MLP(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """What the activation reads: gate and up (SwiGLU; one product, then views), or up alone."""
-        return stacked_linears(x, (self.gate, self.up)).chunk(2, dim=-1) if self.swiglu else (self.up(x),)
+        return (
+            stacked_linears(x, (self.gate, self.up)).chunk(2, dim=-1)
+            if self.swiglu
+            else (self.up(x),)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
@@ -182,11 +225,16 @@ class Block(nn.Module):
         x, mlp_out = self.residual_parts(x, segment_ids)
         return x + mlp_out
 
-    def residual_parts(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None,
-                       owed: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block's residual stream and its MLP's output, not yet added to it: the next block adds that inside
-        its first norm, as this one adds `owed` (the previous block's) and its attention's output inside its norms.
-        Each addition is then one pass over the activations, and so is its gradient's in the backward."""
+    def residual_parts(
+        self,
+        x: torch.Tensor,
+        segment_ids: Optional[torch.Tensor] = None,
+        owed: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's residual stream and its MLP's output, not yet added to it: the next block
+        adds that inside its first norm, as this one adds `owed` (the previous block's) and its
+        attention's output inside its norms. Each addition is then one pass over the activations,
+        and so is its gradient's in the backward."""
         if owed is None:
             normed = self.attn_norm(x)
         else:
@@ -200,8 +248,8 @@ class Embedding(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        # nn.Embedding's own Normal(0, 1) init, except on the meta device (model_shapes), where torch's normal_
-        # imports torch._dynamo (3 s) to draw nothing
+        # nn.Embedding's own Normal(0, 1) init, except on the meta device (model_shapes), where
+        # torch's normal_ imports torch._dynamo (3 s) to draw nothing
         weight = torch.empty(cfg.padded_vocab_size, cfg.hidden_size)
         if not weight.is_meta:
             nn.init.normal_(weight)
@@ -221,7 +269,7 @@ class Head(nn.Linear):
         self.vocab_size = cfg.vocab_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x)[..., :self.vocab_size]
+        return super().forward(x)[..., : self.vocab_size]
 
 
 class Transformer(nn.Module):
@@ -245,19 +293,25 @@ class Transformer(nn.Module):
             initialise(self.cfg, name, parameter)
         self.tie_weights()
 
-    def forward(self, input_ids: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, segment_ids: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Logits (batch, seq, vocab_size) for token ids (batch, seq); segment_ids (batch, seq) keep
         packed documents from attending to each other."""
         return self.head(self.hidden_states(input_ids, segment_ids))
 
-    def hidden_states(self, input_ids: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The last hidden states (batch, seq, hidden_size), after the final norm: what the head reads (and what
-        Hugging Face models return last with output_hidden_states=True)."""
+    def hidden_states(
+        self, input_ids: torch.Tensor, segment_ids: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """The last hidden states (batch, seq, hidden_size), after the final norm: what the head
+        reads (and what Hugging Face models return last with output_hidden_states=True)."""
         window = self.cfg.sliding_window
         if window is not None and input_ids.shape[1] > window:
-            raise ValueError(f"A sequence of {input_ids.shape[1]} tokens is longer than the model's sliding "
-                             f"attention window ({window} tokens, model.sliding_window), which the attention "
-                             f"kernels do not implement: use sequences of at most {window} tokens.")
+            raise ValueError(
+                f"A sequence of {input_ids.shape[1]} tokens is longer than the model's sliding "
+                f"attention window ({window} tokens, model.sliding_window), which the attention "
+                f"kernels do not implement: use sequences of at most {window} tokens."
+            )
         x, owed = self.embedding(input_ids), None
         for block in self.blocks:
             x, owed = block.residual_parts(x, segment_ids, owed)
@@ -269,13 +323,19 @@ VOCAB_TENSORS = ("embedding.tokens.weight", "head.weight")
 
 
 @torch.no_grad()
-def initialise(cfg: ModelConfig, name: str, tensor: torch.Tensor, generator: Optional[torch.Generator] = None) -> None:
-    """A new model's tensor `name`: Normal(0, init_std) weights, zero biases, unit norms; zero padding rows.
+def initialise(
+    cfg: ModelConfig, name: str, tensor: torch.Tensor, generator: Optional[torch.Generator] = None
+) -> None:
+    """A new model's tensor `name`: Normal(0, init_std) weights, zero biases, unit norms; zero
+    padding rows.
 
-    The projections that write into the residual stream (attention out, MLP down) get init_std / sqrt(2 *
-    num_layers), as in GPT-2 and Megatron, so the stream's variance does not grow with depth.
+    The projections that write into the residual stream (attention out, MLP down) get init_std /
+    sqrt(2 * num_layers), as in GPT-2 and Megatron, so the stream's variance does not grow with
+    depth.
     """
-    if tensor.is_meta:  # shapes only (model_shapes): no values to draw, and torch's meta normal_ takes 15 ms a call
+    if (
+        tensor.is_meta
+    ):  # shapes only (model_shapes): no values to draw, and torch's meta normal_ takes 15 ms a call
         return
     std = cfg.init_std
     if name.endswith("bias"):
@@ -287,7 +347,7 @@ def initialise(cfg: ModelConfig, name: str, tensor: torch.Tensor, generator: Opt
     else:
         tensor.normal_(0.0, std, generator=generator)
     if name in VOCAB_TENSORS:
-        tensor[cfg.vocab_size:].zero_()
+        tensor[cfg.vocab_size :].zero_()
 
 
 def alibi_slopes(num_heads: int, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -296,56 +356,83 @@ def alibi_slopes(num_heads: int, device: Optional[torch.device] = None) -> torch
     For a power of two n the slopes are 2^(-8k/n), k = 1..n (Press et al. 2022). For other counts,
     BLOOM takes the slopes of the closest smaller power of two p and adds every other slope of 2p.
     """
+
     def geometric(n: int) -> list[float]:
         return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
 
     closest = 2 ** int(math.floor(math.log2(num_heads)))
-    slopes = geometric(closest) + geometric(2 * closest)[0::2][:num_heads - closest]
+    slopes = geometric(closest) + geometric(2 * closest)[0::2][: num_heads - closest]
     return torch.tensor(slopes, dtype=torch.float32, device=device)
 
 
 @functools.lru_cache(maxsize=16)
 def shared_alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
-    """`alibi_slopes` made once per device and shared by the layers (not to be modified): made per layer, each
-    forward copied them from the host, which waits for the device's queue."""
+    """`alibi_slopes` made once per device and shared by the layers (not to be modified): made per
+    layer, each forward copied them from the host, which waits for the device's queue."""
     return alibi_slopes(num_heads, device)
 
 
-def shared_rope_tables(cfg: ModelConfig, seq_len: int, dtype: torch.dtype,
-                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rope_cos_sin` made once per shape, dtype and device and shared by the layers (not to be modified): made
-    per layer, they cost every forward a dozen small launches per layer."""
-    scaling = None if cfg.rope_scaling is None else dataclasses.astuple(cfg.rope_scaling)  # hashable
+def shared_rope_tables(
+    cfg: ModelConfig, seq_len: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope_cos_sin` made once per shape, dtype and device and shared by the layers (not to be
+    modified): made per layer, they cost every forward a dozen small launches per layer."""
+    scaling = (
+        None if cfg.rope_scaling is None else dataclasses.astuple(cfg.rope_scaling)
+    )  # hashable
     return _rope_tables(cfg.head_dim, cfg.rope_theta, scaling, seq_len, dtype, device)
 
 
 @functools.lru_cache(maxsize=16)
-def _rope_tables(head_dim: int, theta: float, scaling: Optional[tuple], seq_len: int, dtype: torch.dtype,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = rope_frequencies(head_dim, theta, None if scaling is None else RopeScaling(*scaling), device)
+def _rope_tables(
+    head_dim: int,
+    theta: float,
+    scaling: Optional[tuple],
+    seq_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = rope_frequencies(
+        head_dim, theta, None if scaling is None else RopeScaling(*scaling), device
+    )
     return rope_cos_sin(inv_freq, seq_len, dtype)
 
 
-def rope_frequencies(head_dim: int, theta: float, scaling: Optional[RopeScaling],
-                     device: Optional[torch.device] = None) -> torch.Tensor:
-    """The rotation speed of each pair of dimensions (head_dim / 2 values), with Llama 3's scaling if set."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+def rope_frequencies(
+    head_dim: int,
+    theta: float,
+    scaling: Optional[RopeScaling],
+    device: Optional[torch.device] = None,
+) -> torch.Tensor:
+    """The rotation speed of each pair of dimensions (head_dim / 2 values), with Llama 3's scaling
+    if set."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    )
     if scaling is None:
         return inv_freq
-    # Llama 3.1: wavelengths longer than the pretraining context / low_freq_factor are slowed down by
-    # `factor`, those shorter than context / high_freq_factor are kept, the band between is interpolated.
+    # Llama 3.1: wavelengths longer than the pretraining context / low_freq_factor are slowed down
+    # by `factor`, those shorter than context / high_freq_factor are kept, the band between is
+    # interpolated.
     wavelength = 2 * math.pi / inv_freq
     context = scaling.original_max_seq_len
     slowed = inv_freq / scaling.factor
-    ramp = (context / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    ramp = (context / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
     between = (1 - ramp) * slowed + ramp * inv_freq
     scaled = torch.where(wavelength > context / scaling.low_freq_factor, slowed, inv_freq)
-    in_band = (wavelength >= context / scaling.high_freq_factor) & (wavelength <= context / scaling.low_freq_factor)
+    in_band = (wavelength >= context / scaling.high_freq_factor) & (
+        wavelength <= context / scaling.low_freq_factor
+    )
     return torch.where(in_band, between, scaled)
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, seq_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position's angles, (seq, head_dim): positions 0..seq_len-1 of the sequence."""
+def rope_cos_sin(
+    inv_freq: torch.Tensor, seq_len: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's angles, (seq, head_dim): positions 0..seq_len-1 of the
+    sequence."""
     positions = torch.arange(seq_len, device=inv_freq.device, dtype=torch.float32)
     angles = torch.outer(positions, inv_freq)
     angles = torch.cat((angles, angles), dim=-1)

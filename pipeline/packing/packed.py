@@ -1,4 +1,5 @@
-"""The pack stage's output folder, opened for reading: `packed.json`, and per source its shards and repeats.
+"""The pack stage's output folder, opened for reading: `packed.json`, and per source its shards and
+repeats.
 
 Layout of `<work_dir>/<lang>/pack/`:
 
@@ -13,12 +14,13 @@ truncated or mismatched file fails here, with its name, before training reads an
 
 How many times each document is read in one pass of the plan: the index that replaces copies.
 
-A source planned for `e` epochs reads each document floor(e) times, and a share of its documents once
-more so that the extra reads add up to frac(e) of its tokens (to within one document). Which documents
-get the extra read is a seeded choice (`pack.seed`) over the whole source, made by tokens so that long
-and short documents are alike. With rehydration (FineWeb-2) each target document has its own epochs,
-its duplicate-cluster weight x the plan's scale (pipeline/mixing/rehydration.py, recomputed here with
-exact tokens); the same rule applies within each group of documents that share a number of epochs.
+A source planned for `e` epochs reads each document floor(e) times, and a share of its documents
+once more so that the extra reads add up to frac(e) of its tokens (to within one document). Which
+documents get the extra read is a seeded choice (`pack.seed`) over the whole source, made by tokens
+so that long and short documents are alike. With rehydration (FineWeb-2) each target document has
+its own epochs, its duplicate-cluster weight x the plan's scale (pipeline/mixing/rehydration.py,
+recomputed here with exact tokens); the same rule applies within each group of documents that share
+a number of epochs.
 
 The result, one uint16 per document, is stored as `repeats.npy` beside the source's shards and read
 by the sampler: repetition costs two bytes per document, never a copy.
@@ -45,7 +47,8 @@ PACKED_FILE = "packed.json"
 class PackedSource:
     name: str
     shards: list[Shard]
-    # Per document, in shard order: its tokens (EOS included), shard, first token in that shard, reads per pass.
+    # Per document, in shard order: its tokens (EOS included), shard, first token in that shard,
+    # reads per pass.
     document_tokens: np.ndarray
     document_shard: np.ndarray
     document_begin: np.ndarray
@@ -62,7 +65,9 @@ class PackedSource:
 
     def document(self, index: int) -> np.ndarray:
         begin = int(self.document_begin[index])
-        return self.shards[int(self.document_shard[index])].tokens[begin:begin + int(self.document_tokens[index])]
+        return self.shards[int(self.document_shard[index])].tokens[
+            begin : begin + int(self.document_tokens[index])
+        ]
 
 
 class PackedData:
@@ -72,46 +77,69 @@ class PackedData:
         self.folder = Path(folder)
         path = self.folder / PACKED_FILE
         if not path.is_file():
-            raise PackedDataError(f"{path} is missing: {self.folder} is not the output of the pack stage. Run "
-                                  "`python -m pipeline stage=pack lang=<lang>` and pass its folder (work/<lang>/pack).")
+            raise PackedDataError(
+                f"{path} is missing: {self.folder} is not the output of the pack stage. Run "
+                "`python -m pipeline stage=pack lang=<lang>` and pass its folder "
+                "(work/<lang>/pack)."
+            )
         raw = path.read_bytes()
         # Restoring a sampler state checks this: the same seed over other data is another stream.
         self.fingerprint = hashlib.sha256(raw).hexdigest()[:16]
         try:
             self.document = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise PackedDataError(f"{path} cannot be read ({error}): it is damaged or cut short. "
-                                  f"{repack_hint(self.folder)}") from None
+            raise PackedDataError(
+                f"{path} cannot be read ({error}): it is damaged or cut short. "
+                f"{repack_hint(self.folder)}"
+            ) from None
         tokenizer = self.document["tokenizer"]
         self.vocab_size, self.eos_id = tokenizer["vocab_size"], tokenizer["eos_id"]
         self.dtype = token_dtype(self.vocab_size)
         if tokenizer["dtype"] != self.dtype.name:
-            raise PackedDataError(f"{path} says dtype {tokenizer['dtype']} for a vocabulary of {self.vocab_size:,} "
-                                  f"ids, which packs as {self.dtype.name}. {repack_hint(self.folder)}")
-        self.sources = [self._open(entry) for entry in self.document["sources"] if entry["pass_tokens"] > 0]
+            raise PackedDataError(
+                f"{path} says dtype {tokenizer['dtype']} for a vocabulary of {self.vocab_size:,} "
+                f"ids, which packs as {self.dtype.name}. {repack_hint(self.folder)}"
+            )
+        self.sources = [
+            self._open(entry) for entry in self.document["sources"] if entry["pass_tokens"] > 0
+        ]
 
     def _open(self, entry: dict) -> PackedSource:
         folder = self.folder / entry["folder"]
-        shards = [open_shard(folder / s["file"], self.dtype, s["documents"], s["tokens"], self.folder)
-                  for s in entry["shards"]]
+        shards = [
+            open_shard(folder / s["file"], self.dtype, s["documents"], s["tokens"], self.folder)
+            for s in entry["shards"]
+        ]
         lengths = [np.diff(shard.ends, prepend=0) for shard in shards]
         document_tokens = np.concatenate(lengths)
-        document_shard = np.repeat(np.arange(len(shards), dtype=np.int32), [len(x) for x in lengths])
-        document_begin = np.concatenate([shard.ends - length for shard, length in zip(shards, lengths)])
+        document_shard = np.repeat(
+            np.arange(len(shards), dtype=np.int32), [len(x) for x in lengths]
+        )
+        document_begin = np.concatenate(
+            [shard.ends - length for shard, length in zip(shards, lengths)]
+        )
         repeats_path = folder / REPEATS_FILE
         try:
             repeats = np.load(repeats_path, allow_pickle=False)
         except (OSError, ValueError) as error:
-            raise PackedDataError(f"{repeats_path} cannot be read ({error}). {repack_hint(self.folder)}") from None
+            raise PackedDataError(
+                f"{repeats_path} cannot be read ({error}). {repack_hint(self.folder)}"
+            ) from None
         if repeats.dtype != REPEATS_DTYPE or repeats.shape != document_tokens.shape:
-            raise PackedDataError(f"{repeats_path} holds {repeats.shape} {repeats.dtype}, but the source has "
-                                  f"{len(document_tokens):,} documents ({REPEATS_DTYPE.name}, one each). "
-                                  f"{repack_hint(self.folder)}")
-        source = PackedSource(entry["name"], shards, document_tokens, document_shard, document_begin, repeats)
+            raise PackedDataError(
+                f"{repeats_path} holds {repeats.shape} {repeats.dtype}, but the source has "
+                f"{len(document_tokens):,} documents ({REPEATS_DTYPE.name}, one each). "
+                f"{repack_hint(self.folder)}"
+            )
+        source = PackedSource(
+            entry["name"], shards, document_tokens, document_shard, document_begin, repeats
+        )
         if source.documents != entry["documents"] or source.pass_tokens != entry["pass_tokens"]:
-            raise PackedDataError(f"{folder}: {source.documents:,} documents and {source.pass_tokens:,} tokens per "
-                                  f"pass, but packed.json recorded {entry['documents']:,} and "
-                                  f"{entry['pass_tokens']:,}. {repack_hint(self.folder)}")
+            raise PackedDataError(
+                f"{folder}: {source.documents:,} documents and {source.pass_tokens:,} tokens per "
+                f"pass, but packed.json recorded {entry['documents']:,} and "
+                f"{entry['pass_tokens']:,}. {repack_hint(self.folder)}"
+            )
         return source
 
 
@@ -121,9 +149,14 @@ REPEATS_DTYPE = np.dtype("<u2")
 _WHOLE = 1e-9
 
 
-def rehydrated_epochs(cluster_sizes: np.ndarray, document_tokens: np.ndarray, table: Sequence[tuple[int, float]],
-                      epochs: float) -> tuple[np.ndarray, Rehydration]:
-    """Each document's epochs: its cluster size's weight, scaled so that the token-weighted mean is `epochs`."""
+def rehydrated_epochs(
+    cluster_sizes: np.ndarray,
+    document_tokens: np.ndarray,
+    table: Sequence[tuple[int, float]],
+    epochs: float,
+) -> tuple[np.ndarray, Rehydration]:
+    """Each document's epochs: its cluster size's weight, scaled so that the token-weighted mean is
+    `epochs`."""
     by_cluster_size: dict[int, list[int]] = {}
     for size in np.unique(cluster_sizes):
         members = cluster_sizes == size
@@ -135,12 +168,17 @@ def rehydrated_epochs(cluster_sizes: np.ndarray, document_tokens: np.ndarray, ta
     return weights[rows] * rehydration.scale, rehydration
 
 
-def repetitions(document_tokens: np.ndarray, document_epochs: np.ndarray, seed: int, source: str) -> np.ndarray:
-    """Reads per document: floor(epochs), plus one for a seeded share of the documents of each fractional group."""
+def repetitions(
+    document_tokens: np.ndarray, document_epochs: np.ndarray, seed: int, source: str
+) -> np.ndarray:
+    """Reads per document: floor(epochs), plus one for a seeded share of the documents of each
+    fractional group."""
     whole = np.floor(document_epochs + _WHOLE)
     if whole.max(initial=0) >= np.iinfo(REPEATS_DTYPE).max:
-        raise ValueError(f"source `{source}`: {whole.max():g} epochs exceed the {np.iinfo(REPEATS_DTYPE).max} "
-                         "that the repeats index holds")
+        raise ValueError(
+            f"source `{source}`: {whole.max():g} epochs exceed the {np.iinfo(REPEATS_DTYPE).max} "
+            "that the repeats index holds"
+        )
     repeats = whole.astype(REPEATS_DTYPE)
     fraction = np.where(document_epochs - whole > _WHOLE, document_epochs - whole, 0.0)
     rng = np.random.default_rng([seed, zlib.crc32(source.encode("utf-8"))])

@@ -35,7 +35,8 @@ class TokenizedShard:
 class TokenizedSource:
     name: str
     shards: list[TokenizedShard]
-    # Per document, in shard order: its tokens (EOS included) and its duplicate-cluster size (1 if none).
+    # Per document, in shard order: its tokens (EOS included) and its duplicate-cluster size (1 if
+    # none).
     document_tokens: np.ndarray
     cluster_sizes: np.ndarray
     bad_records: int
@@ -56,15 +57,23 @@ def _recording_cluster_sizes(documents: Iterator, sizes: list[int]) -> Iterator:
 
 
 def _tokenize_file(task: FileTask, out_dir: Path, tokenizer_file: Path, eos: str, batch_size: int):
-    """Shard `index` from file `index`; (shard or None if it is empty, document tokens, cluster sizes, bad records)."""
+    """Shard `index` from file `index`; (shard or None if it is empty, document tokens, cluster
+    sizes, bad records)."""
     from datatrove.pipeline.tokens import DocumentTokenizer
 
     source, paths_file, bad_records_dir, index = task
     reader = source_reader(source, paths_file, bad_records_dir)
     sizes: list[int] = []
-    tokenizer = DocumentTokenizer(str(out_dir), tokenizer_name_or_path=str(tokenizer_file), eos_token=eos,
-                                  shuffle_documents=False, batch_size=batch_size)
-    documents = _recording_cluster_sizes(reader.run(rank=index, world_size=len(source.files)), sizes)
+    tokenizer = DocumentTokenizer(
+        str(out_dir),
+        tokenizer_name_or_path=str(tokenizer_file),
+        eos_token=eos,
+        shuffle_documents=False,
+        batch_size=batch_size,
+    )
+    documents = _recording_cluster_sizes(
+        reader.run(rank=index, world_size=len(source.files)), sizes
+    )
     tokenizer.run(documents, rank=index, world_size=len(source.files))
     bad_records = int(reader.stats["bad_records"].total)
     path = out_dir / SHARD_NAME.format(index=index)
@@ -79,21 +88,40 @@ def _tokenize_file(task: FileTask, out_dir: Path, tokenizer_file: Path, eos: str
     return shard, np.diff(ends, prepend=0), np.asarray(sizes, dtype=np.int64), bad_records
 
 
-def tokenize_source(source: SourceInput, out_dir: Path, tokenizer_file: Path, eos: str, scratch: Path,
-                    workers: int, batch_size: int) -> TokenizedSource:
+def tokenize_source(
+    source: SourceInput,
+    out_dir: Path,
+    tokenizer_file: Path,
+    eos: str,
+    scratch: Path,
+    workers: int,
+    batch_size: int,
+) -> TokenizedSource:
     """Tokenize every file of `source` into `out_dir` (emptied first), `workers` files at a time."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.iterdir():  # an interrupted run's shards are written again
         stale.unlink()
-    per_file = partial(_tokenize_file, out_dir=out_dir, tokenizer_file=tokenizer_file, eos=eos, batch_size=batch_size)
+    per_file = partial(
+        _tokenize_file,
+        out_dir=out_dir,
+        tokenizer_file=tokenizer_file,
+        eos=eos,
+        batch_size=batch_size,
+    )
     shards, lengths, sizes, bad_records = [], [], [], 0
-    for shard, document_tokens, cluster_sizes, bad in over_files(source, scratch, workers, per_file,
-                                                                 f"pack: tokenizing {source.name}"):
+    for shard, document_tokens, cluster_sizes, bad in over_files(
+        source, scratch, workers, per_file, f"pack: tokenizing {source.name}"
+    ):
         bad_records += bad
         if shard is not None:
             shards.append(shard)
             lengths.append(document_tokens)
             sizes.append(cluster_sizes)
     empty = np.zeros(0, np.int64)
-    return TokenizedSource(source.name, shards, np.concatenate(lengths) if lengths else empty,
-                           np.concatenate(sizes) if sizes else empty, bad_records)
+    return TokenizedSource(
+        source.name,
+        shards,
+        np.concatenate(lengths) if lengths else empty,
+        np.concatenate(sizes) if sizes else empty,
+        bad_records,
+    )

@@ -1,17 +1,18 @@
-"""The stages, and the recipe: which stage runs for which language, after which. `stage=all` runs the recipe's steps
-here, in order; `stage=workflow` (pipeline/workflow/) submits the same steps to Slurm, each waiting for the steps it
-`needs`. Each stage module exposes `STAGE` (a contract.Stage).
+"""The stages, and the recipe: which stage runs for which language, after which. `stage=all` runs
+the recipe's steps here, in order; `stage=workflow` (pipeline/workflow/) submits the same steps to
+Slurm, each waiting for the steps it `needs`. Each stage module exposes `STAGE` (a contract.Stage).
 
-For every language of a run: clean -> mix -> tokenizer -> pack -> warmup -> pretrain -> evaluate. Before the
-languages' mix, once for all of them, the steps that make what the mix replays of the base model's language
-(`model.base_lang`, English by default; conf/mix/default.yaml):
-- with `model.base`: that language's clean text, when the raw folder has it (without it the mix goes on without, as
-  it says), and the base's own samples of it (`replay`), when `replay.tokens` asks for them;
-- without (the demo): nothing is downloaded, so the pipeline pretrains a small base itself, from scratch, on the
-  embedded text of that language (clean .. pretrain with `init=scratch` and the `demo_base.train` budget), in
-  `${work_dir}/<model.base_lang>/pretrain/hf` like any pretrain output, so the stage contract caches it; the
-  languages then start from it.
-The base's language itself takes the same steps (its clean once).
+For every language of a run: clean -> mix -> tokenizer -> pack -> warmup -> pretrain -> evaluate.
+Before the languages' mix, once for all of them, the steps that make what the mix replays of the
+base model's language (`model.base_lang`, English by default; conf/mix/default.yaml):
+- with `model.base`: that language's clean text, when the raw folder has it (without it the mix goes
+  on without, as it says), and the base's own samples of it (`replay`), when `replay.tokens` asks
+  for them;
+- without (the demo): nothing is downloaded, so the pipeline pretrains a small base itself, from
+  scratch, on the embedded text of that language (clean .. pretrain with `init=scratch` and the
+  `demo_base.train` budget), in `${work_dir}/<model.base_lang>/pretrain/hf` like any pretrain
+  output, so the stage contract caches it; the languages then start from it. The base's language
+  itself takes the same steps (its clean once).
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from pipeline.stage_outputs import EvaluateOutput, PretrainOutput
 
 log = logging.getLogger(__name__)
 
-# Every stage of the recipe: the chain of each language, and replay, which runs for the base's language only.
+# Every stage of the recipe: the chain of each language, and replay, which runs for the base's
+# language only.
 RECIPE_STAGES: tuple[str, ...] = (STAGE_NAMES[0], REPLAY_TARGET, *STAGE_NAMES[1:])
 
 
 class _Stages(Mapping[str, Stage]):
-    """Each stage by name (in RECIPE_STAGES' order), its module imported when first asked for: the data stages
-    need no torch, so that `stage=clean` starts in under a second rather than three."""
+    """Each stage by name (in RECIPE_STAGES' order), its module imported when first asked for: the
+    data stages need no torch, so that `stage=clean` starts in under a second rather than three."""
 
     def __getitem__(self, name: str) -> Stage:
         if name not in RECIPE_STAGES:
@@ -64,11 +66,12 @@ class Step:
 
     stage: str
     cfg: PipelineConfig
-    # The steps whose outputs it reads: its language's previous step, and the base language's steps (`shared`).
+    # The steps whose outputs it reads: its language's previous step, and the base language's steps
+    # (`shared`).
     previous: Key | None = None
     shared: tuple[Key, ...] = ()
-    # A step of the base's language for the run's mix, which the run does not name: the command line's settings of
-    # the run's languages' text (RUN_LANGUAGE_KEYS) do not apply to it.
+    # A step of the base's language for the run's mix, which the run does not name: the command
+    # line's settings of the run's languages' text (RUN_LANGUAGE_KEYS) do not apply to it.
     for_base: bool = False
 
     @property
@@ -85,28 +88,36 @@ class Step:
 
     @property
     def downstream(self) -> tuple[str, ...]:
-        """The stages of its language's chain after it, whose markers a rerun removes (their inputs change)."""
-        return STAGE_NAMES[STAGE_NAMES.index(self.stage) + 1:] if self.stage in STAGE_NAMES else ()
+        """The stages of its language's chain after it, whose markers a rerun removes (their inputs
+        change)."""
+        return STAGE_NAMES[STAGE_NAMES.index(self.stage) + 1 :] if self.stage in STAGE_NAMES else ()
 
 
 def chain(cfg: PipelineConfig, stages: tuple[str, ...], shared: tuple[Key, ...] = ()) -> list[Step]:
-    """`stages` in order for cfg's language, each after the one before; its mix also after the `shared` steps."""
+    """`stages` in order for cfg's language, each after the one before; its mix also after the
+    `shared` steps."""
     steps: list[Step] = []
     for stage in stages:
-        steps.append(Step(stage, cfg, steps[-1].key if steps else None, shared if stage == "mix" else ()))
+        steps.append(
+            Step(stage, cfg, steps[-1].key if steps else None, shared if stage == "mix" else ())
+        )
     return steps
 
 
-# What the command line says of the text of the languages it names: not of the base's language, which a run cleans
-# for its mix with the table's entry and held-out sources.
+# What the command line says of the text of the languages it names: not of the base's language,
+# which a run cleans for its mix with the table's entry and held-out sources.
 RUN_LANGUAGE_KEYS = ("lang", "clean.heldout_sources")
 
 
 def base_language_config(cfg: PipelineConfig) -> PipelineConfig:
-    """cfg for the base model's language when the run does not name it: its table entry and held-out sources."""
+    """cfg for the base model's language when the run does not name it: its table entry and held-out
+    sources."""
     code = cfg.model.base_lang
-    return dataclasses.replace(cfg, lang=language_config(code, LANGUAGES[code]),
-                               clean=dataclasses.replace(cfg.clean, heldout_sources=None))
+    return dataclasses.replace(
+        cfg,
+        lang=language_config(code, LANGUAGES[code]),
+        clean=dataclasses.replace(cfg.clean, heldout_sources=None),
+    )
 
 
 # The stages that make the demo's base: everything up to pretrain, which starts from random weights.
@@ -126,24 +137,34 @@ def with_demo_base(cfg: PipelineConfig) -> PipelineConfig:
     """`cfg` as the recipe runs it: without `model.base`, the demo base is the base."""
     if cfg.model.base is not None:
         return cfg
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=str(demo_base_folder(cfg))))
+    return dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, base=str(demo_base_folder(cfg)))
+    )
 
 
 def base_language_steps(cfg: PipelineConfig, named: Mapping[str, PipelineConfig]) -> list[Step]:
-    """What the languages' mix replays of the base's language, made once per run (module docstring); with the
-    config of the run's languages (`named`) where the run names the base's language too."""
+    """What the languages' mix replays of the base's language, made once per run (module docstring);
+    with the config of the run's languages (`named`) where the run names the base's language too."""
     code = cfg.model.base_lang
     if cfg.model.base is None:
-        return [dataclasses.replace(step, for_base=True) for step in chain(demo_base_config(cfg), BASE_STAGES)]
+        return [
+            dataclasses.replace(step, for_base=True)
+            for step in chain(demo_base_config(cfg), BASE_STAGES)
+        ]
     base = named.get(code) or base_language_config(cfg)
     not_named = code not in named
     steps = []
     try:
         STAGES["clean"].describe_inputs(base)
     except StageError as missing:
-        log.warning("No text of the base model's language to replay (model.base_lang=%s): %s %s", cfg.model.base_lang,
-                    missing, "Only the base's own samples of it are replayed." if cfg.replay.tokens > 0 else
-                    "The model may forget it.")
+        log.warning(
+            "No text of the base model's language to replay (model.base_lang=%s): %s %s",
+            cfg.model.base_lang,
+            missing,
+            "Only the base's own samples of it are replayed."
+            if cfg.replay.tokens > 0
+            else "The model may forget it.",
+        )
     else:
         steps.append(Step("clean", base, for_base=not_named))
     if cfg.replay.tokens > 0:
@@ -152,8 +173,8 @@ def base_language_steps(cfg: PipelineConfig, named: Mapping[str, PipelineConfig]
 
 
 def recipe(configs: Mapping[str, PipelineConfig]) -> list[Step]:
-    """The steps for the languages of `configs` (code -> its config), each after the steps it needs: the base
-    language's steps first (once), then each language's chain, whose mix waits for them."""
+    """The steps for the languages of `configs` (code -> its config), each after the steps it needs:
+    the base language's steps first (once), then each language's chain, whose mix waits for them."""
     first = next(iter(configs.values()))
     base = base_language_steps(first, configs)
     # The languages' mix waits for the base steps that no other base step waits for.
@@ -180,13 +201,23 @@ def run_target(cfg: PipelineConfig) -> None:
 def run_all(cfg: PipelineConfig) -> None:
     """The recipe's steps for one language, in order."""
     if cfg.model.base is None:
-        log.info("model.base is not set: using the demo's base model, pretrained from scratch on the embedded %s "
-                 "text in %s (made once, then reused). Give model.base=<Hugging Face folder> to start from a real "
-                 "one.", demo_base_config(cfg).lang.name, demo_base_folder(cfg))
+        log.info(
+            "model.base is not set: using the demo's base model, pretrained from scratch on the "
+            "embedded %s "
+            "text in %s (made once, then reused). Give model.base=<Hugging Face folder> to start "
+            "from a real "
+            "one.",
+            demo_base_config(cfg).lang.name,
+            demo_base_folder(cfg),
+        )
     for step in recipe({cfg.lang.code: cfg}):
         if execute(STAGES[step.stage], step.cfg, downstream=step.downstream) is None:
-            log.info("Stage %s for %s was submitted; run the command again when it has finished to go on.",
-                     step.stage, step.lang)
+            log.info(
+                "Stage %s for %s was submitted; run the command again when it has finished to go "
+                "on.",
+                step.stage,
+                step.lang,
+            )
             return
     if cfg.lang.code != cfg.model.base_lang or cfg.model.base is not None:
         log.info("The whole recipe for %s is done.", cfg.lang.code)

@@ -1,15 +1,17 @@
-"""Stage `pretrain`: continued pretraining of the whole model, tensor x pipeline x data parallel on DeepSpeed.
+"""Stage `pretrain`: continued pretraining of the whole model, tensor x pipeline x data parallel on
+DeepSpeed.
 
-The launching process writes the starting model a tensor at a time (`init`: the warmup stage's checkpoint, a
-Hugging Face folder `model.base` that uses the pack's tokenizer, or random weights, each tensor drawn from its own
-seed so that every layout starts from the same model) and the held-out rows; then
-`parallel.tp x parallel.pp x parallel.dp` ranks train it with ZeRO-1 from the pack sampler
-(pipeline/training/), checkpointing every `train.checkpoint_every` steps and on SIGUSR1/SIGTERM.
-`resume=auto` continues an interrupted run from its newest checkpoint that verifies, with the same configuration
-(also with another data-parallel degree, micro-batch size or how often it logs, scores and checkpoints) or with
-another step budget `train.steps` (the schedule is computed for the new total from the checkpoint's step on); any
-other change is refused while those checkpoints exist. `resume=never` moves them aside and starts again.
-Outputs: `checkpoint/` (pipeline checkpoint), `hf/` (transformers folder with the tokenizer), `metrics.jsonl`,
+The launching process writes the starting model a tensor at a time (`init`: the warmup stage's
+checkpoint, a Hugging Face folder `model.base` that uses the pack's tokenizer, or random weights,
+each tensor drawn from its own seed so that every layout starts from the same model) and the
+held-out rows; then `parallel.tp x parallel.pp x parallel.dp` ranks train it with ZeRO-1 from the
+pack sampler (pipeline/training/), checkpointing every `train.checkpoint_every` steps and on
+SIGUSR1/SIGTERM. `resume=auto` continues an interrupted run from its newest checkpoint that
+verifies, with the same configuration (also with another data-parallel degree, micro-batch size or
+how often it logs, scores and checkpoints) or with another step budget `train.steps` (the schedule
+is computed for the new total from the checkpoint's step on); any other change is refused while
+those checkpoints exist. `resume=never` moves them aside and starts again. Outputs: `checkpoint/`
+(pipeline checkpoint), `hf/` (transformers folder with the tokenizer), `metrics.jsonl`,
 `tensorboard/`, `report.json` and the marker.
 """
 
@@ -30,20 +32,41 @@ log = logging.getLogger(__name__)
 
 def run_pretrain(run: StageRun) -> dict:
     cfg = run.cfg
-    # A layout that cannot fit the device, or a budget beyond the plan, is refused before the model is written.
+    # A layout that cannot fit the device, or a budget beyond the plan, is refused before the model
+    # is written.
     training = prepare_training(run, "train", resume=cfg.resume, refuse_unfit_layout=True)
     warmup = None
     if cfg.init == "warmup":
         checkpoint = run.output(WarmupOutput).checkpoint
         warmup = (checkpoint.path, run.read_input(checkpoint))
-    start = pretrain_start(cfg.init, cfg.model, cfg.train.seed, training.tokenizer, base=cfg.model.base,
-                           warmup=warmup, packed_with=training.tokenizer_file, lang=run.lang)
-    report = train_stage(training, start, cfg.cluster, cfg.export,
-                         about={"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel)})
-    log.info("pretrain %s: held-out bits per byte %.4f -> %.4f after %d steps (%s tokens; scored on %s held-out "
-             "tokens, train.eval_tokens; stage=evaluate scores up to eval.max_bytes of the same text)", run.lang,
-             report["heldout_bpb_before"], report["heldout_bpb_after"], report["steps"], f"{report['tokens']:,}",
-             f"{report['heldout_scored']['tokens']:,}")
+    start = pretrain_start(
+        cfg.init,
+        cfg.model,
+        cfg.train.seed,
+        training.tokenizer,
+        base=cfg.model.base,
+        warmup=warmup,
+        packed_with=training.tokenizer_file,
+        lang=run.lang,
+    )
+    report = train_stage(
+        training,
+        start,
+        cfg.cluster,
+        cfg.export,
+        about={"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel)},
+    )
+    log.info(
+        "pretrain %s: held-out bits per byte %.4f -> %.4f after %d steps (%s tokens; scored on %s "
+        "held-out "
+        "tokens, train.eval_tokens; stage=evaluate scores up to eval.max_bytes of the same text)",
+        run.lang,
+        report["heldout_bpb_before"],
+        report["heldout_bpb_after"],
+        report["steps"],
+        f"{report['tokens']:,}",
+        f"{report['heldout_scored']['tokens']:,}",
+    )
     return report
 
 
@@ -52,16 +75,28 @@ STAGE = Stage(
     run=run_pretrain,
     needs=("clean", "tokenizer", "pack"),
     needs_when=lambda cfg: ("warmup",) if cfg.init == "warmup" else (),
-    hint="With init=warmup it starts from the warmup stage's model; init=hf (model.base) and init=scratch need "
-         "no warmup.",
+    hint="With init=warmup it starts from the warmup stage's model; init=hf (model.base) and "
+    "init=scratch need "
+    "no warmup.",
     config_sections=("model", "train", "init"),
-    # How often to log, score and checkpoint, how much to recompute and how the global batch is cut into micro
-    # batches do not change the model: a run interrupted with one setting resumes with another. model.base is
-    # described by its content (describe_inputs) when init=hf reads it, and not read otherwise.
-    unhashed_keys=("train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
-                   "train.max_bad_steps", "train.max_skipped_fraction", "train.skipped_window",
-                   "train.activation_checkpoint_interval", "train.micro_batch_size", "model.base"),
-    # A larger step budget continues an interrupted run from its checkpoints (checkpoint.py: the schedule).
+    # How often to log, score and checkpoint, how much to recompute and how the global batch is cut
+    # into micro batches do not change the model: a run interrupted with one setting resumes with
+    # another. model.base is described by its content (describe_inputs) when init=hf reads it, and
+    # not read otherwise.
+    unhashed_keys=(
+        "train.log_every",
+        "train.eval_every",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+        "train.max_bad_steps",
+        "train.max_skipped_fraction",
+        "train.skipped_window",
+        "train.activation_checkpoint_interval",
+        "train.micro_batch_size",
+        "model.base",
+    ),
+    # A larger step budget continues an interrupted run from its checkpoints (checkpoint.py: the
+    # schedule).
     resumable_keys=("train.steps",),
     check_resume=lambda partial, cfg: steps_behind_checkpoints(partial, cfg.train.steps),
     kept_state=kept_checkpoints,

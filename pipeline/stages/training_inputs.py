@@ -1,10 +1,10 @@
-"""What the training stages read from the stages before them, and the ranks' job made from it: the pack, its
-tokenizer and the clean stage's held-out text, with the training section completed (`prepare_training`). warmup and
-pretrain share it; each says only what differs.
+"""What the training stages read from the stages before them, and the ranks' job made from it: the
+pack, its tokenizer and the clean stage's held-out text, with the training section completed
+(`prepare_training`). warmup and pretrain share it; each says only what differs.
 
-The learning rate and the rest of a training section travel one way: from the config here, through the job
-(pipeline/training/job.py: its micro-batch and step budget completed, written for the ranks) and each rank
-(pipeline/training/rank.py), to the optimizer (pipeline/training/engine.py)."""
+The learning rate and the rest of a training section travel one way: from the config here, through
+the job (pipeline/training/job.py: its micro-batch and step budget completed, written for the ranks)
+and each rank (pipeline/training/rank.py), to the optimizer (pipeline/training/engine.py)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,20 @@ from pipeline.training.peak_memory import return_large_blocks_to_the_system
 from pipeline.training.run import SCRATCH, StageTraining
 
 
-def prepare_training(run: StageRun, section: str, *, share: float = 1.0, trainable: Optional[list[str]] = None,
-                     resume: Optional[str] = None, refuse_unfit_layout: bool = False) -> StageTraining:
-    """Read the pack, its tokenizer and the held-out text, and make the ranks' job of the config's training
-    `section` (`train`, `warmup.train`): a null micro-batch becomes the largest that fits the device for the model as
-    it trains (with `refuse_unfit_layout`, a layout that cannot fit is refused with one that does), and the step
-    budget is the mix plan's (`steps` null: `share` of one pass of the pack), refused before any work when it is
-    beyond it."""
+def prepare_training(
+    run: StageRun,
+    section: str,
+    *,
+    share: float = 1.0,
+    trainable: Optional[list[str]] = None,
+    resume: Optional[str] = None,
+    refuse_unfit_layout: bool = False,
+) -> StageTraining:
+    """Read the pack, its tokenizer and the held-out text, and make the ranks' job of the config's
+    training `section` (`train`, `warmup.train`): a null micro-batch becomes the largest that fits
+    the device for the model as it trains (with `refuse_unfit_layout`, a layout that cannot fit is
+    refused with one that does), and the step budget is the mix plan's (`steps` null: `share` of one
+    pass of the pack), refused before any work when it is beyond it."""
     return_large_blocks_to_the_system()  # the model passes through this process a tensor at a time
     cfg, train = run.cfg, attrgetter(section)(run.cfg)
     model = model_as_trained(run)
@@ -38,17 +45,34 @@ def prepare_training(run: StageRun, section: str, *, share: float = 1.0, trainab
     pack, tokenizer = run.output(PackOutput), run.output(TokenizerOutput)
     packed = run.read_input(pack.packed)
     seq_len = training_seq_len(cfg.model, train.seq_len)
-    job = planned_job(run.stage, run.work_dir, train, micro_batch_size=fitted.micro_batch_size, seq_len=seq_len,
-                      pack=pack.folder, pass_tokens=packed["pass_tokens"], parallel=cfg.parallel, kernels=cfg.kernels,
-                      prefix=section, share=share, trainable=trainable, resume=resume)
+    job = planned_job(
+        run.stage,
+        run.work_dir,
+        train,
+        micro_batch_size=fitted.micro_batch_size,
+        seq_len=seq_len,
+        pack=pack.folder,
+        pass_tokens=packed["pass_tokens"],
+        parallel=cfg.parallel,
+        kernels=cfg.kernels,
+        prefix=section,
+        share=share,
+        trainable=trainable,
+        resume=resume,
+    )
     loaded = run.read_input(tokenizer.tokenizer)
     heldout = run.output(CleanOutput).heldout_text(run.lang)
-    texts = (document.text for document in read_documents(heldout, run.work_dir / SCRATCH / "heldout"))
-    return StageTraining(job, packed, tokenizer.folder, loaded, run.input_file(tokenizer.tokenizer), texts)
+    texts = (
+        document.text for document in read_documents(heldout, run.work_dir / SCRATCH / "heldout")
+    )
+    return StageTraining(
+        job, packed, tokenizer.folder, loaded, run.input_file(tokenizer.tokenizer), texts
+    )
 
 
 def model_as_trained(run: StageRun):
-    """cfg.model with the pack tokenizer's vocabulary, which the training stages' model has (an extended base
-    tokenizer's 65,536 rows where the base has 49,152): what their memory plan must count."""
+    """cfg.model with the pack tokenizer's vocabulary, which the training stages' model has (an
+    extended base tokenizer's 65,536 rows where the base has 49,152): what their memory plan must
+    count."""
     packed = run.read_input(run.output(PackOutput).packed)
     return dataclasses.replace(run.cfg.model, vocab_size=packed["tokenizer"]["vocab_size"])

@@ -1,1 +1,2 @@
-"""The tokenizer stage's parts: the training sample, the two trainers, the folder on disk, the scores."""
+"""The tokenizer stage's parts: the training sample, the two trainers, the folder on disk, the
+scores."""

@@ -1,16 +1,16 @@
 """The tokenizer stage's tokenizer, made in its folder in one of three ways:
 
-- trained (the default without a base to extend): byte-level BPE with Hugging Face `tokenizers` or SentencePiece
-  (Unigram or BPE, converted to `tokenizers`: training.py) on a sample of the mix plan's sources in the plan's
-  proportions, within `tokenizer.sample_bytes` (sample.py);
-- kept (`tokenizer.keep_base=true`): the base's tokenizer with the base's own special tokens, nothing trained, so that
-  the data can be packed for continued pretraining with the old vocabulary;
-- extended (`tokenizer.extend_base=true`): the base's tokenizer with `tokenizer.added_tokens` tokens learnt on the
-  sample as the base cuts it (extension.py) from the target language's text alone, leaving out the tokens that the
-  plan's other sources use (`tokenizer.spare_ratio`).
+- trained (the default without a base to extend): byte-level BPE with Hugging Face `tokenizers` or
+  SentencePiece (Unigram or BPE, converted to `tokenizers`: training.py) on a sample of the mix
+  plan's sources in the plan's proportions, within `tokenizer.sample_bytes` (sample.py);
+- kept (`tokenizer.keep_base=true`): the base's tokenizer with the base's own special tokens,
+  nothing trained, so that the data can be packed for continued pretraining with the old vocabulary;
+- extended (`tokenizer.extend_base=true`): the base's tokenizer with `tokenizer.added_tokens` tokens
+  learnt on the sample as the base cuts it (extension.py) from the target language's text alone,
+  leaving out the tokens that the plan's other sources use (`tokenizer.spare_ratio`).
 
-Each writes `tokenizer.json` (and SentencePiece's `tokenizer.model`) with the files `transformers` needs (folder.py)
-and gives the report's sections on it (report.py).
+Each writes `tokenizer.json` (and SentencePiece's `tokenizer.model`) with the files `transformers`
+needs (folder.py) and gives the report's sections on it (report.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,22 @@ from pipeline.corpus.report import bytes_text
 from pipeline.errors import StageError
 from pipeline.tokenization.tokenizer_config import TokenizerConfig
 from pipeline.tokenization.extension import Spared, extend_bpe
-from pipeline.tokenization.folder import (TOKENIZER_FILE, TrainedTokenizer, TrainingError, adopt_base_tokenizer,
-                                          base_tokenizer_file, base_tokenizer_roles, write_tokenizer_folder,
-                                          write_transformers_files)
-from pipeline.tokenization.report import extended_section, kept_section, sample_section, tokenizer_section
+from pipeline.tokenization.folder import (
+    TOKENIZER_FILE,
+    TrainedTokenizer,
+    TrainingError,
+    adopt_base_tokenizer,
+    base_tokenizer_file,
+    base_tokenizer_roles,
+    write_tokenizer_folder,
+    write_transformers_files,
+)
+from pipeline.tokenization.report import (
+    extended_section,
+    kept_section,
+    sample_section,
+    tokenizer_section,
+)
 from pipeline.tokenization.sample import SampledSource, read_sample, write_sample
 from pipeline.tokenization.training import padded_vocab_size, train_tokenizer
 from pipeline.work_folder import record_path
@@ -44,17 +56,26 @@ SPARED_SAMPLE_BYTES = 32_000_000
 @dataclass(frozen=True)
 class BuiltTokenizer:
     tokenizer: Tokenizer
-    # The report's sections: on the tokenizer, and on its training sample (None: kept, nothing trained).
+    # The report's sections: on the tokenizer, and on its training sample (None: kept, nothing
+    # trained).
     section: dict
     sample: Optional[dict]
     notes: list[str]
 
 
-def build_tokenizer(folder: Path, options: TokenizerConfig, lang: str, plan_sources: list[dict], base: Optional[str],
-                    work_dir: str, workers: int, scratch: Path) -> BuiltTokenizer:
-    """The tokenizer of `lang` in `folder`, as `options` say, from the mix plan's sources (its plan.json entries,
-    paths in the work folder `work_dir`) and the base tokenizer `base` (a tokenizer.json or a folder with one);
-    samples are written in `scratch`."""
+def build_tokenizer(
+    folder: Path,
+    options: TokenizerConfig,
+    lang: str,
+    plan_sources: list[dict],
+    base: Optional[str],
+    work_dir: str,
+    workers: int,
+    scratch: Path,
+) -> BuiltTokenizer:
+    """The tokenizer of `lang` in `folder`, as `options` say, from the mix plan's sources (its
+    plan.json entries, paths in the work folder `work_dir`) and the base tokenizer `base` (a
+    tokenizer.json or a folder with one); samples are written in `scratch`."""
     making = _Making(folder, options, lang, plan_sources, base, work_dir, workers, scratch)
     if options.keep_base:
         return making.keep_base()
@@ -66,14 +87,24 @@ def build_tokenizer(folder: Path, options: TokenizerConfig, lang: str, plan_sour
 def _notes(options: TokenizerConfig, trained_vocab: int, vocab_size: int) -> list[str]:
     notes = []
     if trained_vocab < vocab_size:
-        notes.append(f"The training text gave only {trained_vocab:,} of the {vocab_size:,} tokens asked for (not a "
-                     "multiple of 128): give it more text or lower tokenizer.vocab_size.")
+        notes.append(
+            f"The training text gave only {trained_vocab:,} of the {vocab_size:,} tokens asked for "
+            "(not a "
+            "multiple of 128): give it more text or lower tokenizer.vocab_size."
+        )
     if options.normalization == "nfkc":
-        notes.append("normalization=nfkc folds compatibility characters (ﬁ -> fi, full-width forms, superscripts), "
-                     "so decode(encode(x)) differs from x wherever the text has them; normalization=none keeps it "
-                     "exact.")
+        notes.append(
+            "normalization=nfkc folds compatibility characters (ﬁ -> fi, full-width forms, "
+            "superscripts), "
+            "so decode(encode(x)) differs from x wherever the text has them; normalization=none "
+            "keeps it "
+            "exact."
+        )
     if options.backend == "sentencepiece":
-        notes.append("SentencePiece writes spaces as U+2581 (▁), so a literal ▁ in the text decodes as a space.")
+        notes.append(
+            "SentencePiece writes spaces as U+2581 (▁), so a literal ▁ in the text decodes as a "
+            "space."
+        )
     return notes
 
 
@@ -91,33 +122,61 @@ class _Making:
     scratch: Path
 
     def _empty_sample_message(self, sampled: list[SampledSource]) -> str:
-        found = "; ".join(f"`{s.share.name}` ({s.folder or s.path}): {s.documents_read:,} documents read, planned "
-                          f"bytes {bytes_text(s.share.planned_bytes)}" for s in sampled)
-        return (f"tokenizer {self.lang}: no training text. The mix plan's sources gave nothing: {found}. Check that "
-                f"these folders hold the documents the plan counted (if they were removed or rewritten, run "
-                f"python -m pipeline stage=clean lang={self.lang} and stage=mix again) and that "
-                f"tokenizer.sample_bytes ({self.options.sample_bytes:,}) is large enough to take whole documents.")
+        found = "; ".join(
+            f"`{s.share.name}` ({s.folder or s.path}): {s.documents_read:,} documents read, "
+            "planned "
+            f"bytes {bytes_text(s.share.planned_bytes)}"
+            for s in sampled
+        )
+        return (
+            f"tokenizer {self.lang}: no training text. The mix plan's sources gave nothing: "
+            f"{found}. Check that "
+            "these folders hold the documents the plan counted (if they were removed or "
+            "rewritten, run "
+            f"python -m pipeline stage=clean lang={self.lang} and stage=mix again) and that "
+            f"tokenizer.sample_bytes ({self.options.sample_bytes:,}) is large enough to take whole "
+            "documents."
+        )
 
     def sample(self, sample_file: Path, target_only: bool = False) -> dict:
-        """Write the training sample (of the whole plan, or of the target language's text alone); the report's
-        section on it. Fails if it is empty.
+        """Write the training sample (of the whole plan, or of the target language's text alone);
+        the report's section on it. Fails if it is empty.
 
-        A new tokenizer learns from the whole plan. Added tokens learn from the target language's text alone: they
-        are the language's, and merges learnt on the other sources (the base's own language replayed, fillers) would
-        only cut those anew. On SmolLM2 and the unread English book, 625 added-token ids with the novels in the
-        sample, 208 without, for the same Norwegian (0.2012 and 0.2008 tokens per byte; a 2-core probe of 30 MB)."""
+        A new tokenizer learns from the whole plan. Added tokens learn from the target language's
+        text alone: they are the language's, and merges learnt on the other sources (the base's own
+        language replayed, fillers) would only cut those anew. On SmolLM2 and the unread English
+        book, 625 added-token ids with the novels in the sample, 208 without, for the same Norwegian
+        (0.2012 and 0.2008 tokens per byte; a 2-core probe of 30 MB)."""
         options = self.options
-        sources = [source for source in self.plan_sources if not target_only or source["name"] == self.lang]
-        sampled = write_sample(sources, options.sample_bytes, options.seed, sample_file, self.scratch, self.work_dir,
-                               self.workers)
+        sources = [
+            source for source in self.plan_sources if not target_only or source["name"] == self.lang
+        ]
+        sampled = write_sample(
+            sources,
+            options.sample_bytes,
+            options.seed,
+            sample_file,
+            self.scratch,
+            self.work_dir,
+            self.workers,
+        )
         sample = sample_section(sampled, options.sample_bytes)
         if sample["bytes"] == 0:
             raise StageError(self._empty_sample_message(sampled))
-        for source in sample["sources"]:  # recorded as the contract records paths: relative to the work folder
+        for source in sample[
+            "sources"
+        ]:  # recorded as the contract records paths: relative to the work folder
             source["folder"] = source["folder"] and record_path(self.work_dir, source["folder"])
-        log.info("tokenizer %s: sampled %s (%d documents) from %s; %s", self.lang, bytes_text(sample["bytes"]),
-                 sample["documents"], ", ".join(f"{s['name']} {bytes_text(s['bytes'])}" for s in sample["sources"]),
-                 "extending the base tokenizer" if options.extend_base else f"training {options.backend}")
+        log.info(
+            "tokenizer %s: sampled %s (%d documents) from %s; %s",
+            self.lang,
+            bytes_text(sample["bytes"]),
+            sample["documents"],
+            ", ".join(f"{s['name']} {bytes_text(s['bytes'])}" for s in sample["sources"]),
+            "extending the base tokenizer"
+            if options.extend_base
+            else f"training {options.backend}",
+        )
         return sample
 
     def _train(self, sample_file: Path) -> TrainedTokenizer:
@@ -125,12 +184,19 @@ class _Making:
         try:
             trained = train_tokenizer(read_sample(sample_file), options, self.workers)
         except TrainingError as error:
-            raise StageError(f"tokenizer {self.lang}: {error} Lower tokenizer.vocab_size (now {options.vocab_size}) "
-                             "or give the trainer more text (tokenizer.sample_bytes, the mix plan's sources).") from None
+            raise StageError(
+                f"tokenizer {self.lang}: {error} Lower tokenizer.vocab_size (now "
+                f"{options.vocab_size}) "
+                "or give the trainer more text (tokenizer.sample_bytes, the mix plan's sources)."
+            ) from None
         wanted, got = padded_vocab_size(options.vocab_size), trained.tokenizer.get_vocab_size()
         if got < wanted:
-            log.warning("tokenizer %s: the training text gave only %d of the %d tokens asked for.", self.lang, got,
-                        wanted)
+            log.warning(
+                "tokenizer %s: the training text gave only %d of the %d tokens asked for.",
+                self.lang,
+                got,
+                wanted,
+            )
         return trained
 
     def train_new(self) -> BuiltTokenizer:
@@ -140,39 +206,68 @@ class _Making:
         sample = self.sample(sample_file)
         trained = self._train(sample_file)
         write_tokenizer_folder(self.folder, trained, options.special_tokens)
-        notes = _notes(options, trained.tokenizer.get_vocab_size(), padded_vocab_size(options.vocab_size))
-        return BuiltTokenizer(trained.tokenizer, tokenizer_section(options, trained, self.workers), sample, notes)
+        notes = _notes(
+            options, trained.tokenizer.get_vocab_size(), padded_vocab_size(options.vocab_size)
+        )
+        return BuiltTokenizer(
+            trained.tokenizer, tokenizer_section(options, trained, self.workers), sample, notes
+        )
 
     def keep_base(self) -> BuiltTokenizer:
         """The base's tokenizer, adopted."""
         file = base_tokenizer_file(self.base).resolve()
         try:
             tokenizer, roles = adopt_base_tokenizer(self.folder, self.base)
-        except Exception as error:  # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
-            raise StageError(f"tokenizer {self.lang}: tokenizer.keep_base=true cannot adopt {file}: {error}") from None
-        log.info("tokenizer %s: kept the base tokenizer %s (%d tokens; %s); nothing trained", self.lang, file,
-                 tokenizer.get_vocab_size(), ", ".join(f"{role} {token}" for role, token in roles.items()))
-        return BuiltTokenizer(tokenizer, kept_section(file, tokenizer, roles, self.folder), None, [])
+        # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
+        except Exception as error:
+            raise StageError(
+                f"tokenizer {self.lang}: tokenizer.keep_base=true cannot adopt {file}: {error}"
+            ) from None
+        log.info(
+            "tokenizer %s: kept the base tokenizer %s (%d tokens; %s); nothing trained",
+            self.lang,
+            file,
+            tokenizer.get_vocab_size(),
+            ", ".join(f"{role} {token}" for role, token in roles.items()),
+        )
+        return BuiltTokenizer(
+            tokenizer, kept_section(file, tokenizer, roles, self.folder), None, []
+        )
 
     def _spared(self, target_sample: Path, target_bytes: int) -> Optional[Spared]:
-        """A sample of the plan's other sources (the base's language replayed, fillers) for the added tokens to
-        spare, and about as many bytes of the target's sample (`target_bytes` in all), every k-th document of it, so
-        that each of its sources counts; None with tokenizer.spare_ratio null or no other source in the plan."""
+        """A sample of the plan's other sources (the base's language replayed, fillers) for the
+        added tokens to spare, and about as many bytes of the target's sample (`target_bytes` in
+        all), every k-th document of it, so that each of its sources counts; None with
+        tokenizer.spare_ratio null or no other source in the plan."""
         ratio = self.options.spare_ratio
         others = [source for source in self.plan_sources if source["name"] != self.lang]
         if ratio is None or not others:
             return None
         sample_file = self.scratch / "spared_sample.jsonl"
-        write_sample(others, SPARED_SAMPLE_BYTES, self.options.seed, sample_file, self.scratch, self.work_dir,
-                     self.workers)
+        write_sample(
+            others,
+            SPARED_SAMPLE_BYTES,
+            self.options.seed,
+            sample_file,
+            self.scratch,
+            self.work_dir,
+            self.workers,
+        )
         texts = list(read_sample(sample_file))
         if not texts:
             return None
         every = max(1, round(target_bytes / sum(len(text.encode("utf-8")) for text in texts)))
-        spared = Spared(texts, [text for index, text in enumerate(read_sample(target_sample)) if index % every == 0],
-                        ratio)
-        log.info("tokenizer %s: added tokens that %s of %s use are left out", self.lang, bytes_text(spared.bytes),
-                 ", ".join(source["name"] for source in others))
+        spared = Spared(
+            texts,
+            [text for index, text in enumerate(read_sample(target_sample)) if index % every == 0],
+            ratio,
+        )
+        log.info(
+            "tokenizer %s: added tokens that %s of %s use are left out",
+            self.lang,
+            bytes_text(spared.bytes),
+            ", ".join(source["name"] for source in others),
+        )
         return spared
 
     def extend_base(self) -> BuiltTokenizer:
@@ -181,28 +276,54 @@ class _Making:
         file = base_tokenizer_file(self.base).resolve()
         try:
             base, roles = base_tokenizer_roles(self.base)
-        except Exception as error:  # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
-            raise StageError(f"tokenizer {self.lang}: tokenizer.extend_base=true cannot extend {file}: "
-                             f"{error}") from None
+        # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
+        except Exception as error:
+            raise StageError(
+                f"tokenizer {self.lang}: tokenizer.extend_base=true cannot extend {file}: {error}"
+            ) from None
         sample_file = self.scratch / "training_sample.jsonl"
         sample = self.sample(sample_file, target_only=True)
         spared = self._spared(sample_file, sample["bytes"])
         # The total a multiple of 128, as a trained vocabulary's.
-        wanted = padded_vocab_size(base.get_vocab_size() + options.added_tokens) - base.get_vocab_size()
+        wanted = (
+            padded_vocab_size(base.get_vocab_size() + options.added_tokens) - base.get_vocab_size()
+        )
         try:
-            tokenizer, added = extend_bpe(base, partial(read_sample, sample_file), wanted, options.min_frequency,
-                                          spared)
+            tokenizer, added = extend_bpe(
+                base, partial(read_sample, sample_file), wanted, options.min_frequency, spared
+            )
         except TrainingError as error:
-            raise StageError(f"tokenizer {self.lang}: cannot extend {file}: {error} Use tokenizer.keep_base=true, or "
-                             "train a new tokenizer (tokenizer.extend_base=false).") from None
+            raise StageError(
+                f"tokenizer {self.lang}: cannot extend {file}: {error} Use "
+                "tokenizer.keep_base=true, or "
+                "train a new tokenizer (tokenizer.extend_base=false)."
+            ) from None
         if added["added_tokens"] < wanted:
-            log.warning("tokenizer %s: the training text gave only %d of the %d added tokens asked for.", self.lang,
-                        added["added_tokens"], wanted)
+            log.warning(
+                "tokenizer %s: the training text gave only %d of the %d added tokens asked for.",
+                self.lang,
+                added["added_tokens"],
+                wanted,
+            )
         tokenizer.save(str(self.folder / TOKENIZER_FILE))
         write_transformers_files(self.folder, roles)
-        log.info("tokenizer %s: extended the base tokenizer %s (%d tokens) by %d tokens (%d merges; %d learnt tokens "
-                 "left out as the other sources use them)", self.lang, file, added["base_tokens"],
-                 added["added_tokens"], added["merges"], added["left_out"])
-        section = extended_section(file, tokenizer, roles, {**added, "spared_bytes": spared.bytes if spared else 0},
-                                   wanted, self.folder)
+        log.info(
+            "tokenizer %s: extended the base tokenizer %s (%d tokens) by %d tokens (%d merges; %d "
+            "learnt tokens "
+            "left out as the other sources use them)",
+            self.lang,
+            file,
+            added["base_tokens"],
+            added["added_tokens"],
+            added["merges"],
+            added["left_out"],
+        )
+        section = extended_section(
+            file,
+            tokenizer,
+            roles,
+            {**added, "spared_bytes": spared.bytes if spared else 0},
+            wanted,
+            self.folder,
+        )
         return BuiltTokenizer(tokenizer, section, sample, [])

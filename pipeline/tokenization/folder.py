@@ -1,4 +1,5 @@
-"""The tokenizer on disk, as `tokenizers`, `transformers` and `sentencepiece` load it, and the base tokenizer.
+"""The tokenizer on disk, as `tokenizers`, `transformers` and `sentencepiece` load it, and the base
+tokenizer.
 
 `tokenizer.json` is the tokenizer (`tokenizers.Tokenizer.from_file`,
 `transformers.PreTrainedTokenizerFast(tokenizer_file=...)`); `tokenizer_config.json` and
@@ -35,8 +36,9 @@ def write_tokenizer_folder(folder: Path, trained: TrainedTokenizer, special_toke
 
 
 def base_tokenizer_roles(base: str) -> tuple[Tokenizer, dict[str, str]]:
-    """The base's tokenizer and its own special tokens by role (`special_tokens_by_role`). A base without an
-    end-of-text token is refused (ValueError): the pack stage ends every document with it."""
+    """The base's tokenizer and its own special tokens by role (`special_tokens_by_role`). A base
+    without an end-of-text token is refused (ValueError): the pack stage ends every document with
+    it."""
     source = base_tokenizer_file(base)
     tokenizer = Tokenizer.from_file(str(source))
     roles = special_tokens_by_role(source.parent, tokenizer)
@@ -46,9 +48,10 @@ def base_tokenizer_roles(base: str) -> tuple[Tokenizer, dict[str, str]]:
 
 
 def adopt_base_tokenizer(folder: Path, base: str) -> tuple[Tokenizer, dict[str, str]]:
-    """Put the base tokenizer in `folder` as the trained one would be: its tokenizer.json byte for byte (and the
-    base folder's tokenizer.model), with the transformers files naming the base's own special tokens. Returns the
-    tokenizer and those tokens by role (base_tokenizer_roles, which says what is refused)."""
+    """Put the base tokenizer in `folder` as the trained one would be: its tokenizer.json byte for
+    byte (and the base folder's tokenizer.model), with the transformers files naming the base's own
+    special tokens. Returns the tokenizer and those tokens by role (base_tokenizer_roles, which says
+    what is refused)."""
     tokenizer, roles = base_tokenizer_roles(base)
     shutil.copyfile(base_tokenizer_file(base), folder / TOKENIZER_FILE)
     if Path(base).is_dir() and (Path(base) / SENTENCEPIECE_FILE).is_file():
@@ -58,9 +61,10 @@ def adopt_base_tokenizer(folder: Path, base: str) -> tuple[Tokenizer, dict[str, 
 
 
 def special_tokens_by_role(folder: Path, tokenizer: Tokenizer) -> dict[str, str]:
-    """The special tokens of a tokenizer (or model) folder by role (`eos` -> "<|endoftext|>" ...), in ROLES order:
-    as the folder's special_tokens_map.json or tokenizer_config.json names them, else by id in its config.json;
-    only tokens `tokenizer` holds. A role may be missing, and roles may share a token (GPT-2: bos = eos = unk)."""
+    """The special tokens of a tokenizer (or model) folder by role (`eos` -> "<|endoftext|>" ...),
+    in ROLES order: as the folder's special_tokens_map.json or tokenizer_config.json names them,
+    else by id in its config.json; only tokens `tokenizer` holds. A role may be missing, and roles
+    may share a token (GPT-2: bos = eos = unk)."""
     named = special_token_strings(folder)
     ids = _config_token_ids(folder)
     roles = {}
@@ -78,21 +82,33 @@ def _config_token_ids(folder: Path) -> dict[str, int]:
     if not config.is_file():
         return {}
     hf = json.loads(config.read_text(encoding="utf-8"))
-    return {role: hf[f"{role}_token_id"] for role in ROLES if isinstance(hf.get(f"{role}_token_id"), int)}
+    return {
+        role: hf[f"{role}_token_id"]
+        for role in ROLES
+        if isinstance(hf.get(f"{role}_token_id"), int)
+    }
 
 
 def _no_end_of_text(folder: Path, tokenizer: Tokenizer) -> str:
     specials = sorted(tokenizer.id_to_token(token_id) for token_id in special_ids(tokenizer))
-    candidates = (f"its special tokens are {', '.join(specials[:8])}{' ...' if len(specials) > 8 else ''}"
-                  if specials else "its tokenizer.json marks no token as special")
-    return (f"{folder} names no end-of-text token that its {TOKENIZER_FILE} holds (an `eos_token` of "
-            f"tokenizer_config.json or special_tokens_map.json, or an `eos_token_id` of config.json). The pack stage "
-            f"ends every document with it: add \"eos_token\": \"<the token>\" to {folder / TOKENIZER_CONFIG_FILE} "
-            f"({candidates}).")
+    candidates = (
+        f"its special tokens are {', '.join(specials[:8])}{' ...' if len(specials) > 8 else ''}"
+        if specials
+        else "its tokenizer.json marks no token as special"
+    )
+    return (
+        f"{folder} names no end-of-text token that its {TOKENIZER_FILE} holds (an `eos_token` of "
+        "tokenizer_config.json or special_tokens_map.json, or an `eos_token_id` of config.json). "
+        "The pack stage "
+        'ends every document with it: add "eos_token": "<the token>" to '
+        f"{folder / TOKENIZER_CONFIG_FILE} "
+        f"({candidates})."
+    )
 
 
 def write_transformers_files(folder: Path, roles: dict[str, str]) -> None:
-    """tokenizer_config.json and special_tokens_map.json, naming the special tokens by role (`eos` -> "</s>")."""
+    """tokenizer_config.json and special_tokens_map.json, naming the special tokens by role (`eos`
+    -> "</s>")."""
     names = {f"{role}_token": token for role, token in roles.items()}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -100,15 +116,19 @@ def write_transformers_files(folder: Path, roles: dict[str, str]) -> None:
         # The pack stage places the document boundaries itself; encoding adds nothing.
         "add_bos_token": False,
         "add_eos_token": False,
-        # transformers' clean-up would change spaces around punctuation and break the exact round trip.
+        # transformers' clean-up would change spaces around punctuation and break the exact round
+        # trip.
         "clean_up_tokenization_spaces": False,
     }
     for name, content in ((TOKENIZER_CONFIG_FILE, config), (SPECIAL_TOKENS_FILE, names)):
-        (folder / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (folder / name).write_text(
+            json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
 
 
 def special_token_strings(folder: Path, roles=ROLES) -> dict[str, str]:
-    """The special tokens (`bos` -> "<s>" ...) that a folder's special_tokens_map.json or tokenizer_config.json names."""
+    """The special tokens (`bos` -> "<s>" ...) that a folder's special_tokens_map.json or
+    tokenizer_config.json names."""
     found = {}
     for name in (SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE):
         if not (folder / name).is_file():
@@ -123,7 +143,8 @@ def special_token_strings(folder: Path, roles=ROLES) -> dict[str, str]:
 
 
 def base_tokenizer_file(path: str) -> Optional[Path]:
-    """The tokenizer.json that `tokenizer.base` names (the file, or one in the folder); None if there is none."""
+    """The tokenizer.json that `tokenizer.base` names (the file, or one in the folder); None if
+    there is none."""
     candidate = Path(path)
     if candidate.is_dir():
         candidate = candidate / TOKENIZER_FILE
@@ -131,31 +152,39 @@ def base_tokenizer_file(path: str) -> Optional[Path]:
 
 
 def load_tokenizer(path) -> Tokenizer:
-    """The tokenizer.json of a model or tokenizer folder (or the file itself): a local file only, no hub download,
-    no remote code."""
+    """The tokenizer.json of a model or tokenizer folder (or the file itself): a local file only, no
+    hub download, no remote code."""
     file = base_tokenizer_file(str(path))
     if file is None:
-        raise StageError(f"{path} has no {TOKENIZER_FILE}. Save the model's own tokenizer there (e.g. "
-                         f"AutoTokenizer.from_pretrained(...).save_pretrained(folder)) and run again.")
+        raise StageError(
+            f"{path} has no {TOKENIZER_FILE}. Save the model's own tokenizer there (e.g. "
+            f"AutoTokenizer.from_pretrained(...).save_pretrained(folder)) and run again."
+        )
     try:
         return Tokenizer.from_file(str(file))
     except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
-        raise StageError(f"{file} is not a readable tokenizer file ({error}): it is damaged or cut short.") from None
+        raise StageError(
+            f"{file} is not a readable tokenizer file ({error}): it is damaged or cut short."
+        ) from None
 
 
 def tokenizer_digest(file: Path) -> str:
-    """The SHA-256 of a tokenizer.json: the pack stage records it, and the training stages check that they load
-    the tokenizer the data was packed with."""
+    """The SHA-256 of a tokenizer.json: the pack stage records it, and the training stages check
+    that they load the tokenizer the data was packed with."""
     return hashlib.sha256(Path(file).read_bytes()).hexdigest()
 
 
 def special_ids(tokenizer: Tokenizer) -> set[int]:
-    return {token_id for token_id, added in tokenizer.get_added_tokens_decoder().items() if added.special}
+    return {
+        token_id
+        for token_id, added in tokenizer.get_added_tokens_decoder().items()
+        if added.special
+    }
 
 
 def token_roles(folder: Path, tokenizer: Tokenizer) -> dict[str, Optional[int]]:
-    """bos/eos/pad/unk ids from the tokenizer files, else from config.json (None where neither names one); pad falls
-    back to eos."""
+    """bos/eos/pad/unk ids from the tokenizer files, else from config.json (None where neither names
+    one); pad falls back to eos."""
     named = special_tokens_by_role(folder, tokenizer)
     roles = {role: tokenizer.token_to_id(named[role]) if role in named else None for role in ROLES}
     if roles["pad"] is None:
@@ -170,5 +199,6 @@ class TrainingError(RuntimeError):
 @dataclass(frozen=True)
 class TrainedTokenizer:
     tokenizer: Tokenizer
-    # The SentencePiece model (`tokenizer.model`) the tokenizer was converted from; None for byte-level BPE.
+    # The SentencePiece model (`tokenizer.model`) the tokenizer was converted from; None for
+    # byte-level BPE.
     sentencepiece_model: Optional[bytes] = None

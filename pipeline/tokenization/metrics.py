@@ -1,14 +1,15 @@
 """How well a tokenizer fits a language, measured on held-out text.
 
 - fertility: tokens per word (Rust et al. 2021, "How Good is Your Tokenizer?"). Words come from the
-  language's word tokenizer (datatrove's, as in the clean stage's filters); punctuation-only words (no
-  letter or digit) are left out. A word's tokens are those whose span in the encoding of the whole
-  document overlaps the word, so the space that BPE glues to a word does not make an extra token, and
-  a token shared by two words counts for both.
+  language's word tokenizer (datatrove's, as in the clean stage's filters); punctuation-only words
+  (no letter or digit) are left out. A word's tokens are those whose span in the encoding of the
+  whole document overlaps the word, so the space that BPE glues to a word does not make an extra
+  token, and a token shared by two words counts for both.
 - continued words: the share of words split into two or more tokens.
 - bytes per token: UTF-8 bytes of the text / tokens; comparable across vocabularies.
 - vocabulary used: distinct token ids seen / vocabulary size.
-- round trip: the share of documents with decode(encode(x)) == x exactly (special tokens decoded too).
+- round trip: the share of documents with decode(encode(x)) == x exactly (special tokens decoded
+  too).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ BATCH_DOCUMENTS = 64
 
 
 def word_spans(text: str, words: list[str]) -> np.ndarray:
-    """(start, end) character spans of the words with a letter or digit, found in `text` left to right.
+    """(start, end) character spans of the words with a letter or digit, found in `text` left to
+    right.
 
     A word the word tokenizer rewrote (so that it is not in the text as such) is skipped.
     """
@@ -44,8 +46,11 @@ def tokens_per_word(spans: np.ndarray, token_offsets: list[tuple[int, int]]) -> 
     """For each word span, the number of tokens whose (start, end) offsets overlap it."""
     offsets = np.array(token_offsets, dtype=np.int64).reshape(-1, 2)
     starts, ends = np.sort(offsets[:, 0]), np.sort(offsets[:, 1])
-    # Overlapping tokens start before the word ends, minus those that end before it starts (which all do).
-    return np.searchsorted(starts, spans[:, 1], side="left") - np.searchsorted(ends, spans[:, 0], side="right")
+    # Overlapping tokens start before the word ends, minus those that end before it starts (which
+    # all do).
+    return np.searchsorted(starts, spans[:, 1], side="left") - np.searchsorted(
+        ends, spans[:, 0], side="right"
+    )
 
 
 def _ratio(numerator: float, denominator: float) -> Optional[float]:
@@ -91,17 +96,25 @@ class Scores:
         }
 
 
-def evaluate(tokenizers: dict[str, Tokenizer], documents: Iterable[str], word_tokenizer,
-             description: str = "tokenizer: evaluating") -> dict[str, Scores]:
+def evaluate(
+    tokenizers: dict[str, Tokenizer],
+    documents: Iterable[str],
+    word_tokenizer,
+    description: str = "tokenizer: evaluating",
+) -> dict[str, Scores]:
     """Scores of each tokenizer on the same documents, split into words once by `word_tokenizer`."""
-    scores = {name: Scores(tok.get_vocab_size(with_added_tokens=True)) for name, tok in tokenizers.items()}
+    scores = {
+        name: Scores(tok.get_vocab_size(with_added_tokens=True)) for name, tok in tokenizers.items()
+    }
     documents = iter(documents)
     with tqdm(unit="doc", desc=description, disable=None) as bar:
         while batch := list(islice(documents, BATCH_DOCUMENTS)):
             spans = [word_spans(text, word_tokenizer.word_tokenize(text)) for text in batch]
             for name, tokenizer in tokenizers.items():
                 encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
-                decoded = tokenizer.decode_batch([e.ids for e in encodings], skip_special_tokens=False)
+                decoded = tokenizer.decode_batch(
+                    [e.ids for e in encodings], skip_special_tokens=False
+                )
                 for text, encoding, text_back, word_span in zip(batch, encodings, decoded, spans):
                     scores[name].add(text, encoding, text_back, word_span)
             bar.update(len(batch))

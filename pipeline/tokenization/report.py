@@ -8,21 +8,32 @@ from typing import Optional
 from tokenizers import Tokenizer
 
 from pipeline.corpus.report import bytes_text
-from pipeline.tokenization.folder import (SENTENCEPIECE_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
-                                          TrainedTokenizer)
+from pipeline.tokenization.folder import (
+    SENTENCEPIECE_FILE,
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    TrainedTokenizer,
+)
 from pipeline.tokenization.metrics import Scores
 from pipeline.tokenization.sample import SampledSource
 
 # The tokenizer stage's report on its tokenizer, beside the tokenizer's files.
 REPORT_FILE, REPORT_TEXT_FILE = "report.json", "report.md"
 METRICS = ("fertility", "bytes_per_token", "continued_words", "vocab_used", "roundtrip_rate")
-_LABELS = {"fertility": "fertility (tokens per word)", "bytes_per_token": "bytes per token",
-           "continued_words": "continued words (2+ tokens)", "vocab_used": "vocabulary used",
-           "roundtrip_rate": "exact round trip (documents)"}
+_LABELS = {
+    "fertility": "fertility (tokens per word)",
+    "bytes_per_token": "bytes per token",
+    "continued_words": "continued words (2+ tokens)",
+    "vocab_used": "vocabulary used",
+    "roundtrip_rate": "exact round trip (documents)",
+}
 _PERCENT = {"continued_words", "vocab_used", "roundtrip_rate"}
 DEFINITIONS = (
-    "Words: the language's word tokenizer, punctuation-only words left out; a word's tokens are those that "
-    "overlap it in the encoding of the whole document. Bytes per token: UTF-8 bytes / tokens. Vocabulary used: "
+    "Words: the language's word tokenizer, punctuation-only words left out; a word's tokens are "
+    "those that "
+    "overlap it in the encoding of the whole document. Bytes per token: UTF-8 bytes / tokens. "
+    "Vocabulary used: "
     "distinct ids seen / vocabulary size. Round trip: decode(encode(x)) == x, special tokens kept."
 )
 
@@ -35,39 +46,60 @@ def tokenizer_section(options, trained: TrainedTokenizer, threads: int) -> dict:
         "sentencepiece_model_type": options.sentencepiece_model_type if sentencepiece else None,
         "vocab_size": trained.tokenizer.get_vocab_size(),
         "vocab_size_requested": options.vocab_size,
-        "special_tokens": {token: trained.tokenizer.token_to_id(token)
-                           for token in options.special_tokens.in_id_order()},
+        "special_tokens": {
+            token: trained.tokenizer.token_to_id(token)
+            for token in options.special_tokens.in_id_order()
+        },
         "normalization": options.normalization,
         "pretokenizer_pattern": None if sentencepiece else options.pretokenizer_pattern,
         "max_token_length": options.max_token_length,
         "min_frequency": None if sentencepiece else options.min_frequency,
         "seed": options.seed,
-        # SentencePiece's EM sums in per-thread parts: its model depends on the thread count (`workers`).
+        # SentencePiece's EM sums in per-thread parts: its model depends on the thread count
+        # (`workers`).
         "sentencepiece_threads": threads if sentencepiece else None,
         "files": [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_FILE]
-                 + ([SENTENCEPIECE_FILE] if trained.sentencepiece_model is not None else []),
+        + ([SENTENCEPIECE_FILE] if trained.sentencepiece_model is not None else []),
     }
 
 
-def kept_section(base_file: Path, tokenizer: Tokenizer, roles: dict[str, str], folder: Path,
-                 key: str = "kept_base") -> dict:
-    """What `tokenizer.keep_base=true` adopted (or, with key `extended_base`, what an extension of the base wrote):
-    the base's file, the vocabulary size, the special tokens (with their roles) and the files written."""
+def kept_section(
+    base_file: Path,
+    tokenizer: Tokenizer,
+    roles: dict[str, str],
+    folder: Path,
+    key: str = "kept_base",
+) -> dict:
+    """What `tokenizer.keep_base=true` adopted (or, with key `extended_base`, what an extension of
+    the base wrote): the base's file, the vocabulary size, the special tokens (with their roles) and
+    the files written."""
     return {
         key: str(base_file),
         "vocab_size": tokenizer.get_vocab_size(),
         "special_tokens": {token: tokenizer.token_to_id(token) for token in roles.values()},
         "roles": roles,
-        "files": sorted(path.name for path in folder.iterdir() if path.suffix in (".json", ".model")),
+        "files": sorted(
+            path.name for path in folder.iterdir() if path.suffix in (".json", ".model")
+        ),
     }
 
 
-def extended_section(base_file: Path, tokenizer: Tokenizer, roles: dict[str, str], added: dict, wanted: int,
-                     folder: Path) -> dict:
-    """What `tokenizer.extend_base=true` made: the base's file, what was added (extend_bpe's summary, and how many
-    tokens were asked for after rounding the total to a multiple of 128), the special tokens and the files."""
-    return {**kept_section(base_file, tokenizer, roles, folder, key="extended_base"), **added,
-            "added_tokens_requested": wanted}
+def extended_section(
+    base_file: Path,
+    tokenizer: Tokenizer,
+    roles: dict[str, str],
+    added: dict,
+    wanted: int,
+    folder: Path,
+) -> dict:
+    """What `tokenizer.extend_base=true` made: the base's file, what was added (extend_bpe's
+    summary, and how many tokens were asked for after rounding the total to a multiple of 128), the
+    special tokens and the files."""
+    return {
+        **kept_section(base_file, tokenizer, roles, folder, key="extended_base"),
+        **added,
+        "added_tokens_requested": wanted,
+    }
 
 
 def sample_section(sampled: list[SampledSource], sample_bytes: int) -> dict:
@@ -75,11 +107,24 @@ def sample_section(sampled: list[SampledSource], sample_bytes: int) -> dict:
         "sample_bytes": sample_bytes,
         "documents": sum(s.documents for s in sampled),
         "bytes": sum(s.bytes for s in sampled),
-        "sources": [{"name": s.share.name, "input": s.input, "path": s.path, "folder": s.folder,
-                     "planned_bytes": round(s.share.planned_bytes), "unique_bytes": s.share.unique_bytes,
-                     "cap_bytes": s.share.cap_bytes, "keep_probability": s.share.keep_probability,
-                     "documents_read": s.documents_read, "bytes_read": s.bytes_read, "documents": s.documents,
-                     "bytes": s.bytes, "bad_records": s.bad_records} for s in sampled],
+        "sources": [
+            {
+                "name": s.share.name,
+                "input": s.input,
+                "path": s.path,
+                "folder": s.folder,
+                "planned_bytes": round(s.share.planned_bytes),
+                "unique_bytes": s.share.unique_bytes,
+                "cap_bytes": s.share.cap_bytes,
+                "keep_probability": s.share.keep_probability,
+                "documents_read": s.documents_read,
+                "bytes_read": s.bytes_read,
+                "documents": s.documents,
+                "bytes": s.bytes,
+                "bad_records": s.bad_records,
+            }
+            for s in sampled
+        ],
     }
 
 
@@ -88,8 +133,14 @@ def comparison(new: Optional[Scores], base: Optional[Scores]) -> Optional[dict]:
     if new is None or base is None:
         return None
     new_summary, base_summary = new.summary(), base.summary()
-    return {key: (new_summary[key] / base_summary[key] if new_summary[key] is not None and base_summary[key]
-                  else None) for key in METRICS}
+    return {
+        key: (
+            new_summary[key] / base_summary[key]
+            if new_summary[key] is not None and base_summary[key]
+            else None
+        )
+        for key in METRICS
+    }
 
 
 def _cell(key: str, value: Optional[float]) -> str:
@@ -117,42 +168,82 @@ def metrics_table(document: dict) -> str:
 
 def markdown(document: dict) -> str:
     tok, sample, heldout = document["tokenizer"], document["sample"], document["heldout"]
-    specials = ", ".join(f"`{token}` = {token_id}" for token, token_id in tok["special_tokens"].items())
+    specials = ", ".join(
+        f"`{token}` = {token_id}" for token, token_id in tok["special_tokens"].items()
+    )
     lines = [f"# Tokenizer for {document['lang']}", ""]
-    roles = ", ".join(f"{role} `{token}` = {tok['special_tokens'][token]}"
-                      for role, token in tok.get("roles", {}).items())
+    roles = ", ".join(
+        f"{role} `{token}` = {tok['special_tokens'][token]}"
+        for role, token in tok.get("roles", {}).items()
+    )
     if sample is None:
-        lines += [f"The base model's tokenizer, kept (tokenizer.keep_base=true): {tok['kept_base']}, "
-                  f"{tok['vocab_size']:,} tokens; special tokens {roles}. Nothing was trained.", ""]
+        lines += [
+            f"The base model's tokenizer, kept (tokenizer.keep_base=true): {tok['kept_base']}, "
+            f"{tok['vocab_size']:,} tokens; special tokens {roles}. Nothing was trained.",
+            "",
+        ]
     elif tok.get("extended_base"):
-        lines += [f"The base model's tokenizer {tok['extended_base']} ({tok['base_tokens']:,} tokens), extended "
-                  f"(tokenizer.extend_base=true) by {tok['added_tokens']:,} tokens (asked: "
-                  f"{tok['added_tokens_requested']:,}; {tok['merges']:,} merges learnt on the sample as the base cuts "
-                  f"it, {tok['existing']:,} of them building a token the base had; {tok['left_out']:,} learnt tokens "
-                  f"left out, as {bytes_text(tok['spared_bytes'])} of the plan's other sources use them, "
-                  f"tokenizer.spare_ratio): {tok['vocab_size']:,} tokens; the base's tokens keep their ids; special "
-                  f"tokens {roles}.", ""]
+        lines += [
+            f"The base model's tokenizer {tok['extended_base']} ({tok['base_tokens']:,} tokens), "
+            "extended "
+            f"(tokenizer.extend_base=true) by {tok['added_tokens']:,} tokens (asked: "
+            f"{tok['added_tokens_requested']:,}; {tok['merges']:,} merges learnt on the sample as "
+            "the base cuts "
+            f"it, {tok['existing']:,} of them building a token the base had; {tok['left_out']:,} "
+            "learnt tokens "
+            f"left out, as {bytes_text(tok['spared_bytes'])} of the plan's other sources use them, "
+            f"tokenizer.spare_ratio): {tok['vocab_size']:,} tokens; the base's tokens keep their "
+            "ids; special "
+            f"tokens {roles}.",
+            "",
+        ]
     else:
-        backend = tok["backend"] + (f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece"
-                                    else "")
-        lines += [f"{backend}, {tok['vocab_size']:,} tokens (asked: {tok['vocab_size_requested']:,}); special tokens "
-                  f"{specials}; normalization {tok['normalization']}.", ""]
+        backend = tok["backend"] + (
+            f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece" else ""
+        )
+        lines += [
+            f"{backend}, {tok['vocab_size']:,} tokens (asked: {tok['vocab_size_requested']:,}); "
+            "special tokens "
+            f"{specials}; normalization {tok['normalization']}.",
+            "",
+        ]
     if sample is not None:
-        lines += [f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) sampled "
-                  f"from the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])}).", ""]
+        lines += [
+            f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) "
+            "sampled "
+            f"from the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])}).",
+            "",
+        ]
     if heldout["documents"]:
-        lines += [f"Evaluated on {heldout['documents']:,} held-out documents ({bytes_text(heldout['bytes'])}, "
-                  f"{heldout['words']:,} words; word tokenizer {heldout['word_tokenizer']}) from {heldout['folder']}"
-                  + (" (up to tokenizer.eval_bytes)." if heldout["truncated"] else "."), "",
-                  metrics_table(document), "", DEFINITIONS]
+        lines += [
+            f"Evaluated on {heldout['documents']:,} held-out documents "
+            f"({bytes_text(heldout['bytes'])}, "
+            f"{heldout['words']:,} words; word tokenizer {heldout['word_tokenizer']}) from "
+            f"{heldout['folder']}"
+            + (" (up to tokenizer.eval_bytes)." if heldout["truncated"] else "."),
+            "",
+            metrics_table(document),
+            "",
+            DEFINITIONS,
+        ]
     else:
-        lines.append(f"No held-out text in {heldout['folder']}: nothing to evaluate; {heldout['advice']}")
+        lines.append(
+            f"No held-out text in {heldout['folder']}: nothing to evaluate; {heldout['advice']}"
+        )
     if sample is not None:
-        lines += ["", "## Training sample", "",
-                  "| source | input | planned bytes | keep probability | documents | bytes |",
-                  "|---|---|---:|---:|---:|---:|"]
-        lines += [f"| {s['name']} | {s['input']} | {bytes_text(s['planned_bytes'])} | {s['keep_probability']:.3g} | "
-                  f"{s['documents']:,} | {s['bytes']:,} |" for s in sample["sources"]]
+        lines += [
+            "",
+            "## Training sample",
+            "",
+            "| source | input | planned bytes | keep probability | documents | bytes |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {s['name']} | {s['input']} | {bytes_text(s['planned_bytes'])} | "
+            f"{s['keep_probability']:.3g} | "
+            f"{s['documents']:,} | {s['bytes']:,} |"
+            for s in sample["sources"]
+        ]
     if document["notes"]:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in document["notes"]]
     return "\n".join(lines) + "\n"

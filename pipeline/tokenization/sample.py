@@ -1,4 +1,5 @@
-"""The tokenizer's training text: the mix plan's sources in the plan's proportions, within `tokenizer.sample_bytes`.
+"""The tokenizer's training text: the mix plan's sources in the plan's proportions, within
+`tokenizer.sample_bytes`.
 
 The sample is the planned training stream, scaled down. A source's share is its share of the planned
 bytes (its epochs x its unique bytes: the plan's sampling weight, counted in bytes of text rather
@@ -97,8 +98,15 @@ def _sample_file(task: FileTask, seed: int, probability: float) -> tuple[list[st
     return kept, docs, size, int(reader.stats["bad_records"].total)
 
 
-def write_sample(plan_sources: list[dict], sample_bytes: int, seed: int, out: Path, scratch: Path, work_dir: str,
-                 workers: int) -> list[SampledSource]:
+def write_sample(
+    plan_sources: list[dict],
+    sample_bytes: int,
+    seed: int,
+    out: Path,
+    scratch: Path,
+    work_dir: str,
+    workers: int,
+) -> list[SampledSource]:
     """Write the sample to `out` (JSONL of strings); what each source gave."""
     plan_by_name = {s["name"]: s for s in plan_sources}
     sampled = []
@@ -112,7 +120,9 @@ def write_sample(plan_sources: list[dict], sample_bytes: int, seed: int, out: Pa
             source = planned_source(entry, work_dir)
             result.folder = str(source.folder)
             per_file = partial(_sample_file, seed=seed, probability=share.keep_probability)
-            files = over_files(source, scratch / share.name, workers, per_file, f"tokenizer: sampling {share.name}")
+            files = over_files(
+                source, scratch / share.name, workers, per_file, f"tokenizer: sampling {share.name}"
+            )
             for texts, docs, size, bad in files:
                 result.documents_read += docs
                 result.bytes_read += size

@@ -1,5 +1,6 @@
-"""How well the tokenizer stage's tokenizer fits the language: scored, next to the base model's tokenizer, on the held-out
-text of the clean stage (metrics.py), and reported as data and as text (report.py) and in the log."""
+"""How well the tokenizer stage's tokenizer fits the language: scored, next to the base model's
+tokenizer, on the held-out text of the clean stage (metrics.py), and reported as data and as text
+(report.py) and in the log."""
 
 from __future__ import annotations
 
@@ -20,8 +21,14 @@ from pipeline.tokenization.build import BuiltTokenizer
 from pipeline.tokenization.tokenizer_config import TokenizerConfig
 from pipeline.tokenization.folder import TOKENIZER_FILE, base_tokenizer_file, load_tokenizer
 from pipeline.tokenization.metrics import Scores, evaluate
-from pipeline.tokenization.report import (METRICS, REPORT_FILE, REPORT_TEXT_FILE, comparison, markdown,
-                                          metrics_table)
+from pipeline.tokenization.report import (
+    METRICS,
+    REPORT_FILE,
+    REPORT_TEXT_FILE,
+    comparison,
+    markdown,
+    metrics_table,
+)
 from pipeline.work_folder import record_path
 
 log = logging.getLogger(__name__)
@@ -46,22 +53,35 @@ class HeldoutText:
             yield document.text
 
 
-def _score(new: Tokenizer, base_file: Optional[Path], options: TokenizerConfig, heldout: HeldoutText,
-           lang: LanguageConfig, clean: CleanConfig) -> tuple[dict[str, Scores], str]:
-    """The scores of the new tokenizer (and the base one, unless it is the new one) on the held-out text, and the
-    word tokenizer's name."""
+def _score(
+    new: Tokenizer,
+    base_file: Optional[Path],
+    options: TokenizerConfig,
+    heldout: HeldoutText,
+    lang: LanguageConfig,
+    clean: CleanConfig,
+) -> tuple[dict[str, Scores], str]:
+    """The scores of the new tokenizer (and the base one, unless it is the new one) on the held-out
+    text, and the word tokenizer's name."""
     tokenizers = {"new": new}
     if base_file is not None and not options.keep_base:
         try:
             tokenizers["base"] = load_tokenizer(base_file)
         except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
-            raise StageError(f"{base_file} (the base tokenizer) is not a tokenizer.json that `tokenizers` can load "
-                             f"({error}).") from None
+            raise StageError(
+                f"{base_file} (the base tokenizer) is not a tokenizer.json that `tokenizers` can "
+                "load "
+                f"({error})."
+            ) from None
     word_tokenizer, word_tokenizer_name = resolve_word_tokenizer(lang)
     scores = evaluate(tokenizers, heldout, load_word_tokenizer(word_tokenizer))
     if not scores["new"].documents:
-        log.warning("tokenizer %s: %s holds no held-out documents, so the report has no scores; %s", lang.code,
-                    heldout.source.folder, no_heldout_advice(clean))
+        log.warning(
+            "tokenizer %s: %s holds no held-out documents, so the report has no scores; %s",
+            lang.code,
+            heldout.source.folder,
+            no_heldout_advice(clean),
+        )
     return scores, word_tokenizer_name
 
 
@@ -71,13 +91,22 @@ def _name(options: TokenizerConfig, lang: str) -> str:
     return "base, extended" if options.extend_base else f"{lang} {options.backend}"
 
 
-def write_report(folder: Path, final_dir: Path, built: BuiltTokenizer, options: TokenizerConfig, base: Optional[str],
-                 heldout_text: SourceInput, lang: LanguageConfig, clean: CleanConfig, work_dir: str,
-                 scratch: Path) -> dict:
-    """Score the tokenizer `built` in `folder` (where it will be: `final_dir`) and the base's (`base`: a
-    tokenizer.json or a folder with one) on `heldout_text`, which the clean stage held out with the settings `clean`;
-    write the report to `folder` and return the marker's metrics. Paths inside the work folder `work_dir` are recorded
-    relative to it."""
+def write_report(
+    folder: Path,
+    final_dir: Path,
+    built: BuiltTokenizer,
+    options: TokenizerConfig,
+    base: Optional[str],
+    heldout_text: SourceInput,
+    lang: LanguageConfig,
+    clean: CleanConfig,
+    work_dir: str,
+    scratch: Path,
+) -> dict:
+    """Score the tokenizer `built` in `folder` (where it will be: `final_dir`) and the base's
+    (`base`: a tokenizer.json or a folder with one) on `heldout_text`, which the clean stage held
+    out with the settings `clean`; write the report to `folder` and return the marker's metrics.
+    Paths inside the work folder `work_dir` are recorded relative to it."""
     base_file = None if base is None else base_tokenizer_file(base)
     heldout = HeldoutText(heldout_text, scratch / "heldout", options.eval_bytes)
     scores, word_tokenizer_name = _score(built.tokenizer, base_file, options, heldout, lang, clean)
@@ -86,22 +115,40 @@ def write_report(folder: Path, final_dir: Path, built: BuiltTokenizer, options: 
         "lang": lang.code,
         "tokenizer": built.section,
         "sample": built.sample,
-        "heldout": {"folder": record_path(work_dir, heldout.source.folder), "documents": new.documents,
-                    "bytes": new.bytes, "words": new.words, "word_tokenizer": word_tokenizer_name,
-                    "eval_bytes": options.eval_bytes, "truncated": heldout.truncated,
-                    "advice": no_heldout_advice(clean)},
-        "new": {"name": _name(options, lang.code),
-                "path": record_path(work_dir, final_dir / TOKENIZER_FILE),
-                "scores": new.summary()},
-        "base": None if base_scores is None else {"name": base, "path": record_path(work_dir, base_file),
-                                                  "scores": base_scores.summary()},
+        "heldout": {
+            "folder": record_path(work_dir, heldout.source.folder),
+            "documents": new.documents,
+            "bytes": new.bytes,
+            "words": new.words,
+            "word_tokenizer": word_tokenizer_name,
+            "eval_bytes": options.eval_bytes,
+            "truncated": heldout.truncated,
+            "advice": no_heldout_advice(clean),
+        },
+        "new": {
+            "name": _name(options, lang.code),
+            "path": record_path(work_dir, final_dir / TOKENIZER_FILE),
+            "scores": new.summary(),
+        },
+        "base": None
+        if base_scores is None
+        else {
+            "name": base,
+            "path": record_path(work_dir, base_file),
+            "scores": base_scores.summary(),
+        },
         "new_vs_base": comparison(new, base_scores),
         "notes": built.notes,
     }
     write_json_atomic(folder / REPORT_FILE, document)
     (folder / REPORT_TEXT_FILE).write_text(markdown(document), encoding="utf-8")
     if new.documents:
-        log.info("tokenizer %s on %d held-out documents:\n%s", lang.code, new.documents, metrics_table(document))
+        log.info(
+            "tokenizer %s on %d held-out documents:\n%s",
+            lang.code,
+            new.documents,
+            metrics_table(document),
+        )
     sample = built.sample
     return {
         "backend": None if options.keep_base or options.extend_base else options.backend,
@@ -113,5 +160,7 @@ def write_report(folder: Path, final_dir: Path, built: BuiltTokenizer, options: 
         "heldout_documents": new.documents,
         "heldout_words": new.words,
         "new": {key: document["new"]["scores"][key] for key in METRICS},
-        "base": None if base_scores is None else {key: document["base"]["scores"][key] for key in METRICS},
+        "base": None
+        if base_scores is None
+        else {key: document["base"]["scores"][key] for key in METRICS},
     }

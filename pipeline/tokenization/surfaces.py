@@ -1,9 +1,9 @@
 """What a token stands for, as bytes: the common ground between two tokenizers of different kinds.
 
-A byte-level BPE vocabulary (GPT-2, BLOOM, Llama 3, this project's default) spells bytes with printable
-stand-ins (a space is `Ġ`); a SentencePiece vocabulary (Llama 2, Mistral) writes a space as `▁` and
-raw bytes as `<0x41>`. Comparing the bytes lets a byte-level tokenizer find its tokens in a
-SentencePiece one and the other way round.
+A byte-level BPE vocabulary (GPT-2, BLOOM, Llama 3, this project's default) spells bytes with
+printable stand-ins (a space is `Ġ`); a SentencePiece vocabulary (Llama 2, Mistral) writes a space
+as `▁` and raw bytes as `<0x41>`. Comparing the bytes lets a byte-level tokenizer find its tokens in
+a SentencePiece one and the other way round.
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 def _byte_level_alphabet() -> dict[str, int]:
     """The printable character byte-level BPE uses for each byte (the GPT-2 mapping)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     characters, extra = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -40,13 +44,16 @@ def spelling(tokenizer: Tokenizer) -> str:
     decoder = json.dumps(config.get("decoder"))
     if "ByteLevel" in decoder:
         return "byte_level"
-    around = json.dumps([config.get("decoder"), config.get("normalizer"), config.get("pre_tokenizer")],
-                        ensure_ascii=False)
+    around = json.dumps(
+        [config.get("decoder"), config.get("normalizer"), config.get("pre_tokenizer")],
+        ensure_ascii=False,
+    )
     return "metaspace" if METASPACE in around or "Metaspace" in around else "plain"
 
 
 def token_bytes(token: str, kind: str) -> Optional[bytes]:
-    """The bytes a vocabulary entry stands for; None when it cannot be told (not a spelling of bytes)."""
+    """The bytes a vocabulary entry stands for; None when it cannot be told (not a spelling of
+    bytes)."""
     if kind == "byte_level":
         if not all(character in _BYTE_LEVEL for character in token):
             return None

@@ -1,4 +1,5 @@
-"""Train a tokenizer with the configured backend; both give a `tokenizers.Tokenizer` (tokenizer.json).
+"""Train a tokenizer with the configured backend; both give a `tokenizers.Tokenizer`
+(tokenizer.json).
 
 Byte-level BPE with Hugging Face `tokenizers`: every byte is a token, so no text is unencodable.
 
@@ -13,10 +14,11 @@ Set up so that decode(encode(x)) == x: no normalisation (`identity`; `nfkc` fold
 characters), whitespace runs kept (`remove_extra_whitespaces=False`), no dummy prefix space (which
 decoding would strip), and byte fallback, so that a character outside the vocabulary (a newline, an
 emoji, a rare letter) becomes its UTF-8 bytes instead of `<unk>`. Digits are single tokens
-(`split_digits`), as in Llama and Gemma. One exception remains: SentencePiece writes spaces as U+2581
-(`▁`), so a literal U+2581 in the text decodes as a space.
+(`split_digits`), as in Llama and Gemma. One exception remains: SentencePiece writes spaces as
+U+2581 (`▁`), so a literal U+2581 in the text decodes as a space.
 
-A SentencePiece model as a `tokenizers` pipeline (tokenizer.json) that encodes exactly as SentencePiece does.
+A SentencePiece model as a `tokenizers` pipeline (tokenizer.json) that encodes exactly as
+SentencePiece does.
 
 SentencePiece finds the best segmentation of the whole text with spaces written as `▁`; the
 conversion does the same: normaliser (the model's precompiled NFKC map, if any, then ` ` -> `▁`), no
@@ -45,7 +47,16 @@ from typing import Iterable, Iterator
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
 
 from pipeline.tokenization.folder import TrainedTokenizer, TrainingError
 
@@ -63,8 +74,12 @@ def train_tokenizer(documents: Iterable[str], options, threads: int = 1) -> Trai
     """Train on `documents` (streamed once) with `options`, a TokenizerConfig."""
     vocab_size = padded_vocab_size(options.vocab_size)
     if vocab_size != options.vocab_size:
-        log.info("tokenizer: vocab_size %d rounded up to %d, a multiple of %d", options.vocab_size, vocab_size,
-                 VOCAB_MULTIPLE)
+        log.info(
+            "tokenizer: vocab_size %d rounded up to %d, a multiple of %d",
+            options.vocab_size,
+            vocab_size,
+            VOCAB_MULTIPLE,
+        )
     if options.backend == "bytelevel_bpe":
         return TrainedTokenizer(train_bytelevel_bpe(documents, options, vocab_size))
     model = train_sentencepiece(documents, options, vocab_size, threads)
@@ -76,10 +91,12 @@ def bytelevel_pipeline(options) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE())  # no unk token: the 256 bytes cover everything
     if options.normalization == "nfkc":
         tokenizer.normalizer = normalizers.NFKC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(options.pretokenizer_pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(options.pretokenizer_pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
@@ -90,7 +107,10 @@ def train_bytelevel_bpe(documents: Iterable[str], options, vocab_size: int) -> T
         vocab_size=vocab_size,
         min_frequency=options.min_frequency,
         # First in the vocabulary, so at ids 0-3.
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in options.special_tokens.in_id_order()],
+        special_tokens=[
+            AddedToken(t, special=True, normalized=False)
+            for t in options.special_tokens.in_id_order()
+        ],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         # The trainer keeps tokens strictly shorter than its max_token_length (the off-by-one of
         # huggingface/tokenizers#1461); the option is the longest token, so it gets one more.
@@ -99,7 +119,6 @@ def train_bytelevel_bpe(documents: Iterable[str], options, vocab_size: int) -> T
     )
     tokenizer.train_from_iterator(documents, trainer)
     return tokenizer
-
 
 
 # SentencePiece trains on "sentences" and silently drops those longer than `max_sentence_length`
@@ -117,7 +136,7 @@ def sentences(documents: Iterable[str]) -> Iterator[str]:
             if not line.strip():
                 continue
             for start in range(0, len(line), chars_per_chunk):
-                yield line[start:start + chars_per_chunk]
+                yield line[start : start + chars_per_chunk]
 
 
 def train_sentencepiece(documents: Iterable[str], options, vocab_size: int, threads: int) -> bytes:
@@ -139,15 +158,20 @@ def train_sentencepiece(documents: Iterable[str], options, vocab_size: int, thre
             max_sentencepiece_length=options.max_token_length or DEFAULT_MAX_PIECE_LENGTH,
             max_sentence_length=MAX_SENTENCE_BYTES,
             input_sentence_size=0,  # the sample is already bounded: use all of it
-            bos_id=0, eos_id=1, pad_id=2, unk_id=3,
-            bos_piece=special.bos, eos_piece=special.eos, pad_piece=special.pad, unk_piece=special.unk,
+            bos_id=0,
+            eos_id=1,
+            pad_id=2,
+            unk_id=3,
+            bos_piece=special.bos,
+            eos_piece=special.eos,
+            pad_piece=special.pad,
+            unk_piece=special.unk,
             num_threads=threads,
             minloglevel=2,
         )
     except RuntimeError as error:
         raise TrainingError(f"SentencePiece failed: {error}") from None
     return model.getvalue()
-
 
 
 # sentencepiece_model.proto's ModelProto.SentencePiece.Type and TrainerSpec.ModelType
@@ -158,15 +182,18 @@ _BYTE_PIECE_TEXT = Regex(r"<(?=0x[0-9A-F]{2}>)")
 
 
 def _bpe_merges(pieces) -> list[tuple[str, str]]:
-    """Every split of a normal piece into two normal pieces, ranked by the piece they make (id order)."""
+    """Every split of a normal piece into two normal pieces, ranked by the piece they make (id
+    order)."""
     ids = {p.piece: i for i, p in enumerate(pieces) if p.type == NORMAL}
     merges = []
     for p in pieces:
         if p.type != NORMAL:
             continue
         splits = [(p.piece[:k], p.piece[k:]) for k in range(1, len(p.piece))]
-        merges += sorted(((left, right) for left, right in splits if left in ids and right in ids),
-                         key=lambda pair: (ids[pair[0]], ids[pair[1]]))
+        merges += sorted(
+            ((left, right) for left, right in splits if left in ids and right in ids),
+            key=lambda pair: (ids[pair[0]], ids[pair[1]]),
+        )
     return merges
 
 
@@ -175,22 +202,46 @@ def tokenizer_from_sentencepiece(model: bytes) -> Tokenizer:
     proto.ParseFromString(model)
     pieces, trainer = proto.pieces, proto.trainer_spec
     if trainer.model_type == UNIGRAM:
-        tokenizer = Tokenizer(models.Unigram([(p.piece, p.score) for p in pieces], unk_id=trainer.unk_id,
-                                             byte_fallback=True))
-        tokenizer.pre_tokenizer = pre_tokenizers.Split(_BYTE_PIECE_TEXT, behavior="merged_with_previous")
+        tokenizer = Tokenizer(
+            models.Unigram(
+                [(p.piece, p.score) for p in pieces], unk_id=trainer.unk_id, byte_fallback=True
+            )
+        )
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(
+            _BYTE_PIECE_TEXT, behavior="merged_with_previous"
+        )
         spanning = [p.piece for p in pieces if p.type == NORMAL and "<0" in p.piece]
         if spanning:
-            log.warning("tokenizer: pieces %s contain `<0`; where the text has `<0x..>` after them, tokenizer.json "
-                        "may segment differently from tokenizer.model", spanning[:5])
+            log.warning(
+                "tokenizer: pieces %s contain `<0`; where the text has `<0x..>` after them, "
+                "tokenizer.json "
+                "may segment differently from tokenizer.model",
+                spanning[:5],
+            )
     else:
-        tokenizer = Tokenizer(models.BPE({p.piece: i for i, p in enumerate(pieces)}, _bpe_merges(pieces),
-                                         unk_token=trainer.unk_piece, fuse_unk=True, byte_fallback=True))
+        tokenizer = Tokenizer(
+            models.BPE(
+                {p.piece: i for i, p in enumerate(pieces)},
+                _bpe_merges(pieces),
+                unk_token=trainer.unk_piece,
+                fuse_unk=True,
+                byte_fallback=True,
+            )
+        )
     steps = [normalizers.Replace(" ", META_SPACE)]
     if proto.normalizer_spec.precompiled_charsmap:
         steps.insert(0, normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
     tokenizer.normalizer = normalizers.Sequence(steps)
-    tokenizer.decoder = decoders.Sequence([decoders.Replace(META_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
-    # They keep their SentencePiece ids (0-3); as special tokens they are never split and decode can skip them.
-    tokenizer.add_special_tokens([AddedToken(p.piece, special=True, normalized=False)
-                                  for p in pieces if p.type in (CONTROL, UNKNOWN)])
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace(META_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    # They keep their SentencePiece ids (0-3); as special tokens they are never split and decode can
+    # skip them.
+    tokenizer.add_special_tokens(
+        [
+            AddedToken(p.piece, special=True, normalized=False)
+            for p in pieces
+            if p.type in (CONTROL, UNKNOWN)
+        ]
+    )
     return tokenizer

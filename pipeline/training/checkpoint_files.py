@@ -1,9 +1,10 @@
-"""The files of training checkpoints, and how a checkpoint proves it is whole: no DeepSpeed, no torch.
+"""The files of training checkpoints, and how a checkpoint proves it is whole: no DeepSpeed, no
+torch.
 
-`checkpoints/step-00001000/` holds the files every rank wrote and `state.json`, written last, which lists each
-of those files with its size and SHA-256. A checkpoint verifies when `state.json` reads and every listed file
-is there with that size and checksum: a file cut short by a full quota or a file-system incident, or one
-changed since, is caught before a resume reads it.
+`checkpoints/step-00001000/` holds the files every rank wrote and `state.json`, written last, which
+lists each of those files with its size and SHA-256. A checkpoint verifies when `state.json` reads
+and every listed file is there with that size and checksum: a file cut short by a full quota or a
+file-system incident, or one changed since, is caught before a resume reads it.
 """
 
 from __future__ import annotations
@@ -24,14 +25,18 @@ def checkpoint_dir(root: Path, step: int) -> Path:
 
 
 def checkpoint_step(folder: Path) -> int:
-    return int(folder.name[len(_PREFIX):])
+    return int(folder.name[len(_PREFIX) :])
 
 
 def checkpoints(root: Path) -> list[Path]:
-    """The checkpoint folders under `root` that have their state.json, newest first (whether they verify or not);
-    a folder without it was cut short while being written (those are `.step-*.tmp` until complete)."""
-    found = [path for path in root.glob(f"{_PREFIX}*") if path.name[len(_PREFIX):].isdigit()
-             and (path / STATE_FILE).is_file()]
+    """The checkpoint folders under `root` that have their state.json, newest first (whether they
+    verify or not); a folder without it was cut short while being written (those are `.step-*.tmp`
+    until complete)."""
+    found = [
+        path
+        for path in root.glob(f"{_PREFIX}*")
+        if path.name[len(_PREFIX) :].isdigit() and (path / STATE_FILE).is_file()
+    ]
     return sorted(found, key=checkpoint_step, reverse=True)
 
 
@@ -56,7 +61,9 @@ def size_problem(folder: Path) -> Optional[str]:
     try:
         listed = read_state(folder)[FILES_KEY]
     except (OSError, ValueError, KeyError, TypeError) as error:
-        return f"its {STATE_FILE} cannot be read or lists no files ({type(error).__name__}: {error})"
+        return (
+            f"its {STATE_FILE} cannot be read or lists no files ({type(error).__name__}: {error})"
+        )
     for name, entry in listed.items():
         path = folder / name
         if not path.is_file():
@@ -68,7 +75,8 @@ def size_problem(folder: Path) -> Optional[str]:
 
 
 def checksum_problem(folder: Path, names: list[str]) -> Optional[str]:
-    """Why one of `names` (files of a checkpoint whose sizes are right) does not match its checksum, or None."""
+    """Why one of `names` (files of a checkpoint whose sizes are right) does not match its checksum,
+    or None."""
     listed = read_state(folder)[FILES_KEY]
     for name in names:
         if file_entry(folder / name)["sha256"] != listed[name]["sha256"]:

@@ -1,19 +1,22 @@
-"""The training loop: take a batch from the sampler, step the engine, log, score held-out text, checkpoint.
+"""The training loop: take a batch from the sampler, step the engine, log, score held-out text,
+checkpoint.
 
-Shared by `warmup` and `pretrain`. A step whose loss or gradient is not finite is skipped by DeepSpeed
-(the model and optimizer stay as they were) and counted in the run's state (`RunState`), which the checkpoints
-carry: a run stops, with the last good checkpoint in place, when `train.max_bad_steps` steps in a row were
-skipped, or when more than `train.max_skipped_fraction` of the last `train.skipped_window` steps were (scattered
-skips that never come in a row still mean a run that is not learning from a good part of its data). A skipped step
-still moves the learning-rate schedule on, as it moves the step counter and the data: the rate stays a
-function of the step, whatever was skipped before and across a resume.
+Shared by `warmup` and `pretrain`. A step whose loss or gradient is not finite is skipped by
+DeepSpeed (the model and optimizer stay as they were) and counted in the run's state (`RunState`),
+which the checkpoints carry: a run stops, with the last good checkpoint in place, when
+`train.max_bad_steps` steps in a row were skipped, or when more than `train.max_skipped_fraction` of
+the last `train.skipped_window` steps were (scattered skips that never come in a row still mean a
+run that is not learning from a good part of its data). A skipped step still moves the learning-rate
+schedule on, as it moves the step counter and the data: the rate stays a function of the step,
+whatever was skipped before and across a resume.
 
-Slurm asks a run to stop with SIGUSR1 before the time limit and SIGTERM on preemption or scancel. A signal only
-sets a flag (`StopRequest`); the loop asks every rank at the end of each step (one all-reduce), so that all ranks
-finish the step, write the same checkpoint and stop together, raising `StageInterrupted` (exit code 75: run the
-same command again).
+Slurm asks a run to stop with SIGUSR1 before the time limit and SIGTERM on preemption or scancel. A
+signal only sets a flag (`StopRequest`); the loop asks every rank at the end of each step (one
+all-reduce), so that all ranks finish the step, write the same checkpoint and stop together, raising
+`StageInterrupted` (exit code 75: run the same command again).
 
-Throughput is logged as model TFLOP/s per device and MFU, against a table of peak bf16 dense TFLOP/s per device.
+Throughput is logged as model TFLOP/s per device and MFU, against a table of peak bf16 dense TFLOP/s
+per device.
 """
 
 from __future__ import annotations
@@ -48,9 +51,17 @@ class Checkpointing:
     save: Callable[[int], Path]
 
 
-def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows, metrics_file: Path,
-               is_logger: bool, flops_per_token: int, run: Optional[RunState] = None,
-               checkpointing: Optional[Checkpointing] = None) -> dict:
+def train_loop(
+    engine: Engine,
+    sampler,
+    train: TrainConfig,
+    heldout: ScoringRows,
+    metrics_file: Path,
+    is_logger: bool,
+    flops_per_token: int,
+    run: Optional[RunState] = None,
+    checkpointing: Optional[Checkpointing] = None,
+) -> dict:
     """Train up to step `train.steps` from `run.step`; returns the run's summary."""
     ds = engine.engine
     run = run or RunState()
@@ -65,24 +76,36 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
     if run.heldout_bpb_before is None:
         run.heldout_bpb_before = evaluate()
     stop = StopRequest()
-    progress = tqdm(total=train.steps, initial=run.step, desc="training", unit="step", disable=not is_logger)
+    progress = tqdm(
+        total=train.steps, initial=run.step, desc="training", unit="step", disable=not is_logger
+    )
     started, started_tokens, last_checkpoint = time.perf_counter(), run.tokens, None
     throughput = Throughput(flops_per_token, ds.world_size)
     batches = iter(sampler)  # this rank's rows, from the sampler's step on
     try:
         while run.step < train.steps:
-            lr = ds.get_lr()[0]  # the rate this step uses (the schedule moves on inside train_batch)
+            lr = ds.get_lr()[
+                0
+            ]  # the rate this step uses (the schedule moves on inside train_batch)
             loss = _train_step(ds, next(batches), train, run, step_tokens, last_checkpoint)
             throughput.tokens += step_tokens
             progress.update(1)
             if run.step % train.log_every == 0 or run.step == train.steps:
                 speed = throughput.measure()
                 grad_norm = ds.get_global_grad_norm()
-                entry = {"step": run.step, "loss": loss, "lr": lr,
-                         "grad_norm": None if grad_norm is None else float(grad_norm), "tokens": run.tokens,
-                         **speed, **peak_memory()}
+                entry = {
+                    "step": run.step,
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": None if grad_norm is None else float(grad_norm),
+                    "tokens": run.tokens,
+                    **speed,
+                    **peak_memory(),
+                }
                 metrics.record(entry)
-                progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{entry['tokens_per_s']:,.0f}")
+                progress.set_postfix(
+                    loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{entry['tokens_per_s']:,.0f}"
+                )
             if train.eval_every and run.step % train.eval_every == 0 and run.step != train.steps:
                 evaluate()
             if checkpointing and checkpointing.every and run.step % checkpointing.every == 0:
@@ -94,19 +117,30 @@ def train_loop(engine: Engine, sampler, train: TrainConfig, heldout: ScoringRows
         stop.restore()
         metrics.flush()
     seconds = time.perf_counter() - started
-    summary = {"steps": run.step, "tokens": run.tokens, "last_loss": run.last_loss,
-               "skipped_steps": run.skipped_steps, "heldout_bpb_before": run.heldout_bpb_before,
-               "heldout_bpb_after": evaluate(), "seconds": round(seconds, 2),
-               "tokens_per_s": round((run.tokens - started_tokens) / seconds, 1) if seconds else None}
+    summary = {
+        "steps": run.step,
+        "tokens": run.tokens,
+        "last_loss": run.last_loss,
+        "skipped_steps": run.skipped_steps,
+        "heldout_bpb_before": run.heldout_bpb_before,
+        "heldout_bpb_after": evaluate(),
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round((run.tokens - started_tokens) / seconds, 1) if seconds else None,
+    }
     metrics.close()  # with the last held-out score on disk
     return summary
 
 
-def _train_step(ds, batch, train: TrainConfig, run: RunState, step_tokens: int,
-                last_checkpoint: Optional[Path]) -> float:
-    """One optimizer step on `batch`, counted in `run`; returns its loss. Raises when too many steps were skipped."""
-    loss = float(ds.train_batch(iter(micro_batches(batch.tokens, batch.segment_ids, train.micro_batch_size,
-                                                   ds.device))))
+def _train_step(
+    ds, batch, train: TrainConfig, run: RunState, step_tokens: int, last_checkpoint: Optional[Path]
+) -> float:
+    """One optimizer step on `batch`, counted in `run`; returns its loss. Raises when too many steps
+    were skipped."""
+    loss = float(
+        ds.train_batch(
+            iter(micro_batches(batch.tokens, batch.segment_ids, train.micro_batch_size, ds.device))
+        )
+    )
     run.last_loss = loss
     run.step += 1
     run.tokens += step_tokens
@@ -115,28 +149,44 @@ def _train_step(ds, batch, train: TrainConfig, run: RunState, step_tokens: int,
         ds.lr_scheduler.step()
     skipped = not (math.isfinite(loss) and ds.was_step_applied())
     if skipped:
-        log.warning("step %d: loss %s or its gradient is not finite; the step was skipped (%d in a row, "
-                    "%d of the last %d steps)", run.step, loss, run.bad_in_a_row + 1,
-                    len(run.recent_skips) + 1, train.skipped_window)
+        log.warning(
+            "step %d: loss %s or its gradient is not finite; the step was skipped (%d in a row, "
+            "%d of the last %d steps)",
+            run.step,
+            loss,
+            run.bad_in_a_row + 1,
+            len(run.recent_skips) + 1,
+            train.skipped_window,
+        )
     too_many = run.count_step(skipped, train)
     if too_many is not None:
         raise StageError(
             f"{too_many} (last: step {run.step}); training stopped. The last good checkpoint is "
-            f"{last_checkpoint or 'none'}. Lower train.lr, raise train.warmup_steps or check the data, then "
-            f"run again (it resumes from that checkpoint).")
+            f"{last_checkpoint or 'none'}. Lower train.lr, raise train.warmup_steps or check the "
+            "data, then "
+            f"run again (it resumes from that checkpoint)."
+        )
     return loss
 
 
-def _stop_on_request(stop: StopRequest, checkpointing: Optional[Checkpointing], run: RunState,
-                     last_checkpoint: Optional[Path]) -> None:
-    """Raises StageInterrupted, after writing a checkpoint of this step where the run writes checkpoints."""
+def _stop_on_request(
+    stop: StopRequest,
+    checkpointing: Optional[Checkpointing],
+    run: RunState,
+    last_checkpoint: Optional[Path],
+) -> None:
+    """Raises StageInterrupted, after writing a checkpoint of this step where the run writes
+    checkpoints."""
     if checkpointing is None:
-        raise StageInterrupted(f"training stopped on {stop.received or 'a signal'} at step {run.step}")
+        raise StageInterrupted(
+            f"training stopped on {stop.received or 'a signal'} at step {run.step}"
+        )
     if last_checkpoint is None or not last_checkpoint.name.endswith(f"{run.step:08d}"):
         last_checkpoint = checkpointing.save(run.step)
     raise StageInterrupted(
         f"training stopped on {stop.received or 'a signal of another rank'} at step {run.step} "
-        f"after writing {last_checkpoint}; run the same command again to resume.")
+        f"after writing {last_checkpoint}; run the same command again to resume."
+    )
 
 
 class MetricsLog:
@@ -145,7 +195,8 @@ class MetricsLog:
     def __init__(self, metrics_file: Path, is_logger: bool) -> None:
         self.file, self.board = metrics_file, None
         if is_logger:
-            # Only where it writes: tensorboard's import (boto3 with it) costs every rank half a second.
+            # Only where it writes: tensorboard's import (boto3 with it) costs every rank half a
+            # second.
             from torch.utils.tensorboard import SummaryWriter
 
             self.board = SummaryWriter(str(metrics_file.parent / "tensorboard"))
@@ -169,7 +220,8 @@ class MetricsLog:
 
 
 class Throughput:
-    """Tokens per second, model TFLOP/s per device and MFU over the tokens counted since the last measure."""
+    """Tokens per second, model TFLOP/s per device and MFU over the tokens counted since the last
+    measure."""
 
     def __init__(self, flops_per_token: int, world: int) -> None:
         self.flops_per_token, self.world, self.peak = flops_per_token, world, device_peak_tflops()
@@ -180,8 +232,11 @@ class Throughput:
         speed = self.tokens / (now - self.since)
         self.since, self.tokens = now, 0
         tflops = tflops_per_device(self.flops_per_token, speed, self.world)
-        return {"tokens_per_s": speed, "tflops_per_device": tflops,
-                "mfu": None if self.peak is None else tflops / self.peak}
+        return {
+            "tokens_per_s": speed,
+            "tflops_per_device": tflops,
+            "mfu": None if self.peak is None else tflops / self.peak,
+        }
 
 
 @dataclass
@@ -193,7 +248,8 @@ class RunState:
     # The skipped steps among the last `train.skipped_window`.
     recent_skips: list[int] = field(default_factory=list)
     heldout_bpb_before: Optional[float] = None
-    # Kept in checkpoints: a run resumed from its last step's checkpoint reports the loss it ended with.
+    # Kept in checkpoints: a run resumed from its last step's checkpoint reports the loss it ended
+    # with.
     last_loss: Optional[float] = None
 
     def as_dict(self) -> dict:
@@ -207,13 +263,19 @@ class RunState:
             self.recent_skips.append(self.step)
         else:
             self.bad_in_a_row = 0
-        self.recent_skips = [step for step in self.recent_skips if step > self.step - train.skipped_window]
+        self.recent_skips = [
+            step for step in self.recent_skips if step > self.step - train.skipped_window
+        ]
         if self.bad_in_a_row >= train.max_bad_steps:
             return f"{self.bad_in_a_row} steps in a row had a non-finite loss or gradient (train.max_bad_steps)"
-        # Against the whole window from the start, so that the first few steps of a run do not count double.
+        # Against the whole window from the start, so that the first few steps of a run do not count
+        # double.
         if len(self.recent_skips) > train.max_skipped_fraction * train.skipped_window:
-            return (f"{len(self.recent_skips)} of the last {train.skipped_window} steps had a non-finite loss or "
-                    f"gradient, more than train.max_skipped_fraction={train.max_skipped_fraction}")
+            return (
+                f"{len(self.recent_skips)} of the last {train.skipped_window} steps had a "
+                "non-finite loss or "
+                f"gradient, more than train.max_skipped_fraction={train.max_skipped_fraction}"
+            )
         return None
 
 
@@ -241,7 +303,8 @@ class StopRequest:
             signal.signal(number, signal.SIG_DFL)
 
 
-# Peak dense bf16 TFLOP/s of one device as torch sees it: an MI250X module (383) shows as two GCDs of 191.5.
+# Peak dense bf16 TFLOP/s of one device as torch sees it: an MI250X module (383) shows as two GCDs
+# of 191.5.
 PEAK_TFLOPS = {"MI250X": 191.5, "H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 

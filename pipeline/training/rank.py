@@ -1,10 +1,11 @@
 """One rank of a training stage: engine, sampler, resume, loop, and its share of the trained model.
 
-Reads everything from the job (pipeline/training/job.py) and the files the launching process wrote into the
-job's folder: the starting model in `init/` and the held-out rows in `heldout.npz`.
+Reads everything from the job (pipeline/training/job.py) and the files the launching process wrote
+into the job's folder: the starting model in `init/` and the held-out rows in `heldout.npz`.
 
-Each rank is `python -m pipeline.training.rank <job.yaml>` (`main`), started by pipeline/training/run.py through
-pipeline/parallel/ranks.py; with one rank outside Slurm, run.py calls `train_rank` in its own process.
+Each rank is `python -m pipeline.training.rank <job.yaml>` (`main`), started by
+pipeline/training/run.py through pipeline/parallel/ranks.py; with one rank outside Slurm, run.py
+calls `train_rank` in its own process.
 """
 
 from __future__ import annotations
@@ -29,8 +30,16 @@ from pipeline.parallel.ranks import slurm_ranks
 from pipeline.training import checkpoint
 from pipeline.training.engine import build_engine, init_distributed
 from pipeline.training.heldout import load_rows
-from pipeline.training.job import (CHECKPOINTS, HELDOUT_FILE, INIT, METRICS_FILE, RESULT_FILE, TRAINED, TrainingJob,
-                                   read_job)
+from pipeline.training.job import (
+    CHECKPOINTS,
+    HELDOUT_FILE,
+    INIT,
+    METRICS_FILE,
+    RESULT_FILE,
+    TRAINED,
+    TrainingJob,
+    read_job,
+)
 from pipeline.training.loop import Checkpointing, RunState, train_loop
 from pipeline.training.peak_memory import peaks_of_all_ranks, return_large_blocks_to_the_system
 from pipeline.training.weights import join_parts, save_part
@@ -46,15 +55,35 @@ def train_rank(job: TrainingJob) -> None:
     rank = dist.get_rank()
     folder = Path(job.folder)
     model_cfg = read_model_config(folder / INIT / CHECKPOINT_CONFIG)
-    engine = build_engine(model_cfg, job.train, job.parallel, folder / INIT / CHECKPOINT_WEIGHTS, job.trains,
-                          job.leading_rows, job.leading_rows_step)
+    engine = build_engine(
+        model_cfg,
+        job.train,
+        job.parallel,
+        folder / INIT / CHECKPOINT_WEIGHTS,
+        job.trains,
+        job.leading_rows,
+        job.leading_rows_step,
+    )
     heldout = load_rows(folder / HELDOUT_FILE)
-    sampler = PackedSampler(Path(job.pack), seq_len=job.seq_len, global_batch_size=job.train.global_batch_size,
-                            seed=job.train.seed, rank=engine.dp_rank, world=engine.dp_world)
+    sampler = PackedSampler(
+        Path(job.pack),
+        seq_len=job.seq_len,
+        global_batch_size=job.train.global_batch_size,
+        seed=job.train.seed,
+        rank=engine.dp_rank,
+        world=engine.dp_world,
+    )
     if rank == 0 and job.leading_rows:
-        log.info("%s: the vocabulary rows below %d %s", job.stage, job.leading_rows,
-                 f"learn from the sequences of {', '.join(sampler.names)}, by steps {job.leading_rows_step:g} times "
-                 f"the learning rate's" if job.leading_rows_step else "stay as they are")
+        log.info(
+            "%s: the vocabulary rows below %d %s",
+            job.stage,
+            job.leading_rows,
+            f"learn from the sequences of {', '.join(sampler.names)}, by steps "
+            f"{job.leading_rows_step:g} times "
+            f"the learning rate's"
+            if job.leading_rows_step
+            else "stay as they are",
+        )
     state, checkpointing = RunState(), None
     if job.resume is not None:
         root = folder / CHECKPOINTS
@@ -67,13 +96,26 @@ def train_rank(job: TrainingJob) -> None:
                 log.info("Resuming from %s (step %d of %d)", found, state.step, job.train.steps)
 
         def save(step: int) -> Path:
-            return checkpoint.save(engine, root, step, {"run": state.as_dict(), "sampler": sampler.state_dict()},
-                                   job.train.keep_checkpoints)
+            return checkpoint.save(
+                engine,
+                root,
+                step,
+                {"run": state.as_dict(), "sampler": sampler.state_dict()},
+                job.train.keep_checkpoints,
+            )
 
         checkpointing = Checkpointing(job.train.checkpoint_every, save)
-    result = train_loop(engine, sampler, job.train, heldout, folder / METRICS_FILE, is_logger=rank == 0,
-                        flops_per_token=flops_per_token(model_cfg, job.seq_len), run=state,
-                        checkpointing=checkpointing)
+    result = train_loop(
+        engine,
+        sampler,
+        job.train,
+        heldout,
+        folder / METRICS_FILE,
+        is_logger=rank == 0,
+        flops_per_token=flops_per_token(model_cfg, job.seq_len),
+        run=state,
+        checkpointing=checkpointing,
+    )
     _save_trained(engine, folder)
     # After the save, so that the peaks include it; the launching process adds its own (the export).
     peaks = peaks_of_all_ranks(engine.engine.grid)
@@ -84,13 +126,17 @@ def train_rank(job: TrainingJob) -> None:
 
 
 def _save_trained(engine, folder: Path) -> None:
-    """The trained model as one pipeline checkpoint in `checkpoint/`: each stage's part, joined by rank 0."""
+    """The trained model as one pipeline checkpoint in `checkpoint/`: each stage's part, joined by
+    rank 0."""
     parts = folder / "parts"
     if dist.get_rank() == 0:
         parts.mkdir(exist_ok=True)
     dist.barrier()
     if engine.dp_rank == 0:
-        save_part(engine.layers, parts / f"stage{engine.engine.grid.get_pipe_parallel_rank():03d}.safetensors")
+        save_part(
+            engine.layers,
+            parts / f"stage{engine.engine.grid.get_pipe_parallel_rank():03d}.safetensors",
+        )
     dist.barrier()
     if dist.get_rank() == 0:
         trained = folder / TRAINED
@@ -106,7 +152,9 @@ def main() -> None:
     parser.add_argument("job", type=Path, help="the job file the launching process wrote")
     args = parser.parse_args()
     rank = os.environ.get("RANK", "?")
-    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][rank {rank}][%(name)s] %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format=f"[%(asctime)s][rank {rank}][%(name)s] %(message)s"
+    )
     try:
         train_rank(read_job(args.job))
     except StageInterrupted as stop:
@@ -115,9 +163,10 @@ def main() -> None:
     except Exception:
         log.exception("This rank failed")
         sys.exit(1)
-    # Every output is written (train_rank's last barrier saw to it). Leave without the interpreter's teardown: with
-    # gloo, objects of DeepSpeed's process groups destroyed there can abort the process (SIGABRT, "terminate called
-    # without an active exception"), which srun reports as a failed rank and answers by killing the others.
+    # Every output is written (train_rank's last barrier saw to it). Leave without the interpreter's
+    # teardown: with gloo, objects of DeepSpeed's process groups destroyed there can abort the
+    # process (SIGABRT, "terminate called without an active exception"), which srun reports as a
+    # failed rank and answers by killing the others.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

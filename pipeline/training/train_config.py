@@ -16,19 +16,22 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 @dataclass
 class TrainConfig:
-    """pretrain's budget and optimizer. The defaults are the recipe of continued pretraining from a real base
-    (`model.base`), measured on SmolLM2-135M (docs/own-base-model.md, "Why these defaults"); without a base the demo
-    recipe sets CPU-sized budgets (conf/scale/demo.yaml)."""
+    """pretrain's budget and optimizer. The defaults are the recipe of continued pretraining from a
+    real base (`model.base`), measured on SmolLM2-135M (docs/own-base-model.md, "Why these
+    defaults"); without a base the demo recipe sets CPU-sized budgets (conf/scale/demo.yaml)."""
 
-    # Optimizer steps; null: what the mix planned, one pass of the pack (its tokens / (global_batch_size x seq_len)).
-    # More than the plan is refused: raise the plan itself (mix.tokens, mix.max_epochs) to train longer.
+    # Optimizer steps; null: what the mix planned, one pass of the pack (its tokens /
+    # (global_batch_size x seq_len)). More than the plan is refused: raise the plan itself
+    # (mix.tokens, mix.max_epochs) to train longer.
     steps: Optional[int] = None
     # Sequences per optimizer step over all data-parallel ranks, and per rank and forward pass;
-    # gradient accumulation is global / (micro x dp). micro_batch_size null: the largest that fits the device
-    # (the memory planner, pipeline/memory_fit: fitting_micro_batch), chosen when the stage starts.
+    # gradient accumulation is global / (micro x dp). micro_batch_size null: the largest that fits
+    # the device (the memory planner, pipeline/memory_fit: fitting_micro_batch), chosen when the
+    # stage starts.
     global_batch_size: int = 64
     micro_batch_size: Optional[int] = None
-    # Tokens per sequence; null: the model's context, at most 2048 (pipeline/model/model_config.py: training_seq_len).
+    # Tokens per sequence; null: the model's context, at most 2048 (pipeline/model/model_config.py:
+    # training_seq_len).
     seq_len: Optional[int] = None
     lr: float = 3e-4
     schedule: str = "cosine"
@@ -44,22 +47,25 @@ class TrainConfig:
     grad_clip: float = 1.0
     # `auto`: bf16 on a GPU, fp32 on a CPU.
     precision: str = "auto"
-    # Recompute the activations of every this many pipeline layers in the backward instead of keeping them
-    # (less memory, about a third more compute); 0: keep them all.
+    # Recompute the activations of every this many pipeline layers in the backward instead of
+    # keeping them (less memory, about a third more compute); 0: keep them all.
     activation_checkpoint_interval: int = 0
     # The order of the training sequences (the pack sampler's seed) and of random initialisation.
     seed: int = 1
     log_every: int = 10
-    # Held-out bits per byte every this many steps (and before the first and after the last); 0: only those two.
+    # Held-out bits per byte every this many steps (and before the first and after the last); 0:
+    # only those two.
     eval_every: int = 0
     # Cap on the held-out tokens scored each time.
     eval_tokens: int = 65536
-    # A checkpoint every this many steps (0: only when Slurm signals), of which the newest `keep_checkpoints` stay.
+    # A checkpoint every this many steps (0: only when Slurm signals), of which the newest
+    # `keep_checkpoints` stay.
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
     # Steps in a row with a non-finite loss or gradient (each skipped) before the run stops.
     max_bad_steps: int = 10
-    # The run also stops when more than this fraction of the last `skipped_window` steps were skipped.
+    # The run also stops when more than this fraction of the last `skipped_window` steps were
+    # skipped.
     max_skipped_fraction: float = 0.1
     skipped_window: int = 100
 
@@ -73,24 +79,48 @@ def use_bf16(train: TrainConfig) -> bool:
 
 def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str = "train") -> None:
     if train.steps is not None and train.steps < 1:
-        raise ConfigError(f"{prefix}.steps", train.steps, ["null (one pass of the mix plan)", "an integer >= 1"])
-    for key in ("global_batch_size", "log_every", "eval_tokens", "keep_checkpoints", "max_bad_steps",
-                "skipped_window"):
+        raise ConfigError(
+            f"{prefix}.steps", train.steps, ["null (one pass of the mix plan)", "an integer >= 1"]
+        )
+    for key in (
+        "global_batch_size",
+        "log_every",
+        "eval_tokens",
+        "keep_checkpoints",
+        "max_bad_steps",
+        "skipped_window",
+    ):
         if getattr(train, key) < 1:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 1"])
     if train.micro_batch_size is None:
         if train.global_batch_size % parallel.dp:
-            raise ConfigError(f"{prefix}.global_batch_size", train.global_batch_size, [
-                f"a multiple of parallel.dp = {parallel.dp}"])
+            raise ConfigError(
+                f"{prefix}.global_batch_size",
+                train.global_batch_size,
+                [f"a multiple of parallel.dp = {parallel.dp}"],
+            )
     elif train.micro_batch_size < 1:
-        raise ConfigError(f"{prefix}.micro_batch_size", train.micro_batch_size, [
-            "null (the largest that fits the device)", "an integer >= 1"])
+        raise ConfigError(
+            f"{prefix}.micro_batch_size",
+            train.micro_batch_size,
+            ["null (the largest that fits the device)", "an integer >= 1"],
+        )
     elif train.global_batch_size % (train.micro_batch_size * parallel.dp):
         per_step = train.micro_batch_size * parallel.dp
-        raise ConfigError(f"{prefix}.global_batch_size", train.global_batch_size, [
-            f"a multiple of {prefix}.micro_batch_size x parallel.dp = {train.micro_batch_size} x {parallel.dp} = {per_step}"])
+        raise ConfigError(
+            f"{prefix}.global_batch_size",
+            train.global_batch_size,
+            [
+                f"a multiple of {prefix}.micro_batch_size x parallel.dp = {train.micro_batch_size} "
+                f"x {parallel.dp} = {per_step}"
+            ],
+        )
     if train.seq_len is not None and train.seq_len < 1:
-        raise ConfigError(f"{prefix}.seq_len", train.seq_len, ["null (the model's context, at most 2048)", "an integer >= 1"])
+        raise ConfigError(
+            f"{prefix}.seq_len",
+            train.seq_len,
+            ["null (the model's context, at most 2048)", "an integer >= 1"],
+        )
     if train.schedule not in SCHEDULES:
         raise ConfigError(f"{prefix}.schedule", train.schedule, SCHEDULES)
     if train.precision not in PRECISIONS:
@@ -98,15 +128,25 @@ def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str 
     if not train.lr > 0:
         raise ConfigError(f"{prefix}.lr", train.lr, ["a positive number, e.g. 1e-4"])
     if not 0 <= train.max_skipped_fraction <= 1:
-        raise ConfigError(f"{prefix}.max_skipped_fraction", train.max_skipped_fraction, [
-            "a number in [0, 1], e.g. 0.1 (0: the first skipped step stops the run)"])
+        raise ConfigError(
+            f"{prefix}.max_skipped_fraction",
+            train.max_skipped_fraction,
+            ["a number in [0, 1], e.g. 0.1 (0: the first skipped step stops the run)"],
+        )
     if not 0 <= train.min_lr_ratio <= 1:
         raise ConfigError(f"{prefix}.min_lr_ratio", train.min_lr_ratio, ["a number in [0, 1]"])
     if not (0 <= train.beta1 < 1 and 0 <= train.beta2 < 1):
-        raise ConfigError(f"{prefix}.beta2" if train.beta1 < 1 else f"{prefix}.beta1",
-                          train.beta2 if train.beta1 < 1 else train.beta1, ["a number in [0, 1)"])
+        raise ConfigError(
+            f"{prefix}.beta2" if train.beta1 < 1 else f"{prefix}.beta1",
+            train.beta2 if train.beta1 < 1 else train.beta1,
+            ["a number in [0, 1)"],
+        )
     if train.warmup_steps is not None and train.warmup_steps < 0:
-        raise ConfigError(f"{prefix}.warmup_steps", train.warmup_steps, ["null (2% of the steps)", "an integer >= 0"])
+        raise ConfigError(
+            f"{prefix}.warmup_steps",
+            train.warmup_steps,
+            ["null (2% of the steps)", "an integer >= 0"],
+        )
     for key in ("eval_every", "checkpoint_every", "activation_checkpoint_interval"):
         if getattr(train, key) < 0:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 0"])
@@ -115,8 +155,14 @@ def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str 
 SCHEDULES = ("constant", "cosine", "linear", "wsd")
 
 
-def lr_factor(step: int, schedule: str, steps: int, warmup_steps: int, min_lr_ratio: float,
-              decay_fraction: float = 0.1) -> float:
+def lr_factor(
+    step: int,
+    schedule: str,
+    steps: int,
+    warmup_steps: int,
+    min_lr_ratio: float,
+    decay_fraction: float = 0.1,
+) -> float:
     """The multiplier of the peak learning rate at `step` (0-based; step 0 is the first update)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps

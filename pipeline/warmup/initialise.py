@@ -1,16 +1,16 @@
-"""The warm-started model: the base model's body with embedding rows (and an untied head) for the new vocabulary,
-and which of its parameters the warmup trains.
+"""The warm-started model: the base model's body with embedding rows (and an untied head) for the
+new vocabulary, and which of its parameters the warmup trains.
 
-`warm_start` is the warmup stage's one call: it reads the base model and its tokenizer, checks that they fit the
-configured model and builds the new rows (transfer.py). What that cost, wall seconds and peak memory, goes into the
-warmup report: memory is the process's resident set (RSS), sampled every few milliseconds from /proc while the work
-runs, so that it counts what native code (tokenizers, torch) holds, not only Python objects (null where /proc is
-missing).
+`warm_start` is the warmup stage's one call: it reads the base model and its tokenizer, checks that
+they fit the configured model and builds the new rows (transfer.py). What that cost, wall seconds
+and peak memory, goes into the warmup report: memory is the process's resident set (RSS), sampled
+every few milliseconds from /proc while the work runs, so that it counts what native code
+(tokenizers, torch) holds, not only Python objects (null where /proc is missing).
 
-The warmup trains always the input embeddings; the untied LM head unless `warmup.train_head=false` (a tied head
-is the embedding); `warmup.train_embedding_norm=true` adds BLOOM's LayerNorm after the embedding. (Training every
-norm too made SmolLM2's English 2.8% worse: docs/benchmark-log.md, "The warm start with the norms trained"; the
-option is gone.) Every other tensor (the transformer body)
+The warmup trains always the input embeddings; the untied LM head unless `warmup.train_head=false`
+(a tied head is the embedding); `warmup.train_embedding_norm=true` adds BLOOM's LayerNorm after the
+embedding. (Training every norm too made SmolLM2's English 2.8% worse: docs/benchmark-log.md, "The
+warm start with the norms trained"; the option is gone.) Every other tensor (the transformer body)
 stays frozen, bit for bit. They are given as parameter-name prefixes, which the training job
 (pipeline/training/job.py) carries to the ranks.
 """
@@ -39,27 +39,48 @@ from pipeline.warmup.transfer import METHODS, TransferPlan, build_matrix, plan_r
 log = logging.getLogger(__name__)
 
 
-def transfer_plan(base_folder: Path, base_tokenizer: Tokenizer, new_folder: Path, new_tokenizer: Tokenizer,
-                  method: str) -> Optional[TransferPlan]:
+def transfer_plan(
+    base_folder: Path,
+    base_tokenizer: Tokenizer,
+    new_folder: Path,
+    new_tokenizer: Tokenizer,
+    method: str,
+) -> Optional[TransferPlan]:
     """Where each new row comes from under `method` (None for `random`)."""
     if method not in METHODS:
-        raise ValueError(f"warmup.init={method!r} is not a known initialisation; choose one of {', '.join(METHODS)}")
+        raise ValueError(
+            f"warmup.init={method!r} is not a known initialisation; choose one of "
+            f"{', '.join(METHODS)}"
+        )
     if method == "random":
         return None
     named = special_token_strings(new_folder, ROLES)
-    new_roles = {role: new_tokenizer.token_to_id(token) for role, token in named.items()
-                 if new_tokenizer.token_to_id(token) is not None}
-    return plan_rows(new_tokenizer, base_tokenizer, new_roles, token_roles(base_folder, base_tokenizer))
+    new_roles = {
+        role: new_tokenizer.token_to_id(token)
+        for role, token in named.items()
+        if new_tokenizer.token_to_id(token) is not None
+    }
+    return plan_rows(
+        new_tokenizer, base_tokenizer, new_roles, token_roles(base_folder, base_tokenizer)
+    )
 
 
-def warm_started(base: ModelTensors, base_folder: Path, base_tokenizer: Tokenizer, new_folder: Path,
-                 new_tokenizer: Tokenizer, method: str, seed: int) -> tuple[ReplacedTensors, dict]:
-    """A model for `new_tokenizer`: every body tensor the base's own, new embedding (and untied head) rows by
-    `method` (transfer.py). Only the base's vocabulary matrices are read here; the body is read when the result is
-    (a tensor at a time).
+def warm_started(
+    base: ModelTensors,
+    base_folder: Path,
+    base_tokenizer: Tokenizer,
+    new_folder: Path,
+    new_tokenizer: Tokenizer,
+    method: str,
+    seed: int,
+) -> tuple[ReplacedTensors, dict]:
+    """A model for `new_tokenizer`: every body tensor the base's own, new embedding (and untied
+    head) rows by `method` (transfer.py). Only the base's vocabulary matrices are read here; the
+    body is read when the result is (a tensor at a time).
 
-    Returns the model's tensors and the transfer summary: how many rows of each kind each matrix got, how many lead
-    at the base's ids (`base_rows`), and what it cost (`cost`: seconds and peak memory).
+    Returns the model's tensors and the transfer summary: how many rows of each kind each matrix
+    got, how many lead at the base's ids (`base_rows`), and what it cost (`cost`: seconds and peak
+    memory).
     """
     with measured() as cost:
         plan = transfer_plan(base_folder, base_tokenizer, new_folder, new_tokenizer, method)
@@ -74,7 +95,9 @@ def warm_started(base: ModelTensors, base_folder: Path, base_tokenizer: Tokenize
         replaced = {}
         with base, torch.no_grad():
             for kind, name in matrices:
-                rows, counts = build_matrix(base.read(name)[:base.cfg.vocab_size], vocab, plan, method, generator)
+                rows, counts = build_matrix(
+                    base.read(name)[: base.cfg.vocab_size], vocab, plan, method, generator
+                )
                 matrix = torch.zeros(shapes[name], dtype=rows.dtype)  # the padding rows stay zero
                 matrix[:vocab] = rows
                 replaced[name] = matrix
@@ -85,11 +108,15 @@ def warm_started(base: ModelTensors, base_folder: Path, base_tokenizer: Tokenize
 
 
 def leading_base_rows(plan: Optional[TransferPlan]) -> int:
-    """How many rows from id 0 on are the base's own, at the base's id (an extended base tokenizer: all of the
-    base's); 0 for a tokenizer that moved them, or under `random`."""
+    """How many rows from id 0 on are the base's own, at the base's id (an extended base tokenizer:
+    all of the base's); 0 for a tokenizer that moved them, or under `random`."""
     rows = 0
-    while plan is not None and rows in plan.rows and plan.rows[rows].old_ids == (rows,) \
-            and plan.rows[rows].kind in ("copied", "special"):
+    while (
+        plan is not None
+        and rows in plan.rows
+        and plan.rows[rows].old_ids == (rows,)
+        and plan.rows[rows].kind in ("copied", "special")
+    ):
         rows += 1
     return rows
 
@@ -116,7 +143,8 @@ def resident_bytes() -> Optional[int]:
 
 @contextmanager
 def measured() -> Iterator[dict]:
-    """Fills the dict it yields with `seconds`, `peak_rss_mib` and `peak_added_mib` (above the start)."""
+    """Fills the dict it yields with `seconds`, `peak_rss_mib` and `peak_added_mib` (above the
+    start)."""
     cost: dict = {}
     start_rss = resident_bytes()
     peak = [start_rss or 0]
@@ -139,19 +167,39 @@ def measured() -> Iterator[dict]:
             peak[0] = max(peak[0], resident_bytes() or 0)
         cost["seconds"] = round(time.perf_counter() - started, 3)
         cost["peak_rss_mib"] = round(peak[0] / 2**20, 1) if start_rss is not None else None
-        cost["peak_added_mib"] = round((peak[0] - start_rss) / 2**20, 1) if start_rss is not None else None
+        cost["peak_added_mib"] = (
+            round((peak[0] - start_rss) / 2**20, 1) if start_rss is not None else None
+        )
 
 
-def warm_start(model: ModelConfig, warmup: WarmupConfig, tokenizer_dir: Path, tokenizer: Tokenizer,
-               lang: str) -> tuple[StartingModel, dict]:
-    """The warmup's starting model for the new tokenizer (`tokenizer_dir`) from the base model `model.base`, which
-    must fit the configured model; returns it with the transfer summary (warm_started)."""
+def warm_start(
+    model: ModelConfig, warmup: WarmupConfig, tokenizer_dir: Path, tokenizer: Tokenizer, lang: str
+) -> tuple[StartingModel, dict]:
+    """The warmup's starting model for the new tokenizer (`tokenizer_dir`) from the base model
+    `model.base`, which must fit the configured model; returns it with the transfer summary
+    (warm_started)."""
     base = base_tensors(model.base)
     base_tokenizer = load_tokenizer(model.base)
     check_fit(model, base.cfg, model.base, base_tokenizer)
-    initial, transfer = warm_started(base, Path(model.base), base_tokenizer, tokenizer_dir, tokenizer, warmup.init,
-                                     warmup.train.seed)
-    log.info("warmup %s: %s initialisation of %d rows in %.1f s: %s", lang, warmup.init, initial.cfg.vocab_size,
-             transfer["cost"]["seconds"], transfer["embedding"])
-    return StartingModel(initial, f"warmup: the base model {model.base}",
-                         "a warm start from it cannot train. Give a sound model.base."), transfer
+    initial, transfer = warm_started(
+        base,
+        Path(model.base),
+        base_tokenizer,
+        tokenizer_dir,
+        tokenizer,
+        warmup.init,
+        warmup.train.seed,
+    )
+    log.info(
+        "warmup %s: %s initialisation of %d rows in %.1f s: %s",
+        lang,
+        warmup.init,
+        initial.cfg.vocab_size,
+        transfer["cost"]["seconds"],
+        transfer["embedding"],
+    )
+    return StartingModel(
+        initial,
+        f"warmup: the base model {model.base}",
+        "a warm start from it cannot train. Give a sound model.base.",
+    ), transfer

@@ -22,21 +22,23 @@ def _warmup_training() -> TrainConfig:
 
 @dataclass
 class WarmupConfig:
-    # New embedding (and untied head) rows; shared tokens always copy theirs. The other new tokens: `mean` of the
-    # old pieces that spell them (FVT); `random`, the baseline it is measured against.
+    # New embedding (and untied head) rows; shared tokens always copy theirs. The other new tokens:
+    # `mean` of the old pieces that spell them (FVT); `random`, the baseline it is measured against.
     init: str = "mean"
-    # What trains besides the input embeddings (pipeline/warmup/initialise.py): the untied LM head; BLOOM's
-    # LayerNorm after the embedding.
+    # What trains besides the input embeddings (pipeline/warmup/initialise.py): the untied LM head;
+    # BLOOM's LayerNorm after the embedding.
     train_head: bool = True
     train_embedding_norm: bool = False
-    # The rows of tokens that keep the base's id (an extended base tokenizer's: every base token, special tokens
-    # included): `trained` like the added ones; `frozen`, as the base trained them, so that only the added tokens learn.
+    # The rows of tokens that keep the base's id (an extended base tokenizer's: every base token,
+    # special tokens included): `trained` like the added ones; `frozen`, as the base trained them,
+    # so that only the added tokens learn.
     base_rows: str = "trained"
-    # The learning rate of the base's rows where they learn (`trained`): their steps are this over warmup.train.lr
-    # times the schedule's; null: warmup.train.lr's. 1e-4 against the added rows' 1e-3 (docs/own-base-model.md, "Why
-    # these defaults").
+    # The learning rate of the base's rows where they learn (`trained`): their steps are this over
+    # warmup.train.lr times the schedule's; null: warmup.train.lr's. 1e-4 against the added rows'
+    # 1e-3 (docs/own-base-model.md, "Why these defaults").
     base_rows_lr: Optional[float] = 1e-4
-    # warmup.train.steps null: this share of the tokens the mix planned (pretrain then trains the whole plan).
+    # warmup.train.steps null: this share of the tokens the mix planned (pretrain then trains the
+    # whole plan).
     plan_share: float = 0.1
     train: TrainConfig = field(default_factory=_warmup_training)
 
@@ -47,7 +49,12 @@ def validate_warmup(warmup: WarmupConfig) -> None:
     if warmup.base_rows not in BASE_ROWS:
         raise ConfigError("warmup.base_rows", warmup.base_rows, BASE_ROWS)
     if warmup.base_rows_lr is not None and not warmup.base_rows_lr > 0:
-        raise ConfigError("warmup.base_rows_lr", warmup.base_rows_lr,
-                          ["null (warmup.train.lr's)", "a learning rate > 0, e.g. 1e-4"])
+        raise ConfigError(
+            "warmup.base_rows_lr",
+            warmup.base_rows_lr,
+            ["null (warmup.train.lr's)", "a learning rate > 0, e.g. 1e-4"],
+        )
     if not 0 < warmup.plan_share <= 1:
-        raise ConfigError("warmup.plan_share", warmup.plan_share, ["a share of the mix plan's tokens in (0, 1]"])
+        raise ConfigError(
+            "warmup.plan_share", warmup.plan_share, ["a share of the mix plan's tokens in (0, 1]"]
+        )

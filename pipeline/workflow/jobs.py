@@ -1,28 +1,33 @@
 """The sbatch script of one stage of a workflow.
 
-The script holds the stage's resources (`#SBATCH`, below), maps the array task id to its language (the
-language's index in the table), runs cluster.env_command and then the stage's command line. GPU stages run the
-command in the background so that the shell can pass Slurm's warning signal on and, when the stage stops with
-exit code 75 after saving a checkpoint, requeue the task, which then resumes from the checkpoint.
+The script holds the stage's resources (`#SBATCH`, below), maps the array task id to its language
+(the language's index in the table), runs cluster.env_command and then the stage's command line. GPU
+stages run the command in the background so that the shell can pass Slurm's warning signal on and,
+when the stage stops with exit code 75 after saving a checkpoint, requeue the task, which then
+resumes from the checkpoint.
 
-Nothing from the config reaches the shell unquoted: `#SBATCH` values are single checked tokens, language codes come
-from the table, and every word of the command goes through shlex.quote. The exception is cluster.env_command,
-which is shell code by design (module loads, sourcing an environment), written as given.
+Nothing from the config reaches the shell unquoted: `#SBATCH` values are single checked tokens,
+language codes come from the table, and every word of the command goes through shlex.quote. The
+exception is cluster.env_command, which is shell code by design (module loads, sourcing an
+environment), written as given.
 
-The command line of a workflow job: `python -m pipeline stage=<s> lang=<code> <the user's overrides>`.
+The command line of a workflow job: `python -m pipeline stage=<s> lang=<code> <the user's
+overrides>`.
 
-The user's overrides are passed on as typed (each one word for the shell), without those the workflow sets
-itself: the stage and language, the workflow's own options, the work folder (absolute, so that a job finds it
-wherever it starts) and how the job runs its stage (CPU and one-GPU stages in the job itself with `workers` = its
-CPUs, training stages with srun inside the allocation, and on whole nodes the layout that fills them when the user
-set none). Nothing else: the job's own command line check adds what it derives (model.base's shape).
+The user's overrides are passed on as typed (each one word for the shell), without those the
+workflow sets itself: the stage and language, the workflow's own options, the work folder (absolute,
+so that a job finds it wherever it starts) and how the job runs its stage (CPU and one-GPU stages in
+the job itself with `workers` = its CPUs, training stages with srun inside the allocation, and on
+whole nodes the layout that fills them when the user set none). Nothing else: the job's own command
+line check adds what it derives (model.base's shape).
 
-The Slurm resources of a workflow's jobs, from the `cluster` section, as `#SBATCH` options, by where the stage runs
-(contract.Stage.placement): CPU stages get one task with `workflow_cpus` CPUs on the CPU partition; stages of one
-GPU (replay; evaluate of a model that needs one) one task with one GPU on `one_gpu_partition` (else the GPU
-partition); training stages nodes enough for parallel.tp x pp x dp ranks, one per GPU (GCD on LUMI), the `--signal`
-that warns them before the time limit and `--requeue`. Every value is one plain token: the config's checks
-(pipeline/cluster.py) make sure of it.
+The Slurm resources of a workflow's jobs, from the `cluster` section, as `#SBATCH` options, by where
+the stage runs (contract.Stage.placement): CPU stages get one task with `workflow_cpus` CPUs on the
+CPU partition; stages of one GPU (replay; evaluate of a model that needs one) one task with one GPU
+on `one_gpu_partition` (else the GPU partition); training stages nodes enough for parallel.tp x pp x
+dp ranks, one per GPU (GCD on LUMI), the `--signal` that warns them before the time limit and
+`--requeue`. Every value is one plain token: the config's checks (pipeline/cluster.py) make sure of
+it.
 """
 
 from __future__ import annotations
@@ -106,30 +111,60 @@ def sbatch_line(key: str, value) -> str:
     return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={value}"
 
 
-def render_script(stage: str, placement: str, options: list[tuple[str, object]], languages: dict[int, str],
-                  cfg: PipelineConfig, argv: list[str], requeues: Path) -> str:
-    """The script for `stage`, whose array tasks are the `languages` (array index -> code); a training stage counts
-    its quick stops in the folder `requeues`."""
-    lines = [_HEADER.format(stage=stage).rstrip("\n"), sbatch_line("job-name", f"pipeline-{stage}"),
-             *(sbatch_line(key, value) for key, value in options)]
-    cases = "\n".join(f"    {index}) lang={shlex.quote(code)} ;;" for index, code in sorted(languages.items()))
+def render_script(
+    stage: str,
+    placement: str,
+    options: list[tuple[str, object]],
+    languages: dict[int, str],
+    cfg: PipelineConfig,
+    argv: list[str],
+    requeues: Path,
+) -> str:
+    """The script for `stage`, whose array tasks are the `languages` (array index -> code); a
+    training stage counts its quick stops in the folder `requeues`."""
+    lines = [
+        _HEADER.format(stage=stage).rstrip("\n"),
+        sbatch_line("job-name", f"pipeline-{stage}"),
+        *(sbatch_line(key, value) for key, value in options),
+    ]
+    cases = "\n".join(
+        f"    {index}) lang={shlex.quote(code)} ;;" for index, code in sorted(languages.items())
+    )
     lines.append(_LANGUAGE.format(cases=cases).rstrip("\n"))
-    lines += ["", "# OpenMP and PyTorch threads: the job's CPUs, not all of the node's (env_command may change it).",
-              'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"']
+    lines += [
+        "",
+        "# OpenMP and PyTorch threads: the job's CPUs, not all of the node's (env_command may "
+        "change it).",
+        'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"',
+    ]
     if cfg.cluster.env_command:
         lines += ["", "# cluster.env_command", cfg.cluster.env_command.rstrip("\n")]
     lines += ["", f"command=({shell_words(argv)})", _ANNOUNCE.format(stage=stage).strip("\n")]
     if placement == ON_RANKS:
-        lines.append(_RUN_RANKS.format(stage=stage, interrupted=StageInterrupted.exit_code,
-                                       requeues=shlex.quote(str(requeues)),
-                                       quick=cfg.workflow.signal_seconds, max_requeues=cfg.workflow.max_requeues))
+        lines.append(
+            _RUN_RANKS.format(
+                stage=stage,
+                interrupted=StageInterrupted.exit_code,
+                requeues=shlex.quote(str(requeues)),
+                quick=cfg.workflow.signal_seconds,
+                max_requeues=cfg.workflow.max_requeues,
+            )
+        )
     else:
         lines.append(_RUN_IN_JOB)
     return "\n".join(lines)
 
 
 # Set by the workflow for each job, or by the job's own command line (the recipe): not passed on.
-_SET_BY_WORKFLOW = {"stage", "lang", "langs", "work_dir", "workers", "cluster.executor", SCALE_GROUP}
+_SET_BY_WORKFLOW = {
+    "stage",
+    "lang",
+    "langs",
+    "work_dir",
+    "workers",
+    "cluster.executor",
+    SCALE_GROUP,
+}
 
 # Stands for the array task's language in a job's argv; the script puts `"lang=${lang}"` there.
 LANG_ARG = "lang=${lang}"
@@ -149,22 +184,34 @@ def passed_on(task_overrides: list[str]) -> list[str]:
 
 
 def base_language_overrides(overrides: list[str]) -> list[str]:
-    """The overrides of the base language's jobs where the run does not name that language: without the settings of
-    the named languages' text (stages.RUN_LANGUAGE_KEYS), as the recipe gives them (stages.base_language_config)."""
-    return [override for override in overrides if not any(
-        override_key(override) == key or override_key(override).startswith(f"{key}.") for key in RUN_LANGUAGE_KEYS)]
+    """The overrides of the base language's jobs where the run does not name that language: without
+    the settings of the named languages' text (stages.RUN_LANGUAGE_KEYS), as the recipe gives them
+    (stages.base_language_config)."""
+    return [
+        override
+        for override in overrides
+        if not any(
+            override_key(override) == key or override_key(override).startswith(f"{key}.")
+            for key in RUN_LANGUAGE_KEYS
+        )
+    ]
 
 
 def work_dir_override(work_dir: Path) -> str:
-    """`work_dir='<absolute path>'`, quoted for Hydra so that any path (spaces, quotes) comes back unchanged."""
+    """`work_dir='<absolute path>'`, quoted for Hydra so that any path (spaces, quotes) comes back
+    unchanged."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import Quote, QuotedString
 
     text = str(work_dir)
-    # `${` would be an interpolation in the job's config; control characters cannot be passed on safely.
+    # `${` would be an interpolation in the job's config; control characters cannot be passed on
+    # safely.
     if "${" not in text and not any(ord(c) < 32 for c in text):
         parser = OverridesParser.create()
-        for value in (text, QuotedString(text=text, quote=Quote.single).with_quotes()):  # plain where it can be
+        for value in (
+            text,
+            QuotedString(text=text, quote=Quote.single).with_quotes(),
+        ):  # plain where it can be
             override = f"work_dir={value}"
             try:
                 if parser.parse_override(override).value() == text:
@@ -175,8 +222,8 @@ def work_dir_override(work_dir: Path) -> str:
 
 
 def python_command(workflow, container: str | None, placement: str) -> list[str]:
-    """The Python a job runs its stage with: in the container, except for training stages, which run the container
-    around each rank instead (in its srun command: pipeline/slurm.py)."""
+    """The Python a job runs its stage with: in the container, except for training stages, which run
+    the container around each rank instead (in its srun command: pipeline/slurm.py)."""
     python = shlex.split(workflow.python) if workflow.python else [sys.executable]
     return python if placement == ON_RANKS or not container else [*shlex.split(container), *python]
 
@@ -185,16 +232,29 @@ def layout_overrides(parallel: ParallelConfig) -> list[str]:
     return [f"parallel.{key}={getattr(parallel, key)}" for key in ("tp", "pp", "dp")]
 
 
-def job_argv(cfg: PipelineConfig, stage: str, placement: str, overrides: list[str],
-             layout: ParallelConfig | None = None) -> list[str]:
-    """The job's argv, with LANG_ARG where the array task's language goes; `layout`: the training ranks that the
-    workflow chose to fill whole nodes (the user set none)."""
+def job_argv(
+    cfg: PipelineConfig,
+    stage: str,
+    placement: str,
+    overrides: list[str],
+    layout: ParallelConfig | None = None,
+) -> list[str]:
+    """The job's argv, with LANG_ARG where the array task's language goes; `layout`: the training
+    ranks that the workflow chose to fill whole nodes (the user set none)."""
     if placement == ON_RANKS:
         runs = [*(layout_overrides(layout) if layout else []), "cluster.executor=slurm"]
     else:
         runs = ["cluster.executor=local", f"workers={job_cpus(cfg.cluster, placement)}"]
-    return [*python_command(cfg.workflow, cfg.cluster.container, placement), "-m", "pipeline", f"stage={stage}",
-            LANG_ARG, *overrides, work_dir_override(Path(cfg.work_dir).absolute()), *runs]
+    return [
+        *python_command(cfg.workflow, cfg.cluster.container, placement),
+        "-m",
+        "pipeline",
+        f"stage={stage}",
+        LANG_ARG,
+        *overrides,
+        work_dir_override(Path(cfg.work_dir).absolute()),
+        *runs,
+    ]
 
 
 @dataclass(frozen=True)
@@ -205,60 +265,112 @@ class GpuLayout:
 
 
 def gpu_layout(cluster, world: int) -> GpuLayout:
-    """One rank per GPU for `world` ranks: whole nodes of `gpus_per_node` ranks, or one node with fewer."""
+    """One rank per GPU for `world` ranks: whole nodes of `gpus_per_node` ranks, or one node with
+    fewer."""
     per_node = cluster.gpus_per_node
     if per_node == 0:
         return GpuLayout(nodes=1, tasks_per_node=world, gpus_per_node=0)
     if world <= per_node:
         return GpuLayout(nodes=1, tasks_per_node=world, gpus_per_node=world)
     if world % per_node:
-        raise ConfigError("cluster.gpus_per_node", per_node, [
-            f"a divisor of parallel.tp x pp x dp = {world} (every node runs the same number of ranks)",
-            f"or a parallel layout whose {world} ranks fill whole nodes"])
+        raise ConfigError(
+            "cluster.gpus_per_node",
+            per_node,
+            [
+                f"a divisor of parallel.tp x pp x dp = {world} (every node runs the same number of "
+                "ranks)",
+                f"or a parallel layout whose {world} ranks fill whole nodes",
+            ],
+        )
     return GpuLayout(nodes=world // per_node, tasks_per_node=per_node, gpus_per_node=per_node)
 
 
 def job_cpus(cluster, placement: str) -> int:
     """The CPUs of a job that runs its stage itself (the stage's `workers`)."""
-    return cluster.gpu_cpus_per_task if placement == ON_ONE_GPU else cluster.workflow_cpus or cluster.cpus_per_task
+    return (
+        cluster.gpu_cpus_per_task
+        if placement == ON_ONE_GPU
+        else cluster.workflow_cpus or cluster.cpus_per_task
+    )
 
 
-def sbatch_options(cfg: PipelineConfig, placement: str, parallel: ParallelConfig) -> list[tuple[str, object]]:
+def sbatch_options(
+    cfg: PipelineConfig, placement: str, parallel: ParallelConfig
+) -> list[tuple[str, object]]:
     """(option, value) pairs in the order they are written; value True is a flag without a value."""
     cluster = cfg.cluster
     if placement == ON_RANKS:
         layout = gpu_layout(cluster, parallel.world_size)
         mem = f"{cluster.gpu_mem_per_node_gb}G" if cluster.gpu_mem_per_node_gb else None
-        options = [("partition", cluster.gpu_partition or cluster.partition), ("nodes", layout.nodes),
-                   ("ntasks-per-node", layout.tasks_per_node), ("gpus-per-node", layout.gpus_per_node or None),
-                   ("cpus-per-task", cluster.gpu_cpus_per_task), ("mem", mem), ("time", cluster.gpu_time),
-                   ("signal", f"B:USR1@{cfg.workflow.signal_seconds}"), ("requeue", True)]
+        options = [
+            ("partition", cluster.gpu_partition or cluster.partition),
+            ("nodes", layout.nodes),
+            ("ntasks-per-node", layout.tasks_per_node),
+            ("gpus-per-node", layout.gpus_per_node or None),
+            ("cpus-per-task", cluster.gpu_cpus_per_task),
+            ("mem", mem),
+            ("time", cluster.gpu_time),
+            ("signal", f"B:USR1@{cfg.workflow.signal_seconds}"),
+            ("requeue", True),
+        ]
     elif placement == ON_ONE_GPU:
-        options = [("partition", cluster.one_gpu_partition or cluster.gpu_partition or cluster.partition),
-                   ("nodes", 1), ("ntasks", 1), ("gpus-per-node", 1 if cluster.gpus_per_node else None),
-                   ("cpus-per-task", job_cpus(cluster, placement)), ("time", cluster.gpu_time)]
+        options = [
+            ("partition", cluster.one_gpu_partition or cluster.gpu_partition or cluster.partition),
+            ("nodes", 1),
+            ("ntasks", 1),
+            ("gpus-per-node", 1 if cluster.gpus_per_node else None),
+            ("cpus-per-task", job_cpus(cluster, placement)),
+            ("time", cluster.gpu_time),
+        ]
     else:
-        options = [("partition", cluster.partition), ("nodes", 1), ("ntasks", 1),
-                   ("cpus-per-task", job_cpus(cluster, placement)), ("mem-per-cpu", f"{cluster.mem_per_cpu_gb}G"),
-                   ("time", cluster.cpu_time)]
+        options = [
+            ("partition", cluster.partition),
+            ("nodes", 1),
+            ("ntasks", 1),
+            ("cpus-per-task", job_cpus(cluster, placement)),
+            ("mem-per-cpu", f"{cluster.mem_per_cpu_gb}G"),
+            ("time", cluster.cpu_time),
+        ]
     # A requeued task appends to its log instead of starting it again.
-    options += [("account", cluster.account), ("qos", cluster.qos), ("open-mode", "append"),
-                *cluster.sbatch_args.items()]  # last: sbatch takes the last value of an option given twice
+    options += [
+        ("account", cluster.account),
+        ("qos", cluster.qos),
+        ("open-mode", "append"),
+        *cluster.sbatch_args.items(),
+    ]  # last: sbatch takes the last value of an option given twice
     return [(key, value) for key, value in options if value is not None and value is not False]
 
 
 def check_resources(cfg: PipelineConfig) -> None:
-    """The numbers behind the `#SBATCH` lines (the values themselves, times, partitions and sbatch_args, are
-    checked with the config: cluster.py)."""
+    """The numbers behind the `#SBATCH` lines (the values themselves, times, partitions and
+    sbatch_args, are checked with the config: cluster.py)."""
     cluster = cfg.cluster
-    for key in ("workflow_cpus", "cpus_per_task", "mem_per_cpu_gb", "gpu_cpus_per_task", "gpu_mem_per_node_gb"):
+    for key in (
+        "workflow_cpus",
+        "cpus_per_task",
+        "mem_per_cpu_gb",
+        "gpu_cpus_per_task",
+        "gpu_mem_per_node_gb",
+    ):
         value = getattr(cluster, key)
         if value is not None and value < 1:
-            raise ConfigError(f"cluster.{key}", value, ["an integer >= 1"] + (["null"] if key.endswith("_gb") or
-                                                                              key == "workflow_cpus" else []))
+            raise ConfigError(
+                f"cluster.{key}",
+                value,
+                ["an integer >= 1"]
+                + (["null"] if key.endswith("_gb") or key == "workflow_cpus" else []),
+            )
     if cluster.gpus_per_node < 0:
-        raise ConfigError("cluster.gpus_per_node", cluster.gpus_per_node, ["0 (a CPU-only cluster)", "an integer > 0"])
+        raise ConfigError(
+            "cluster.gpus_per_node",
+            cluster.gpus_per_node,
+            ["0 (a CPU-only cluster)", "an integer > 0"],
+        )
     if cfg.workflow.signal_seconds < 1:
-        raise ConfigError("workflow.signal_seconds", cfg.workflow.signal_seconds, ["an integer >= 1, e.g. 300"])
+        raise ConfigError(
+            "workflow.signal_seconds", cfg.workflow.signal_seconds, ["an integer >= 1, e.g. 300"]
+        )
     if cfg.workflow.max_requeues < 0:
-        raise ConfigError("workflow.max_requeues", cfg.workflow.max_requeues, ["an integer >= 0, e.g. 3"])
+        raise ConfigError(
+            "workflow.max_requeues", cfg.workflow.max_requeues, ["an integer >= 0, e.g. 3"]
+        )

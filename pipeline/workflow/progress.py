@@ -1,25 +1,31 @@
-"""Where each (language, stage) of a workflow stands, from the markers, the workflow's record and Slurm.
+"""Where each (language, stage) of a workflow stands, from the markers, the workflow's record and
+Slurm.
 
-- done: the stage's marker matches its config and inputs (contract.is_current), and so do those of the steps it
-  needs (its language's earlier stages, and for a mix the base language's clean and replay);
+- done: the stage's marker matches its config and inputs (contract.is_current), and so do those of
+  the steps it needs (its language's earlier stages, and for a mix the base language's clean and
+  replay);
 - running / queued: the latest task submitted for it is running / waiting in Slurm;
 - failed: that task ended without a matching marker and left a log (the reason is in it);
-- not started: never submitted, or its task ended before it ran (cancelled, or its predecessor failed), or
-  it is stuck: queued behind a predecessor that is neither done nor queued nor running, so it can never start.
+- not started: never submitted, or its task ended before it ran (cancelled, or its predecessor
+  failed), or it is stuck: queued behind a predecessor that is neither done nor queued nor running,
+  so it can never start.
 
-The workflow's record under `${work_dir}/.workflow/`: which Slurm array task runs which (language, stage).
+The workflow's record under `${work_dir}/.workflow/`: which Slurm array task runs which (language,
+stage).
 
-Slurm knows a task by its array job id and index only; `state.json` maps them back to languages and keeps each
-submission's script and log paths, so that a later stage=workflow waits for tasks already queued instead of
-submitting them again, and stage=status finds a failed task's log. Scripts are in `scripts/`, logs in `logs/`.
+Slurm knows a task by its array job id and index only; `state.json` maps them back to languages and
+keeps each submission's script and log paths, so that a later stage=workflow waits for tasks already
+queued instead of submitting them again, and stage=status finds a failed task's log. Scripts are in
+`scripts/`, logs in `logs/`.
 
-stage=status: a table languages x stages of a workflow (done, running, queued, failed, not started), the base
-language's row (its clean and replay) first.
+stage=status: a table languages x stages of a workflow (done, running, queued, failed, not started),
+the base language's row (its clean and replay) first.
 
 The markers are checked against the options of this command line, or, when it gives none besides the
 languages, against those of the last stage=workflow command in this work folder (recorded in
-.workflow/state.json), so that `stage=status langs=...` alone answers for the workflow that was submitted.
-Where no workflow was submitted, the recipe is `stage=all`'s: without `model.base`, the demo's base is the base.
+.workflow/state.json), so that `stage=status langs=...` alone answers for the workflow that was
+submitted. Where no workflow was submitted, the recipe is `stage=all`'s: without `model.base`, the
+demo's base is the base.
 """
 
 from __future__ import annotations
@@ -59,19 +65,28 @@ class Cell:
         return self.status in (RUNNING, QUEUED)
 
 
-def observe(steps: list[Step], tasks: dict[Key, Task], states: dict[tuple[str, int], TaskState]) -> dict[Key, Cell]:
-    """(language, stage) -> Cell for every step of the recipe (in its order: a step after the steps it needs)."""
+def observe(
+    steps: list[Step], tasks: dict[Key, Task], states: dict[tuple[str, int], TaskState]
+) -> dict[Key, Cell]:
+    """(language, stage) -> Cell for every step of the recipe (in its order: a step after the steps
+    it needs)."""
 
     cells: dict[Key, Cell] = {}
     for step in steps:
         task = tasks.get(step.key)
         queue = states.get((task.job_id, task.index)) if task else None
         needed = [cells[key] for key in step.needs]
-        done = all(cell.status == DONE for cell in needed) and is_current(STAGES[step.stage], step.cfg)
-        # Slurm flags a task whose predecessor failed only when it next looks at it (and forgets a cancelled
-        # pending task at once): a queued task whose predecessor will not run is as good as dead.
-        stuck = queue is not None and (queue.stuck or queue.queued and
-                                       any(not (cell.status == DONE or cell.active) for cell in needed))
+        done = all(cell.status == DONE for cell in needed) and is_current(
+            STAGES[step.stage], step.cfg
+        )
+        # Slurm flags a task whose predecessor failed only when it next looks at it (and forgets a
+        # cancelled pending task at once): a queued task whose predecessor will not run is as good
+        # as dead.
+        stuck = queue is not None and (
+            queue.stuck
+            or queue.queued
+            and any(not (cell.status == DONE or cell.active) for cell in needed)
+        )
         cells[step.key] = Cell(_status(done, task, queue, stuck), task, queue, stuck)
     return cells
 
@@ -119,17 +134,22 @@ class Submission:
     # sbatch's --output pattern: %A is the array's job id, %a the task's index.
     log: str
     dependency: str | None
-    submitted_at: str = field(default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds"))
+    submitted_at: str = field(
+        default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds")
+    )
 
     def task(self, index: int) -> Task:
-        return Task(self.job_id, index, Path(self.log.replace("%A", self.job_id).replace("%a", str(index))))
+        return Task(
+            self.job_id, index, Path(self.log.replace("%A", self.job_id).replace("%a", str(index)))
+        )
 
 
 @dataclass
 class WorkflowState:
     path: Path
     submissions: list[Submission] = field(default_factory=list)
-    # The overrides of the last stage=workflow command, which stage=status checks the markers with by default.
+    # The overrides of the last stage=workflow command, which stage=status checks the markers with
+    # by default.
     overrides: list[str] | None = None
 
     @classmethod
@@ -138,14 +158,21 @@ class WorkflowState:
         if not path.is_file():
             return cls(path)
         data = json.loads(path.read_text(encoding="utf-8"))
-        submissions = [Submission(**{**entry, "tasks": {int(i): code for i, code in entry["tasks"].items()}})
-                       for entry in data["submissions"]]
+        submissions = [
+            Submission(**{**entry, "tasks": {int(i): code for i, code in entry["tasks"].items()}})
+            for entry in data["submissions"]
+        ]
         return cls(path, submissions, data.get("overrides"))
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.path, {"overrides": self.overrides,
-                                      "submissions": [asdict(submission) for submission in self.submissions]})
+        write_json_atomic(
+            self.path,
+            {
+                "overrides": self.overrides,
+                "submissions": [asdict(submission) for submission in self.submissions],
+            },
+        )
 
     def latest_tasks(self) -> dict[tuple[str, str], Task]:
         """(language, stage) -> the task of its latest submission."""
@@ -161,7 +188,8 @@ class WorkflowState:
 
 @contextlib.contextmanager
 def locked(work_dir: Path):
-    """One stage=workflow at a time per work folder: two would both submit what neither sees queued yet."""
+    """One stage=workflow at a time per work folder: two would both submit what neither sees queued
+    yet."""
     folder = state_dir(work_dir)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "lock", "w") as handle:
@@ -187,7 +215,10 @@ def print_status(cfg: PipelineConfig) -> None:
     overrides = passed_on(list(HydraConfig.get().overrides.task))
     if not overrides and state.overrides:
         overrides = state.overrides
-        log.info("Checking the markers with the options of the last stage=workflow here: %s", " ".join(overrides))
+        log.info(
+            "Checking the markers with the options of the last stage=workflow here: %s",
+            " ".join(overrides),
+        )
     configs = selection.language_configs(cfg, [*overrides, work_dir_override(work)], codes)
     steps = selection.steps(cfg, configs)
     states = slurm.task_states(state.job_ids()) if slurm.available() else {}
@@ -196,25 +227,45 @@ def print_status(cfg: PipelineConfig) -> None:
 
 
 def table(steps: list[Step], cells: dict[Key, Cell], work: Path) -> str:
-    """Languages x stages; the base language's row (what every language's mix replays) first, marked."""
+    """Languages x stages; the base language's row (what every language's mix replays) first,
+    marked."""
     codes = list(dict.fromkeys(step.lang for step in steps))
     stages = [stage for stage in RECIPE_STAGES if any(step.stage == stage for step in steps)]
     base = steps[0].cfg.model.base_lang
-    names = {code: LANGUAGES[code]["name"][:14] + (" (base)" if code == base else "") for code in codes}
+    names = {
+        code: LANGUAGES[code]["name"][:14] + (" (base)" if code == base else "") for code in codes
+    }
     shown = {key: _SHOWN[cell.status] for key, cell in cells.items()}
     header = ["language", *stages]
-    rows = [[f"{code} {names[code]}", *(shown.get((code, stage), "") for stage in stages)] for code in codes]
-    rows.append(["done", *(f"{sum(cells[code, stage].status == DONE for code in codes if (code, stage) in cells)}/"
-                           f"{sum((code, stage) in cells for code in codes)}" for stage in stages)])
+    rows = [
+        [f"{code} {names[code]}", *(shown.get((code, stage), "") for stage in stages)]
+        for code in codes
+    ]
+    rows.append(
+        [
+            "done",
+            *(
+                f"{sum(cells[code, stage].status == DONE for code in codes if (code, stage) in cells)}/"
+                f"{sum((code, stage) in cells for code in codes)}"
+                for stage in stages
+            ),
+        ]
+    )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [f"Workflow in {work}: {len(codes)} language(s), {len(steps)} step(s); - = not started", ""]
+    lines = [
+        f"Workflow in {work}: {len(codes)} language(s), {len(steps)} step(s); - = not started",
+        "",
+    ]
     for row in [header, *rows[:-1], ["-" * w for w in widths], rows[-1]]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     counts = {status: sum(cell.status == status for cell in cells.values()) for status in _SHOWN}
     lines += ["", ", ".join(f"{counts[status]} {status}" for status in _SHOWN)]
     failed = [step.key for step in steps if cells[step.key].status == FAILED]
     if failed:
-        lines += ["", "Failed (the log says why; fix it, then run the same stage=workflow command again):"]
+        lines += [
+            "",
+            "Failed (the log says why; fix it, then run the same stage=workflow command again):",
+        ]
         for code, stage in failed:
             cell = cells[code, stage]
             slurm_state = f" (Slurm: {cell.slurm.state})" if cell.slurm else ""

@@ -1,4 +1,5 @@
-"""stage=workflow: look at what is done and queued, then render and submit the rest as dependent job arrays."""
+"""stage=workflow: look at what is done and queued, then render and submit the rest as dependent job
+arrays."""
 
 from __future__ import annotations
 
@@ -19,8 +20,16 @@ from pipeline.parallel.parallel_config import ParallelConfig
 from pipeline.stages import STAGES
 from pipeline.workflow import selection
 from pipeline.workflow.arrays import Planned, array_spec, dependency, plan
-from pipeline.workflow.jobs import (base_language_overrides, check_resources, job_argv, layout_overrides, passed_on,
-                                    render_script, sbatch_options, work_dir_override)
+from pipeline.workflow.jobs import (
+    base_language_overrides,
+    check_resources,
+    job_argv,
+    layout_overrides,
+    passed_on,
+    render_script,
+    sbatch_options,
+    work_dir_override,
+)
 from pipeline.workflow.progress import DONE, Submission, WorkflowState, locked, observe, state_dir
 from pipeline.workflow.selection import TABLE_INDEX
 
@@ -37,12 +46,20 @@ def submit_workflow(cfg: PipelineConfig) -> None:
     steps = selection.steps(cfg, configs)
     check_resources(cfg)
     placements = {step.stage: STAGES[step.stage].placement(step.cfg) for step in steps}
-    layout, filled = training_layout(configs[codes[0]], overrides) if ON_RANKS in placements.values() else (None, False)
+    layout, filled = (
+        training_layout(configs[codes[0]], overrides)
+        if ON_RANKS in placements.values()
+        else (None, False)
+    )
     dry_run = cfg.workflow.dry_run
     if not dry_run and not slurm.available():
-        raise StageError("sbatch and squeue are not found here: run stage=workflow where Slurm's commands work (a "
-                         "login node; tests/slurm/start_local_slurm.sh starts a one-node Slurm on this machine), or "
-                         "add workflow.dry_run=true to print the scripts and the dependency graph only.")
+        raise StageError(
+            "sbatch and squeue are not found here: run stage=workflow where Slurm's commands work "
+            "(a "
+            "login node; tests/slurm/start_local_slurm.sh starts a one-node Slurm on this "
+            "machine), or "
+            "add workflow.dry_run=true to print the scripts and the dependency graph only."
+        )
     # A dry run writes nothing, not even the lock.
     with contextlib.nullcontext() if dry_run else locked(work):
         state = WorkflowState.load(work)
@@ -53,44 +70,77 @@ def submit_workflow(cfg: PipelineConfig) -> None:
         scripts = {}
         for script in dict.fromkeys(array.script for array in planned):
             stage, for_base = script
-            languages = {TABLE_INDEX[code]: code for array in planned if array.script == script
-                         for code in array.languages}
+            languages = {
+                TABLE_INDEX[code]: code
+                for array in planned
+                if array.script == script
+                for code in array.languages
+            }
             placement = placements[stage]
-            argv = job_argv(cfg, stage, placement, base_language_overrides(overrides) if for_base else overrides,
-                            layout if filled else None)
-            text = render_script(stage, placement, sbatch_options(cfg, placement, layout), languages, cfg, argv,
-                                 state_dir(work) / "requeues")
+            argv = job_argv(
+                cfg,
+                stage,
+                placement,
+                base_language_overrides(overrides) if for_base else overrides,
+                layout if filled else None,
+            )
+            text = render_script(
+                stage,
+                placement,
+                sbatch_options(cfg, placement, layout),
+                languages,
+                cfg,
+                argv,
+                state_dir(work) / "requeues",
+            )
             name = f"{stage}{'-base' if for_base else ''}-{stamp}.sh"
             scripts[script] = (state_dir(work) / "scripts" / name, text)
         done = sum(cell.status == DONE for cell in cells.values())
         active = sum(cell.active for cell in cells.values())
-        print(f"Workflow of {len(codes)} language(s), {len(steps)} step(s) in {work}: {done} done, {active} queued or "
-              f"running, {sum(len(a.languages) for a in planned)} to submit as {len(planned)} job array(s).")
+        print(
+            f"Workflow of {len(codes)} language(s), {len(steps)} step(s) in {work}: {done} done, "
+            f"{active} queued or "
+            f"running, {sum(len(a.languages) for a in planned)} to submit as {len(planned)} job "
+            "array(s)."
+        )
         if filled:
-            print(f"Training layout: {' '.join(layout_overrides(layout))}, which fills whole nodes of "
-                  f"{cfg.cluster.gpus_per_node} GPUs (cluster.gpu_whole_nodes; set parallel.tp, .pp or .dp for "
-                  f"another).")
+            print(
+                f"Training layout: {' '.join(layout_overrides(layout))}, which fills whole nodes "
+                "of "
+                f"{cfg.cluster.gpus_per_node} GPUs (cluster.gpu_whole_nodes; set parallel.tp, .pp "
+                "or .dp for "
+                f"another)."
+            )
         if dry_run:
             _print_dry_run(scripts, planned, work)
             return
         stuck = [cell.task.slurm_id for cell in cells.values() if cell.stuck]
         if stuck:
-            log.info("Cancelling %d task(s) that wait for a failed predecessor: %s", len(stuck), " ".join(stuck))
+            log.info(
+                "Cancelling %d task(s) that wait for a failed predecessor: %s",
+                len(stuck),
+                " ".join(stuck),
+            )
             slurm.cancel(stuck)
         state.overrides = overrides
         _submit(planned, scripts, state, work)
         state.save()
     if planned:
-        print(f"Follow it with: python -m pipeline stage=status {selection.languages_argument(cfg)} "
-              f"{shlex.quote(work_dir_override(work))}")
+        print(
+            f"Follow it with: python -m pipeline stage=status {selection.languages_argument(cfg)} "
+            f"{shlex.quote(work_dir_override(work))}"
+        )
 
 
 def training_layout(cfg: PipelineConfig, overrides: list[str]) -> tuple[ParallelConfig, bool]:
-    """The training stages' layout (`cfg`: a job's config) and whether the workflow chose it: on a partition of whole
-    nodes without a layout on the command line, the one that fills them (memory_fit.node_filling_layout)."""
+    """The training stages' layout (`cfg`: a job's config) and whether the workflow chose it: on a
+    partition of whole nodes without a layout on the command line, the one that fills them
+    (memory_fit.node_filling_layout)."""
     cluster = cfg.cluster
-    given = any(override_key(override) in ("parallel", "parallel.tp", "parallel.pp", "parallel.dp")
-                for override in overrides)
+    given = any(
+        override_key(override) in ("parallel", "parallel.tp", "parallel.pp", "parallel.dp")
+        for override in overrides
+    )
     if not cluster.gpu_whole_nodes or cluster.gpus_per_node == 0 or given:
         return cfg.parallel, False
     return node_filling_layout(cfg, cluster.gpus_per_node, (cfg.train, cfg.warmup.train)), True
@@ -108,13 +158,28 @@ def _submit(planned: list[Planned], scripts: dict, state: WorkflowState, work: P
         after = dependency(array, job_ids)
         argv = _sbatch_argv(array, script, log_pattern, after)
         job_ids[id(array)] = job = slurm.submit(argv)
-        state.submissions.append(Submission(job_id=job, stage=array.stage, tasks={
-            TABLE_INDEX[code]: code for code in array.languages}, script=str(script), log=log_pattern,
-            dependency=after))
-        state.save()  # after every array: a failing sbatch later must not lose the record of this one
-        shown = ", ".join(array.languages) if len(array.languages) <= 8 else f"{len(array.languages)} languages"
-        print(f"Submitted {array.name}: job {job}, array {array_spec([TABLE_INDEX[c] for c in array.languages])} "
-              f"({shown}){f', after {after}' if after else ''}")
+        state.submissions.append(
+            Submission(
+                job_id=job,
+                stage=array.stage,
+                tasks={TABLE_INDEX[code]: code for code in array.languages},
+                script=str(script),
+                log=log_pattern,
+                dependency=after,
+            )
+        )
+        # after every array: a failing sbatch later must not lose the record of this one
+        state.save()
+        shown = (
+            ", ".join(array.languages)
+            if len(array.languages) <= 8
+            else f"{len(array.languages)} languages"
+        )
+        print(
+            f"Submitted {array.name}: job {job}, array "
+            f"{array_spec([TABLE_INDEX[c] for c in array.languages])} "
+            f"({shown}){f', after {after}' if after else ''}"
+        )
 
 
 def _log_pattern(work: Path, stage: str) -> str:
@@ -124,8 +189,13 @@ def _log_pattern(work: Path, stage: str) -> str:
 
 def _sbatch_argv(array: Planned, script: Path, log_pattern: str, after: str | None) -> list[str]:
     # Paths go on the command line (no shell, no quoting), not into #SBATCH lines.
-    argv = ["sbatch", "--parsable", f"--array={array_spec([TABLE_INDEX[c] for c in array.languages])}",
-            f"--output={log_pattern}", f"--chdir={os.getcwd()}"]
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--array={array_spec([TABLE_INDEX[c] for c in array.languages])}",
+        f"--output={log_pattern}",
+        f"--chdir={os.getcwd()}",
+    ]
     if after:
         # A task whose predecessor failed can never start: end it instead of leaving it pending.
         argv += [f"--dependency={after}", "--kill-on-invalid-dep=yes"]
@@ -139,6 +209,16 @@ def _print_dry_run(scripts: dict, planned: list[Planned], work: Path) -> None:
     for array in planned:
         indices = [TABLE_INDEX[code] for code in array.languages]
         waits = dependency(array, {id(a): a.name for a in planned}) or "-"
-        print(f"{array.name}: stage={array.stage} array={array_spec(indices)} tasks={len(indices)} after={waits}")
+        print(
+            f"{array.name}: stage={array.stage} array={array_spec(indices)} tasks={len(indices)} "
+            f"after={waits}"
+        )
         shown = dependency(array, {id(a): f"<job id of {a.name}>" for a in planned})
-        print("    " + shlex.join(_sbatch_argv(array, scripts[array.script][0], _log_pattern(work, array.stage), shown)))
+        print(
+            "    "
+            + shlex.join(
+                _sbatch_argv(
+                    array, scripts[array.script][0], _log_pattern(work, array.stage), shown
+                )
+            )
+        )

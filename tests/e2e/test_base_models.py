@@ -1,6 +1,7 @@
-"""A user's own base model decides the shape (issue 18): random BLOOM and Llama (grouped-query) bases made with
-transformers go through warmup, pretrain init=hf and evaluate with no model override, on the Norwegian chain of
-tests/conftest.py, and the exported folders keep the base's shape and load in transformers."""
+"""A user's own base model decides the shape (issue 18): random BLOOM and Llama (grouped-query)
+bases made with transformers go through warmup, pretrain init=hf and evaluate with no model
+override, on the Norwegian chain of tests/conftest.py, and the exported folders keep the base's
+shape and load in transformers."""
 
 from __future__ import annotations
 
@@ -21,18 +22,36 @@ VOCAB = 512
 # The base's sizes as config.json keys, per architecture.
 SHAPES = {
     "bloom": (transformers.BloomConfig, {"hidden_size": 64, "n_layer": 2, "n_head": 4}),
-    "llama": (transformers.LlamaConfig, {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                                         "num_key_value_heads": 2, "intermediate_size": 160,
-                                         "max_position_embeddings": 256, "tie_word_embeddings": False}),
+    "llama": (
+        transformers.LlamaConfig,
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 160,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": False,
+        },
+    ),
 }
 # Budgets cut to seconds; none of them is a model override.
-SMALL = ("warmup.train.steps=2", "warmup.train.seq_len=64", "warmup.train.eval_tokens=1024", "train.steps=1",
-         "train.seq_len=64", "train.eval_tokens=1024", "eval.seq_len=64", "eval.max_bytes=4000")
+SMALL = (
+    "warmup.train.steps=2",
+    "warmup.train.seq_len=64",
+    "warmup.train.eval_tokens=1024",
+    "train.steps=1",
+    "train.seq_len=64",
+    "train.eval_tokens=1024",
+    "eval.seq_len=64",
+    "eval.max_bytes=4000",
+)
 
 
 @pytest.fixture(scope="module")
 def english_tokenizer(tmp_path_factory):
-    """A small English tokenizer for the random bases (the warm start maps its rows to the new vocabulary)."""
+    """A small English tokenizer for the random bases (the warm start maps its rows to the new
+    vocabulary)."""
     folder = tmp_path_factory.mktemp("english-tokenizer")
     trained = train_tokenizer(english_texts()[:300], TokenizerConfig(vocab_size=VOCAB))
     write_tokenizer_folder(folder, trained, SpecialTokens())
@@ -52,12 +71,17 @@ def random_base(family: str, folder, tokenizer_dir):
 def shape(folder) -> dict:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     keys = ("architectures", *SHAPES["bloom" if "n_layer" in config else "llama"][1])
-    return {key: config.get(key) for key in keys if key not in ("max_position_embeddings", "tie_word_embeddings")}
+    return {
+        key: config.get(key)
+        for key in keys
+        if key not in ("max_position_embeddings", "tie_word_embeddings")
+    }
 
 
 @pytest.mark.parametrize("family", sorted(SHAPES))
-def test_acceptance_the_base_model_shapes_warmup_pretrain_and_evaluate(family, nob_packed, english_tokenizer,
-                                                                         tmp_path):
+def test_acceptance_the_base_model_shapes_warmup_pretrain_and_evaluate(
+    family, nob_packed, english_tokenizer, tmp_path
+):
     base = random_base(family, tmp_path / family, english_tokenizer)
     work = tmp_path / "work"
     for stage in ("clean", "mix", "tokenizer", "pack"):
@@ -69,7 +93,9 @@ def test_acceptance_the_base_model_shapes_warmup_pretrain_and_evaluate(family, n
     assert shape(exported) == shape(base)
     model = transformers.AutoModelForCausalLM.from_pretrained(exported)
     assert torch.isfinite(model(torch.tensor([[5, 6, 7, 8]])).logits).all()
-    assert marker(work, "nob", "warmup")["config"]["model"]["hidden_size"] == 64  # not the tiny preset's 128
+    assert (
+        marker(work, "nob", "warmup")["config"]["model"]["hidden_size"] == 64
+    )  # not the tiny preset's 128
     # Training says what it starts within seconds, and DeepSpeed builds no C++ collective on a CPU.
     assert "warmup: starting DeepSpeed on 1 rank(s)" in warmup.stderr
     assert "shm_comm" not in warmup.stdout + warmup.stderr
@@ -81,4 +107,6 @@ def test_acceptance_the_base_model_shapes_warmup_pretrain_and_evaluate(family, n
     scores = marker(work, "nob", "evaluate")["metrics"]["bits_per_byte"]
     assert list(scores) == ["base", "warmup", "pretrain"]
     report = (work / "nob" / "evaluate" / "report.md").read_text(encoding="utf-8")
-    assert "`train.eval_tokens`" in report and "`eval.max_bytes`" in report  # why the training logs' numbers differ
+    assert (
+        "`train.eval_tokens`" in report and "`eval.max_bytes`" in report
+    )  # why the training logs' numbers differ

@@ -1,19 +1,20 @@
-"""Tensor, pipeline and data parallelism on real GPUs (NCCL, bf16, the Triton kernels): each layout trains like one
-GPU. Skipped unless 2 CUDA devices or more are present; the CPU suite checks the same layouts on gloo ranks in
-fp32 (tests/unit/parallel/test_tensor_parallel.py).
+"""Tensor, pipeline and data parallelism on real GPUs (NCCL, bf16, the Triton kernels): each layout
+trains like one GPU. Skipped unless 2 CUDA devices or more are present; the CPU suite checks the
+same layouts on gloo ranks in fp32 (tests/unit/parallel/test_tensor_parallel.py).
 
-A small model with a realistic vocabulary (50,257 ids, GPT-2's: under tp=2 the two shards of 25,216 rows hold
-25,216 and 25,041 real ids, so the fused head's chunks must be cut alike on ranks of unequal use) trains a few steps
-on the same global batches from the same initial weights through the training stages' engine
-(`pipeline.training.engine.build_engine`): as one GPU, as TP2, PP2 and DP2 (and TP2 x PP2 x DP2 on 8 GPUs), for
-the ALiBi model with a tied head and the RoPE model with grouped-query attention and an untied head. Every step's
-loss must agree with one GPU's within bf16 rounding. Collectives are checked (TORCH_DISTRIBUTED_DEBUG=DETAIL, set by
-tests/conftest.py) and bounded (parallel.collective_timeout_s), so that a hang fails the launch.
+A small model with a realistic vocabulary (50,257 ids, GPT-2's: under tp=2 the two shards of 25,216
+rows hold 25,216 and 25,041 real ids, so the fused head's chunks must be cut alike on ranks of
+unequal use) trains a few steps on the same global batches from the same initial weights through the
+training stages' engine (`pipeline.training.engine.build_engine`): as one GPU, as TP2, PP2 and DP2
+(and TP2 x PP2 x DP2 on 8 GPUs), for the ALiBi model with a tied head and the RoPE model with
+grouped-query attention and an untied head. Every step's loss must agree with one GPU's within bf16
+rounding. Collectives are checked (TORCH_DISTRIBUTED_DEBUG=DETAIL, set by tests/conftest.py) and
+bounded (parallel.collective_timeout_s), so that a hang fails the launch.
 
     PARALLEL_GPU_RESULTS=bench/results/parallel_gpu python -m pytest -q -n 0 tests/gpu/test_parallel_gpu.py
 
-writes each layout's losses, gradient norms and step times to `$PARALLEL_GPU_RESULTS/layouts.json` and a table to
-`layouts.md` there.
+writes each layout's losses, gradient norms and step times to `$PARALLEL_GPU_RESULTS/layouts.json`
+and a table to `layouts.md` there.
 """
 
 from __future__ import annotations
@@ -44,33 +45,72 @@ pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs or more")
 
 VOCAB = 50257
 SHAPES = {
-    "alibi": dict(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=8, ffn_size=2048, vocab_size=VOCAB,
-                  position="alibi", norm="layernorm", activation="gelu", embedding_norm=True, bias=True,
-                  tie_embeddings=True, max_seq_len=1024),
-    "rope": dict(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, ffn_size=1536, vocab_size=VOCAB,
-                 position="rope", norm="rmsnorm", activation="swiglu", tie_embeddings=False, max_seq_len=1024),
+    "alibi": dict(
+        hidden_size=512,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=8,
+        ffn_size=2048,
+        vocab_size=VOCAB,
+        position="alibi",
+        norm="layernorm",
+        activation="gelu",
+        embedding_norm=True,
+        bias=True,
+        tie_embeddings=True,
+        max_seq_len=1024,
+    ),
+    "rope": dict(
+        hidden_size=512,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        ffn_size=1536,
+        vocab_size=VOCAB,
+        position="rope",
+        norm="rmsnorm",
+        activation="swiglu",
+        tie_embeddings=False,
+        max_seq_len=1024,
+    ),
 }
-# bf16 (the engine's GPU precision); lr high enough that the loss moves in a few steps. A micro-batch's 8,192
-# tokens take two chunks of the fused head (5,322 rows each at 25,216 rows per vocabulary shard), as in training.
-TRAIN = dict(steps=4, global_batch_size=32, micro_batch_size=8, seq_len=1024, lr=1e-3, schedule="constant",
-             warmup_steps=0, grad_clip=1.0, precision="auto", seed=5)
+# bf16 (the engine's GPU precision); lr high enough that the loss moves in a few steps. A
+# micro-batch's 8,192 tokens take two chunks of the fused head (5,322 rows each at 25,216 rows per
+# vocabulary shard), as in training.
+TRAIN = dict(
+    steps=4,
+    global_batch_size=32,
+    micro_batch_size=8,
+    seq_len=1024,
+    lr=1e-3,
+    schedule="constant",
+    warmup_steps=0,
+    grad_clip=1.0,
+    precision="auto",
+    seed=5,
+)
 LAYOUTS_OF_TWO = ((2, 1, 1), (1, 2, 1), (1, 1, 2))
 LAYOUTS_OF_EIGHT = ((2, 2, 2),)
 COLLECTIVE_TIMEOUT_S = 300
-# bf16 rounding: the first step's loss agrees to a few 1e-4 (issue 28 measured 3e-6 for TP2 at 1.3B), later steps
-# drift by the different order of the sums; a wrong cut, a lost gradient or a mismatched chunk is off by far more.
+# bf16 rounding: the first step's loss agrees to a few 1e-4 (issue 28 measured 3e-6 for TP2 at
+# 1.3B), later steps drift by the different order of the sums; a wrong cut, a lost gradient or a
+# mismatched chunk is off by far more.
 FIRST_STEP_TOLERANCE = 2e-3
 TOLERANCE = 1e-2
 JOB_FILE = "job.json"
 
 
-# ---- in the ranks -------------------------------------------------------------------------------------------
+# ---- in the ranks
+# -------------------------------------------------------------------------------------------
 
-def _batches(vocab: int, train: TrainConfig, dp_rank: int, dp_world: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each step's sequences of this data-parallel rank: the same global batches for every layout, with a document
-    boundary in every sequence. Ids of Zipf-distributed frequency spread over the whole vocabulary (the frequent
-    ones a prime stride apart), so that a few steps lower the loss, every shard holds targets, and so do the first
-    and the last real id."""
+
+def _batches(
+    vocab: int, train: TrainConfig, dp_rank: int, dp_world: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each step's sequences of this data-parallel rank: the same global batches for every layout,
+    with a document boundary in every sequence. Ids of Zipf-distributed frequency spread over the
+    whole vocabulary (the frequent ones a prime stride apart), so that a few steps lower the loss,
+    every shard holds targets, and so do the first and the last real id."""
     generator = np.random.default_rng(train.seed)
     share = train.global_batch_size // dp_world
     steps = []
@@ -85,29 +125,46 @@ def _batches(vocab: int, train: TrainConfig, dp_rank: int, dp_world: int) -> lis
     return steps
 
 
-def _train(model: str, shape: dict, train: TrainConfig, layout: tuple[int, int, int], work_dir: Path) -> dict:
+def _train(
+    model: str, shape: dict, train: TrainConfig, layout: tuple[int, int, int], work_dir: Path
+) -> dict:
     from pipeline.training.engine import build_engine
     from pipeline.training.heldout import micro_batches
 
     tp, pp, dp = layout
-    built = build_engine(ModelConfig(**shape), train, ParallelConfig(tp=tp, pp=pp, dp=dp,
-                                                                     collective_timeout_s=COLLECTIVE_TIMEOUT_S),
-                         work_dir / f"init-{model}" / CHECKPOINT_WEIGHTS, trainable=lambda _: True)
+    built = build_engine(
+        ModelConfig(**shape),
+        train,
+        ParallelConfig(tp=tp, pp=pp, dp=dp, collective_timeout_s=COLLECTIVE_TIMEOUT_S),
+        work_dir / f"init-{model}" / CHECKPOINT_WEIGHTS,
+        trainable=lambda _: True,
+    )
     engine = built.engine
     losses, norms, seconds = [], [], []
     for tokens, segments in _batches(shape["vocab_size"], train, built.dp_rank, built.dp_world):
         started = time.perf_counter()
-        losses.append(float(engine.train_batch(iter(micro_batches(tokens, segments, train.micro_batch_size,
-                                                                   engine.device)))))
+        losses.append(
+            float(
+                engine.train_batch(
+                    iter(micro_batches(tokens, segments, train.micro_batch_size, engine.device))
+                )
+            )
+        )
         norms.append(float(engine.get_global_grad_norm()))  # float(): the step has ended on the GPU
         seconds.append(time.perf_counter() - started)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    return {"losses": losses, "grad_norms": norms, "step_seconds": seconds, "device": device,
-            "torch": torch.__version__}
+    return {
+        "losses": losses,
+        "grad_norms": norms,
+        "step_seconds": seconds,
+        "device": device,
+        "torch": torch.__version__,
+    }
 
 
 def rank_entry(work_dir: Path) -> None:
-    """Train every run of `job.json` on this launch's ranks, one after the other; rank 0 writes the results."""
+    """Train every run of `job.json` on this launch's ranks, one after the other; rank 0 writes the
+    results."""
     import torch.distributed as dist
 
     from pipeline.training.engine import init_distributed
@@ -117,23 +174,39 @@ def rank_entry(work_dir: Path) -> None:
     train = TrainConfig(**job["train"])
     results = {}
     for model, layout in job["runs"]:
-        results[f"{model} {tuple(layout)}"] = _train(model, job["shapes"][model], train, tuple(layout), work_dir)
+        results[f"{model} {tuple(layout)}"] = _train(
+            model, job["shapes"][model], train, tuple(layout), work_dir
+        )
     if dist.get_rank() == 0:
-        (work_dir / f"results-{dist.get_world_size()}.json").write_text(json.dumps(results), encoding="utf-8")
+        (work_dir / f"results-{dist.get_world_size()}.json").write_text(
+            json.dumps(results), encoding="utf-8"
+        )
     dist.barrier()
     dist.destroy_process_group()
 
 
-# ---- in the test process -------------------------------------------------------------------------------------
+# ---- in the test process
+# -------------------------------------------------------------------------------------
+
 
 def launch(work_dir: Path, world_size: int, runs: list, shapes: dict, train: dict) -> dict:
     """Run `runs` [(model, layout)] on `world_size` ranks, one per GPU; their results."""
-    (work_dir / JOB_FILE).write_text(json.dumps({"runs": runs, "shapes": shapes, "train": train}), encoding="utf-8")
-    argv = ["-c", f"from pathlib import Path; from tests.gpu.test_parallel_gpu import rank_entry; "
-                  f"rank_entry(Path({str(work_dir)!r}))"]
+    (work_dir / JOB_FILE).write_text(
+        json.dumps({"runs": runs, "shapes": shapes, "train": train}), encoding="utf-8"
+    )
+    argv = [
+        "-c",
+        f"from pathlib import Path; from tests.gpu.test_parallel_gpu import rank_entry; "
+        f"rank_entry(Path({str(work_dir)!r}))",
+    ]
     if world_size == 1:
-        subprocess.run([sys.executable, *argv], env=rank_environment(0, 1, free_port(), os.cpu_count() or 1),
-                       check=True, cwd=REPO, timeout=1200)
+        subprocess.run(
+            [sys.executable, *argv],
+            env=rank_environment(0, 1, free_port(), os.cpu_count() or 1),
+            check=True,
+            cwd=REPO,
+            timeout=1200,
+        )
     else:
         run_ranks(argv, world_size, ClusterConfig(), work_dir / f"rank_logs-{world_size}")
     return json.loads((work_dir / f"results-{world_size}.json").read_text(encoding="utf-8"))
@@ -150,15 +223,20 @@ def layouts_to_run(gpus: int) -> list[tuple[int, int, int]]:
 
 
 def table(results: dict) -> str:
-    lines = ["| model | layout (tp x pp x dp) | losses | max relative difference from 1 GPU | step time (s, last) |",
-             "|---|---|---|---:|---:|"]
+    lines = [
+        "| model | layout (tp x pp x dp) | losses | max relative difference from 1 GPU | step time "
+        "(s, last) |",
+        "|---|---|---|---:|---:|",
+    ]
     for key, run in results.items():
         model, layout = key.split(" ", 1)
         single = results[f"{model} (1, 1, 1)"]["losses"]
         diff = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], single))
-        lines.append(f"| {model} | {'x'.join(layout.strip('()').split(', '))} | "
-                     f"{', '.join(f'{loss:.5f}' for loss in run['losses'])} | {diff:.2e} | "
-                     f"{run['step_seconds'][-1]:.3f} |")
+        lines.append(
+            f"| {model} | {'x'.join(layout.strip('()').split(', '))} | "
+            f"{', '.join(f'{loss:.5f}' for loss in run['losses'])} | {diff:.2e} | "
+            f"{run['step_seconds'][-1]:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -171,8 +249,12 @@ def trained(tmp_path_factory):
         patch.setenv("PYTHONPATH", repo_pythonpath())
         results.update(launch(work_dir, 1, [(model, (1, 1, 1)) for model in SHAPES], SHAPES, TRAIN))
         for world in (2, 8):
-            runs = [(model, layout) for model in SHAPES for layout in layouts_to_run(GPUS)
-                    if layout[0] * layout[1] * layout[2] == world]
+            runs = [
+                (model, layout)
+                for model in SHAPES
+                for layout in layouts_to_run(GPUS)
+                if layout[0] * layout[1] * layout[2] == world
+            ]
             if runs and world <= GPUS:
                 results.update(launch(work_dir, world, runs, SHAPES, TRAIN))
     out = os.environ.get("PARALLEL_GPU_RESULTS")
@@ -184,7 +266,9 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.parametrize("model", sorted(SHAPES))
-@pytest.mark.parametrize("layout", layouts_to_run(GPUS), ids=lambda layout: "x".join(map(str, layout)))
+@pytest.mark.parametrize(
+    "layout", layouts_to_run(GPUS), ids=lambda layout: "x".join(map(str, layout))
+)
 def test_every_layout_trains_like_one_gpu(trained, model, layout):
     single = trained[f"{model} (1, 1, 1)"]["losses"]
     assert len(single) == TRAIN["steps"] and all(np.isfinite(single))

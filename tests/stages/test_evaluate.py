@@ -1,5 +1,6 @@
-"""Stage `evaluate`: bits per byte against an independent computation, whole documents against windows, the
-stage's report on three held-out sets, and the flag on a trained model worse than the base."""
+"""Stage `evaluate`: bits per byte against an independent computation, whole documents against
+windows, the stage's report on three held-out sets, and the flag on a trained model worse than the
+base."""
 
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, models
 
-from pipeline.evaluation.bits_per_byte import (IGNORE, ScoringRows, score_documents, score_rows, scoring_rows,
-                                               windows)
+from pipeline.evaluation.bits_per_byte import (
+    IGNORE,
+    ScoringRows,
+    score_documents,
+    score_rows,
+    scoring_rows,
+    windows,
+)
 from pipeline.evaluation.models import first_added_id
 from pipeline.evaluation.report import find_regressions, markdown
 from pipeline.model.files import load_base
@@ -26,13 +33,20 @@ from pipeline.training.heldout import save_rows
 from tests.conftest import DATA, marker, read_jsonl_gz, run_cli, write_jsonl_gz
 
 
-@pytest.mark.parametrize("targets,seq_len,stride", [(1, 8, 4), (8, 8, 4), (9, 8, 4), (50, 8, 3), (50, 8, 8),
-                                                    (17, 16, 1), (100, 128, 16)])
+@pytest.mark.parametrize(
+    "targets,seq_len,stride",
+    [(1, 8, 4), (8, 8, 4), (9, 8, 4), (50, 8, 3), (50, 8, 8), (17, 16, 1), (100, 128, 16)],
+)
 def test_windows_score_every_token_once_with_the_context_they_can(targets, seq_len, stride):
     scored = []
     for window in windows(0, targets, seq_len, stride):
-        assert 0 < window.end - window.begin <= seq_len and 0 < window.scored <= window.end - window.begin
-        scored.extend(range(window.end - window.scored, window.end))  # input positions whose next token counts
+        assert (
+            0 < window.end - window.begin <= seq_len
+            and 0 < window.scored <= window.end - window.begin
+        )
+        scored.extend(
+            range(window.end - window.scored, window.end)
+        )  # input positions whose next token counts
         # context: everything before the window's scored part, up to the window's length
         assert window.begin == max(0, window.end - seq_len)
     assert scored == list(range(targets))
@@ -47,17 +61,22 @@ def test_held_out_rows_stop_at_the_token_budget_inside_the_document_that_crosses
     assert int((rows.labels != IGNORE).sum()) == first + 20  # every kept token scored once, no more
     # The bytes are those of the text the 20 kept tokens of the long document cover.
     end = tokenizer.encode(long, add_special_tokens=False).offsets[19][1]
-    assert 0 < end < len(long) and rows.bytes == len(short.encode("utf-8")) + len(long[:end].encode("utf-8"))
+    assert 0 < end < len(long) and rows.bytes == len(short.encode("utf-8")) + len(
+        long[:end].encode("utf-8")
+    )
 
 
 def _documents() -> list[str]:
     """Norwegian sentences grouped into documents (UD), short and long; with non-ASCII letters."""
-    texts = [record["text"] for record in read_jsonl_gz(DATA / "nob") if record["id"].startswith("UD_")]
+    texts = [
+        record["text"] for record in read_jsonl_gz(DATA / "nob") if record["id"].startswith("UD_")
+    ]
     return [texts[0][:180], texts[1][:120], "æøå ÆØÅ – «sitat»", texts[2][:170]]
 
 
 def _independent_bits_per_byte(folder, texts, start_id) -> float:
-    """transformers' model on each whole document: -sum log p(token | prefix) in bits over the UTF-8 bytes."""
+    """transformers' model on each whole document: -sum log p(token | prefix) in bits over the UTF-8
+    bytes."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -73,26 +92,42 @@ def _independent_bits_per_byte(folder, texts, start_id) -> float:
     return nats / math.log(2) / size
 
 
-def test_bits_per_byte_matches_transformers_and_windows_change_nothing_within_the_context(english_base):
+def test_bits_per_byte_matches_transformers_and_windows_change_nothing_within_the_context(
+    english_base,
+):
     model, tokenizer = load_base(str(english_base)).eval(), load_tokenizer(str(english_base))
     start_id = token_roles(english_base, tokenizer)["eos"]
     texts = _documents()
     lengths = [len(tokenizer.encode(t, add_special_tokens=False).ids) for t in texts]
     context = model.cfg.max_seq_len
-    assert max(lengths) <= context and max(lengths) > 4 * 16, lengths  # windows of stride 16 really cut them
+    assert max(lengths) <= context and max(lengths) > 4 * 16, (
+        lengths
+    )  # windows of stride 16 really cut them
 
     def score(stride, batch_size):
-        return score_documents(model, tokenizer, texts, start_id, context, stride, batch_size, torch.device("cpu"))
+        return score_documents(
+            model, tokenizer, texts, start_id, context, stride, batch_size, torch.device("cpu")
+        )
 
     whole = score(stride=context, batch_size=1)
-    assert whole.tokens == sum(lengths) and whole.bytes == sum(len(t.encode("utf-8")) for t in texts)
-    assert whole.bits_per_byte == pytest.approx(_independent_bits_per_byte(english_base, texts, start_id), rel=1e-5)
+    assert whole.tokens == sum(lengths) and whole.bytes == sum(
+        len(t.encode("utf-8")) for t in texts
+    )
+    assert whole.bits_per_byte == pytest.approx(
+        _independent_bits_per_byte(english_base, texts, start_id), rel=1e-5
+    )
     windowed = score(stride=16, batch_size=3)
     assert windowed.tokens == whole.tokens
     assert abs(windowed.bits_per_byte - whole.bits_per_byte) < 1e-6
-    # windows of 16 tokens without overlap really cut the context: the same tokens, a different score
-    short_context = score_documents(model, tokenizer, texts, start_id, 16, 16, 4, torch.device("cpu"))
-    assert short_context.tokens == whole.tokens and abs(short_context.bits_per_byte - whole.bits_per_byte) > 1e-3
+    # windows of 16 tokens without overlap really cut the context: the same tokens, a different
+    # score
+    short_context = score_documents(
+        model, tokenizer, texts, start_id, 16, 16, 4, torch.device("cpu")
+    )
+    assert (
+        short_context.tokens == whole.tokens
+        and abs(short_context.bits_per_byte - whole.bits_per_byte) > 1e-3
+    )
 
 
 def test_evaluate_stage_reports_the_base_model_on_a_plain_text_file(tmp_path, english_base):
@@ -106,12 +141,22 @@ def test_evaluate_stage_reports_the_base_model_on_a_plain_text_file(tmp_path, en
     start_id = token_roles(english_base, load_tokenizer(str(english_base)))["eos"]
     assert list(report["scores"]) == ["base"]
     assert report["scores"]["base"]["heldout"]["bits_per_byte"] == pytest.approx(
-        _independent_bits_per_byte(english_base, texts, start_id), rel=1e-5)
+        _independent_bits_per_byte(english_base, texts, start_id), rel=1e-5
+    )
     assert report["scores"]["base"]["heldout"]["documents"] == len(texts)
-    assert (out / "bpb.png").stat().st_size > 1000 and "| base |" in (out / "report.md").read_text(encoding="utf-8")
-    # No clean stage and no text of the base's language: those sets are skipped, and the log and the report say why.
-    assert list(report["sets"]) == ["heldout"] and list(report["skipped_sets"]) == ["heldout_source", "base_lang"]
-    assert "the `base_lang` set is not scored: no held-out text of the base model's language eng" in first.stderr
+    assert (out / "bpb.png").stat().st_size > 1000 and "| base |" in (out / "report.md").read_text(
+        encoding="utf-8"
+    )
+    # No clean stage and no text of the base's language: those sets are skipped, and the log and the
+    # report say why.
+    assert list(report["sets"]) == ["heldout"] and list(report["skipped_sets"]) == [
+        "heldout_source",
+        "base_lang",
+    ]
+    assert (
+        "the `base_lang` set is not scored: no held-out text of the base model's language eng"
+        in first.stderr
+    )
     assert "not scored: `heldout_source`" in (out / "report.md").read_text(encoding="utf-8")
 
     again = run_cli(*options, cwd=tmp_path)
@@ -121,16 +166,23 @@ def test_evaluate_stage_reports_the_base_model_on_a_plain_text_file(tmp_path, en
 
 
 def test_regressions_are_the_trained_models_worse_than_the_base_on_a_set():
-    bpb = {"base": {"heldout": 2.0, "base_lang": 1.0}, "warmup": {"heldout": 1.5, "base_lang": 1.2},
-           "pretrain": {"heldout": 2.5, "base_lang": 1.0}}
+    bpb = {
+        "base": {"heldout": 2.0, "base_lang": 1.0},
+        "warmup": {"heldout": 1.5, "base_lang": 1.2},
+        "pretrain": {"heldout": 2.5, "base_lang": 1.0},
+    }
     assert find_regressions(bpb) == [
         {"model": "warmup", "set": "base_lang", "bits_per_byte": 1.2, "base_bits_per_byte": 1.0},
-        {"model": "pretrain", "set": "heldout", "bits_per_byte": 2.5, "base_bits_per_byte": 2.0}]
-    assert find_regressions({name: bpb[name] for name in ("warmup", "pretrain")}) == []  # no base: nothing to flag
+        {"model": "pretrain", "set": "heldout", "bits_per_byte": 2.5, "base_bits_per_byte": 2.0},
+    ]
+    assert (
+        find_regressions({name: bpb[name] for name in ("warmup", "pretrain")}) == []
+    )  # no base: nothing to flag
 
 
 class _FixedLogits(torch.nn.Module):
-    """A model whose logits are the same at every position: 0 for the base's ids, `added_logit` for the added."""
+    """A model whose logits are the same at every position: 0 for the base's ids, `added_logit` for
+    the added."""
 
     def __init__(self, vocab: int, first_added: int, added_logit: float):
         super().__init__()
@@ -144,67 +196,134 @@ class _FixedLogits(torch.nn.Module):
 def test_the_added_tokens_share_of_the_probability_where_a_base_token_is_the_target():
     # 6 base tokens, 4 added with logit log 3: each added token 3 times as likely as each base token
     first_added, model = 6, _FixedLogits(10, 6, math.log(3.0))
-    labels = np.array([[IGNORE, 1, 7, 2, 9, 5, IGNORE, IGNORE], [3, 6, IGNORE, 0, 0, IGNORE, IGNORE, IGNORE]])
-    rows = ScoringRows(np.zeros_like(labels), labels, np.zeros_like(labels), bytes=1, tokens=9, documents=2)
+    labels = np.array(
+        [[IGNORE, 1, 7, 2, 9, 5, IGNORE, IGNORE], [3, 6, IGNORE, 0, 0, IGNORE, IGNORE, IGNORE]]
+    )
+    rows = ScoringRows(
+        np.zeros_like(labels), labels, np.zeros_like(labels), bytes=1, tokens=9, documents=2
+    )
     _, share = score_rows(model, rows, 1, torch.device("cpu"), first_added=first_added)
-    assert share == {"first_added": 6, "mass": pytest.approx(12 / 18), "base_targets": 6, "added_targets": 3}
-    assert score_rows(model, rows, 2, torch.device("cpu"), first_added=first_added)[1] == share  # batches: the same
+    assert share == {
+        "first_added": 6,
+        "mass": pytest.approx(12 / 18),
+        "base_targets": 6,
+        "added_targets": 3,
+    }
+    assert (
+        score_rows(model, rows, 2, torch.device("cpu"), first_added=first_added)[1] == share
+    )  # batches: the same
 
 
 def test_a_tokenizer_extends_the_base_when_every_base_token_keeps_its_id():
-    base, extended = Tokenizer(models.BPE({"a": 0, "b": 1}, [])), Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2},
-                                                                                       [("a", "b")]))
+    base, extended = (
+        Tokenizer(models.BPE({"a": 0, "b": 1}, [])),
+        Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")])),
+    )
     assert first_added_id(base.get_vocab(), extended) == 2
-    assert first_added_id(base.get_vocab(), Tokenizer(models.BPE({"b": 0, "a": 1, "ab": 2}, [("a", "b")]))) is None
+    assert (
+        first_added_id(
+            base.get_vocab(), Tokenizer(models.BPE({"b": 0, "a": 1, "ab": 2}, [("a", "b")]))
+        )
+        is None
+    )
     assert first_added_id(base.get_vocab(), base) is None and first_added_id(None, extended) is None
 
 
 def test_a_flag_on_the_base_language_says_what_the_added_tokens_take():
-    sets = {name: {"title": title, "text": "", "documents": 1, "bytes": 1}
-            for name, title in (("heldout", "held-out split"), ("base_lang", "eng held-out"))}
-    scores = {model: {name: {"bits_per_byte": value, "token_perplexity": 2.0, "tokens_per_byte": 0.25, "tokens": 1,
-                             "bytes": 1} for name, value in (("heldout", 2.0 - step), ("base_lang", 1.0 + step))}
-              for model, step in (("base", 0.0), ("warmup", 0.01))}
-    added = {"set": "base_lang", "models": {"warmup": {"first_added": 49152, "mass": 0.0037, "base_targets": 121541,
-                                                       "added_targets": 50}}}
-    report = {"sets": sets, "skipped_sets": {}, "scores": scores, "models": {"base": "b", "warmup": "w"},
-              "regressions": find_regressions({m: {n: v["bits_per_byte"] for n, v in s.items()}
-                                               for m, s in scores.items()}),
-              "added_tokens": added, "training_heldout": {}, "tasks": {}, "skipped_tasks": {}}
+    sets = {
+        name: {"title": title, "text": "", "documents": 1, "bytes": 1}
+        for name, title in (("heldout", "held-out split"), ("base_lang", "eng held-out"))
+    }
+    scores = {
+        model: {
+            name: {
+                "bits_per_byte": value,
+                "token_perplexity": 2.0,
+                "tokens_per_byte": 0.25,
+                "tokens": 1,
+                "bytes": 1,
+            }
+            for name, value in (("heldout", 2.0 - step), ("base_lang", 1.0 + step))
+        }
+        for model, step in (("base", 0.0), ("warmup", 0.01))
+    }
+    added = {
+        "set": "base_lang",
+        "models": {
+            "warmup": {
+                "first_added": 49152,
+                "mass": 0.0037,
+                "base_targets": 121541,
+                "added_targets": 50,
+            }
+        },
+    }
+    report = {
+        "sets": sets,
+        "skipped_sets": {},
+        "scores": scores,
+        "models": {"base": "b", "warmup": "w"},
+        "regressions": find_regressions(
+            {m: {n: v["bits_per_byte"] for n, v in s.items()} for m, s in scores.items()}
+        ),
+        "added_tokens": added,
+        "training_heldout": {},
+        "tasks": {},
+        "skipped_tasks": {},
+    }
     text = markdown("nob", report, [])
     assert "WARNING: warmup is worse than the base model on the eng held-out set" in text
-    assert ("On the eng held-out set the added tokens (ids from 49,152) take this share of the probability where a "
-            "base token is the target: warmup 0.37% (0.0053 bits per token), 50 of 121,591 targets added tokens") in text
+    assert (
+        "On the eng held-out set the added tokens (ids from 49,152) take this share of the "
+        "probability where a "
+        "base token is the target: warmup 0.37% (0.0053 bits per token), 50 of 121,591 targets "
+        "added tokens"
+    ) in text
     # flagged on another set only: the line is not there
     report["regressions"] = [{**report["regressions"][0], "set": "heldout"}]
     assert "the added tokens" not in markdown("nob", report, [])
 
 
 def _clean_output(folder: Path, splits: dict[str, list[str]], metrics: dict | None = None) -> Path:
-    """A finished clean stage output as `clean` writes it: its marker (with `metrics`), and gzipped JSONL shards of
-    datatrove's JsonlWriter records per split (`heldout`, `heldout_source`)."""
+    """A finished clean stage output as `clean` writes it: its marker (with `metrics`), and gzipped
+    JSONL shards of datatrove's JsonlWriter records per split (`heldout`, `heldout_source`)."""
     folder.mkdir(parents=True, exist_ok=True)
     for split, texts in splits.items():
-        write_jsonl_gz(folder / split / "000_00000.jsonl.gz",
-                       [{"text": text, "id": f"{split}/{index}", "metadata": {"minhash_cluster_size": 1}}
-                        for index, text in enumerate(texts)])
-    (folder / "_SUCCESS.json").write_text(json.dumps({"stage": "clean", "lang": folder.parent.name,
-                                                      "config_hash": f"test-{folder.parent.name}",
-                                                      "metrics": metrics or {}}))
+        write_jsonl_gz(
+            folder / split / "000_00000.jsonl.gz",
+            [
+                {"text": text, "id": f"{split}/{index}", "metadata": {"minhash_cluster_size": 1}}
+                for index, text in enumerate(texts)
+            ],
+        )
+    (folder / "_SUCCESS.json").write_text(
+        json.dumps(
+            {
+                "stage": "clean",
+                "lang": folder.parent.name,
+                "config_hash": f"test-{folder.parent.name}",
+                "metrics": metrics or {},
+            }
+        )
+    )
     return folder
 
 
-def _trained_output(work: Path, stage: str, model_folder: Path, lang: str = "nob", metrics: dict | None = None) -> None:
+def _trained_output(
+    work: Path, stage: str, model_folder: Path, lang: str = "nob", metrics: dict | None = None
+) -> None:
     """A finished warmup or pretrain output whose exported model is `model_folder`."""
     shutil.copytree(model_folder, work / lang / stage / "hf")
-    (work / lang / stage / "_SUCCESS.json").write_text(json.dumps({"stage": stage, "lang": lang,
-                                                                   "config_hash": f"test-{stage}",
-                                                                   "metrics": metrics or {}}))
+    (work / lang / stage / "_SUCCESS.json").write_text(
+        json.dumps(
+            {"stage": stage, "lang": lang, "config_hash": f"test-{stage}", "metrics": metrics or {}}
+        )
+    )
 
 
 def _variant(english_base: Path, folder: Path, noise: float) -> Path:
-    """The English base with Gaussian noise of standard deviation `noise` on every weight (its tokenizer kept); with
-    noise=None a random model of its shape."""
+    """The English base with Gaussian noise of standard deviation `noise` on every weight (its
+    tokenizer kept); with noise=None a random model of its shape."""
     model = load_base(str(english_base))
     torch.manual_seed(1)
     if noise is None:
@@ -216,58 +335,94 @@ def _variant(english_base: Path, folder: Path, noise: float) -> Path:
     return to_hf(model, folder, tokenizer=english_base)
 
 
-def test_the_base_languages_text_is_a_source_its_clean_stage_held_out_whole_when_there_is_one(tmp_path):
+def test_the_base_languages_text_is_a_source_its_clean_stage_held_out_whole_when_there_is_one(
+    tmp_path,
+):
     from omegaconf import OmegaConf
 
     from pipeline.config import PipelineConfig
     from pipeline.evaluation.texts import HELDOUT_SOURCE_SPLIT, HELDOUT_SPLIT, base_lang_sets
     from pipeline.languages import LANGUAGES, language_config
 
-    cfg = OmegaConf.to_object(OmegaConf.merge(
-        OmegaConf.structured(PipelineConfig), {"lang": OmegaConf.structured(language_config("nob", LANGUAGES["nob"]))},
-        {"stage": "evaluate", "work_dir": str(tmp_path / "work")}))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(PipelineConfig),
+            {"lang": OmegaConf.structured(language_config("nob", LANGUAGES["nob"]))},
+            {"stage": "evaluate", "work_dir": str(tmp_path / "work")},
+        )
+    )
     eng = tmp_path / "work" / "eng" / "clean"
     _clean_output(eng, {"heldout": ["Pages of a book the replay reads."]})
     assert [text_set.split for text_set in base_lang_sets(cfg)] == [HELDOUT_SPLIT]
-    # the replay repeats the books it reads: a book it never reads is the fairer test, and comes first
+    # the replay repeats the books it reads: a book it never reads is the fairer test, and comes
+    # first
     _clean_output(eng, {"heldout_source": ["A book it never reads."]})
-    chosen, = base_lang_sets(cfg)
+    (chosen,) = base_lang_sets(cfg)
     assert chosen.split == HELDOUT_SOURCE_SPLIT and str(eng / HELDOUT_SOURCE_SPLIT) in chosen.where
-    # Several held-out sources (the table's English: a novel, and UD's web text, a kind the replay never reads): a set
-    # each, with its own documents only.
+    # Several held-out sources (the table's English: a novel, and UD's web text, a kind the replay
+    # never reads): a set each, with its own documents only.
     book, web = "*Sherlock-Holmes*", "ud_*"
     _clean_output(eng, {}, metrics={"heldout_source_patterns": [book, web]})
-    write_jsonl_gz(eng / HELDOUT_SOURCE_SPLIT / "000_00000.jsonl.gz", [
-        {"text": "A book it never reads.", "id": "b", "metadata": {"raw_file": "gutenberg.jsonl.gz",
-                                                                  "source": "GITenberg/The-Sherlock-Holmes_1661"}},
-        *({"text": text, "id": text, "metadata": {"raw_file": "ud_test.jsonl.gz", "source": "UD_English-EWT"}}
-          for text in ("A review.", "An email."))])
+    write_jsonl_gz(
+        eng / HELDOUT_SOURCE_SPLIT / "000_00000.jsonl.gz",
+        [
+            {
+                "text": "A book it never reads.",
+                "id": "b",
+                "metadata": {
+                    "raw_file": "gutenberg.jsonl.gz",
+                    "source": "GITenberg/The-Sherlock-Holmes_1661",
+                },
+            },
+            *(
+                {
+                    "text": text,
+                    "id": text,
+                    "metadata": {"raw_file": "ud_test.jsonl.gz", "source": "UD_English-EWT"},
+                }
+                for text in ("A review.", "An email.")
+            ),
+        ],
+    )
     sets = base_lang_sets(cfg)
     assert [text_set.name for text_set in sets] == [f"base_lang:{book}", f"base_lang:{web}"]
-    assert [[text for text, _ in text_set.records(tmp_path / "scratch", 10**6)] for text_set in sets] == [
-        ["A book it never reads."], ["A review.", "An email."]]
+    assert [
+        [text for text, _ in text_set.records(tmp_path / "scratch", 10**6)] for text_set in sets
+    ] == [["A book it never reads."], ["A review.", "An email."]]
     assert sets[0].identity() != sets[1].identity()
 
 
-def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(tmp_path, english_base):
+def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(
+    tmp_path, english_base
+):
     nob = [record["text"] for record in read_jsonl_gz(DATA / "nob")]
-    eng = [record["text"][:400] for record in read_jsonl_gz(DATA / "eng") if record["id"].startswith("UD_")]
+    eng = [
+        record["text"][:400]
+        for record in read_jsonl_gz(DATA / "eng")
+        if record["id"].startswith("UD_")
+    ]
     heldout, heldout_source, eng_heldout = nob[300:306], [text[:150] for text in nob[:3]], eng[:8]
     work = tmp_path / "work"
     _clean_output(work / "nob" / "clean", {"heldout": heldout, "heldout_source": heldout_source})
     _clean_output(work / "eng" / "clean", {"heldout": eng_heldout})
-    # base: the English model blurred by noise; warmup: the English model itself (better everywhere); pretrain: a
-    # random model of that shape (worse everywhere).
+    # base: the English model blurred by noise; warmup: the English model itself (better
+    # everywhere); pretrain: a random model of that shape (worse everywhere).
     base = _variant(english_base, tmp_path / "blurred", noise=0.05)
-    # The training stages' own held-out rows (short documents: one window each), as they keep them; warmup logged
-    # the true score of its model on them (transformers'), pretrain a wrong one.
+    # The training stages' own held-out rows (short documents: one window each), as they keep them;
+    # warmup logged the true score of its model on them (transformers'), pretrain a wrong one.
     start_id = token_roles(english_base, load_tokenizer(str(english_base)))["eos"]
     training_texts = [text[:150] for text in nob[10:14]]
-    rows = scoring_rows(training_texts, load_tokenizer(str(english_base)), start_id, 128, 64).padded_to(4)
+    rows = scoring_rows(
+        training_texts, load_tokenizer(str(english_base)), start_id, 128, 64
+    ).padded_to(4)
     logged = _independent_bits_per_byte(english_base, training_texts, start_id)
     _trained_output(work, "warmup", english_base, metrics={"heldout_bpb_after": logged})
-    _trained_output(work, "pretrain", _variant(english_base, tmp_path / "random", noise=None),
-                    metrics={"heldout_bpb_after": 1.0})
+    _trained_output(
+        work,
+        "pretrain",
+        _variant(english_base, tmp_path / "random", noise=None),
+        metrics={"heldout_bpb_after": 1.0},
+    )
     for stage in ("warmup", "pretrain"):
         save_rows(rows, work / "nob" / stage / "heldout.npz")
     options = ("stage=evaluate", "lang=nob", f"model.base={base}")
@@ -281,35 +436,62 @@ def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(
         assert report["sets"][name]["documents"] == len(texts)
         assert report["sets"][name]["bytes"] == sum(len(text.encode("utf-8")) for text in texts)
     assert "eng" in report["sets"]["base_lang"]["title"]
-    # The held-out source's text is what was scored: the base's score is transformers' on those documents.
+    # The held-out source's text is what was scored: the base's score is transformers' on those
+    # documents.
     assert report["scores"]["base"]["heldout_source"]["bits_per_byte"] == pytest.approx(
-        _independent_bits_per_byte(base, heldout_source, start_id), rel=1e-4)
+        _independent_bits_per_byte(base, heldout_source, start_id), rel=1e-4
+    )
 
     bpb = marker(work, "nob", "evaluate")["metrics"]["bits_per_byte"]
-    assert list(bpb) == ["base", "warmup", "pretrain"] and all(list(bpb[model]) == sets for model in bpb)
-    assert all(bpb[model][name] == report["scores"][model][name]["bits_per_byte"] for model in bpb for name in sets)
+    assert list(bpb) == ["base", "warmup", "pretrain"] and all(
+        list(bpb[model]) == sets for model in bpb
+    )
+    assert all(
+        bpb[model][name] == report["scores"][model][name]["bits_per_byte"]
+        for model in bpb
+        for name in sets
+    )
     for name in sets:
         assert bpb["warmup"][name] < bpb["base"][name] < bpb["pretrain"][name], (name, bpb)
-    expected = [{"model": "pretrain", "set": name, "bits_per_byte": bpb["pretrain"][name],
-                 "base_bits_per_byte": bpb["base"][name]} for name in sets]
-    assert report["regressions"] == expected == marker(work, "nob", "evaluate")["metrics"]["regressions"]
+    expected = [
+        {
+            "model": "pretrain",
+            "set": name,
+            "bits_per_byte": bpb["pretrain"][name],
+            "base_bits_per_byte": bpb["base"][name],
+        }
+        for name in sets
+    ]
+    assert (
+        report["regressions"]
+        == expected
+        == marker(work, "nob", "evaluate")["metrics"]["regressions"]
+    )
     markdown = (out / "report.md").read_text(encoding="utf-8")
     for title in (report["sets"][name]["title"] for name in sets):
         line = f"WARNING: pretrain is worse than the base model on the {title} set"
         assert line in result.stderr and f"**{line}" in markdown
     assert "warmup is worse" not in markdown + result.stderr
-    # The exported models rescore their stages' own held-out rows: warmup's agrees with what it logged, pretrain's
-    # logged number is not what its model gives, and the report says so.
+    # The exported models rescore their stages' own held-out rows: warmup's agrees with what it
+    # logged, pretrain's logged number is not what its model gives, and the report says so.
     reproduced = report["training_heldout"]
-    assert reproduced["warmup"]["rescored"] == pytest.approx(logged, rel=1e-4) and reproduced["warmup"]["agree"]
+    assert (
+        reproduced["warmup"]["rescored"] == pytest.approx(logged, rel=1e-4)
+        and reproduced["warmup"]["agree"]
+    )
     assert reproduced["warmup"]["documents"] == 4 and reproduced["warmup"]["seq_len"] == 128
     assert not reproduced["pretrain"]["agree"] and reproduced["pretrain"]["rescored"] > 5
     disagreement = "WARNING: pretrain's exported model scores"
-    assert disagreement in result.stderr and f"**{disagreement}" in markdown and "warmup's exported" not in \
-        "".join(line for line in markdown.splitlines() if line.startswith("**"))
+    assert (
+        disagreement in result.stderr
+        and f"**{disagreement}" in markdown
+        and "warmup's exported"
+        not in "".join(line for line in markdown.splitlines() if line.startswith("**"))
+    )
     assert marker(work, "nob", "evaluate")["metrics"]["training_heldout"]["warmup"]["agree"] is True
 
-    # The base language's text enters the stage's hash: without it the stage runs again and skips that set.
+    # The base language's text enters the stage's hash: without it the stage runs again and skips
+    # that set.
     (work / "eng" / "clean" / "_SUCCESS.json").unlink()
     again = run_cli(*options, cwd=tmp_path)
     assert "Running evaluate for nob" in again.stderr

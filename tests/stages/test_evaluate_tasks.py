@@ -1,6 +1,7 @@
-"""Downstream tasks in stage `evaluate`: the two layouts read and checked (bad files named by file, line and field
-before any model loads), the scorings against independent computations, the intervals, and the tasks built from
-held-out text, on which the trained English base beats chance and a random model."""
+"""Downstream tasks in stage `evaluate`: the two layouts read and checked (bad files named by file,
+line and field before any model loads), the scorings against independent computations, the
+intervals, and the tasks built from held-out text, on which the trained English base beats chance
+and a random model."""
 
 from __future__ import annotations
 
@@ -16,8 +17,14 @@ from pipeline.errors import StageError
 from pipeline.evaluation.eval_config import TaskConfig
 from pipeline.evaluation.task_builder import source_label
 from pipeline.evaluation.task_files import read_task
-from pipeline.evaluation.task_scoring import (ScoringModel, continuation_log_likelihoods, fit_probe, prompt, shots,
-                                              wilson_interval)
+from pipeline.evaluation.task_scoring import (
+    ScoringModel,
+    continuation_log_likelihoods,
+    fit_probe,
+    prompt,
+    shots,
+    wilson_interval,
+)
 from pipeline.model.files import load_base
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 from tests.conftest import DATA, marker, read_jsonl_gz, run_cli, write_jsonl_gz
@@ -25,7 +32,8 @@ from tests.stages.test_evaluate import _clean_output, _trained_output, _variant
 
 
 def test_wilson_interval_matches_the_published_values():
-    # Wilson (1927) as tabulated by Newcombe (1998), Statistics in Medicine 17, table I: 95% intervals.
+    # Wilson (1927) as tabulated by Newcombe (1998), Statistics in Medicine 17, table I: 95%
+    # intervals.
     assert wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
     assert wilson_interval(15, 148) == pytest.approx((0.0624, 0.1605), abs=1e-4)
     assert wilson_interval(0, 20) == pytest.approx((0.0, 0.1611), abs=1e-4)
@@ -53,16 +61,28 @@ def _write_tsv(path: Path, rows: list[tuple], header=("index_id", "category", "t
 
 
 def _sib(folder: Path, test_label: str = "sport") -> Path:
-    _write_tsv(folder / "train.tsv", [(0, "sport", "Laget vant kampen."), (1, "politikk", "Stortinget vedtok loven.")])
+    _write_tsv(
+        folder / "train.tsv",
+        [(0, "sport", "Laget vant kampen."), (1, "politikk", "Stortinget vedtok loven.")],
+    )
     _write_tsv(folder / "dev.tsv", [(2, "sport", "Hun løp fort.")])
-    _write_tsv(folder / "test.tsv", [(3, "politikk", "Regjeringen gikk av."), (4, test_label, "Målvakten reddet.")])
+    _write_tsv(
+        folder / "test.tsv",
+        [(3, "politikk", "Regjeringen gikk av."), (4, test_label, "Målvakten reddet.")],
+    )
     return folder
 
 
 def _belebele_record(**changes) -> dict:
-    record = {"flores_passage": "Oslo er hovedstaden i Norge.", "question": "Hva er hovedstaden?",
-              "mc_answer1": "Bergen", "mc_answer2": "Oslo", "mc_answer3": "Tromsø", "mc_answer4": "Stavanger",
-              "correct_answer_num": 2}
+    record = {
+        "flores_passage": "Oslo er hovedstaden i Norge.",
+        "question": "Hva er hovedstaden?",
+        "mc_answer1": "Bergen",
+        "mc_answer2": "Oslo",
+        "mc_answer3": "Tromsø",
+        "mc_answer4": "Stavanger",
+        "correct_answer_num": 2,
+    }
     return {**record, **changes}
 
 
@@ -75,25 +95,54 @@ def _jsonl(path: Path, records: list[dict], blank_line_after: int = -1) -> Path:
 
 
 def _read(layout: str, path: Path, tmp_path: Path):
-    return read_task(TaskConfig(layout=layout, path=str(path), language="nob", k=1), tmp_path / "scratch")
+    return read_task(
+        TaskConfig(layout=layout, path=str(path), language="nob", k=1), tmp_path / "scratch"
+    )
 
 
 def test_both_layouts_are_read_with_datasets(tmp_path):
     sib = _read("sib200", _sib(tmp_path / "sib"), tmp_path)
-    assert sib.name == "sib" and sib.labels == ("politikk", "sport") and len(sib.train) == 2 and len(sib.test) == 2
+    assert (
+        sib.name == "sib"
+        and sib.labels == ("politikk", "sport")
+        and len(sib.train) == 2
+        and len(sib.test) == 2
+    )
     assert sib.test[1].text == "Målvakten reddet." and sib.test[1].label == "sport"
-    assert prompt(sib, 0) == f"{shots(sib, 0)[0].text}\nCategory: {shots(sib, 0)[0].label}\n\nRegjeringen gikk av." \
-                             "\nCategory:"
-    belebele = _read("belebele", _jsonl(tmp_path / "nob_Latn.jsonl", [_belebele_record(),
-                                                                       _belebele_record(correct_answer_num="4")]),
-                     tmp_path)
+    assert (
+        prompt(sib, 0)
+        == f"{shots(sib, 0)[0].text}\nCategory: {shots(sib, 0)[0].label}\n\nRegjeringen gikk av."
+        "\nCategory:"
+    )
+    belebele = _read(
+        "belebele",
+        _jsonl(
+            tmp_path / "nob_Latn.jsonl",
+            [_belebele_record(), _belebele_record(correct_answer_num="4")],
+        ),
+        tmp_path,
+    )
     assert belebele.name == "nob_Latn" and [q.correct for q in belebele.questions] == [1, 3]
-    assert belebele.questions[0].answers[1] == "Oslo" and belebele.questions[0].question == "Hva er hovedstaden?"
+    assert (
+        belebele.questions[0].answers[1] == "Oslo"
+        and belebele.questions[0].question == "Hva er hovedstaden?"
+    )
 
 
-@pytest.mark.parametrize("case", ["missing file", "missing column", "label outside the set", "empty split",
-                                  "answer number 5", "answer number text", "empty answer", "not a folder",
-                                  "malformed line"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing file",
+        "missing column",
+        "label outside the set",
+        "empty split",
+        "answer number 5",
+        "answer number text",
+        "empty answer",
+        "not a folder",
+        "malformed line",
+    ],
+)
 def test_a_bad_task_file_is_named_with_its_line_and_field(tmp_path, case):
     records = [_belebele_record(), _belebele_record(), _belebele_record()]
     if case == "missing file":
@@ -103,11 +152,18 @@ def test_a_bad_task_file_is_named_with_its_line_and_field(tmp_path, case):
         layout, path = "sib200", folder
     elif case == "missing column":
         folder = _sib(tmp_path / "sib")
-        _write_tsv(folder / "test.tsv", [(3, "sport", "Tekst.")], header=("index_id", "label", "text"))
+        _write_tsv(
+            folder / "test.tsv", [(3, "sport", "Tekst.")], header=("index_id", "label", "text")
+        )
         expected = [str(folder / "test.tsv"), "the header", "`category`", "the column is missing"]
         layout, path = "sib200", folder
     elif case == "label outside the set":
-        expected = [str(tmp_path / "sib" / "test.tsv"), "line 3", "`category`", "'kultur' is not a category"]
+        expected = [
+            str(tmp_path / "sib" / "test.tsv"),
+            "line 3",
+            "`category`",
+            "'kultur' is not a category",
+        ]
         layout, path = "sib200", _sib(tmp_path / "sib", test_label="kultur")
     elif case == "empty split":
         folder = _sib(tmp_path / "sib")
@@ -116,15 +172,20 @@ def test_a_bad_task_file_is_named_with_its_line_and_field(tmp_path, case):
         layout, path = "sib200", folder
     elif case == "malformed line":
         path = _jsonl(tmp_path / "nob_Latn.jsonl", records, blank_line_after=0)
-        path.write_text(path.read_text(encoding="utf-8") + '{"flores_passage": "cut sh\n', encoding="utf-8")
+        path.write_text(
+            path.read_text(encoding="utf-8") + '{"flores_passage": "cut sh\n', encoding="utf-8"
+        )
         expected = [str(path), "line 5: not a JSON object"]
         layout = "belebele"
     elif case == "not a folder":
         expected = ["is not a folder"]
         layout, path = "sib200", _jsonl(tmp_path / "x.jsonl", records)
     else:
-        field, value = {"answer number 5": ("correct_answer_num", 5), "answer number text": ("correct_answer_num", "B"),
-                        "empty answer": ("mc_answer3", " ")}[case]
+        field, value = {
+            "answer number 5": ("correct_answer_num", 5),
+            "answer number text": ("correct_answer_num", "B"),
+            "empty answer": ("mc_answer3", " "),
+        }[case]
         records[2] = _belebele_record(**{field: value})
         # a blank line before the bad record: the line number is still the file's
         path = _jsonl(tmp_path / "nob_Latn.jsonl", records, blank_line_after=0)
@@ -136,15 +197,17 @@ def test_a_bad_task_file_is_named_with_its_line_and_field(tmp_path, case):
         assert part in str(error.value), (part, str(error.value))
 
 
-def _independent_log_likelihood(hf_model, tokenizer, start_id, context: str, continuation: str, window: int) -> float:
-    """transformers' model on the start token, the context and the continuation (the last `window` + 1 tokens):
-    the summed log-probabilities of the continuation's tokens."""
+def _independent_log_likelihood(
+    hf_model, tokenizer, start_id, context: str, continuation: str, window: int
+) -> float:
+    """transformers' model on the start token, the context and the continuation (the last `window` +
+    1 tokens): the summed log-probabilities of the continuation's tokens."""
     context_ids = tokenizer.encode(context, add_special_tokens=False).ids
     continuation_ids = tokenizer.encode(continuation, add_special_tokens=False).ids
-    ids = torch.tensor([[start_id, *context_ids, *continuation_ids][-(window + 1):]])
+    ids = torch.tensor([[start_id, *context_ids, *continuation_ids][-(window + 1) :]])
     with torch.no_grad():
         log_probs = F.log_softmax(hf_model(ids[:, :-1]).logits[0].double(), dim=-1)
-    return float(log_probs.gather(-1, ids[0, 1:, None])[-len(continuation_ids):].sum())
+    return float(log_probs.gather(-1, ids[0, 1:, None])[-len(continuation_ids) :].sum())
 
 
 def test_log_likelihoods_and_hidden_states_match_transformers(english_base):
@@ -154,15 +217,26 @@ def test_log_likelihoods_and_hidden_states_match_transformers(english_base):
     model, tokenizer = load_base(str(english_base)).eval(), load_tokenizer(str(english_base))
     start_id = token_roles(english_base, tokenizer)["eos"]
     # the second context is longer than the window: it loses its start, never the answer
-    pairs = [("The cat sat on the", " mat"), (("It was a dark and stormy night. " * 40).strip(), " The rain fell."),
-             ("", " Once upon a time"), ("Question: what is two and two?", "\nfour")]
+    pairs = [
+        ("The cat sat on the", " mat"),
+        (("It was a dark and stormy night. " * 40).strip(), " The rain fell."),
+        ("", " Once upon a time"),
+        ("Question: what is two and two?", "\nfour"),
+    ]
     window = model.cfg.max_seq_len
     assert len(tokenizer.encode(pairs[1][0]).ids) > window
-    scorer = ScoringModel(model, tokenizer, start_id, window, batch_size=3, device=torch.device("cpu"))
+    scorer = ScoringModel(
+        model, tokenizer, start_id, window, batch_size=3, device=torch.device("cpu")
+    )
     ours = continuation_log_likelihoods(scorer, pairs)
     for value, (context, continuation) in zip(ours, pairs):
-        assert value == pytest.approx(_independent_log_likelihood(hf_model, tokenizer, start_id, context,
-                                                                  continuation, window), rel=1e-4, abs=1e-4)
+        assert value == pytest.approx(
+            _independent_log_likelihood(
+                hf_model, tokenizer, start_id, context, continuation, window
+            ),
+            rel=1e-4,
+            abs=1e-4,
+        )
 
     ids = torch.tensor([[start_id, *tokenizer.encode("The whale swam past the ship.").ids]])
     with torch.no_grad():
@@ -172,15 +246,23 @@ def test_log_likelihoods_and_hidden_states_match_transformers(english_base):
 
 
 def _english_heldout() -> list[dict]:
-    """Held-out English documents as the clean stage writes them: Gutenberg books (cut short) and UD sentences, each
-    with its raw file in the metadata."""
+    """Held-out English documents as the clean stage writes them: Gutenberg books (cut short) and UD
+    sentences, each with its raw file in the metadata."""
     records = read_jsonl_gz(DATA / "eng")
     books = [record for record in records if not record["id"].startswith("UD_")][:12]
     sentences = [record for record in records if record["id"].startswith("UD_")][:240]
-    chosen = [{"text": record["text"][:3000], "id": record["id"],
-               "metadata": {"raw_file": "gutenberg_pd_books.jsonl.gz"}} for record in books]
-    chosen += [{"text": record["text"], "id": record["id"], "metadata": {"raw_file": "ud_dev.jsonl.gz"}}
-               for record in sentences]
+    chosen = [
+        {
+            "text": record["text"][:3000],
+            "id": record["id"],
+            "metadata": {"raw_file": "gutenberg_pd_books.jsonl.gz"},
+        }
+        for record in books
+    ]
+    chosen += [
+        {"text": record["text"], "id": record["id"], "metadata": {"raw_file": "ud_dev.jsonl.gz"}}
+        for record in sentences
+    ]
     return chosen[::2] + chosen[1::2]  # books and sentences mixed, in a fixed order
 
 
@@ -195,19 +277,42 @@ def test_held_out_tasks_beat_chance_and_a_random_model(tmp_path, english_base):
     work = tmp_path / "work"
     clean = _clean_output(work / "eng" / "clean", {})
     write_jsonl_gz(clean / "heldout" / "000_00000.jsonl.gz", records)
-    _trained_output(work, "pretrain", _variant(english_base, tmp_path / "random", noise=None), lang="eng")
-    user_task = _jsonl(tmp_path / "capitals.jsonl", [_belebele_record(), _belebele_record(correct_answer_num=1)])
+    _trained_output(
+        work, "pretrain", _variant(english_base, tmp_path / "random", noise=None), lang="eng"
+    )
+    user_task = _jsonl(
+        tmp_path / "capitals.jsonl", [_belebele_record(), _belebele_record(correct_answer_num=1)]
+    )
     tasks = f"eval.tasks=[{{layout:belebele,path:{user_task},language:nob,name:capitals}}]"
-    options = ("stage=evaluate", "lang=eng", f"model.base={english_base}", "eval.max_bytes=200000", tasks)
+    options = (
+        "stage=evaluate",
+        "lang=eng",
+        f"model.base={english_base}",
+        "eval.max_bytes=200000",
+        tasks,
+    )
     run_cli(*options, cwd=tmp_path)
 
     out = work / "eng" / "evaluate"
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-    assert list(report["tasks"]) == ["capitals", "source", "continuation"] and report["skipped_tasks"] == {}
+    assert (
+        list(report["tasks"]) == ["capitals", "source", "continuation"]
+        and report["skipped_tasks"] == {}
+    )
     source, continuation = report["tasks"]["source"], report["tasks"]["continuation"]
-    assert source["labels"] == ["gutenberg", "ud"] and source["test"] >= 40 and continuation["test"] >= 150
-    assert Path(source["path"]) == out / "tasks" / "source" and (out / "tasks" / "source" / "test.tsv").is_file()
-    assert Path(continuation["path"]) == out / "tasks" / "continuation.jsonl" and Path(continuation["path"]).is_file()
+    assert (
+        source["labels"] == ["gutenberg", "ud"]
+        and source["test"] >= 40
+        and continuation["test"] >= 150
+    )
+    assert (
+        Path(source["path"]) == out / "tasks" / "source"
+        and (out / "tasks" / "source" / "test.tsv").is_file()
+    )
+    assert (
+        Path(continuation["path"]) == out / "tasks" / "continuation.jsonl"
+        and Path(continuation["path"]).is_file()
+    )
     for task in report["tasks"].values():
         assert list(task["results"]) == ["base", "pretrain"]
         for by_scoring in task["results"].values():
@@ -215,10 +320,17 @@ def test_held_out_tasks_beat_chance_and_a_random_model(tmp_path, english_base):
                 low, high = result["interval_95"]
                 assert low <= result["accuracy"] <= high and result["n"] == task["test"]
                 assert (low, high) == pytest.approx(wilson_interval(result["correct"], result["n"]))
-    assert list(source["results"]["base"]) == ["linear probe", "5-shot log-likelihood",
-                                               "5-shot log-likelihood per byte", "5-shot gain over no context"]
-    assert list(continuation["results"]["base"]) == ["log-likelihood", "log-likelihood per byte",
-                                                     "gain over no context"]
+    assert list(source["results"]["base"]) == [
+        "linear probe",
+        "5-shot log-likelihood",
+        "5-shot log-likelihood per byte",
+        "5-shot gain over no context",
+    ]
+    assert list(continuation["results"]["base"]) == [
+        "log-likelihood",
+        "log-likelihood per byte",
+        "gain over no context",
+    ]
     trained, random = continuation["results"]["base"], continuation["results"]["pretrain"]
     gain = "gain over no context"
     # The trained model reads the passage: above chance by its interval, and above the random model.

@@ -1,5 +1,5 @@
-"""The stage contract on toy stages: markers, skipping, invalidation, atomic output, missing inputs, interrupted runs
-under another config, the stage lock, damaged inputs, moved work folders."""
+"""The stage contract on toy stages: markers, skipping, invalidation, atomic output, missing inputs,
+interrupted runs under another config, the stage lock, damaged inputs, moved work folders."""
 
 from __future__ import annotations
 
@@ -89,7 +89,10 @@ def test_unchanged_is_skipped_and_changed_reruns(cfg):
 def test_rerun_invalidates_later_stages_and_their_hash_follows(cfg, tmp_path):
     execute(FIRST, cfg, downstream=("second",))
     second = execute(SECOND, cfg)
-    assert second["inputs"]["first"]["config_hash"] == read_marker(tmp_path / "nob" / "first")["config_hash"]
+    assert (
+        second["inputs"]["first"]["config_hash"]
+        == read_marker(tmp_path / "nob" / "first")["config_hash"]
+    )
     cfg.first.size = 2
     execute(FIRST, cfg, downstream=("second",))
     assert not (tmp_path / "nob" / "second" / MARKER).exists()
@@ -99,7 +102,10 @@ def test_rerun_invalidates_later_stages_and_their_hash_follows(cfg, tmp_path):
 
 
 def test_missing_input_names_the_stage_to_run_first(cfg):
-    with pytest.raises(StageError, match=r"needs the output of stage `first`.*python -m pipeline stage=first lang=nob"):
+    with pytest.raises(
+        StageError,
+        match=r"needs the output of stage `first`.*python -m pipeline stage=first lang=nob",
+    ):
         execute(SECOND, cfg)
 
 
@@ -128,7 +134,7 @@ def test_failed_stage_leaves_no_output_that_looks_complete(cfg, tmp_path):
     assert not list((tmp_path / "nob").glob(".first.replaced-*"))
 
 
-# -- interrupted runs under another config, the lock, damaged inputs, moved work folders -------------------------------
+# -- interrupted runs under another config, the lock, damaged inputs, moved work folders -----------
 
 
 def _interrupted(run):
@@ -140,9 +146,15 @@ def _interrupted(run):
     return {"size": run.cfg.first.size}
 
 
-TRAINER = Stage("trainer", _interrupted, config_sections=("first",), unhashed_keys=("first.workers",),
-                resumable_keys=("first.size",), check_resume=lambda folder, cfg: [] if cfg.first.size < 9 else ["9"],
-                kept_state=lambda folder: "a state file" if (folder / "state.txt").is_file() else "")
+TRAINER = Stage(
+    "trainer",
+    _interrupted,
+    config_sections=("first",),
+    unhashed_keys=("first.workers",),
+    resumable_keys=("first.size",),
+    check_resume=lambda folder, cfg: [] if cfg.first.size < 9 else ["9"],
+    kept_state=lambda folder: "a state file" if (folder / "state.txt").is_file() else "",
+)
 
 
 def _interrupt(cfg):
@@ -166,17 +178,29 @@ def test_a_run_continues_an_interrupted_one_when_only_resumable_keys_changed(cfg
 def test_another_change_is_refused_naming_the_keys_and_nothing_is_touched(cfg, tmp_path):
     execute(FIRST, cfg, downstream=("trainer",))
     _interrupt(cfg)
-    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name)
+    before = sorted(
+        str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name
+    )
     cfg.first.size = 9  # resumable, but the stage's own check refuses it
     with pytest.raises(StageError, match=r"first\.size.*9"):
         execute(TRAINER, cfg)
     cfg.second.size = 2
     with pytest.raises(StageError) as refused:
-        execute(Stage("trainer", _interrupted, config_sections=("first", "second"), resumable_keys=("first.size",),
-                      kept_state=TRAINER.kept_state), cfg)
+        execute(
+            Stage(
+                "trainer",
+                _interrupted,
+                config_sections=("first", "second"),
+                resumable_keys=("first.size",),
+                kept_state=TRAINER.kept_state,
+            ),
+            cfg,
+        )
     message = str(refused.value)
     assert "a state file" in message and "second" in message and "resume=never" in message
-    assert before == sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name)
+    assert before == sorted(
+        str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if ".lock" not in p.name
+    )
 
 
 def test_resume_never_moves_the_interrupted_run_aside_and_starts_again(cfg, tmp_path):
@@ -201,7 +225,9 @@ def test_a_partial_folder_with_nothing_to_continue_from_is_removed(cfg, tmp_path
 
 def test_a_second_run_of_a_running_stage_is_refused_naming_its_holder(cfg):
     def nested(run):
-        with pytest.raises(StageError, match=rf"already running.*host {socket.gethostname()}, pid {os.getpid()}"):
+        with pytest.raises(
+            StageError, match=rf"already running.*host {socket.gethostname()}, pid {os.getpid()}"
+        ):
             execute(FIRST, run.cfg)
         return {"ok": 1}
 
@@ -209,36 +235,50 @@ def test_a_second_run_of_a_running_stage_is_refused_naming_its_holder(cfg):
 
 
 def test_the_lock_of_a_dead_run_is_taken_over(cfg, tmp_path, monkeypatch, caplog):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     lock = tmp_path / "nob" / ".first.lock"
     lock.parent.mkdir(parents=True)
-    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout), "started": "earlier"}))
+    lock.write_text(
+        json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout), "started": "earlier"})
+    )
     with caplog.at_level("INFO"):
         execute(FIRST, cfg)
     assert "Taking over the lock" in caplog.text and lock.read_text() == ""
 
-    # Without flock (Lustre mounted without -o flock) the recorded holder decides: a live one refuses.
+    # Without flock (Lustre mounted without -o flock) the recorded holder decides: a live one
+    # refuses.
     def no_flock(handle, operation):
         raise OSError(errno.ENOSYS, "Function not implemented")
 
     monkeypatch.setattr(pipeline.stage_lock.fcntl, "flock", no_flock)
-    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "started": "now"}))
+    lock.write_text(
+        json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "started": "now"})
+    )
     cfg.first.size = 2
     with pytest.raises(StageError, match=rf"already running.*pid {os.getppid()}.*not enforced"):
         execute(FIRST, cfg)
-    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout), "started": "earlier"}))
+    lock.write_text(
+        json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout), "started": "earlier"})
+    )
     assert execute(FIRST, cfg)["metrics"] == {"size": 2}
 
 
 def test_a_damaged_input_names_the_file_and_the_stage_that_made_it(cfg, tmp_path):
     def reads_json(run):
-        return run.read_input(OutputFile(run.input("first") / "out.txt", lambda path: json.loads(path.read_text())))
+        return run.read_input(
+            OutputFile(run.input("first") / "out.txt", lambda path: json.loads(path.read_text()))
+        )
 
     execute(FIRST, cfg)  # out.txt holds "x", which is not JSON
     with pytest.raises(StageError) as damaged:
         execute(Stage("second", reads_json, needs=("first",)), cfg)
     message = str(damaged.value)
-    assert str(tmp_path / "nob" / "first" / "out.txt") in message and "written by the first stage" in message
+    assert (
+        str(tmp_path / "nob" / "first" / "out.txt") in message
+        and "written by the first stage" in message
+    )
     assert "python -m pipeline stage=first lang=nob" in message and MARKER in message
 
 

@@ -1,5 +1,6 @@
-"""The docs cannot drift from the config: every config key that README.md and docs/ name exists, and every default that
-docs/configuration.md's table states as a plain value is the default the config has."""
+"""The docs cannot drift from the config: every config key that README.md and docs/ name exists, and
+every default that docs/configuration.md's table states as a plain value is the default the config
+has."""
 
 from __future__ import annotations
 
@@ -13,12 +14,39 @@ from pipeline.config import CONF_DIR, register_configs
 from tests.conftest import REPO
 
 # The benchmark log is history: it names the options of its day, some since removed.
-PAGES = [REPO / "README.md", *sorted(page for page in (REPO / "docs").rglob("*.md") if page.name != "benchmark-log.md")]
-# A dotted name in backticks, maybe with a value (`clean.tasks=4`) or a `+` to add a key; `.stages` continues the
-# section of the key before it in the same table cell.
+PAGES = [
+    REPO / "README.md",
+    *sorted(page for page in (REPO / "docs").rglob("*.md") if page.name != "benchmark-log.md"),
+]
+# A dotted name in backticks, maybe with a value (`clean.tasks=4`) or a `+` to add a key; `.stages`
+# continues the section of the key before it in the same table cell.
 NAMED = re.compile(r"`\+?([a-z_]*(?:\.[A-Za-z_0-9<>*]+)+)(?:=[^`]*)?`")
-FILE_SUFFIXES = {"json", "md", "py", "yaml", "yml", "safetensors", "gz", "npy", "npz", "txt", "ftz", "bin", "model",
-                 "jsonl", "parquet", "pik", "lock", "sh", "toml", "csv", "tsv", "png", "slurm", "zst"}
+FILE_SUFFIXES = {
+    "json",
+    "md",
+    "py",
+    "yaml",
+    "yml",
+    "safetensors",
+    "gz",
+    "npy",
+    "npz",
+    "txt",
+    "ftz",
+    "bin",
+    "model",
+    "jsonl",
+    "parquet",
+    "pik",
+    "lock",
+    "sh",
+    "toml",
+    "csv",
+    "tsv",
+    "png",
+    "slurm",
+    "zst",
+}
 # Dotted names that are not keys: the workflow's arrays of the base's clean and replay.
 NOT_KEYS = {"clean.base", "replay.base"}
 
@@ -54,17 +82,26 @@ def _resolves(config: DictConfig, key: str) -> bool:
 
 
 def _named_keys(text: str, sections: set[str]) -> list[tuple[str, ...]]:
-    """The config keys a page names, each as the spellings it may have: dotted names whose first part is a config
-    section (files such as `tokenizer.json` and the workflow's arrays left out), and `.key` in the section of any
-    key named before it in its line or list item (a table row: `train.log_every`, `.eval_every`)."""
+    """The config keys a page names, each as the spellings it may have: dotted names whose first
+    part is a config section (files such as `tokenizer.json` and the workflow's arrays left out),
+    and `.key` in the section of any key named before it in its line or list item (a table row:
+    `train.log_every`, `.eval_every`)."""
     keys = []
-    for line in re.sub(r"\n[ \t]+", " ", text).splitlines():  # a list item's indented lines are its own
+    for line in re.sub(
+        r"\n[ \t]+", " ", text
+    ).splitlines():  # a list item's indented lines are its own
         before: list[str] = []
         for name in NAMED.findall(line):
-            spellings = tuple(f"{section}{name}" for section in before) if name.startswith(".") else (name,)
+            spellings = (
+                tuple(f"{section}{name}" for section in before) if name.startswith(".") else (name,)
+            )
             first, last = name.lstrip(".").split(".")[0], name.rsplit(".", 1)[-1]
-            if spellings and (name.startswith(".") or first in sections) and last not in FILE_SUFFIXES \
-                    and name not in NOT_KEYS:
+            if (
+                spellings
+                and (name.startswith(".") or first in sections)
+                and last not in FILE_SUFFIXES
+                and name not in NOT_KEYS
+            ):
                 keys.append(spellings)
                 if not name.startswith("."):
                     before.append(name.rsplit(".", 1)[0])
@@ -79,15 +116,23 @@ def test_every_config_key_the_docs_name_exists(config):
             if not any(_resolves(config, key) for key in spellings):
                 missing.setdefault(str(page.relative_to(REPO)), []).append(" or ".join(spellings))
     assert missing == {}
-    assert len(_named_keys((REPO / "docs" / "configuration.md").read_text(encoding="utf-8"), sections)) > 50
+    assert (
+        len(_named_keys((REPO / "docs" / "configuration.md").read_text(encoding="utf-8"), sections))
+        > 50
+    )
 
 
 def _stated(key: str, default: str, config: DictConfig):
-    """A table's default for `key` as a value, or None when it is prose (`the target x mix.max_epochs`) or another
-    key of the config or of `key`'s section (`workers`, `cpus_per_task`)."""
+    """A table's default for `key` as a value, or None when it is prose (`the target x
+    mix.max_epochs`) or another key of the config or of `key`'s section (`workers`,
+    `cpus_per_task`)."""
     value = default.strip().strip("`").split(" (")[0]
     section = key.rsplit(".", 1)[0] if "." in key else ""
-    if value in config or section and OmegaConf.select(config, f"{section}.{value}", default="absent") != "absent":
+    if (
+        value in config
+        or section
+        and OmegaConf.select(config, f"{section}.{value}", default="absent") != "absent"
+    ):
         return None
     if value in ("true", "false"):
         return value == "true"
@@ -101,16 +146,23 @@ def _stated(key: str, default: str, config: DictConfig):
 
 
 def _demo_keys() -> set[str]:
-    """The keys the demo scale sets (the composed config is the demo's): the table states the defaults, and the page
-    says what the recipe (conf/scale/demo.yaml) changes."""
+    """The keys the demo scale sets (the composed config is the demo's): the table states the
+    defaults, and the page says what the recipe (conf/scale/demo.yaml) changes."""
+
     def flat(node, prefix=""):
         for key, value in node.items():
-            yield from flat(value, f"{prefix}{key}.") if isinstance(value, DictConfig) else [f"{prefix}{key}"]
+            yield from (
+                flat(value, f"{prefix}{key}.")
+                if isinstance(value, DictConfig)
+                else [f"{prefix}{key}"]
+            )
+
     return set(flat(OmegaConf.load(CONF_DIR / "scale" / "demo.yaml")))
 
 
 def test_the_defaults_docs_configuration_states_are_the_configs(config):
-    """Rows `| key | default | meaning |` with one key and a plain default; prose defaults are read by people."""
+    """Rows `| key | default | meaning |` with one key and a plain default; prose defaults are read
+    by people."""
     checked, wrong, demo = 0, {}, _demo_keys()
     for line in (REPO / "docs" / "configuration.md").read_text(encoding="utf-8").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]

@@ -1,5 +1,6 @@
-"""OS errors end a stage with one line that names the path and what to do, exit code 1, never a traceback: a
-read-only file system, permission denied, a full disk, a folder removed while the stage runs."""
+"""OS errors end a stage with one line that names the path and what to do, exit code 1, never a
+traceback: a read-only file system, permission denied, a full disk, a folder removed while the stage
+runs."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ import pytest
 
 from tests.conftest import cli_env, run_cli
 
-# Root makes file systems (tmpfs) and sets the immutable flag, the only ways to stop root from writing.
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts tmpfs file systems and runs chattr")
+# Root makes file systems (tmpfs) and sets the immutable flag, the only ways to stop root from
+# writing.
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root: mounts tmpfs file systems and runs chattr"
+)
 
-# Runs the CLI as `python -m pipeline` does, with an audit hook that acts once, the moment the clean stage opens its
-# first file in its partial folder (bad_records/file_names.jsonl): a disk that fills up or a folder removed while
-# the stage runs, at the same point every time.
+# Runs the CLI as `python -m pipeline` does, with an audit hook that acts once, the moment the clean
+# stage opens its first file in its partial folder (bad_records/file_names.jsonl): a disk that fills
+# up or a folder removed while the stage runs, at the same point every time.
 WHILE_RUNNING = """
 import logging, os, runpy, shutil, sys
 done = []
@@ -45,7 +49,9 @@ REMOVE_PARTIAL = "shutil.rmtree(os.path.dirname(os.path.dirname(args[0])))"
 @contextlib.contextmanager
 def tmpfs(folder: Path, *options: str):
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(folder)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(folder)], check=True
+    )
     try:
         yield folder
     finally:
@@ -60,11 +66,23 @@ def raw_corpus(folder: Path) -> Path:
     return folder
 
 
-def run_while_running(action: str, cwd: Path, *overrides: str, **env: str) -> subprocess.CompletedProcess:
-    """The CLI in a process of its own, without HYDRA_FULL_ERROR (as users run it), `action` done in the stage."""
+def run_while_running(
+    action: str, cwd: Path, *overrides: str, **env: str
+) -> subprocess.CompletedProcess:
+    """The CLI in a process of its own, without HYDRA_FULL_ERROR (as users run it), `action` done in
+    the stage."""
     environment = {key: value for key, value in cli_env().items() if key != "HYDRA_FULL_ERROR"}
-    command = [sys.executable, "-c", WHILE_RUNNING.format(action=action), "stage=clean", "lang=nob", *overrides]
-    return subprocess.run(command, cwd=cwd, env={**environment, **env}, capture_output=True, text=True, timeout=300)
+    command = [
+        sys.executable,
+        "-c",
+        WHILE_RUNNING.format(action=action),
+        "stage=clean",
+        "lang=nob",
+        *overrides,
+    ]
+    return subprocess.run(
+        command, cwd=cwd, env={**environment, **env}, capture_output=True, text=True, timeout=300
+    )
 
 
 def one_line(result: subprocess.CompletedProcess, *parts: str) -> None:
@@ -90,7 +108,12 @@ def test_permission_denied_names_the_file_and_the_key(tmp_path):
             result = run_cli("stage=mix", "lang=nob", f"work_dir={work}", cwd=tmp_path, check=False)
         finally:
             subprocess.run(["chattr", "-i", str(lock)], check=True)
-    one_line(result, "[ERROR]", f"permission denied: {lock}: give the pipeline write access to it", "work_dir=")
+    one_line(
+        result,
+        "[ERROR]",
+        f"permission denied: {lock}: give the pipeline write access to it",
+        "work_dir=",
+    )
 
 
 def test_a_full_disk_before_the_stage_is_one_line(tmp_path):
@@ -98,26 +121,45 @@ def test_a_full_disk_before_the_stage_is_one_line(tmp_path):
         with contextlib.suppress(OSError), open(work / "filler", "wb") as filler:
             filler.write(bytes(128 * 1024))
         result = run_cli("stage=mix", "lang=nob", f"work_dir={work}", cwd=tmp_path, check=False)
-    one_line(result, "disk full or quota exceeded:", f"{work}/nob", "the same command continues the stage")
+    one_line(
+        result,
+        "disk full or quota exceeded:",
+        f"{work}/nob",
+        "the same command continues the stage",
+    )
 
 
 def test_a_disk_that_fills_while_the_stage_runs_is_one_line(tmp_path):
     raw = raw_corpus(tmp_path / "raw")
     with tmpfs(tmp_path / "work", "size=1m") as work:
-        result = run_while_running(FILL_DISK, tmp_path, f"work_dir={work}", f"raw_dir={raw}", FILL=str(work / "fill"))
-    one_line(result, "[ERROR]", f"disk full or quota exceeded: {work}: free space, or choose another work_dir=")
+        result = run_while_running(
+            FILL_DISK, tmp_path, f"work_dir={work}", f"raw_dir={raw}", FILL=str(work / "fill")
+        )
+    one_line(
+        result,
+        "[ERROR]",
+        f"disk full or quota exceeded: {work}: free space, or choose another work_dir=",
+    )
 
 
 def test_a_folder_removed_while_the_stage_runs_is_one_line(tmp_path):
     raw = raw_corpus(tmp_path / "raw")
-    result = run_while_running(REMOVE_PARTIAL, tmp_path, f"work_dir={tmp_path / 'work'}", f"raw_dir={raw}")
-    one_line(result, "[ERROR]", f"no such file or folder: {tmp_path / 'work' / 'nob'}/.clean.partial-",
-             "run the same command again")
+    result = run_while_running(
+        REMOVE_PARTIAL, tmp_path, f"work_dir={tmp_path / 'work'}", f"raw_dir={raw}"
+    )
+    one_line(
+        result,
+        "[ERROR]",
+        f"no such file or folder: {tmp_path / 'work' / 'nob'}/.clean.partial-",
+        "run the same command again",
+    )
 
 
 def test_a_file_in_the_work_dir_path_is_one_line(tmp_path):
     (tmp_path / "file").touch()
-    result = run_cli("stage=mix", "lang=nob", f"work_dir={tmp_path / 'file' / 'work'}", cwd=tmp_path, check=False)
+    result = run_cli(
+        "stage=mix", "lang=nob", f"work_dir={tmp_path / 'file' / 'work'}", cwd=tmp_path, check=False
+    )
     one_line(result, "not a folder:", str(tmp_path / "file"), "work_dir=")
 
 

@@ -1,5 +1,5 @@
-"""The README stays honest: its test command is what CI runs, it stays short, it leads to every docs/ page, and no
-link in the documentation points at a file or heading that does not exist."""
+"""The README stays honest: its test command is what CI runs, it stays short, it leads to every
+docs/ page, and no link in the documentation points at a file or heading that does not exist."""
 
 import re
 
@@ -7,14 +7,20 @@ from tests.conftest import REPO
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
-# Markdown links `[text](target)`; images too. Targets with a scheme (https:, mailto:) are not checked.
+# Markdown links `[text](target)`; images too. Targets with a scheme (https:, mailto:) are not
+# checked.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.MULTILINE)
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 
 
 def documentation() -> list:
-    return [README, REPO / "BENCHMARKS.md", REPO / "data" / "README.md", *sorted(DOCS.rglob("*.md"))]
+    return [
+        README,
+        REPO / "BENCHMARKS.md",
+        REPO / "data" / "README.md",
+        *sorted(DOCS.rglob("*.md")),
+    ]
 
 
 def prose(path) -> str:
@@ -40,7 +46,9 @@ def test_readme_is_at_most_300_lines():
 
 
 def test_readme_links_every_docs_page():
-    linked = {(README.parent / target.split("#")[0]).resolve() for target in LINK.findall(prose(README))}
+    linked = {
+        (README.parent / target.split("#")[0]).resolve() for target in LINK.findall(prose(README))
+    }
     pages = set(DOCS.rglob("*.md"))
     assert pages, "docs/ has no pages"
     assert {page.relative_to(REPO) for page in pages if page.resolve() not in linked} == set()
@@ -56,18 +64,28 @@ def test_relative_links_point_at_existing_files_and_headings():
             file = (page.parent / path).resolve() if path else page
             if not file.exists():
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
-            elif fragment and file.suffix == ".md" and fragment not in {anchor(h) for h in HEADING.findall(prose(file))}:
+            elif (
+                fragment
+                and file.suffix == ".md"
+                and fragment not in {anchor(h) for h in HEADING.findall(prose(file))}
+            ):
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert broken == []
 
 
 def test_every_module_path_named_in_the_docs_and_the_code_exists():
-    """`pipeline/...py` in README.md, docs/ and the package's own docstrings and comments names a module that is
-    there: a module that moved or was merged takes its mentions with it."""
+    """`pipeline/...py` in README.md, docs/ and the package's own docstrings and comments names a
+    module that is there: a module that moved or was merged takes its mentions with it."""
     path = re.compile(r"(?<![\w/.])pipeline/[\w/]+\.py\b")
     texts = [README, *sorted(DOCS.rglob("*.md")), *sorted((REPO / "pipeline").rglob("*.py"))]
-    missing = sorted({f"{text.relative_to(REPO)}: {name}" for text in texts
-                      for name in path.findall(text.read_text(encoding="utf-8")) if not (REPO / name).is_file()})
+    missing = sorted(
+        {
+            f"{text.relative_to(REPO)}: {name}"
+            for text in texts
+            for name in path.findall(text.read_text(encoding="utf-8"))
+            if not (REPO / name).is_file()
+        }
+    )
     assert missing == []
 
 
@@ -77,14 +95,16 @@ RESULT_PATH = re.compile(r"bench/results/[^\s`'\"()\[\]]*")
 
 
 def test_bench_results_keeps_one_cited_file_per_result_and_the_docs_name_only_those():
-    """bench/results/ keeps compact files (`<experiment>_<date>.json` or `.md`, a `.png` beside a JSON), each cited by
-    BENCHMARKS.md; every `bench/results/<file>` that the docs or bench/ name exists. A path into a folder there
-    (`bench/results/warm_start/`) is a benchmark's raw output, which git ignores: named as where a script writes,
-    never linked."""
+    """bench/results/ keeps compact files (`<experiment>_<date>.json` or `.md`, a `.png` beside a
+    JSON), each cited by BENCHMARKS.md; every `bench/results/<file>` that the docs or bench/ name
+    exists. A path into a folder there (`bench/results/warm_start/`) is a benchmark's raw output,
+    which git ignores: named as where a script writes, never linked."""
     problems, cited = [], set()
     for text_file in [*documentation(), *sorted((REPO / "bench").glob("*.py"))]:
         text = text_file.read_text(encoding="utf-8")
-        linked = {(text_file.parent / target.split("#")[0]).resolve() for target in LINK.findall(text)}
+        linked = {
+            (text_file.parent / target.split("#")[0]).resolve() for target in LINK.findall(text)
+        }
         for name in {match.split("#")[0].rstrip(".,;:") for match in RESULT_PATH.findall(text)}:
             relative = name.removeprefix("bench/results/")
             if not relative or "<" in relative or "*" in relative:
@@ -100,6 +120,8 @@ def test_bench_results_keeps_one_cited_file_per_result_and_the_docs_name_only_th
     for path in sorted(p for p in RESULTS.iterdir() if p.is_file()):
         if path.suffix not in (".json", ".md", ".png"):
             problems.append(f"bench/results/{path.name}: not a compact result (.json, .md, .png)")
-        elif path.name not in cited and not (path.suffix == ".png" and path.with_suffix(".json").name in cited):
+        elif path.name not in cited and not (
+            path.suffix == ".png" and path.with_suffix(".json").name in cited
+        ):
             problems.append(f"bench/results/{path.name}: not cited by BENCHMARKS.md")
     assert problems == []

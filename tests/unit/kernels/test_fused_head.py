@@ -1,7 +1,8 @@
-"""The LM head fused with the cross-entropy (pipeline/kernels/fused_head.py), the training loss, against the
-plain cross-entropy of whole logits on CPU: loss and gradients, mean and sum, chunks, ignored targets. The Triton
-primitives run the same code under the interpreter (tests/unit/kernels/test_kernels_interpreted.py); tensor-parallel shards
-are checked on gloo ranks (tests/unit/parallel/test_tensor_parallel.py)."""
+"""The LM head fused with the cross-entropy (pipeline/kernels/fused_head.py), the training loss,
+against the plain cross-entropy of whole logits on CPU: loss and gradients, mean and sum, chunks,
+ignored targets. The Triton primitives run the same code under the interpreter
+(tests/unit/kernels/test_kernels_interpreted.py); tensor-parallel shards are checked on gloo ranks
+(tests/unit/parallel/test_tensor_parallel.py)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,13 @@ def test_fused_head_matches_whole_logits(reduction, chunk_size):
     weight = torch.randn(50, 16, requires_grad=True)
     targets = torch.randint(0, 50, (3, 7))
     targets[0, :3] = -100
-    fused = linear_cross_entropy(hidden, weight, targets, chunk_size=chunk_size, reduction=reduction)
+    fused = linear_cross_entropy(
+        hidden, weight, targets, chunk_size=chunk_size, reduction=reduction
+    )
     grads = torch.autograd.grad(fused * 3.0, (hidden, weight))
-    whole = reference.linear_cross_entropy(hidden.double(), weight.double(), targets, reduction=reduction)
+    whole = reference.linear_cross_entropy(
+        hidden.double(), weight.double(), targets, reduction=reduction
+    )
     expected = torch.autograd.grad(whole * 3.0, (hidden, weight))
     assert fused.item() == pytest.approx(whole.item(), rel=1e-5)
     for got, want in zip(grads, expected):
@@ -35,5 +40,8 @@ def test_no_counted_target_gives_zero_not_nan():
     for reduction in ("mean", "sum"):
         loss = linear_cross_entropy(hidden, weight, targets, reduction=reduction)
         loss.backward()
-        assert loss.item() == 0.0 and torch.count_nonzero(hidden.grad) == 0 and torch.count_nonzero(weight.grad) == 0
-
+        assert (
+            loss.item() == 0.0
+            and torch.count_nonzero(hidden.grad) == 0
+            and torch.count_nonzero(weight.grad) == 0
+        )

@@ -1,6 +1,6 @@
-"""stage=plan and pretrain's layout check (pipeline/memory_fit/): the step's arithmetic, the memory terms against what
-autograd really saves, the devices, LUMI's rules of thumb, the refusal with the smallest layout that fits, and
-pretrain refusing a layout before any rank starts."""
+"""stage=plan and pretrain's layout check (pipeline/memory_fit/): the step's arithmetic, the memory
+terms against what autograd really saves, the devices, LUMI's rules of thumb, the refusal with the
+smallest layout that fits, and pretrain refusing a layout before any rank starts."""
 
 from __future__ import annotations
 
@@ -29,20 +29,44 @@ from pipeline.model.model_config import ModelConfig, parameter_count
 from tests.conftest import REPO, run_cli
 
 GIB = 2**30
-MISTRAL_ON_LUMI = ("model=mistral-7b", "cluster=lumi", "train.seq_len=4096", "parallel.tp=2", "parallel.pp=4",
-                   "parallel.dp=4", "train.micro_batch_size=1", "train.global_batch_size=64")
-SMALL_ROPE = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=128, vocab_size=256)
-SMALL_ALIBI = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4, ffn_size=256, vocab_size=300,
-                          position="alibi", norm="layernorm", activation="gelu", embedding_norm=True, bias=True)
+MISTRAL_ON_LUMI = (
+    "model=mistral-7b",
+    "cluster=lumi",
+    "train.seq_len=4096",
+    "parallel.tp=2",
+    "parallel.pp=4",
+    "parallel.dp=4",
+    "train.micro_batch_size=1",
+    "train.global_batch_size=64",
+)
+SMALL_ROPE = ModelConfig(
+    hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=128, vocab_size=256
+)
+SMALL_ALIBI = ModelConfig(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=4,
+    ffn_size=256,
+    vocab_size=300,
+    position="alibi",
+    norm="layernorm",
+    activation="gelu",
+    embedding_norm=True,
+    bias=True,
+)
 
 
 def pipeline_config(preset: str, *overrides: str) -> PipelineConfig:
-    """The typed config of `stage=plan model=<preset> <overrides>`, as Hydra composes it (without a language), with
-    a micro-batch of 4 where the overrides set none (the planner's tables need one; fitting_micro_batch has its own
-    tests)."""
+    """The typed config of `stage=plan model=<preset> <overrides>`, as Hydra composes it (without a
+    language), with a micro-batch of 4 where the overrides set none (the planner's tables need one;
+    fitting_micro_batch has its own tests)."""
     model = OmegaConf.load(CONF_DIR / "model" / f"{preset}.yaml")
-    merged = OmegaConf.merge(OmegaConf.structured(PipelineConfig), {"stage": "plan", "model": model},
-                             OmegaConf.from_dotlist(["train.micro_batch_size=4", *overrides]))
+    merged = OmegaConf.merge(
+        OmegaConf.structured(PipelineConfig),
+        {"stage": "plan", "model": model},
+        OmegaConf.from_dotlist(["train.micro_batch_size=4", *overrides]),
+    )
     return OmegaConf.to_object(merged)
 
 
@@ -52,9 +76,14 @@ def lumi(preset: str, *overrides: str) -> PipelineConfig:
 
 def test_mistral_7b_on_lumi_prints_a_table_per_gcd(tmp_path):
     out = run_cli("stage=plan", *MISTRAL_ON_LUMI, cwd=tmp_path).stdout
-    rows = {int(line.split()[0]): line.split() for line in out.splitlines() if re.match(r"^\d+\s+\d+\s", line)}
+    rows = {
+        int(line.split()[0]): line.split()
+        for line in out.splitlines()
+        if re.match(r"^\d+\s+\d+\s", line)
+    }
     assert sorted(rows) == [0, 1, 2, 3] and [int(row[1]) for row in rows.values()] == [8, 8, 8, 8]
-    # Stage 0's weights in bf16 at tp=2: half of the embedding and of 8 blocks (Mistral-7B's shape, counted here).
+    # Stage 0's weights in bf16 at tp=2: half of the embedding and of 8 blocks (Mistral-7B's shape,
+    # counted here).
     block = 4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336 + 2 * 4096
     assert float(rows[0][2]) == pytest.approx(2 * (32000 * 4096 + 8 * block) / 2 / GIB, abs=0.005)
     # The head and the loss: on the last stage only.
@@ -67,7 +96,9 @@ def test_mistral_7b_on_lumi_prints_a_table_per_gcd(tmp_path):
 
 def test_a_34b_shape_at_1x1x1_is_refused_with_the_smallest_layout_that_fits(tmp_path):
     budget = ("train.micro_batch_size=4", "train.global_batch_size=32")
-    result = run_cli("stage=plan", "model=poro-34b", "cluster=lumi", *budget, cwd=tmp_path, check=False)
+    result = run_cli(
+        "stage=plan", "model=poro-34b", "cluster=lumi", *budget, cwd=tmp_path, check=False
+    )
     assert result.returncode == 1
     assert "Does not fit" in result.stdout and "does not fit" in result.stderr
     tp, pp = map(int, re.search(r"parallel\.tp=(\d+) parallel\.pp=(\d+)", result.stderr).groups())
@@ -86,53 +117,125 @@ def test_a_34b_shape_at_1x1x1_is_refused_with_the_smallest_layout_that_fits(tmp_
 def test_bubble_tokens_and_accumulation_arithmetic():
     plan = plan_for_config(lumi("mistral-7b", *MISTRAL_ON_LUMI[2:]))
     layout = plan.layout
-    assert (layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.accumulation) == (2, 4, 4, 1, 16)
+    assert (layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.accumulation) == (
+        2,
+        4,
+        4,
+        1,
+        16,
+    )
     assert layout.global_batch == 64 and layout.tokens_per_step == 64 * 4096 and layout.ranks == 32
     assert layout.bubble == pytest.approx(3 / 19)
     assert [layout.in_flight(stage) for stage in range(4)] == [4, 3, 2, 1]
     few = Layout(tp=1, pp=8, dp=2, micro_batch=2, accumulation=3, seq_len=2048)
-    assert few.bubble == pytest.approx(7 / 10) and [few.in_flight(s) for s in (0, 5, 7)] == [3, 3, 1]
-    # The first stage holds more micro-batches in flight than the last: its activations are the largest.
+    assert few.bubble == pytest.approx(7 / 10) and [few.in_flight(s) for s in (0, 5, 7)] == [
+        3,
+        3,
+        1,
+    ]
+    # The first stage holds more micro-batches in flight than the last: its activations are the
+    # largest.
     activations = [stage.activations for stage in plan.stages]
     assert activations == sorted(activations, reverse=True)
 
 
-@pytest.mark.parametrize("pp, micro_batches, advice", [(4, 16, "m >= 27 micro-batches per step keep it within 10%"),
-                                                       (2, 8, "m >= 9 micro-batches per step"), (2, 9, None),
-                                                       (1, 1, None)])
-def test_a_bubble_over_a_tenth_of_the_step_names_the_micro_batches_that_keep_it_within(pp, micro_batches, advice):
-    plan = plan_for_config(lumi("mistral-7b", "train.seq_len=4096", "parallel.tp=2", f"parallel.pp={pp}",
-                                "train.micro_batch_size=1", f"train.global_batch_size={micro_batches}"))
+@pytest.mark.parametrize(
+    "pp, micro_batches, advice",
+    [
+        (4, 16, "m >= 27 micro-batches per step keep it within 10%"),
+        (2, 8, "m >= 9 micro-batches per step"),
+        (2, 9, None),
+        (1, 1, None),
+    ],
+)
+def test_a_bubble_over_a_tenth_of_the_step_names_the_micro_batches_that_keep_it_within(
+    pp, micro_batches, advice
+):
+    plan = plan_for_config(
+        lumi(
+            "mistral-7b",
+            "train.seq_len=4096",
+            "parallel.tp=2",
+            f"parallel.pp={pp}",
+            "train.micro_batch_size=1",
+            f"train.global_batch_size={micro_batches}",
+        )
+    )
     line = next(line for line in render(plan).splitlines() if line.startswith("Pipeline bubble"))
     assert (advice in line) if advice else ("micro-batches" not in line), line
 
 
-@pytest.mark.parametrize("layers, pp", [(30, 8), (54, 8), (80, 8), (32, 3), (4, 2), (24, 5), (3, 2), (5, 4)])
+@pytest.mark.parametrize(
+    "layers, pp", [(30, 8), (54, 8), (80, 8), (32, 3), (4, 2), (24, 5), (3, 2), (5, 4)]
+)
 def test_blocks_per_stage_are_deepspeeds_partition(layers, pp):
     from deepspeed.runtime.utils import partition_balanced
 
-    weights = [0] + [1] * layers + [0, 0]  # embedding, blocks, final norm, head: the `type:BlockLayer` weights
+    weights = (
+        [0] + [1] * layers + [0, 0]
+    )  # embedding, blocks, final norm, head: the `type:BlockLayer` weights
     parts = partition_balanced(weights, pp)
-    assert blocks_per_stage(layers, pp) == [sum(weights[parts[i]:parts[i + 1]]) for i in range(pp)]
+    assert blocks_per_stage(layers, pp) == [
+        sum(weights[parts[i] : parts[i + 1]]) for i in range(pp)
+    ]
 
 
 def test_lumi_rules_of_thumb(caplog):
-    wide = plan_for_config(lumi("mistral-7b", "train.seq_len=4096", "parallel.tp=4", "parallel.pp=2",
-                                "train.micro_batch_size=1", "train.global_batch_size=16"))
+    wide = plan_for_config(
+        lumi(
+            "mistral-7b",
+            "train.seq_len=4096",
+            "parallel.tp=4",
+            "parallel.pp=2",
+            "train.micro_batch_size=1",
+            "train.global_batch_size=16",
+        )
+    )
     broken = [rule.text for rule in wide.rules() if not rule.kept]
-    assert broken == [("hidden / tp = 4096 / 4 = 1024 < 1280 on MI250X GCD: its matrix products are too small to "
-                       "keep the device busy; lower tp")]
+    assert broken == [
+        (
+            "hidden / tp = 4096 / 4 = 1024 < 1280 on MI250X GCD: its matrix products are too small "
+            "to "
+            "keep the device busy; lower tp"
+        )
+    ]
     with caplog.at_level(logging.WARNING):
-        planning.check_layout(lumi("mistral-7b", "train.seq_len=4096", "parallel.tp=4", "parallel.pp=2",
-                          "train.micro_batch_size=1", "train.global_batch_size=16"))
+        planning.check_layout(
+            lumi(
+                "mistral-7b",
+                "train.seq_len=4096",
+                "parallel.tp=4",
+                "parallel.pp=2",
+                "train.micro_batch_size=1",
+                "train.global_batch_size=16",
+            )
+        )
     assert "1024 < 1280" in caplog.text
 
-    across = plan_for_config(lumi("bloom-176b", "parallel.tp=16", "parallel.pp=8", "train.micro_batch_size=1",
-                                  "train.global_batch_size=8"))
-    assert any("tp=16 spans nodes (8 MI250X GCDs per node)" in rule.text and not rule.kept for rule in across.rules())
+    across = plan_for_config(
+        lumi(
+            "bloom-176b",
+            "parallel.tp=16",
+            "parallel.pp=8",
+            "train.micro_batch_size=1",
+            "train.global_batch_size=8",
+        )
+    )
+    assert any(
+        "tp=16 spans nodes (8 MI250X GCDs per node)" in rule.text and not rule.kept
+        for rule in across.rules()
+    )
     # The hidden-size rule is LUMI's, for MI250X: an H100 plan has none.
-    h100 = plan_for_config(pipeline_config("mistral-7b", "plan.device=h100", "train.seq_len=4096", "parallel.tp=4",
-                                           "train.micro_batch_size=1", "train.global_batch_size=16"))
+    h100 = plan_for_config(
+        pipeline_config(
+            "mistral-7b",
+            "plan.device=h100",
+            "train.seq_len=4096",
+            "parallel.tp=4",
+            "train.micro_batch_size=1",
+            "train.global_batch_size=16",
+        )
+    )
     assert h100.keeps_rules() and not any("hidden" in rule.text for rule in h100.rules())
 
 
@@ -162,7 +265,8 @@ def test_devices_by_name_and_auto(monkeypatch, tmp_path):
 
 
 def _saved_bytes(module: torch.nn.Module, x: torch.Tensor, segment_ids: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves for the backward of module(x), parameters left out."""
+    """Bytes of the distinct storages autograd saves for the backward of module(x), parameters left
+    out."""
     parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
     saved = {}
 
@@ -187,13 +291,17 @@ def _block_activation_check(cfg: ModelConfig, dtype: torch.dtype, numerics: Nume
     segments = torch.zeros(batch, seq, dtype=torch.long)
     segments[:, 20:] = 1  # two packed documents, as training passes them
     saved = _saved_bytes(block, x, segments)
-    if numerics.flash:  # exact but for the kernel's few bytes of index tensors (ALiBi slopes, document ranges)
+    if (
+        numerics.flash
+    ):  # exact but for the kernel's few bytes of index tensors (ALiBi slopes, document ranges)
         assert block_activations(cfg, batch, seq, 1, numerics) == pytest.approx(saved, rel=1e-3)
     else:
         assert block_activations(cfg, batch, seq, 1, numerics) == saved
 
 
-@pytest.mark.parametrize("cfg", [SMALL_ROPE, SMALL_ALIBI], ids=["rope-gqa-swiglu", "alibi-gelu-bias"])
+@pytest.mark.parametrize(
+    "cfg", [SMALL_ROPE, SMALL_ALIBI], ids=["rope-gqa-swiglu", "alibi-gelu-bias"]
+)
 def test_block_activations_are_what_autograd_saves_with_the_reference_kernels(cfg):
     from pipeline.kernels import kernel_backend
 
@@ -202,7 +310,8 @@ def test_block_activations_are_what_autograd_saves_with_the_reference_kernels(cf
 
 
 def check_block_activations_of_the_triton_kernels(interpreted):
-    """Run under the Triton interpreter by the test below (float16 stands for bf16: the interpreter mishandles it)."""
+    """Run under the Triton interpreter by the test below (float16 stands for bf16: the interpreter
+    mishandles it)."""
     for cfg in (SMALL_ROPE, SMALL_ALIBI):
         _block_activation_check(cfg, torch.float16, Numerics(value_bytes=2, flash=True, host=False))
 
@@ -219,24 +328,50 @@ def interpreted():
 def test_block_activations_of_the_triton_kernels_under_the_interpreter():
     # The child collects only `check_*` functions: nothing imported here may have such a name.
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-o", "python_functions=check_*", __file__],
-        cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
-        text=True, timeout=600, check=False)
-    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-6000:] + result.stderr[-2000:]
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "-o",
+            "python_functions=check_*",
+            __file__,
+        ],
+        cwd=REPO,
+        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0 and "1 passed" in result.stdout, (
+        result.stdout[-6000:] + result.stderr[-2000:]
+    )
 
 
-@pytest.mark.parametrize("cfg", [SMALL_ROPE, SMALL_ALIBI, ModelConfig(vocab_size=200, tie_embeddings=False)],
-                         ids=["rope-tied", "alibi-tied", "rope-untied"])
+@pytest.mark.parametrize(
+    "cfg",
+    [SMALL_ROPE, SMALL_ALIBI, ModelConfig(vocab_size=200, tie_embeddings=False)],
+    ids=["rope-tied", "alibi-tied", "rope-untied"],
+)
 def test_stage_parameters_are_the_models(cfg):
     from pipeline.model.transformer import Transformer
 
-    whole = sum(p.numel() for p in Transformer(cfg).parameters())  # the padded vocabulary, a tied head once
+    whole = sum(
+        p.numel() for p in Transformer(cfg).parameters()
+    )  # the padded vocabulary, a tied head once
     assert stage_parameters(cfg, tp=1, pp=1, stage=0) == (whole, whole)
     first, last = (stage_parameters(cfg, tp=1, pp=2, stage=stage) for stage in (0, 1))
     copy = cfg.padded_vocab_size * cfg.hidden_size if cfg.tie_embeddings else 0
     embedding_norm = cfg.hidden_size * 2 if cfg.embedding_norm else 0
     assert first[0] + last[0] == whole + copy + embedding_norm
-    assert first[1] + last[1] == whole + copy  # the last stage's copy of the embedding norm is frozen
+    assert (
+        first[1] + last[1] == whole + copy
+    )  # the last stage's copy of the embedding norm is frozen
     if cfg.vocab_size % cfg.pad_vocab_multiple == 0:
         assert stage_parameters(cfg, 1, 1, 0)[0] == parameter_count(cfg)
 
@@ -262,36 +397,88 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
     assert not started
 
 
-@pytest.mark.parametrize("preset, overrides, message", [
-    ("mistral-7b", ["train.seq_len=8192"], "train.seq_len=8192, longer than the model's attention window"),
-    ("llama-2-13b", ["parallel.tp=3"], "parallel.tp=3 does not divide the model's num_heads, num_kv_heads (40, 40)"),
-    ("tiny", ["parallel.pp=5"], "parallel.pp=5 is more pipeline stages than the model has blocks (4)"),
-], ids=["window", "tp", "pp"])
+@pytest.mark.parametrize(
+    "preset, overrides, message",
+    [
+        (
+            "mistral-7b",
+            ["train.seq_len=8192"],
+            "train.seq_len=8192, longer than the model's attention window",
+        ),
+        (
+            "llama-2-13b",
+            ["parallel.tp=3"],
+            "parallel.tp=3 does not divide the model's num_heads, num_kv_heads (40, 40)",
+        ),
+        (
+            "tiny",
+            ["parallel.pp=5"],
+            "parallel.pp=5 is more pipeline stages than the model has blocks (4)",
+        ),
+    ],
+    ids=["window", "tp", "pp"],
+)
 def test_a_layout_the_model_cannot_run_is_refused_before_planning(preset, overrides, message):
     with pytest.raises(LayoutError, match=re.escape(message)):
         plan_for_config(pipeline_config(preset, "plan.device=h100", *overrides))
 
 
 def test_every_preset_plans_with_its_own_defaults():
-    # train.seq_len null: the context within the attention window, at most 2,048 (Mistral: 32,768 with a 4,096 window)
+    # train.seq_len null: the context within the attention window, at most 2,048 (Mistral: 32,768
+    # with a 4,096 window)
     for preset in sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml")):
         plan = plan_for_config(pipeline_config(preset, "plan.device=h100"))
         assert plan.layout.seq_len <= 2048, preset
 
 
-@pytest.mark.parametrize("hf", [
-    {"model_type": "bloom", "architectures": ["BloomForCausalLM"], "hidden_size": 256, "n_layer": 3, "n_head": 8,
-     "vocab_size": 1000, "seq_length": 1024},
-    {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 3,
-     "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 640, "vocab_size": 1000,
-     "max_position_embeddings": 4096, "tie_word_embeddings": True},
-    {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 256, "num_hidden_layers": 3,
-     "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 640, "vocab_size": 1000},
-], ids=["bloom", "llama", "mistral"])
+@pytest.mark.parametrize(
+    "hf",
+    [
+        {
+            "model_type": "bloom",
+            "architectures": ["BloomForCausalLM"],
+            "hidden_size": 256,
+            "n_layer": 3,
+            "n_head": 8,
+            "vocab_size": 1000,
+            "seq_length": 1024,
+        },
+        {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 256,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "intermediate_size": 640,
+            "vocab_size": 1000,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+        },
+        {
+            "model_type": "mistral",
+            "architectures": ["MistralForCausalLM"],
+            "hidden_size": 256,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "intermediate_size": 640,
+            "vocab_size": 1000,
+        },
+    ],
+    ids=["bloom", "llama", "mistral"],
+)
 def test_a_model_folder_is_planned_from_its_config_json(tmp_path, hf):
-    """model.base's config.json gives the shape (pipeline/model/base_shape.py) before the planner sees the config."""
+    """model.base's config.json gives the shape (pipeline/model/base_shape.py) before the planner
+    sees the config."""
     (tmp_path / "config.json").write_text(json.dumps(hf))
-    result = run_cli("stage=plan", f"model.base={tmp_path}", "plan.device=h100", "train.seq_len=1024", cwd=tmp_path)
+    result = run_cli(
+        "stage=plan",
+        f"model.base={tmp_path}",
+        "plan.device=h100",
+        "train.seq_len=1024",
+        cwd=tmp_path,
+    )
     assert f"hidden {hf['hidden_size']}, 3 layers" in result.stdout
 
 
@@ -299,7 +486,8 @@ def test_the_planner_knows_whether_the_engine_fuses_the_head_with_the_loss():
     from pipeline.parallel.pipeline_model import HeadLayer
 
     output = HeadLayer(SMALL_ROPE)(torch.zeros(1, 2, SMALL_ROPE.hidden_size))
-    # A fused loss gets the hidden states and the head's weight; otherwise the head's output is the logits.
+    # A fused loss gets the hidden states and the head's weight; otherwise the head's output is the
+    # logits.
     assert memory.HEAD_FUSED_WITH_LOSS == isinstance(output, tuple)
     from pipeline.kernels.fused_head import CHUNK_LOGIT_ELEMENTS
 
@@ -307,14 +495,28 @@ def test_the_planner_knows_whether_the_engine_fuses_the_head_with_the_loss():
 
 
 def test_the_planner_imports_no_torch():
-    code = "import sys, pipeline.memory_fit; assert 'torch' not in sys.modules, 'torch was imported'"
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+    code = (
+        "import sys, pipeline.memory_fit; assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+    )
 
 
 def test_a_null_micro_batch_is_the_largest_that_fits(caplog):
-    """Of the divisors of global batch / dp, the largest whose layout fits; the next larger one does not."""
-    cfg = pipeline_config("mistral-7b", "plan.device=h100", "train.seq_len=4096", "parallel.tp=4",
-                          "train.global_batch_size=64", "train.micro_batch_size=null")
+    """Of the divisors of global batch / dp, the largest whose layout fits; the next larger one does
+    not."""
+    cfg = pipeline_config(
+        "mistral-7b",
+        "plan.device=h100",
+        "train.seq_len=4096",
+        "parallel.tp=4",
+        "train.global_batch_size=64",
+        "train.micro_batch_size=null",
+    )
     with caplog.at_level(logging.INFO, logger="pipeline.memory_fit.check"):
         train = planning.fitting_micro_batch(cfg, cfg.train)
     micro = train.micro_batch_size
@@ -324,43 +526,72 @@ def test_a_null_micro_batch_is_the_largest_that_fits(caplog):
     train.micro_batch_size = larger
     assert not plan_for_config(cfg, train=train).fits
     assert f"train.micro_batch_size=null: {micro} sequences per micro-batch" in caplog.text
-    kept = pipeline_config("mistral-7b", "plan.device=h100", "train.seq_len=4096", "train.micro_batch_size=2")
+    kept = pipeline_config(
+        "mistral-7b", "plan.device=h100", "train.seq_len=4096", "train.micro_batch_size=2"
+    )
     assert planning.fitting_micro_batch(kept, kept.train) is kept.train
 
 
 def test_a_null_micro_batch_counts_the_vocabulary_the_model_trains_with():
-    """The training stages plan with the pack tokenizer's vocabulary (an extended base tokenizer adds rows to the
-    base's): a larger vocabulary means larger logits and embeddings, so a micro-batch that fits no more."""
-    cfg = pipeline_config("mistral-7b", "plan.device=h100", "train.seq_len=4096", "parallel.tp=4",
-                          "train.global_batch_size=64", "train.micro_batch_size=null")
+    """The training stages plan with the pack tokenizer's vocabulary (an extended base tokenizer
+    adds rows to the base's): a larger vocabulary means larger logits and embeddings, so a
+    micro-batch that fits no more."""
+    cfg = pipeline_config(
+        "mistral-7b",
+        "plan.device=h100",
+        "train.seq_len=4096",
+        "parallel.tp=4",
+        "train.global_batch_size=64",
+        "train.micro_batch_size=null",
+    )
     base = planning.fitting_micro_batch(cfg, cfg.train).micro_batch_size
     larger = dataclasses.replace(cfg.model, vocab_size=16 * cfg.model.vocab_size)
     trained = planning.fitting_micro_batch(cfg, cfg.train, model=larger)
     assert trained.micro_batch_size < base
     assert plan_for_config(cfg, larger, train=trained).fits
-    assert not plan_for_config(cfg, larger, train=dataclasses.replace(trained, micro_batch_size=base)).fits
+    assert not plan_for_config(
+        cfg, larger, train=dataclasses.replace(trained, micro_batch_size=base)
+    ).fits
 
 
 def test_a_null_micro_batch_keeps_the_pipeline_four_micro_batches_deep_per_stage():
-    cfg = pipeline_config("tiny", "plan.device=h100", "parallel.pp=2", "train.global_batch_size=64",
-                          "train.micro_batch_size=null")
+    cfg = pipeline_config(
+        "tiny",
+        "plan.device=h100",
+        "parallel.pp=2",
+        "train.global_batch_size=64",
+        "train.micro_batch_size=null",
+    )
     assert planning.fitting_micro_batch(cfg, cfg.train).micro_batch_size == 8  # 64 / 8 = 8 = 4 x pp
-    shallow = pipeline_config("tiny", "plan.device=h100", "parallel.pp=4", "train.global_batch_size=8",
-                              "train.micro_batch_size=null")
+    shallow = pipeline_config(
+        "tiny",
+        "plan.device=h100",
+        "parallel.pp=4",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=null",
+    )
     assert planning.fitting_micro_batch(shallow, shallow.train).micro_batch_size == 1
 
 
 def test_a_null_micro_batch_on_a_device_of_unknown_memory_is_eight_with_a_warning(caplog):
-    cfg = pipeline_config("tiny", "plan.device=a100", "train.global_batch_size=64", "train.micro_batch_size=null")
+    cfg = pipeline_config(
+        "tiny", "plan.device=a100", "train.global_batch_size=64", "train.micro_batch_size=null"
+    )
     with caplog.at_level(logging.WARNING, logger="pipeline.memory_fit.check"):
         assert planning.fitting_micro_batch(cfg, cfg.train).micro_batch_size == 8
     assert "memory of a100 is unknown" in caplog.text
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["train.micro_batch_size=null", "train.global_batch_size=6", "parallel.dp=4"], "train.global_batch_size"),
-    (["train.micro_batch_size=0"], "train.micro_batch_size"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (
+            ["train.micro_batch_size=null", "train.global_batch_size=6", "parallel.dp=4"],
+            "train.global_batch_size",
+        ),
+        (["train.micro_batch_size=0"], "train.micro_batch_size"),
+    ],
+)
 def test_micro_batch_mistakes_are_refused(overrides, key):
     with pytest.raises(ConfigError, match=re.escape(key)):
         validate(pipeline_config("tiny", *overrides))
@@ -381,9 +612,16 @@ def test_the_training_stages_train_with_the_planned_micro_batch(monkeypatch, sta
 
     monkeypatch.setattr(training_inputs, "fitting_micro_batch", stop)
     section = "train" if stage_name == "pretrain" else "warmup.train"
-    cfg = pipeline_config("llama-3.2-1b", "plan.device=h100", "model.base=/nonexistent",
-                          f"{section}.micro_batch_size=null", f"{section}.global_batch_size=64", f"{section}.seq_len=4096")
-    # The model as it trains has the pack tokenizer's vocabulary (here 4x the base's): the plan counts it.
+    cfg = pipeline_config(
+        "llama-3.2-1b",
+        "plan.device=h100",
+        "model.base=/nonexistent",
+        f"{section}.micro_batch_size=null",
+        f"{section}.global_batch_size=64",
+        f"{section}.seq_len=4096",
+    )
+    # The model as it trains has the pack tokenizer's vocabulary (here 4x the base's): the plan
+    # counts it.
     trained = dataclasses.replace(cfg.model, vocab_size=4 * cfg.model.vocab_size)
     monkeypatch.setattr(training_inputs, "model_as_trained", lambda run: trained)
     with pytest.raises(RuntimeError, match="stop before"):
@@ -396,23 +634,38 @@ def test_the_training_stages_train_with_the_planned_micro_batch(monkeypatch, sta
 
 @pytest.mark.parametrize("preset", ["tiny", "mistral-7b", "llama-3.1-70b"])
 def test_the_layout_that_fills_whole_nodes_has_the_fewest_model_parallel_ranks_that_fit(preset):
-    """stage=workflow on LUMI's whole nodes without a layout of the user's (memory_fit.node_filling_layout)."""
+    """stage=workflow on LUMI's whole nodes without a layout of the user's
+    (memory_fit.node_filling_layout)."""
     cfg = lumi(preset, "train.global_batch_size=64", "warmup.train.global_batch_size=64")
     layout = planning.node_filling_layout(cfg, 8, (cfg.train, cfg.warmup.train))
     mp = layout.tp * layout.pp
     assert layout.dp == max(1, 8 // mp) and (mp * layout.dp) % 8 == 0  # whole nodes, nothing idle
 
     def fits(tp: int, pp: int, dp: int) -> bool:
-        trial = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp, dp=dp))
+        trial = dataclasses.replace(
+            cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp, dp=dp)
+        )
         return plan_for_config(trial, train=dataclasses.replace(cfg.train, micro_batch_size=1)).fits
 
     assert fits(layout.tp, layout.pp, layout.dp)
-    # Every layout of fewer model-parallel ranks, at the data-parallel degree it would leave, does not fit.
-    assert not any(fits(tp, pp, max(1, 8 // (tp * pp))) for tp in tensor_parallel_choices(cfg.model, devices.DEVICES["mi250x"])
-                   for pp in range(1, cfg.model.num_layers + 1) if tp * pp < mp)
+    # Every layout of fewer model-parallel ranks, at the data-parallel degree it would leave, does
+    # not fit.
+    assert not any(
+        fits(tp, pp, max(1, 8 // (tp * pp)))
+        for tp in tensor_parallel_choices(cfg.model, devices.DEVICES["mi250x"])
+        for pp in range(1, cfg.model.num_layers + 1)
+        if tp * pp < mp
+    )
     if preset == "tiny":
         assert (layout.tp, layout.pp, layout.dp) == (1, 1, 8)
-        # The data-parallel ranks divide every global batch (by the micro-batch where it is set): 6 of 12.
-        odd = lumi("tiny", *(f"{section}.{key}={value}" for section in ("train", "warmup.train")
-                             for key, value in (("global_batch_size", 12), ("micro_batch_size", "null"))))
+        # The data-parallel ranks divide every global batch (by the micro-batch where it is set): 6
+        # of 12.
+        odd = lumi(
+            "tiny",
+            *(
+                f"{section}.{key}={value}"
+                for section in ("train", "warmup.train")
+                for key, value in (("global_batch_size", 12), ("micro_batch_size", "null"))
+            ),
+        )
         assert planning.node_filling_layout(odd, 8, (odd.train, odd.warmup.train)).dp == 6

@@ -1,4 +1,5 @@
-"""The transformer on its own: presets, config checks, ALiBi slopes, packed documents, FLOPs, stacked projections."""
+"""The transformer on its own: presets, config checks, ALiBi slopes, packed documents, FLOPs,
+stacked projections."""
 
 from __future__ import annotations
 
@@ -11,23 +12,69 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.config import CONF_DIR
 from pipeline.errors import ConfigError
-from pipeline.model.model_config import ModelConfig, RopeScaling, flops_per_token, parameter_count, validate_model
-from pipeline.model.transformer import (Transformer, alibi_slopes, rope_cos_sin, rope_frequencies, shared_alibi_slopes,
-                                        shared_rope_tables, stacked_linears)
+from pipeline.model.model_config import (
+    ModelConfig,
+    RopeScaling,
+    flops_per_token,
+    parameter_count,
+    validate_model,
+)
+from pipeline.model.transformer import (
+    Transformer,
+    alibi_slopes,
+    rope_cos_sin,
+    rope_frequencies,
+    shared_alibi_slopes,
+    shared_rope_tables,
+    stacked_linears,
+)
 
-PRESETS = ("tiny", "bloom-560m", "bloom-1b7", "bloom-7b1", "mistral-7b", "llama-3.2-1b", "llama-3.1-8b", "llama-2-13b",
-           "poro-34b", "llama-3.1-70b", "megatron-146b", "bloom-176b")
-# Parameter counts of the published checkpoints (sum of numel over transformers' model.parameters()).
+PRESETS = (
+    "tiny",
+    "bloom-560m",
+    "bloom-1b7",
+    "bloom-7b1",
+    "mistral-7b",
+    "llama-3.2-1b",
+    "llama-3.1-8b",
+    "llama-2-13b",
+    "poro-34b",
+    "llama-3.1-70b",
+    "megatron-146b",
+    "bloom-176b",
+)
+# Parameter counts of the published checkpoints (sum of numel over transformers'
+# model.parameters()).
 PUBLISHED_PARAMETERS = {
-    "bloom-560m": 559_214_592, "bloom-1b7": 1_722_408_960, "bloom-7b1": 7_069_016_064,
-    "mistral-7b": 7_241_732_096, "llama-3.2-1b": 1_235_814_400, "llama-3.1-8b": 8_030_261_248,
-    "llama-2-13b": 13_015_864_320, "llama-3.1-70b": 70_553_706_496, "bloom-176b": 176_247_271_424,
+    "bloom-560m": 559_214_592,
+    "bloom-1b7": 1_722_408_960,
+    "bloom-7b1": 7_069_016_064,
+    "mistral-7b": 7_241_732_096,
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-2-13b": 13_015_864_320,
+    "llama-3.1-70b": 70_553_706_496,
+    "bloom-176b": 176_247_271_424,
 }
-# Shapes whose source gives only a rounded count, in billions: Poro-34B's model card, Megatron-LM's Table 1.
+# Shapes whose source gives only a rounded count, in billions: Poro-34B's model card, Megatron-LM's
+# Table 1.
 ROUNDED_PARAMETERS = {"poro-34b": 34.2, "megatron-146b": 145.6}
-SMALL_ALIBI = ModelConfig(hidden_size=48, num_layers=2, num_heads=12, num_kv_heads=12, ffn_size=192, vocab_size=300,
-                          position="alibi", norm="layernorm", activation="gelu", embedding_norm=True, bias=True)
-SMALL_ROPE = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=96, vocab_size=300)
+SMALL_ALIBI = ModelConfig(
+    hidden_size=48,
+    num_layers=2,
+    num_heads=12,
+    num_kv_heads=12,
+    ffn_size=192,
+    vocab_size=300,
+    position="alibi",
+    norm="layernorm",
+    activation="gelu",
+    embedding_norm=True,
+    bias=True,
+)
+SMALL_ROPE = ModelConfig(
+    hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=96, vocab_size=300
+)
 
 
 def preset(name: str) -> ModelConfig:
@@ -61,11 +108,14 @@ def test_alibi_slopes_match_bloom(num_heads):
 
 @pytest.mark.parametrize("cfg", [SMALL_ROPE, SMALL_ALIBI], ids=["rope", "alibi"])
 def test_packed_documents_do_not_see_each_other(cfg):
-    """With segment_ids, the second document of a packed row gets the logits it gets alone (both RoPE and
-    ALiBi depend only on the distance between tokens, so absolute positions do not matter)."""
+    """With segment_ids, the second document of a packed row gets the logits it gets alone (both
+    RoPE and ALiBi depend only on the distance between tokens, so absolute positions do not matter)."""
     torch.manual_seed(0)
     model = Transformer(dataclasses.replace(cfg, init_std=0.2)).eval()
-    first, second = torch.randint(0, cfg.vocab_size, (1, 7)), torch.randint(0, cfg.vocab_size, (1, 9))
+    first, second = (
+        torch.randint(0, cfg.vocab_size, (1, 7)),
+        torch.randint(0, cfg.vocab_size, (1, 9)),
+    )
     packed = torch.cat([first, second], dim=1)
     segments = torch.tensor([[0] * 7 + [1] * 9])
     with torch.no_grad():
@@ -85,7 +135,9 @@ def test_tiny_trains_one_step():
     assert logits.shape == (2, 32, cfg.vocab_size)
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
     loss.backward()
-    assert abs(loss.item() - torch.log(torch.tensor(float(cfg.vocab_size))).item()) < 0.5  # near uniform at init
+    assert (
+        abs(loss.item() - torch.log(torch.tensor(float(cfg.vocab_size))).item()) < 0.5
+    )  # near uniform at init
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
@@ -103,15 +155,23 @@ def test_longer_than_the_sliding_window_is_refused():
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
-@pytest.mark.parametrize("change, key, allowed", [
-    ({"position": "alibii"}, "model.position", "alibi, rope"),
-    ({"norm": "batchnorm"}, "model.norm", "layernorm, rmsnorm"),
-    ({"activation": "relu"}, "model.activation", "gelu, swiglu"),
-    ({"num_heads": 5}, "model.num_heads", "a divisor of model.hidden_size=64"),
-    ({"num_kv_heads": 3}, "model.num_kv_heads", "a divisor of model.num_heads=4"),
-    ({"num_layers": 0}, "model.num_layers", "an integer >= 1"),
-    ({"position": "alibi", "rope_scaling": RopeScaling()}, "model.rope_scaling", "null when model.position=alibi"),
-], ids=["position", "norm", "activation", "heads", "kv-heads", "layers", "scaling-without-rope"])
+@pytest.mark.parametrize(
+    "change, key, allowed",
+    [
+        ({"position": "alibii"}, "model.position", "alibi, rope"),
+        ({"norm": "batchnorm"}, "model.norm", "layernorm, rmsnorm"),
+        ({"activation": "relu"}, "model.activation", "gelu, swiglu"),
+        ({"num_heads": 5}, "model.num_heads", "a divisor of model.hidden_size=64"),
+        ({"num_kv_heads": 3}, "model.num_kv_heads", "a divisor of model.num_heads=4"),
+        ({"num_layers": 0}, "model.num_layers", "an integer >= 1"),
+        (
+            {"position": "alibi", "rope_scaling": RopeScaling()},
+            "model.rope_scaling",
+            "null when model.position=alibi",
+        ),
+    ],
+    ids=["position", "norm", "activation", "heads", "kv-heads", "layers", "scaling-without-rope"],
+)
 def test_bad_values_name_the_key_and_what_is_allowed(change, key, allowed):
     with pytest.raises(ConfigError) as error:
         validate_model(dataclasses.replace(SMALL_ROPE, **change))
@@ -119,11 +179,15 @@ def test_bad_values_name_the_key_and_what_is_allowed(change, key, allowed):
     assert allowed in str(error.value)
 
 
-@pytest.mark.parametrize("cfg", [SMALL_ROPE, dataclasses.replace(SMALL_ALIBI, vocab_size=384)], ids=["rope", "alibi"])
+@pytest.mark.parametrize(
+    "cfg", [SMALL_ROPE, dataclasses.replace(SMALL_ALIBI, vocab_size=384)], ids=["rope", "alibi"]
+)
 def test_flops_per_token_match_a_count_of_the_executed_matmuls(cfg):
-    """PyTorch's FLOP counter over a real forward and backward pass: the reference attention computes the full
-    seq x seq score matrix, as the formula counts it (no causal halving)."""
-    cfg = dataclasses.replace(cfg, vocab_size=cfg.padded_vocab_size)  # the counter sees the padded head
+    """PyTorch's FLOP counter over a real forward and backward pass: the reference attention
+    computes the full seq x seq score matrix, as the formula counts it (no causal halving)."""
+    cfg = dataclasses.replace(
+        cfg, vocab_size=cfg.padded_vocab_size
+    )  # the counter sees the padded head
     model = Transformer(cfg)
     batch, seq = 2, 24
     with FlopCounterMode(display=False) as counter:
@@ -134,8 +198,12 @@ def test_flops_per_token_match_a_count_of_the_executed_matmuls(cfg):
 def test_cli_prints_a_preset_and_rejects_a_bad_value(tmp_path):
     from tests.conftest import run_cli
 
-    out = run_cli("--cfg", "job", "stage=clean", "lang=nob", "model=bloom-560m", cwd=tmp_path).stdout
-    assert "position: alibi" in out and "vocab_size: 250880" in out and "embedding_norm: true" in out
+    out = run_cli(
+        "--cfg", "job", "stage=clean", "lang=nob", "model=bloom-560m", cwd=tmp_path
+    ).stdout
+    assert (
+        "position: alibi" in out and "vocab_size: 250880" in out and "embedding_norm: true" in out
+    )
     result = run_cli("stage=clean", "lang=nob", "model.position=alibii", cwd=tmp_path, check=False)
     assert result.returncode == 1
     assert "Invalid value for `model.position`: 'alibii'. Allowed: alibi, rope." in result.stderr
@@ -143,12 +211,22 @@ def test_cli_prints_a_preset_and_rejects_a_bad_value(tmp_path):
 
 
 def test_layers_share_one_rope_table_and_slope_tensor_per_shape_and_device():
-    cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, ffn_size=128, vocab_size=128, max_seq_len=64,
-                      position="rope", rope_theta=50000.0)
+    cfg = ModelConfig(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        ffn_size=128,
+        vocab_size=128,
+        max_seq_len=64,
+        position="rope",
+        rope_theta=50000.0,
+    )
     cpu = torch.device("cpu")
     cos, sin = shared_rope_tables(cfg, 32, torch.float32, cpu)
     assert shared_rope_tables(cfg, 32, torch.float32, cpu)[0] is cos  # made once, then shared
-    fresh_cos, fresh_sin = rope_cos_sin(rope_frequencies(cfg.head_dim, cfg.rope_theta, None, cpu), 32, torch.float32)
+    fresh_cos, fresh_sin = rope_cos_sin(
+        rope_frequencies(cfg.head_dim, cfg.rope_theta, None, cpu), 32, torch.float32
+    )
     assert torch.equal(cos, fresh_cos) and torch.equal(sin, fresh_sin)
     # Another length or another scaling is another table.
     assert shared_rope_tables(cfg, 16, torch.float32, cpu)[0].shape[0] == 16
@@ -160,8 +238,8 @@ def test_layers_share_one_rope_table_and_slope_tensor_per_shape_and_device():
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_stacked_linears_match_the_layers_one_by_one(bias):
-    """q, k, v (gate, up) from one product over their stacked weights: the same outputs and gradients as the layers
-    run apart, also when some of the weights are frozen."""
+    """q, k, v (gate, up) from one product over their stacked weights: the same outputs and
+    gradients as the layers run apart, also when some of the weights are frozen."""
     torch.manual_seed(0)
     layers = tuple(torch.nn.Linear(16, width, bias=bias).double() for width in (8, 4, 4))
     x = torch.randn(2, 5, 16, dtype=torch.double, requires_grad=True)
@@ -174,6 +252,9 @@ def test_stacked_linears_match_the_layers_one_by_one(bias):
             torch.testing.assert_close(mine, theirs)
         trained = [x] + [p for layer in layers for p in layer.parameters() if p.requires_grad]
         grads = [torch.randn_like(out) for out in apart]
-        for mine, theirs in zip(torch.autograd.grad(stacked, trained, grads), torch.autograd.grad(apart, trained, grads),
-                                strict=True):
+        for mine, theirs in zip(
+            torch.autograd.grad(stacked, trained, grads),
+            torch.autograd.grad(apart, trained, grads),
+            strict=True,
+        ):
             torch.testing.assert_close(mine, theirs)

@@ -1,5 +1,6 @@
-"""A process's reported peak memory is its own: not that of the process that started it (getrusage's ru_maxrss
-survives exec on Linux, so a rank started by a stage holding a model would report the stage's peak)."""
+"""A process's reported peak memory is its own: not that of the process that started it (getrusage's
+ru_maxrss survives exec on Linux, so a rank started by a stage holding a model would report the
+stage's peak)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ GIB = 2**30
 def test_a_process_started_by_a_large_one_reports_its_own_peak():
     held = bytearray(GIB)  # touched: resident in this process
     code = "import json; from pipeline.training.peak_memory import peak_memory; print(json.dumps(peak_memory()))"
-    started = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    started = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
     reported = json.loads(started.stdout.strip().splitlines()[-1])
     assert len(held) == GIB
     # the child holds torch and nothing else: a few hundred MiB, not the parent's gigabyte
