@@ -4,21 +4,6 @@ The order (issue 3): sources with a fixed ratio first (each gets ratio x budget,
 within its epoch cap); then the target language, up to its cap; then the other sources by priority
 (lower first, ties in the configured order), each up to its own cap. What is still missing is the
 shortfall: the plan never repeats a source beyond its cap to hide it.
-
-The mix plan again (`exact_plan`, for pack), with exact token counts in place of the mix stage's
-estimates: the planner is a pure function of the sources' unique tokens and the mix settings that
-`plan.json` records (budget, epoch caps, priorities, fixed ratios), so the exact plan is the same
-call with the counted tokens. A budget the mix stage derived from the target (no `mix.tokens`) is
-derived again from the target's exact tokens. Unique tokens are the tokens stored, EOS included:
-what training reads.
-
-What repeated data is worth: the data-constrained scaling law of Muennighoff et al. 2023.
-
-"Scaling Data-Constrained Language Models" (arXiv:2305.16264, eq. 5) fits the value of U unique
-tokens seen for `epochs` passes as the effective data D' = U + U*R*(1 - exp(-R/R*)), with R =
-epochs - 1 repetitions and R* = 15.39. The second epoch is worth 97% of new data and each later one
-exp(-1/R*) ~ 94% of the one before: up to ~4 epochs repetition is nearly as good as new data, and
-however long one trains D' stays below U*(1 + R*).
 """
 
 from __future__ import annotations
@@ -183,9 +168,13 @@ FIXED_BUDGET = "mix.tokens"
 
 def exact_plan(plan: dict, unique_tokens: Mapping[str, int]) -> Plan:
     """The plan of `plan.json` with `unique_tokens` (by source name) replacing the estimates it has
-    them for.
+    them for; raises the planner's PlanError when a fixed ratio no longer fits the exact counts.
 
-    Raises the planner's PlanError when a fixed ratio no longer fits the exact counts.
+    For pack: the planner is a pure function of the sources' unique tokens and the mix settings that
+    `plan.json` records (budget, epoch caps, priorities, fixed ratios), so the exact plan is the
+    same call with the counted tokens. A budget the mix stage derived from the target (no
+    `mix.tokens`) is derived again from the target's exact tokens. Unique tokens are the tokens
+    stored, EOS included: what training reads.
     """
     sources = [
         Source(
@@ -207,6 +196,14 @@ def exact_plan(plan: dict, unique_tokens: Mapping[str, int]) -> Plan:
     return plan_mixture(budget, target, others)
 
 
+# What repeated data is worth: the data-constrained scaling law of Muennighoff et al. 2023.
+#
+# "Scaling Data-Constrained Language Models" (arXiv:2305.16264, eq. 5) fits the value of U unique
+# tokens seen for `epochs` passes as the effective data D' = U + U*R*(1 - exp(-R/R*)), with R =
+# epochs - 1 repetitions and R* = 15.39. The second epoch is worth 97% of new data and each later
+# one exp(-1/R*) ~ 94% of the one before: up to ~4 epochs repetition is nearly as good as new data,
+# and however long one trains D' stays below U*(1 + R*).
+#
 # The paper's fitted decay constant for repeated data (R*_D).
 R_STAR = 15.39
 FORMULA = "D' = U + U*R*(1 - exp(-R/R*)), R = epochs - 1, R* = 15.39"

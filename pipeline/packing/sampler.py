@@ -31,26 +31,6 @@ continued from the previous sequence is 0), for attention masks that keep to one
 State: `state_dict()` holds the next step, the sequences each source has given so far, and what the
 stream depends on (seed, seq_len, global batch size, a fingerprint of packed.json);
 `load_state_dict` refuses a state from another stream, naming what differs.
-
-Which source each sequence of the global stream comes from: an exact, even interleave by weight.
-
-Source `s` gives `pass_tokens[s]` tokens per pass of the plan, so it gets that share of the
-sequences. Its j-th sequence (j = 0, 1, ...) is due at the ideal time (j + 1/2) / pass_tokens[s];
-the global stream takes the sequences in order of that time (ties: the source listed first). Every
-prefix of the stream then holds each source's share to within one sequence or so, every source
-finishes its pass at the same point, and all of it is a pure function of the position: sequence n is
-found in O(sources x log) time without any table over the stream (Megatron's blended dataset keeps
-one entry per sample). Times are exact fractions, so the order is the same on every machine.
-
-One source's endless token stream: its documents in a seeded order, pass after pass.
-
-A pass of the plan reads document d `repeats[d]` times (pipeline/packing/packed.py). It is laid out
-as epochs: epoch k holds the documents read more than k times, in a seeded random order that differs
-per source, pass and epoch, so a document never repeats within an epoch and the extra reads of a
-fractional epoch come last. The passes follow one another without a gap: a position in the stream is
-a pass (position // pass tokens), an epoch and a document found by binary search. Only the order of
-the epoch being read (and, across an epoch's end, of the next) is held in memory, 12 bytes per
-document (its ids and cumulative lengths), so the stream costs the same for one epoch or forty.
 """
 
 from __future__ import annotations
@@ -236,6 +216,19 @@ class PackedSampler:
 
 
 class Blend:
+    """Which source each sequence of the global stream comes from: an exact, even interleave by
+    weight.
+
+    Source `s` gives `pass_tokens[s]` tokens per pass of the plan, so it gets that share of the
+    sequences. Its j-th sequence (j = 0, 1, ...) is due at the ideal time (j + 1/2) /
+    pass_tokens[s]; the global stream takes the sequences in order of that time (ties: the source
+    listed first). Every prefix of the stream then holds each source's share to within one sequence
+    or so, every source finishes its pass at the same point, and all of it is a pure function of the
+    position: sequence n is found in O(sources x log) time without any table over the stream
+    (Megatron's blended dataset keeps one entry per sample). Times are exact fractions, so the order
+    is the same on every machine.
+    """
+
     def __init__(self, pass_tokens: Sequence[int]) -> None:
         if not pass_tokens or min(pass_tokens) <= 0:
             raise ValueError(f"every blended source needs tokens, got {list(pass_tokens)}")
@@ -268,6 +261,18 @@ class Blend:
 
 
 class SourceStream:
+    """One source's endless token stream: its documents in a seeded order, pass after pass.
+
+    A pass of the plan reads document d `repeats[d]` times (pipeline/packing/packed.py). It is laid
+    out as epochs: epoch k holds the documents read more than k times, in a seeded random order that
+    differs per source, pass and epoch, so a document never repeats within an epoch and the extra
+    reads of a fractional epoch come last. The passes follow one another without a gap: a position
+    in the stream is a pass (position // pass tokens), an epoch and a document found by binary
+    search. Only the order of the epoch being read (and, across an epoch's end, of the next) is held
+    in memory, 12 bytes per document (its ids and cumulative lengths), so the stream costs the same
+    for one epoch or forty.
+    """
+
     def __init__(
         self, source: PackedSource, position: int, seed: int, eos_id: int, vocab_size: int, pack_dir
     ) -> None:

@@ -1,40 +1,5 @@
 """Train a tokenizer with the configured backend; both give a `tokenizers.Tokenizer`
 (tokenizer.json).
-
-Byte-level BPE with Hugging Face `tokenizers`: every byte is a token, so no text is unencodable.
-
-The text is split into pre-tokens by `tokenizer.pretokenizer_pattern` (a GPT-4-style regex), each
-pre-token's UTF-8 bytes are mapped to printable characters (GPT-2's byte-to-unicode table) and BPE
-merges them. There is no prefix space and, by default, no normalisation, so decoding gives back
-exactly the bytes that were encoded: decode(encode(x)) == x for every string.
-
-SentencePiece (Unigram or BPE) trained for an exact round trip: `tokenizer.model` as bytes.
-
-Set up so that decode(encode(x)) == x: no normalisation (`identity`; `nfkc` folds compatibility
-characters), whitespace runs kept (`remove_extra_whitespaces=False`), no dummy prefix space (which
-decoding would strip), and byte fallback, so that a character outside the vocabulary (a newline, an
-emoji, a rare letter) becomes its UTF-8 bytes instead of `<unk>`. Digits are single tokens
-(`split_digits`), as in Llama and Gemma. One exception remains: SentencePiece writes spaces as
-U+2581 (`▁`), so a literal U+2581 in the text decodes as a space.
-
-A SentencePiece model as a `tokenizers` pipeline (tokenizer.json) that encodes exactly as
-SentencePiece does.
-
-SentencePiece finds the best segmentation of the whole text with spaces written as `▁`; the
-conversion does the same: normaliser (the model's precompiled NFKC map, if any, then ` ` -> `▁`), no
-whitespace pre-tokenizer, the same Unigram scores or BPE merges, byte fallback, and a decoder that
-turns `▁` back into spaces and byte pieces back into bytes. Two differences, both for literal text
-that looks like a token:
-
-- the special tokens (`<s>` ...) written in the text are matched as special tokens, the `tokenizers`
-  and `transformers` convention, where SentencePiece spells them out. Decoding gives the text back.
-- `tokenizers`' Unigram would match the literal text `<0x41>` as that byte piece (and decode it as
-  `A`), which SentencePiece never does; a split right after a `<` that starts such text prevents it.
-  Only a piece that itself contains `<0` could span that split: the conversion warns if one exists.
-
-For BPE, the merges are rebuilt from the pieces, ranked by the score of the piece they make, as
-SentencePiece applies them; two merges that make the same piece get adjacent ranks where
-SentencePiece would tie them (and take the leftmost), a difference no test text has shown.
 """
 
 from __future__ import annotations
@@ -87,7 +52,15 @@ def train_tokenizer(documents: Iterable[str], options, threads: int = 1) -> Trai
 
 
 def bytelevel_pipeline(options) -> Tokenizer:
-    """The untrained tokenizer: normaliser, pre-tokenizer and decoder around an empty BPE model."""
+    """The untrained tokenizer: normaliser, pre-tokenizer and decoder around an empty BPE model.
+
+    Byte-level BPE with Hugging Face `tokenizers`: every byte is a token, so no text is unencodable.
+
+    The text is split into pre-tokens by `tokenizer.pretokenizer_pattern` (a GPT-4-style regex),
+    each pre-token's UTF-8 bytes are mapped to printable characters (GPT-2's byte-to-unicode table)
+    and BPE merges them. There is no prefix space and, by default, no normalisation, so decoding
+    gives back exactly the bytes that were encoded: decode(encode(x)) == x for every string.
+    """
     tokenizer = Tokenizer(models.BPE())  # no unk token: the 256 bytes cover everything
     if options.normalization == "nfkc":
         tokenizer.normalizer = normalizers.NFKC()
@@ -140,6 +113,15 @@ def sentences(documents: Iterable[str]) -> Iterator[str]:
 
 
 def train_sentencepiece(documents: Iterable[str], options, vocab_size: int, threads: int) -> bytes:
+    """SentencePiece (Unigram or BPE) trained for an exact round trip: `tokenizer.model` as bytes.
+
+    Set up so that decode(encode(x)) == x: no normalisation (`identity`; `nfkc` folds compatibility
+    characters), whitespace runs kept (`remove_extra_whitespaces=False`), no dummy prefix space
+    (which decoding would strip), and byte fallback, so that a character outside the vocabulary (a
+    newline, an emoji, a rare letter) becomes its UTF-8 bytes instead of `<unk>`. Digits are single
+    tokens (`split_digits`), as in Llama and Gemma. One exception remains: SentencePiece writes
+    spaces as U+2581 (`▁`), so a literal U+2581 in the text decodes as a space.
+    """
     special = options.special_tokens
     model = io.BytesIO()
     spm.set_random_generator_seed(options.seed)
@@ -198,6 +180,27 @@ def _bpe_merges(pieces) -> list[tuple[str, str]]:
 
 
 def tokenizer_from_sentencepiece(model: bytes) -> Tokenizer:
+    """A SentencePiece model as a `tokenizers` pipeline (tokenizer.json) that encodes exactly as
+    SentencePiece does.
+
+    SentencePiece finds the best segmentation of the whole text with spaces written as `▁`; the
+    conversion does the same: normaliser (the model's precompiled NFKC map, if any, then ` ` ->
+    `▁`), no whitespace pre-tokenizer, the same Unigram scores or BPE merges, byte fallback, and a
+    decoder that turns `▁` back into spaces and byte pieces back into bytes. Two differences, both
+    for literal text that looks like a token:
+
+    - the special tokens (`<s>` ...) written in the text are matched as special tokens, the
+      `tokenizers` and `transformers` convention, where SentencePiece spells them out. Decoding
+      gives the text back.
+    - `tokenizers`' Unigram would match the literal text `<0x41>` as that byte piece (and decode it
+      as `A`), which SentencePiece never does; a split right after a `<` that starts such text
+      prevents it. Only a piece that itself contains `<0` could span that split: the conversion
+      warns if one exists.
+
+    For BPE, the merges are rebuilt from the pieces, ranked by the score of the piece they make, as
+    SentencePiece applies them; two merges that make the same piece get adjacent ranks where
+    SentencePiece would tie them (and take the leftmost), a difference no test text has shown.
+    """
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(model)
     pieces, trainer = proto.pieces, proto.trainer_spec
