@@ -57,7 +57,7 @@ TINY = ModelConfig(
     vocab_size=8192,
     tie_embeddings=True,
     max_seq_len=256,
-)  # conf/model/tiny.yaml
+)  # pipeline/conf/model/tiny.yaml
 LLAMA_100M = ModelConfig(
     hidden_size=768,
     num_layers=12,

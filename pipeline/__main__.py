@@ -35,7 +35,7 @@ log = logging.getLogger("pipeline")
 _NO_RUN_FLAGS = {"--cfg", "-c", "--info", "-i", "--hydra-help", "--shell-completion", "-sc"}
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> None:
     try:
         config: PipelineConfig = with_base_model_rules(OmegaConf.to_object(cfg))
@@ -73,9 +73,9 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def usage() -> str:
-    """The `--help` text of conf/config.yaml. Hydra would compose the config and list every config
-    group's options first (seconds) although the text shows none of them: it names no `$` variable
-    of Hydra's (tests/unit/test_cli.py)."""
+    """The `--help` text of pipeline/conf/config.yaml. Hydra would compose the config and list every
+    config group's options first (seconds) although the text shows none of them: it names no `$`
+    variable of Hydra's (tests/unit/test_cli.py)."""
     with open(CONF_DIR / "config.yaml", encoding="utf-8") as handle:
         return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["hydra"][
             "help"

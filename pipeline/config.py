@@ -1,12 +1,13 @@
 """The pipeline's whole configuration, assembled from the sections each package owns, and registered
 in Hydra's ConfigStore.
 
-The YAML files under `conf/` give defaults; the dataclasses give types, so that a mistyped value
-(`clean.heldout_fraction=abc`) or an unknown key fails before any work starts. Each package owns its
-section and its checks (`corpus/clean_config.py` has `clean`, `mixing/mix_config.py` has `mix` ...);
-this module only puts them together. Each language of `conf/languages.yaml` becomes an option of the
-`lang` group, so `lang=nob` puts the whole entry, filter thresholds included, into the config where
-`--cfg job` shows it and overrides can change it (`lang.filters.line_punct_thr=0.15`).
+The YAML files under `pipeline/conf/` give defaults; the dataclasses give types, so that a mistyped
+value (`clean.heldout_fraction=abc`) or an unknown key fails before any work starts. Each package
+owns its section and its checks (`corpus/clean_config.py` has `clean`, `mixing/mix_config.py` has
+`mix` ...); this module only puts them together. Each language of `pipeline/conf/languages.yaml`
+becomes an option of the `lang` group, so `lang=nob` puts the whole entry, filter thresholds
+included, into the config where `--cfg job` shows it and overrides can change it
+(`lang.filters.line_punct_thr=0.15`).
 
 What `stage=` accepts, torch-free so that the command line checks it in a moment.
 
@@ -43,8 +44,13 @@ from pipeline.tokenization.tokenizer_config import TokenizerConfig, validate_tok
 from pipeline.training.train_config import TrainConfig, validate_training
 from pipeline.warmup.warmup_config import WarmupConfig, validate_warmup
 
+# The YAML defaults and the language table ship inside the package (package data), so that an
+# installed wheel needs no checkout.
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+# The checkout the package sits in (`pip install -e .`). The embedded samples are its `data/`: a
+# wheel does not carry them (docs/install.md), and an installed package's `raw_dir` names no folder
+# until it is given.
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO_ROOT / "conf"
 EMBEDDED_DATA_DIR = REPO_ROOT / "data"
 KERNEL_BACKENDS = (
     "auto",
@@ -52,10 +58,10 @@ KERNEL_BACKENDS = (
     "triton",
 )  # pipeline/kernels/backend.py (which imports torch)
 
-# The scale group: `demo` (conf/scale/demo.yaml, CPU-sized budgets) for the demo's model,
-# conf/config.yaml's default preset without model.base; `full`, the defaults as they are, which the
-# command line chooses for a model.base (whose shape it merges over the preset's) or another preset
-# (pipeline/overrides.py: with_full_scale).
+# The scale group: `demo` (pipeline/conf/scale/demo.yaml, CPU-sized budgets) for the demo's model,
+# pipeline/conf/config.yaml's default preset without model.base; `full`, the defaults as they are,
+# which the command line chooses for a model.base (whose shape it merges over the preset's) or
+# another preset (pipeline/overrides.py: with_full_scale).
 SCALE_GROUP, FULL_SCALE, DEMO_MODEL = "scale", "full", "tiny"
 FULL_SCALE_OVERRIDE = f"{SCALE_GROUP}={FULL_SCALE}"
 
@@ -96,7 +102,7 @@ class PipelineConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     pack: PackConfig = field(default_factory=PackConfig)
-    # The transformer's shape: presets in conf/model/ (`model=bloom-560m`).
+    # The transformer's shape: presets in pipeline/conf/model/ (`model=bloom-560m`).
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)

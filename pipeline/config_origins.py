@@ -1,13 +1,14 @@
 """`--cfg job` with each value's origin: the config as Hydra composes it, each value followed by a
 comment that names the layer which set it last.
 
-The layers, in the order Hydra merges them (conf/config.yaml's defaults list): the defaults (the
-dataclasses of pipeline/config.py), each config group's option (`cluster=`, `mix=`, the `model=`
-preset, the `scale`: `demo` for the demo's model, `full` with model.base's shape from its
-config.json; the language table's entry for `lang=`), conf/config.yaml's own keys, and the command
-line; last, the base-model rules fill the keys whose default depends on whether model.base is given
-(pipeline/config.py: BASE_MODEL_RULES). Hydra's own `--cfg job` prints the same config without them;
-it still answers `--cfg` with a package, `--config-dir` and the other flags this does not take.
+The layers, in the order Hydra merges them (pipeline/conf/config.yaml's defaults list): the defaults
+(the dataclasses of pipeline/config.py), each config group's option (`cluster=`, `mix=`, the
+`model=` preset, the `scale`: `demo` for the demo's model, `full` with model.base's shape from its
+config.json; the language table's entry for `lang=`), pipeline/conf/config.yaml's own keys, and the
+command line; last, the base-model rules fill the keys whose default depends on whether model.base
+is given (pipeline/config.py: BASE_MODEL_RULES). Hydra's own `--cfg job` prints the same config
+without them; it still answers `--cfg` with a package, `--config-dir` and the other flags this does
+not take.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ def _keys(tree: Any, prefix: str) -> set[str]:
 
 
 def _option_keys(group: str, option: str, shape: Optional[dict]) -> tuple[str, set[str]]:
-    """(label, dotted keys) of a config group's option: a YAML file under conf/, the language
-    table's entry, or the full scale with model.base's shape."""
+    """(label, dotted keys) of a config group's option: a YAML file under pipeline/conf/, the
+    language table's entry, or the full scale with model.base's shape."""
     if group == "lang":
-        return f"lang={option} (conf/languages.yaml)", {"lang"}
+        return f"lang={option} (pipeline/conf/languages.yaml)", {"lang"}
     if group == SCALE_GROUP and option == FULL_SCALE:
         return "model.base's config.json", _keys(shape or {}, "model")
     path = CONF_DIR / group / f"{option}.yaml"
@@ -68,7 +69,7 @@ def _layers(
     groups = [next(iter(entry)) for entry in config_yaml["defaults"] if isinstance(entry, dict)]
     layers = [_option_keys(group, choices[group], shape) for group in groups if choices.get(group)]
     own = {key: value for key, value in config_yaml.items() if key not in ("defaults", "hydra")}
-    layers.append(("conf/config.yaml", _keys(own, "")))
+    layers.append(("pipeline/conf/config.yaml", _keys(own, "")))
     typed = {arg.split("=", 1)[0].lstrip("+~") for arg in overrides if "=" in arg}
     layers.append(("command line", typed - set(groups)))
     return layers

@@ -1,4 +1,4 @@
-"""The language table (`conf/languages.yaml`): 75 HPLT v1.2 languages keyed by ISO 639-3 code.
+"""The language table (`pipeline/conf/languages.yaml`): 75 HPLT v1.2 languages by ISO 639-3 code.
 
 `lang=` accepts the ISO 639-3 code, the HPLT code, the ISO 639-1 code or any listed alias
 (`lang=nb` is `nob`); anything else is an error that lists the closest codes first.
@@ -17,7 +17,7 @@ from omegaconf import MISSING, OmegaConf
 
 from pipeline.errors import closest_first
 
-TABLE_PATH = Path(__file__).resolve().parent.parent / "conf" / "languages.yaml"
+TABLE_PATH = Path(__file__).resolve().parent / "conf" / "languages.yaml"
 
 
 def _load_table(path: Path = TABLE_PATH) -> dict[str, dict]:

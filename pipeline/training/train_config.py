@@ -18,7 +18,8 @@ PRECISIONS = ("auto", "bf16", "fp32")
 class TrainConfig:
     """pretrain's budget and optimizer. The defaults are the recipe of continued pretraining from a
     real base (`model.base`), measured on SmolLM2-135M (docs/own-base-model.md, "Why these
-    defaults"); without a base the demo recipe sets CPU-sized budgets (conf/scale/demo.yaml)."""
+    defaults"); without a base the demo recipe sets CPU-sized budgets
+    (pipeline/conf/scale/demo.yaml)."""
 
     # Optimizer steps; null: what the mix planned, one pass of the pack (its tokens /
     # (global_batch_size x seq_len)). More than the plan is refused: raise the plan itself

@@ -2,9 +2,9 @@
 
 `stage=workflow` submits the steps of stage=all's recipe (pipeline/stages/: `recipe`), every stage
 as one Slurm job array with one task per language (the task id is the language's index in
-conf/languages.yaml) that waits for the same language's task of the previous stage (`aftercorr`)
-and, for the mix, for the base language's clean and replay tasks (`afterok`); it skips what is done
-(the stage's marker matches) or already queued, so it is safe to run again at any time.
+pipeline/conf/languages.yaml) that waits for the same language's task of the previous stage
+(`aftercorr`) and, for the mix, for the base language's clean and replay tasks (`afterok`); it skips
+what is done (the stage's marker matches) or already queued, so it is safe to run again at any time.
 `stage=status` prints languages x stages. The pieces:
 
 - selection.py: the languages, steps and per-language configs a workflow covers, and its checks;

@@ -47,7 +47,7 @@ from pipeline.stages import RUN_LANGUAGE_KEYS
 _HEADER = """\
 #!/bin/bash
 # Stage `{stage}` of a pipeline workflow (python -m pipeline stage=workflow): one array task per language, the
-# task id being the language's index in conf/languages.yaml.
+# task id being the language's index in pipeline/conf/languages.yaml.
 """
 
 _LANGUAGE = """

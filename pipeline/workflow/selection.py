@@ -2,9 +2,9 @@
 language's config as its jobs will see it; and the checks that stage=workflow and stage=status make
 before anything else.
 
-A language's array index is its position in conf/languages.yaml, so it keeps its index in any subset
-of languages, and a later submission can wait for an earlier array's task of the same language
-(`aftercorr`). New languages go at the end of the table.
+A language's array index is its position in pipeline/conf/languages.yaml, so it keeps its index in
+any subset of languages, and a later submission can wait for an earlier array's task of the same
+language (`aftercorr`). New languages go at the end of the table.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def test_cfg_job_shows_the_base_models_shape_over_the_preset(tmp_path):
     }
     assert model["max_seq_len"] == 128  # a shorter context than the base's is the user's choice
     # a real base takes the defaults, not the demo scale's budgets and vocabulary
-    # (conf/scale/demo.yaml) ...
+    # (pipeline/conf/scale/demo.yaml) ...
     config = yaml.safe_load(out)
     assert (config["tokenizer"]["extend_base"], config["tokenizer"]["added_tokens"]) == (
         True,
@@ -276,9 +276,9 @@ def test_cfg_job_names_where_each_value_came_from(tmp_path):
     assert (shown["mix.sources"], shown["mix.max_epochs"]) == ("mix=default", "default")
     assert (shown["model.hidden_size"], shown["lang.filters.language_score"]) == (
         "preset model=tiny",
-        "lang=nob (conf/languages.yaml)",
+        "lang=nob (pipeline/conf/languages.yaml)",
     )
-    assert (shown["work_dir"], shown["stage"]) == ("conf/config.yaml", "command line")
+    assert (shown["work_dir"], shown["stage"]) == ("pipeline/conf/config.yaml", "command line")
     base = _origins(
         run_cli(
             "--cfg", "job", *argv, f"model.base={_bloom_config(tmp_path / 'bloom')}", cwd=tmp_path

@@ -147,7 +147,7 @@ def _stated(key: str, default: str, config: DictConfig):
 
 def _demo_keys() -> set[str]:
     """The keys the demo scale sets (the composed config is the demo's): the table states the
-    defaults, and the page says what the recipe (conf/scale/demo.yaml) changes."""
+    defaults, and the page says what the recipe (pipeline/conf/scale/demo.yaml) changes."""
 
     def flat(node, prefix=""):
         for key, value in node.items():

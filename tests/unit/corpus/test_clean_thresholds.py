@@ -1,5 +1,6 @@
-"""Norwegian quality thresholds (conf/languages.yaml): legal text that FineWeb-2's values removed is
-kept, and web junk is still removed (docs/stages/clean.md, 'Thresholds for Norwegian')."""
+"""Norwegian quality thresholds (pipeline/conf/languages.yaml): legal text that FineWeb-2's values
+removed is kept, and web junk is still removed (docs/stages/clean.md, 'Thresholds for
+Norwegian')."""
 
 from __future__ import annotations
 
