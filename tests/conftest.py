@@ -237,6 +237,8 @@ TESTS = Path(__file__).resolve().parent
 LONGEST_FIRST = (
     "test_pretrain",
     "test_evaluate_tasks",
+    "test_kernels_compile",
+    "test_kernels_interpreted",
     "test_interrupted_commits",
     "test_tokenizer_stage",
     "test_warmup",

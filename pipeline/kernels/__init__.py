@@ -5,15 +5,20 @@ pipeline/kernels/reference.py on CPU, attention without an autograd graph throug
 attention; see pipeline/kernels/backend.py for the switch):
 
 - `flash_attention(q, k, v, *, causal=True, alibi_slopes=None, segment_ids=None,
-  softmax_scale=None)`: (batch, heads, seq, head_dim) like SDPA, any strides with a contiguous
-  head_dim (the Triton kernel's output and gradients keep their input's memory layout); k and v may
-  have fewer heads (GQA/MQA); `alibi_slopes` holds the slopes of the caller's own heads (tensor
-  parallelism passes its slice); `segment_ids` (batch, seq) keeps attention within each packed
-  document. Head dims up to 128 in the Triton kernel.
+  softmax_scale=None, sliding_window=None, softcap=None)`: (batch, heads, seq, head_dim) like SDPA,
+  any strides with a contiguous head_dim (the Triton kernel's output and gradients keep their
+  input's memory layout); k and v may have fewer heads (GQA/MQA); `alibi_slopes` holds the slopes
+  of the caller's own heads (tensor parallelism passes its slice); `segment_ids` (batch, seq) keeps
+  attention within each packed document; `sliding_window` W (causal only) lets query i see the keys
+  j with i - j < W, itself and the W - 1 before it, as Mistral's and Gemma's sliding-window layers
+  (transformers' `sliding_window` config value); `softcap` c caps the scaled scores to c *
+  tanh(score / c) before the masks (Gemma 2's `attn_logit_softcapping`; refused with ALiBi). Head
+  dims up to 128 in the Triton kernel.
 - `stacked_flash_attention(qkv, heads, head_dim, *, causal=True, alibi_slopes=None,
-  segment_ids=None, softmax_scale=None)`: the same over q, k, v side by side in one (batch, seq,
-  (heads + 2 kv_heads) x head_dim) tensor, as one projection makes them (`unstack_qkv(qkv, heads,
-  head_dim)` gives the three views); the Triton kernel's gradient is one tensor like qkv.
+  segment_ids=None, softmax_scale=None, sliding_window=None, softcap=None)`: the same over q, k, v
+  side by side in one (batch, seq, (heads + 2 kv_heads) x head_dim) tensor, as one projection makes
+  them (`unstack_qkv(qkv, heads, head_dim)` gives the three views); the Triton kernel's gradient is
+  one tensor like qkv.
 - `rms_norm(x, weight, eps)` and `layer_norm(x, weight, bias, eps)` (bias may be None): over the
   last axis, statistics in float32, output in x's dtype; the Triton kernels hold a row whole (hidden
   size <= 65536).
@@ -62,6 +67,8 @@ def flash_attention(
     alibi_slopes: Optional[torch.Tensor] = None,
     segment_ids: Optional[torch.Tensor] = None,
     softmax_scale: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """Attention over (batch, heads, seq, head_dim); the semantics are those of
     `reference.attention`."""
@@ -76,6 +83,8 @@ def flash_attention(
             alibi_slopes=alibi_slopes,
             segment_ids=segment_ids,
             softmax_scale=softmax_scale,
+            sliding_window=sliding_window,
+            softcap=softcap,
         )
     # Without an autograd graph nothing is saved for a backward, so PyTorch's fused attention may
     # run instead.
@@ -91,6 +100,8 @@ def flash_attention(
         alibi_slopes=alibi_slopes,
         segment_ids=segment_ids,
         softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
     )
 
 
@@ -103,6 +114,8 @@ def stacked_flash_attention(
     alibi_slopes: Optional[torch.Tensor] = None,
     segment_ids: Optional[torch.Tensor] = None,
     softmax_scale: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """`flash_attention` of q, k, v held side by side: qkv is (batch, seq, (heads + 2 kv_heads) x
     head_dim), as one projection makes them; the result is (batch, heads, seq, head_dim). The Triton
@@ -130,6 +143,8 @@ def stacked_flash_attention(
             alibi_slopes=alibi_slopes,
             segment_ids=segment_ids,
             softmax_scale=softmax_scale,
+            sliding_window=sliding_window,
+            softcap=softcap,
         )
     return flash_attention(
         *unstack_qkv(qkv, heads, head_dim),
@@ -137,6 +152,8 @@ def stacked_flash_attention(
         alibi_slopes=alibi_slopes,
         segment_ids=segment_ids,
         softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
     )
 
 

@@ -1,4 +1,5 @@
-"""FlashAttention-2 in Triton with ALiBi, causal and document masks, GQA: forward and backward.
+"""FlashAttention-2 in Triton with ALiBi, causal and document masks, sliding windows, Gemma 2's soft
+cap, GQA: forward and backward.
 
 Imported only when a call runs the Triton backend (pipeline.kernels dispatches), so the package
 works with torch alone. Shapes (batch, heads, seq, head_dim) like SDPA, any strides with a
@@ -33,6 +34,20 @@ ones; the dK/dV kernel runs its range and diagonal as one masked loop, which lea
 for one more pipeline stage. The loops have no data-dependent branch, so Triton's software pipeliner
 streams their K/V (Q/dO) tiles as in the dense case; a per-block `if` around the tile's work, as
 this kernel had before, keeps the loads out of the pipeline (docs/benchmark-log.md, packed rows).
+
+A sliding window of W keys (causal only: query i sees key j when 0 <= i - j < W, as Mistral and
+Gemma define it) narrows each program's region the same way: the query-block kernels start at the
+first key block that some query of the block sees (`_window_keys`), the dK/dV kernel ends at the
+last query block that sees a key of its block (`_window_queries`); tiles wholly outside the window
+are never loaded, so the cost grows with W, not with the sequence. The window's edge blocks, where
+some pairs lie outside it, run masked with the documents' partial blocks (one loop: a separate one
+spilled scalar registers on gfx90a), and the diagonal block gets the window mask with the causal
+one. A window of the sequence's length or more is no window.
+
+The soft cap (Gemma 2's attention logit soft-capping) replaces a scaled score s by c * tanh(s / c)
+before the masks; the backward multiplies the softmax gradient by its derivative 1 - tanh^2,
+recovered from the capped score itself (`_through_cap`). ALiBi with the soft cap is refused: the
+per-block ALiBi frame above needs scores that are linear up to a per-row constant.
 """
 
 from __future__ import annotations
@@ -46,7 +61,7 @@ import triton
 import triton.language as tl
 
 from pipeline.kernels.launch_configs import AttentionConfigs, attention_configs, current_arch
-from pipeline.kernels.reference import unstack_qkv
+from pipeline.kernels.reference import check_attention_options, unstack_qkv
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E): the kernels work in the log2 domain
 # Masked scores: finite, so that a forward row whose first key blocks are all masked gives exp2(0) =
@@ -113,26 +128,45 @@ def _masked_scores(
     alibi_slope2,
     anchor,
     qk_scale,
+    softcap2,
+    window,
     seq_len,
     QUERIES_FIRST: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
     CHECK_B: tl.constexpr,
     SEGMENT_MASK: tl.constexpr,
+    WINDOW_MASK: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Log2-domain scores of one tile pair, rows of `a` against rows of `b`: queries x keys when
     QUERIES_FIRST, else keys x queries (the dK/dV kernel's transposed view). ALiBi is taken relative
     to `anchor`; masked entries are MASKED. CHECK_B masks rows of `b` past the sequence end (a's are
-    never stored)."""
+    never stored); WINDOW_MASK the pairs with query - key >= window. With SOFTCAP the scores are
+    softcap2 * tanh(a . b * qk_scale / 2) (see `_score_scales`)."""
     scores = tl.dot(a, tl.trans(b))
-    if HAS_ALIBI:
+    if SOFTCAP:  # never with ALiBi (refused on the host)
+        # tanh(x) = 1 - 2 / (exp2(2 x log2 e) + 1), which saturates to +-1 (exp2 -> inf or 0):
+        # exp2 is the native instruction, and libdevice's tanh does not run in the interpreter.
+        scores = (1.0 - 2.0 / (tl.math.exp2(scores * qk_scale) + 1.0)) * softcap2
+    elif HAS_ALIBI:
         if QUERIES_FIRST:
             scores = scores * qk_scale + (alibi_slope2 * (b_pos - anchor).to(tl.float32))[None, :]
         else:
             scores = scores * qk_scale + (alibi_slope2 * (a_pos - anchor).to(tl.float32))[:, None]
     else:
         scores = scores * qk_scale
-    if CAUSAL_MASK:
+    if WINDOW_MASK:
+        if QUERIES_FIRST:
+            behind = a_pos[:, None] - b_pos[None, :]  # query - key
+        else:
+            behind = b_pos[None, :] - a_pos[:, None]
+        if CAUSAL_MASK:  # 0 <= behind < window in one unsigned compare
+            inside = behind.to(tl.uint32, bitcast=True) < window.to(tl.uint32, bitcast=True)
+        else:
+            inside = behind < window
+        scores = tl.where(inside, scores, MASKED)
+    elif CAUSAL_MASK:
         if QUERIES_FIRST:
             scores = tl.where(a_pos[:, None] >= b_pos[None, :], scores, MASKED)
         else:
@@ -142,6 +176,16 @@ def _masked_scores(
     if SEGMENT_MASK:
         scores = tl.where(a_seg[:, None] == b_seg[None, :], scores, MASKED)
     return scores
+
+
+@triton.jit
+def _through_cap(p, scores, softcap2):
+    """p * d/dx [c tanh(x / c)] = p * (1 - tanh^2), the tanh read back from the capped log2-domain
+    scores (softcap2 * tanh): keeping the tanh itself beside the scores would hold one more tile of
+    registers (it spilled on sm90). Masked scores clamp to -softcap2, so that p = 0 meets a
+    finite factor (their square would overflow to inf, and 0 * inf is NaN)."""
+    tanh = tl.maximum(scores, -softcap2) * (1.0 / softcap2)
+    return p * (1.0 - tanh * tanh)
 
 
 @triton.jit
@@ -174,6 +218,30 @@ def _segment_range(
         hi = region_hi
         segments = positions  # unused
     return lo, full_lo, full_hi, hi, segments
+
+
+@triton.jit
+def _window_keys(anchor, window, region_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A causal sliding window, seen from the query block at `anchor`: the key blocks (multiples of
+    BLOCK_N) in [lo, full) hold keys outside the window of some of its queries (masked), those in
+    [full, region_hi) lie inside every one's; blocks before lo hold no key that any of its queries
+    sees (lo's block holds key anchor - window + 1, the first one its first query sees) and are
+    skipped."""
+    lo = tl.maximum(anchor - window + 1, 0) // BLOCK_N * BLOCK_N
+    full = tl.cdiv(tl.maximum(anchor + BLOCK_M - window, 0), BLOCK_N) * BLOCK_N
+    return lo, tl.minimum(full, region_hi)
+
+
+@triton.jit
+def _window_queries(
+    anchor, window, region_lo, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """A causal sliding window, seen from the key block at `anchor` (the dK/dV kernel): the query
+    blocks (multiples of BLOCK_M) in [region_lo, full) see all its keys, those in [full, hi) some
+    of them; query blocks from hi on see none and are skipped."""
+    hi = tl.minimum(tl.cdiv(anchor + BLOCK_N - 1 + window, BLOCK_M) * BLOCK_M, seq_len)
+    full = tl.maximum(tl.minimum((anchor + window) // BLOCK_M * BLOCK_M, hi), region_lo)
+    return full, hi
 
 
 @triton.jit
@@ -261,6 +329,8 @@ def _forward_key_blocks(
     alibi_slope2,
     anchor,
     qk_scale,
+    softcap2,
+    window,
     seq_len,
     head_dim,
     lo,
@@ -270,6 +340,8 @@ def _forward_key_blocks(
     CAUSAL_MASK: tl.constexpr,
     CHECK_KEYS: tl.constexpr,
     SEGMENT_MASK: tl.constexpr,
+    WINDOW_MASK: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
     """Online softmax over the key blocks [lo, hi) for one query block."""
@@ -291,12 +363,16 @@ def _forward_key_blocks(
             alibi_slope2,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             QUERIES_FIRST=True,
             HAS_ALIBI=HAS_ALIBI,
             CAUSAL_MASK=CAUSAL_MASK,
             CHECK_B=CHECK_KEYS,
             SEGMENT_MASK=SEGMENT_MASK,
+            WINDOW_MASK=WINDOW_MASK,
+            SOFTCAP=SOFTCAP,
         )
         new_max = tl.maximum(row_max, tl.max(scores, 1))
         p = tl.math.exp2(scores - new_max[:, None])
@@ -338,12 +414,16 @@ def _attention_forward(
     seq_len,
     head_dim,
     qk_scale,
+    softcap2,
+    window,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     HAS_SEGMENTS: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     CHECK_SEQ: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
@@ -384,8 +464,12 @@ def _attention_forward(
         alibi_slope2 = tl.load(slopes_ptr + head)
     seg_row_ptr = seg_ptr + batch * stride_seg_b
     # Keys before the block's first query are visible to all its queries (causal); the diagonal
-    # comes last.
+    # comes last. A sliding window (causal only) starts the region at its first key block.
+    region_lo = 0
     region_hi = anchor if CAUSAL else seq_len
+    window_full = region_lo
+    if WINDOW:
+        region_lo, window_full = _window_keys(anchor, window, region_hi, BLOCK_M, BLOCK_N)
     lo, full_lo, full_hi, hi, seg_q = _segment_range(
         seg_row_ptr,
         ranges_ptr,
@@ -393,7 +477,7 @@ def _attention_forward(
         batch,
         offs_m,
         seq_len,
-        0,
+        region_lo,
         region_hi,
         HAS_SEGMENTS=HAS_SEGMENTS,
     )
@@ -401,7 +485,12 @@ def _attention_forward(
     row_max = tl.full([BLOCK_M], MASKED, dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if HAS_SEGMENTS:
+    if WINDOW:
+        # The window's edge joins the masked blocks before the unmasked run (one loop: another
+        # would spill scalar registers on gfx90a).
+        full_lo = tl.maximum(full_lo, window_full)
+        full_hi = tl.maximum(full_hi, window_full)
+    if HAS_SEGMENTS or WINDOW:
         acc, row_sum, row_max = _forward_key_blocks(
             acc,
             row_sum,
@@ -419,15 +508,19 @@ def _attention_forward(
             alibi_slope2,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             head_dim,
             lo,
-            full_lo,
+            tl.minimum(full_lo, hi),
             BLOCK_N=BLOCK_N,
             HAS_ALIBI=HAS_ALIBI,
             CAUSAL_MASK=False,
             CHECK_KEYS=CHECK_SEQ and not CAUSAL,
-            SEGMENT_MASK=True,
+            SEGMENT_MASK=HAS_SEGMENTS,
+            WINDOW_MASK=WINDOW,
+            SOFTCAP=SOFTCAP,
             CHECK_D=CHECK_D,
         )
     acc, row_sum, row_max = _forward_key_blocks(
@@ -447,6 +540,8 @@ def _attention_forward(
         alibi_slope2,
         anchor,
         qk_scale,
+        softcap2,
+        window,
         seq_len,
         head_dim,
         full_lo,
@@ -456,6 +551,8 @@ def _attention_forward(
         CAUSAL_MASK=False,
         CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS),
         SEGMENT_MASK=False,
+        WINDOW_MASK=False,
+        SOFTCAP=SOFTCAP,
         CHECK_D=CHECK_D,
     )
     if HAS_SEGMENTS:
@@ -476,6 +573,8 @@ def _attention_forward(
             alibi_slope2,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             head_dim,
             full_hi,
@@ -485,6 +584,8 @@ def _attention_forward(
             CAUSAL_MASK=False,
             CHECK_KEYS=CHECK_SEQ and not CAUSAL,
             SEGMENT_MASK=True,
+            WINDOW_MASK=False,
+            SOFTCAP=SOFTCAP,
             CHECK_D=CHECK_D,
         )
     if CAUSAL:
@@ -505,6 +606,8 @@ def _attention_forward(
             alibi_slope2,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             head_dim,
             anchor,
@@ -514,6 +617,8 @@ def _attention_forward(
             CAUSAL_MASK=True,
             CHECK_KEYS=CHECK_SEQ,
             SEGMENT_MASK=HAS_SEGMENTS,
+            WINDOW_MASK=WINDOW,  # a window narrower than the block
+            SOFTCAP=SOFTCAP,
             CHECK_D=CHECK_D,
         )
 
@@ -565,6 +670,8 @@ def _backward_kv_query_blocks(
     first_head,
     anchor,
     qk_scale,
+    softcap2,
+    window,
     seq_len,
     head_dim,
     group,
@@ -575,6 +682,8 @@ def _backward_kv_query_blocks(
     CAUSAL_MASK: tl.constexpr,
     CHECK_QUERIES: tl.constexpr,
     SEGMENT_MASK: tl.constexpr,
+    WINDOW_MASK: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
     """dK, dV of one key block from the query blocks [lo, hi) of every query head of its group (keys
@@ -615,14 +724,21 @@ def _backward_kv_query_blocks(
             alibi_slope2,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             QUERIES_FIRST=False,
             HAS_ALIBI=HAS_ALIBI,
             CAUSAL_MASK=CAUSAL_MASK,
             CHECK_B=CHECK_QUERIES,
             SEGMENT_MASK=SEGMENT_MASK,
+            WINDOW_MASK=WINDOW_MASK,
+            SOFTCAP=SOFTCAP,
         )
         p_t = tl.math.exp2(scores_t - lse[None, :])
+        dp_factor_t = p_t
+        if SOFTCAP:  # at once, so that the scores need not stay live
+            dp_factor_t = _through_cap(p_t, scores_t, softcap2)
         do = _load_tile(
             do_ptrs + member * stride_doh + start_m * stride_dos,
             queries,
@@ -634,7 +750,7 @@ def _backward_kv_query_blocks(
         )
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
+        ds_t = dp_factor_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
         start_m += BLOCK_M  # the next query block, or the first one of the next head
         member = tl.where(start_m >= hi, member + 1, member)
@@ -681,12 +797,16 @@ def _attention_backward_kv(
     head_dim,
     qk_scale,
     sm_scale,
+    softcap2,
+    window,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     HAS_SEGMENTS: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     CHECK_SEQ: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
@@ -727,8 +847,16 @@ def _attention_backward_kv(
     )
     seg_row_ptr = seg_ptr + batch * stride_seg_b
     # Queries after the key block see all of it (causal); the diagonal queries need the causal mask.
+    # A sliding window (causal only) ends the region at the last query block that sees a key of
+    # the block, and needs its mask from `window_full` on.
     diagonal_end = tl.minimum(anchor + BLOCK_N, seq_len)
     region_lo = diagonal_end if CAUSAL else 0
+    region_hi = seq_len
+    window_full = region_hi
+    if WINDOW:
+        window_full, region_hi = _window_queries(
+            anchor, window, region_lo, seq_len, BLOCK_M, BLOCK_N
+        )
     lo, _, _, hi, seg_k = _segment_range(
         seg_row_ptr,
         ranges_ptr,
@@ -737,7 +865,7 @@ def _attention_backward_kv(
         offs_n,
         seq_len,
         region_lo,
-        seq_len,
+        region_hi,
         HAS_SEGMENTS=HAS_SEGMENTS,
     )
 
@@ -789,6 +917,8 @@ def _attention_backward_kv(
             first_head,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             head_dim,
             group,
@@ -799,6 +929,8 @@ def _attention_backward_kv(
             CAUSAL_MASK=CAUSAL,
             CHECK_QUERIES=CHECK_SEQ,
             SEGMENT_MASK=True,
+            WINDOW_MASK=WINDOW,
+            SOFTCAP=SOFTCAP,
             CHECK_D=CHECK_D,
         )
     else:
@@ -825,6 +957,8 @@ def _attention_backward_kv(
                 first_head,
                 anchor,
                 qk_scale,
+                softcap2,
+                window,
                 seq_len,
                 head_dim,
                 group,
@@ -835,6 +969,8 @@ def _attention_backward_kv(
                 CAUSAL_MASK=True,
                 CHECK_QUERIES=CHECK_SEQ,
                 SEGMENT_MASK=False,
+                WINDOW_MASK=WINDOW,
+                SOFTCAP=SOFTCAP,
                 CHECK_D=CHECK_D,
             )
         dk, dv = _backward_kv_query_blocks(
@@ -859,18 +995,61 @@ def _attention_backward_kv(
             first_head,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             head_dim,
             group,
             lo,
-            hi,
+            window_full,
             BLOCK_M=BLOCK_M,
             HAS_ALIBI=HAS_ALIBI,
             CAUSAL_MASK=False,
             CHECK_QUERIES=CHECK_SEQ,
             SEGMENT_MASK=False,
+            WINDOW_MASK=False,
+            SOFTCAP=SOFTCAP,
             CHECK_D=CHECK_D,
         )
+        if WINDOW:
+            dk, dv = _backward_kv_query_blocks(
+                dk,
+                dv,
+                k,
+                v,
+                q_ptrs,
+                do_ptrs,
+                stride_qh,
+                stride_qs,
+                stride_doh,
+                stride_dos,
+                lse_ptr + row_offset,
+                delta_ptr + row_offset,
+                slopes_ptr,
+                seg_row_ptr,
+                seg_k,
+                offs_n,
+                offs_m,
+                offs_d,
+                first_head,
+                anchor,
+                qk_scale,
+                softcap2,
+                window,
+                seq_len,
+                head_dim,
+                group,
+                window_full,
+                hi,
+                BLOCK_M=BLOCK_M,
+                HAS_ALIBI=HAS_ALIBI,
+                CAUSAL_MASK=False,
+                CHECK_QUERIES=CHECK_SEQ,
+                SEGMENT_MASK=False,
+                WINDOW_MASK=True,
+                SOFTCAP=SOFTCAP,
+                CHECK_D=CHECK_D,
+            )
 
     dk = dk * sm_scale
     _store_tile(
@@ -922,6 +1101,8 @@ def _backward_q_key_blocks(
     alibi_slope2,
     anchor,
     qk_scale,
+    softcap2,
+    window,
     seq_len,
     head_dim,
     lo,
@@ -931,6 +1112,8 @@ def _backward_q_key_blocks(
     CAUSAL_MASK: tl.constexpr,
     CHECK_KEYS: tl.constexpr,
     SEGMENT_MASK: tl.constexpr,
+    WINDOW_MASK: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
     """dQ of one query block from the key blocks [lo, hi); `lse` already carries the block's ALiBi
@@ -953,14 +1136,20 @@ def _backward_q_key_blocks(
             alibi_slope2,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             QUERIES_FIRST=True,
             HAS_ALIBI=HAS_ALIBI,
             CAUSAL_MASK=CAUSAL_MASK,
             CHECK_B=CHECK_KEYS,
             SEGMENT_MASK=SEGMENT_MASK,
+            WINDOW_MASK=WINDOW_MASK,
+            SOFTCAP=SOFTCAP,
         )
         p = tl.math.exp2(scores - lse[:, None])
+        if SOFTCAP:
+            p = _through_cap(p, scores, softcap2)
         v = _load_tile(
             v_ptrs + start_n * stride_vs, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D
         )
@@ -1008,12 +1197,16 @@ def _attention_backward_q(
     head_dim,
     qk_scale,
     sm_scale,
+    softcap2,
+    window,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     HAS_SEGMENTS: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     CHECK_SEQ: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
@@ -1082,7 +1275,11 @@ def _attention_backward_q(
         alibi_slope2 = tl.load(slopes_ptr + head)
         lse = lse + alibi_slope2 * (offs_m - anchor).to(tl.float32)
     seg_row_ptr = seg_ptr + batch * stride_seg_b
+    region_lo = 0  # the key blocks as in the forward
     region_hi = anchor if CAUSAL else seq_len
+    window_full = region_lo
+    if WINDOW:
+        region_lo, window_full = _window_keys(anchor, window, region_hi, BLOCK_M, BLOCK_N)
     lo, full_lo, full_hi, hi, seg_q = _segment_range(
         seg_row_ptr,
         ranges_ptr,
@@ -1090,7 +1287,7 @@ def _attention_backward_q(
         batch,
         offs_m,
         seq_len,
-        0,
+        region_lo,
         region_hi,
         HAS_SEGMENTS=HAS_SEGMENTS,
     )
@@ -1110,7 +1307,11 @@ def _attention_backward_q(
         + offs_d[None, :]
     )
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if HAS_SEGMENTS:
+    if WINDOW:
+        # as in the forward
+        full_lo = tl.maximum(full_lo, window_full)
+        full_hi = tl.maximum(full_hi, window_full)
+    if HAS_SEGMENTS or WINDOW:
         dq = _backward_q_key_blocks(
             dq,
             q,
@@ -1129,15 +1330,19 @@ def _attention_backward_q(
             alibi_slope2,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             head_dim,
             lo,
-            full_lo,
+            tl.minimum(full_lo, hi),
             BLOCK_N=BLOCK_N,
             HAS_ALIBI=HAS_ALIBI,
             CAUSAL_MASK=False,
             CHECK_KEYS=CHECK_SEQ and not CAUSAL,
-            SEGMENT_MASK=True,
+            SEGMENT_MASK=HAS_SEGMENTS,
+            WINDOW_MASK=WINDOW,
+            SOFTCAP=SOFTCAP,
             CHECK_D=CHECK_D,
         )
     dq = _backward_q_key_blocks(
@@ -1158,6 +1363,8 @@ def _attention_backward_q(
         alibi_slope2,
         anchor,
         qk_scale,
+        softcap2,
+        window,
         seq_len,
         head_dim,
         full_lo,
@@ -1167,6 +1374,8 @@ def _attention_backward_q(
         CAUSAL_MASK=False,
         CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS),
         SEGMENT_MASK=False,
+        WINDOW_MASK=False,
+        SOFTCAP=SOFTCAP,
         CHECK_D=CHECK_D,
     )
     if HAS_SEGMENTS:
@@ -1188,6 +1397,8 @@ def _attention_backward_q(
             alibi_slope2,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             head_dim,
             full_hi,
@@ -1197,6 +1408,8 @@ def _attention_backward_q(
             CAUSAL_MASK=False,
             CHECK_KEYS=CHECK_SEQ and not CAUSAL,
             SEGMENT_MASK=True,
+            WINDOW_MASK=False,
+            SOFTCAP=SOFTCAP,
             CHECK_D=CHECK_D,
         )
     if CAUSAL:
@@ -1218,6 +1431,8 @@ def _attention_backward_q(
             alibi_slope2,
             anchor,
             qk_scale,
+            softcap2,
+            window,
             seq_len,
             head_dim,
             anchor,
@@ -1227,6 +1442,8 @@ def _attention_backward_q(
             CAUSAL_MASK=True,
             CHECK_KEYS=CHECK_SEQ,
             SEGMENT_MASK=HAS_SEGMENTS,
+            WINDOW_MASK=WINDOW,  # a window narrower than the block
+            SOFTCAP=SOFTCAP,
             CHECK_D=CHECK_D,
         )
     dq = dq * sm_scale
@@ -1336,7 +1553,8 @@ def _document_blocks(segment_ids: torch.Tensor) -> _DocumentBlocks:
     return blocks
 
 
-def _check_inputs(q, k, v, alibi_slopes, segment_ids) -> None:
+def _check_inputs(q, k, v, causal, alibi_slopes, segment_ids, sliding_window, softcap) -> None:
+    check_attention_options(causal, alibi_slopes, sliding_window, softcap)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             "flash_attention: q, k, v must be (batch, heads, seq, head_dim); got "
@@ -1377,8 +1595,33 @@ def _check_inputs(q, k, v, alibi_slopes, segment_ids) -> None:
         )
 
 
+def _score_scales(sm_scale: float, softcap: Optional[float]) -> tuple[float, float]:
+    """The kernels' (qk_scale, softcap2): log2-domain scores are q . k * qk_scale; with a soft cap
+    c they are c log2(e) tanh(q . k * sm_scale / c), the tanh computed from exp2(q . k * qk_scale)
+    with qk_scale = 2 log2(e) sm_scale / c, and softcap2 = c log2(e)."""
+    if softcap is None:
+        return sm_scale * LOG2E, 0.0
+    return 2.0 * LOG2E * sm_scale / float(softcap), float(softcap) * LOG2E
+
+
+def _window(sliding_window: Optional[int], seq_len: int) -> int:
+    """The window the kernels apply, 0 for none: a causal window of seq_len keys or more hides
+    nothing."""
+    return int(sliding_window) if sliding_window is not None and sliding_window < seq_len else 0
+
+
 def _launch_forward(
-    ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs
+    ctx,
+    q,
+    k,
+    v,
+    causal,
+    alibi_slopes,
+    segment_ids,
+    softmax_scale,
+    sliding_window,
+    softcap,
+    configs,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward kernel; keeps the settings and document blocks on `ctx`. Returns the output (laid
     out like q), the log-sum-exp and the scaled slopes: tensors the caller saves for the backward
@@ -1388,6 +1631,8 @@ def _launch_forward(
     arch = current_arch(q.device)
     block_d, check_seq, check_d = _flags(seq_len, head_dim, configs)
     sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    qk_scale, softcap2 = _score_scales(sm_scale, softcap)
+    window = _window(sliding_window, seq_len)
     has_alibi, has_segments = alibi_slopes is not None, segment_ids is not None
     slopes2 = alibi_slopes.to(torch.float32) * LOG2E if has_alibi else q  # q: an unused pointer
     blocks = _document_blocks(segment_ids) if has_segments else None
@@ -1425,25 +1670,30 @@ def _launch_forward(
         heads // kv_heads,
         seq_len,
         head_dim,
-        sm_scale * LOG2E,
+        qk_scale,
+        softcap2,
+        window,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_D=block_d,
         CAUSAL=causal,
         HAS_ALIBI=has_alibi,
         HAS_SEGMENTS=has_segments,
+        WINDOW=window > 0,
+        SOFTCAP=softcap is not None,
         CHECK_SEQ=check_seq,
         CHECK_D=check_d,
         **cfg.launch_options(arch),
     )
-    ctx.settings = (causal, has_alibi, has_segments, sm_scale, configs)
+    ctx.settings = (causal, has_alibi, has_segments, sm_scale, window, softcap, configs)
     ctx.blocks = blocks  # integer tensors, shared by the layers of a batch: not saved per layer
     return out, lse, slopes2
 
 
 def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> None:
     """The backward kernels, writing into dq, dk, dv (any strides with a contiguous head_dim)."""
-    causal, has_alibi, has_segments, sm_scale, configs = ctx.settings
+    causal, has_alibi, has_segments, sm_scale, window, softcap, configs = ctx.settings
+    qk_scale, softcap2 = _score_scales(sm_scale, softcap)
     blocks = ctx.blocks
     segments = blocks.segments if has_segments else q.new_empty((1, 1), dtype=torch.int32)
     batch, heads, seq_len, head_dim = q.shape
@@ -1461,6 +1711,8 @@ def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> N
         CAUSAL=causal,
         HAS_ALIBI=has_alibi,
         HAS_SEGMENTS=has_segments,
+        WINDOW=window > 0,
+        SOFTCAP=softcap is not None,
         CHECK_SEQ=check_seq,
         CHECK_D=check_d,
     )
@@ -1500,8 +1752,10 @@ def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> N
         heads // kv_heads,
         seq_len,
         head_dim,
-        sm_scale * LOG2E,
+        qk_scale,
         sm_scale,
+        softcap2,
+        window,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         **flags,
@@ -1544,8 +1798,10 @@ def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> N
         heads // kv_heads,
         seq_len,
         head_dim,
-        sm_scale * LOG2E,
+        qk_scale,
         sm_scale,
+        softcap2,
+        window,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         **flags,
@@ -1555,9 +1811,31 @@ def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> N
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs):
+    def forward(
+        ctx,
+        q,
+        k,
+        v,
+        causal,
+        alibi_slopes,
+        segment_ids,
+        softmax_scale,
+        sliding_window,
+        softcap,
+        configs,
+    ):
         out, lse, slopes2 = _launch_forward(
-            ctx, q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, configs
+            ctx,
+            q,
+            k,
+            v,
+            causal,
+            alibi_slopes,
+            segment_ids,
+            softmax_scale,
+            sliding_window,
+            softcap,
+            configs,
         )
         ctx.save_for_backward(q, k, v, out, lse, slopes2)
         return out
@@ -1569,7 +1847,7 @@ class _FlashAttention(torch.autograd.Function):
         # no copy either.
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         _launch_backward(ctx, q, k, v, *attention, grad_out, dq, dk, dv)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 class _StackedFlashAttention(torch.autograd.Function):
@@ -1579,7 +1857,17 @@ class _StackedFlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, qkv, heads, head_dim, causal, alibi_slopes, segment_ids, softmax_scale, configs
+        ctx,
+        qkv,
+        heads,
+        head_dim,
+        causal,
+        alibi_slopes,
+        segment_ids,
+        softmax_scale,
+        sliding_window,
+        softcap,
+        configs,
     ):
         out, lse, slopes2 = _launch_forward(
             ctx,
@@ -1588,6 +1876,8 @@ class _StackedFlashAttention(torch.autograd.Function):
             alibi_slopes,
             segment_ids,
             softmax_scale,
+            sliding_window,
+            softcap,
             configs,
         )
         ctx.save_for_backward(qkv, out, lse, slopes2)
@@ -1605,14 +1895,18 @@ class _StackedFlashAttention(torch.autograd.Function):
             grad_out,
             *unstack_qkv(grad_qkv, *ctx.shape),
         )
-        return grad_qkv, None, None, None, None, None, None, None
+        return grad_qkv, None, None, None, None, None, None, None, None, None
 
 
 def _configs(
-    q: torch.Tensor, has_segments: bool, configs: Optional[AttentionConfigs]
+    q: torch.Tensor,
+    has_segments: bool,
+    sliding_window: Optional[int],
+    softcap: Optional[float],
+    configs: Optional[AttentionConfigs],
 ) -> AttentionConfigs:
     return (configs or attention_configs(current_arch(q.device), q.shape[-1])).specialised(
-        has_segments
+        has_segments, _window(sliding_window, q.shape[2]) > 0, softcap is not None
     )
 
 
@@ -1625,11 +1919,13 @@ def flash_attention(
     alibi_slopes: Optional[torch.Tensor] = None,
     segment_ids: Optional[torch.Tensor] = None,
     softmax_scale: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
     configs: Optional[AttentionConfigs] = None,
 ) -> torch.Tensor:
     """The Triton kernel behind pipeline.kernels.flash_attention; `configs` overrides the table
     (tests)."""
-    _check_inputs(q, k, v, alibi_slopes, segment_ids)
+    _check_inputs(q, k, v, causal, alibi_slopes, segment_ids, sliding_window, softcap)
     return _FlashAttention.apply(
         q,
         k,
@@ -1638,7 +1934,9 @@ def flash_attention(
         alibi_slopes,
         segment_ids,
         softmax_scale,
-        _configs(q, segment_ids is not None, configs),
+        sliding_window,
+        softcap,
+        _configs(q, segment_ids is not None, sliding_window, softcap, configs),
     )
 
 
@@ -1651,11 +1949,13 @@ def stacked_flash_attention(
     alibi_slopes: Optional[torch.Tensor] = None,
     segment_ids: Optional[torch.Tensor] = None,
     softmax_scale: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
     configs: Optional[AttentionConfigs] = None,
 ) -> torch.Tensor:
     """The Triton kernel behind pipeline.kernels.stacked_flash_attention."""
     q, k, v = unstack_qkv(qkv, heads, head_dim)
-    _check_inputs(q, k, v, alibi_slopes, segment_ids)
+    _check_inputs(q, k, v, causal, alibi_slopes, segment_ids, sliding_window, softcap)
     return _StackedFlashAttention.apply(
         qkv,
         heads,
@@ -1664,5 +1964,7 @@ def stacked_flash_attention(
         alibi_slopes,
         segment_ids,
         softmax_scale,
-        _configs(q, segment_ids is not None, configs),
+        sliding_window,
+        softcap,
+        _configs(q, segment_ids is not None, sliding_window, softcap, configs),
     )

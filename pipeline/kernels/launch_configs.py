@@ -22,7 +22,7 @@ does not depend on a tuning pass. Architectures:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -63,11 +63,28 @@ class AttentionConfigs:
     # With document masks (segment ids) the kernels are another specialisation with more live
     # registers; where the dense tiles would spill there, `documents` holds the ones to use instead.
     documents: Optional[AttentionConfigs] = None
+    # A sliding window and the soft cap (Gemma 2's tanh) are specialisations too, with more masks,
+    # scalars or arithmetic; where a kernel's tiles would spill there, `variants` holds the ones to
+    # use instead: variant ("window", "softcap" or "window+softcap") -> kernel -> configuration.
+    variants: dict[str, dict[str, KernelConfig]] = field(default_factory=dict)
 
-    def specialised(self, has_segments: bool) -> AttentionConfigs:
-        """The configurations of the dense or the document-mask specialisation."""
-        return self.documents if has_segments and self.documents is not None else self
+    def specialised(
+        self, has_segments: bool, window: bool = False, softcap: bool = False
+    ) -> AttentionConfigs:
+        """The configurations of the dense or the document-mask specialisation, with or without a
+        sliding window and the soft cap."""
+        configs = self.documents if has_segments and self.documents is not None else self
+        variant = "+".join(name for name, on in (("window", window), ("softcap", softcap)) if on)
+        overrides = configs.variants.get(variant)
+        return replace(configs, **overrides, variants={}) if overrides else configs
 
+
+# gfx90a's forward where the soft cap or a sliding window would spill with 128 x 64 tiles (see the
+# table), by number of stages.
+_GFX90A_NARROW_FORWARD = {
+    stages: KernelConfig(128, 32, 8, stages, waves_per_eu=2, matrix_instr_nonkdim=16)
+    for stages in (1, 2)
+}
 
 # Keyed by architecture, then by the padded head dim (64: head dims up to 64; 128: 65..128, so 80
 # and 96 run in 128-wide tiles with the extra columns masked).
@@ -85,7 +102,9 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
         # packed rows, where its one masked loop leaves the registers for the third stage (1.06x
         # forward+backward against 2 stages, 2026-11-27). dQ: 128 queries, 64-key blocks. Every
         # entry compiles without spills, with one query head per key head and with several
-        # (tests/unit/kernels/test_kernels_compile.py).
+        # (tests/unit/kernels/test_kernels_compile.py). A sliding window with the soft cap on
+        # packed rows (Gemma 2's local layers) leaves dK/dV the registers for 2 stages only (3
+        # spilled 8 bytes at D=128, 24 at D=64; not timed against them).
         128: AttentionConfigs(
             forward=KernelConfig(128, 64, 8, 4),
             backward_kv=KernelConfig(32, 64, 4, 3),
@@ -94,6 +113,7 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
                 forward=KernelConfig(64, 64, 4, 2),
                 backward_kv=KernelConfig(32, 64, 4, 3),
                 backward_q=KernelConfig(64, 64, 4, 2),
+                variants={"window+softcap": {"backward_kv": KernelConfig(32, 64, 4, 2)}},
             ),
         ),
         # D=64 halves every tile: 4 warps suffice for the forward's 128x64 tiles (3 stages; on
@@ -107,6 +127,7 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
                 forward=KernelConfig(64, 32, 4, 2),
                 backward_kv=KernelConfig(64, 64, 4, 3),
                 backward_q=KernelConfig(64, 32, 4, 4),
+                variants={"window+softcap": {"backward_kv": KernelConfig(64, 64, 4, 2)}},
             ),
         ),
     },
@@ -118,7 +139,11 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
         # dK/dV program holds K, V, dK, dV of 64 keys (wider spills); waves_per_eu=1 lets it use the
         # accumulation registers (AGPRs) too. dQ: 64 queries x 32 keys. With document masks the
         # forward's 128x64 tiles spill a few VGPRs with 4 wavefronts (the element-wise segment
-        # compare); 8 wavefronts halve each lane's share and compile clean.
+        # compare); 8 wavefronts halve each lane's share and compile clean. The soft cap's tanh
+        # spills the dense forward's VGPRs (17 at D=128), and a sliding window on packed rows its
+        # scalar registers (7-8 SGPRs with 64-key tiles; 32-key ones need 75 of the 102): there
+        # the forward takes 128 x 32 tiles with 8 wavefronts, clean in every variant (chosen by
+        # the compiler's report; not timed).
         128: AttentionConfigs(
             forward=KernelConfig(128, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
             backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
@@ -127,12 +152,21 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
                 forward=KernelConfig(128, 64, 8, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
                 backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
                 backward_q=KernelConfig(64, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
+                variants={
+                    variant: {"forward": _GFX90A_NARROW_FORWARD[1]}
+                    for variant in ("window", "window+softcap")
+                },
             ),
+            variants={
+                variant: {"forward": _GFX90A_NARROW_FORWARD[1]}
+                for variant in ("softcap", "window+softcap")
+            },
         ),
         # D=64: tiles are half as large, so the forward double-buffers K/V in LDS (num_stages=2, 16
         # KiB) and every kernel keeps two waves per SIMD. dK/dV takes 32-query steps (64 spilled 15
         # registers once its loop over a group's heads was flattened); with document masks the
-        # forward is as at D=128. Not timed on an MI250X: chosen by the compiler's report alone.
+        # forward is as at D=128, and so is its sliding window on packed rows (2 stages).
+        # Not timed on an MI250X: chosen by the compiler's report alone.
         64: AttentionConfigs(
             forward=KernelConfig(128, 64, 4, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
             backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
@@ -141,6 +175,10 @@ ATTENTION: dict[str, dict[int, AttentionConfigs]] = {
                 forward=KernelConfig(128, 64, 8, 2, waves_per_eu=2, matrix_instr_nonkdim=16),
                 backward_kv=KernelConfig(32, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
                 backward_q=KernelConfig(64, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                variants={
+                    variant: {"forward": _GFX90A_NARROW_FORWARD[2]}
+                    for variant in ("window", "window+softcap")
+                },
             ),
         ),
     },
@@ -211,5 +249,11 @@ def _arch_of(index: int) -> str:
     return arch if arch in ATTENTION else "default"
 
 
-def attention_configs(arch: str, head_dim: int, has_segments: bool = False) -> AttentionConfigs:
-    return ATTENTION[arch][64 if head_dim <= 64 else 128].specialised(has_segments)
+def attention_configs(
+    arch: str,
+    head_dim: int,
+    has_segments: bool = False,
+    window: bool = False,
+    softcap: bool = False,
+) -> AttentionConfigs:
+    return ATTENTION[arch][64 if head_dim <= 64 else 128].specialised(has_segments, window, softcap)

@@ -10,6 +10,7 @@ alone, 2.3x with ALiBi and documents).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -36,20 +37,62 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
         )
 
 
+def check_attention_options(
+    causal: bool,
+    alibi_slopes: Optional[torch.Tensor],
+    sliding_window: Optional[int],
+    softcap: Optional[float],
+) -> None:
+    """Refuse the combinations that no backend computes (the same on every backend, so that a run
+    never depends on where it runs): a sliding window is causal (Mistral, Gemma 2/3), and the soft
+    cap (Gemma 2) is refused with ALiBi, whose bias the kernels add after the cap, relative to each
+    block, which only a linear score allows."""
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral):
+            raise TypeError(
+                f"attention: sliding_window must be an int (keys per query, itself included) or "
+                f"None; got {sliding_window!r}"
+            )
+        if sliding_window < 1:
+            raise ValueError(
+                f"attention: sliding_window must be >= 1 (a query sees itself and the "
+                f"sliding_window - 1 keys before it); got {sliding_window}"
+            )
+        if not causal:
+            raise ValueError(
+                "attention: sliding_window needs causal=True: the window is causal as Mistral and "
+                "Gemma define it; bidirectional sliding windows are not supported"
+            )
+    if softcap is not None:
+        if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool):
+            raise TypeError(f"attention: softcap must be a float or None; got {softcap!r}")
+        if not math.isfinite(softcap) or softcap <= 0:
+            raise ValueError(f"attention: softcap must be a finite number > 0; got {softcap}")
+        if alibi_slopes is not None:
+            raise ValueError(
+                "attention: softcap together with alibi_slopes is not supported (no model uses "
+                "both, and the kernels add ALiBi to the scores after the cap); pass one of them"
+            )
+
+
 def _mask(
     q: torch.Tensor,
     causal: bool,
     alibi_slopes: Optional[torch.Tensor],
     segment_ids: Optional[torch.Tensor],
+    sliding_window: Optional[int] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Which keys each query may see, (batch or 1, 1, seq, seq), and the ALiBi bias slope_h * (j -
-    i) of query i and key j, (1, heads, seq, seq) in float32, or None."""
+    i) of query i and key j, (1, heads, seq, seq) in float32, or None. A sliding window of W keeps
+    the keys with i - j < W (transformers' `sliding_window_overlay`: kv_idx > q_idx - W)."""
     _, heads, seq, _ = q.shape
     positions = torch.arange(seq, device=q.device)
     distance = positions[None, :] - positions[:, None]  # j - i
     allowed = (distance <= 0 if causal else torch.ones_like(distance, dtype=torch.bool)).view(
         1, 1, seq, seq
     )
+    if sliding_window is not None:
+        allowed = allowed & (distance > -sliding_window)
     if segment_ids is not None:
         allowed = allowed & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
     bias = None if alibi_slopes is None else alibi_slopes.float().view(1, heads, 1, 1) * distance
@@ -65,20 +108,28 @@ def attention(
     alibi_slopes: Optional[torch.Tensor] = None,
     segment_ids: Optional[torch.Tensor] = None,
     softmax_scale: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """Attention over (batch, heads, seq, head_dim); k and v may have fewer heads (GQA/MQA).
 
     ALiBi adds slope_h * (j - i) to the score of query i and key j: BLOOM adds slope_h * j, which
     differs by a constant per row and so gives the same softmax. Softmax runs in float32.
+    `sliding_window` W lets query i see the keys j with i - j < W only (itself and the W - 1 before
+    it: Mistral's and Gemma's window); `softcap` c caps the scaled scores to c * tanh(score / c)
+    before the masks, as Gemma 2's attention does.
     """
     _check_heads(q, k)
+    check_attention_options(causal, alibi_slopes, sliding_window, softcap)
     heads, head_dim, kv_heads = q.shape[1], q.shape[-1], k.shape[1]
-    allowed, bias = _mask(q, causal, alibi_slopes, segment_ids)
+    allowed, bias = _mask(q, causal, alibi_slopes, segment_ids, sliding_window)
     if kv_heads != heads:
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -95,18 +146,32 @@ def scoring_attention(
     alibi_slopes: Optional[torch.Tensor] = None,
     segment_ids: Optional[torch.Tensor] = None,
     softmax_scale: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """`attention` through `scaled_dot_product_attention` in float32: the same masks and ALiBi bias
     (`_mask`, as an additive mask), the softmax fused; causal attention alone takes SDPA's own
-    causal kernel."""
+    causal kernel. SDPA has no soft cap: with `softcap` this is `attention` itself."""
     _check_heads(q, k)
+    check_attention_options(causal, alibi_slopes, sliding_window, softcap)
+    if softcap is not None:
+        return attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            segment_ids=segment_ids,
+            softmax_scale=softmax_scale,
+            sliding_window=sliding_window,
+            softcap=softcap,
+        )
     q32, k32, v32 = q.float(), k.float(), v.float()
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    if alibi_slopes is None and segment_ids is None:
+    if alibi_slopes is None and segment_ids is None and sliding_window is None:
         return sdpa(q32, k32, v32, is_causal=causal, scale=softmax_scale, enable_gqa=True).to(
             q.dtype
         )
-    allowed, bias = _mask(q, causal, alibi_slopes, segment_ids)
+    allowed, bias = _mask(q, causal, alibi_slopes, segment_ids, sliding_window)
     mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
     return sdpa(q32, k32, v32, attn_mask=mask, scale=softmax_scale, enable_gqa=True).to(q.dtype)
 

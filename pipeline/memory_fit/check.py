@@ -40,7 +40,7 @@ def _refuse_what_cannot_run(
         )
         raise LayoutError(
             f"{source}, longer than the model's attention window (model.sliding_window="
-            f"{model.sliding_window}), which the attention kernels do not implement: set "
+            f"{model.sliding_window}), which the model does not apply yet: set "
             f"train.seq_len={model.sliding_window} or less."
         )
     uneven = uneven_for_tensor_parallel(model, tp)

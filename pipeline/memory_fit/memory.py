@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.memory_fit.layout import Layout, blocks_per_stage
-from pipeline.model.model_config import ModelConfig
+from pipeline.model.model_config import ModelConfig, qk_norm_parameters
 
 # DeepSpeed's ZeRO default `reduce_bucket_size` (the engine does not set it), in values.
 REDUCE_BUCKET = 500_000_000
@@ -109,15 +109,24 @@ def _norm_parameters(model: ModelConfig) -> int:
 
 
 def block_parameters(model: ModelConfig, tp: int) -> int:
-    """One block's parameters on a tensor-parallel rank: column/row-parallel matrices cut by tp;
-    norms and the row-parallel layers' biases whole."""
+    """One block's parameters on a tensor-parallel rank: column/row-parallel matrices and their
+    biases cut by tp, q/k norms over all heads too; the other norms, per-head q/k norms and the
+    row-parallel layers' biases whole."""
     h, d, f = model.hidden_size, model.head_dim, model.ffn_size // tp
     heads, kv_heads = model.num_heads // tp, model.num_kv_heads // tp
     swiglu = model.activation == "swiglu"
     attention = h * d * (2 * heads + 2 * kv_heads)
     mlp = (3 if swiglu else 2) * h * f
-    biases = d * (heads + 2 * kv_heads) + h + f * (2 if swiglu else 1) + h if model.bias else 0
-    return attention + mlp + biases + 2 * _norm_parameters(model)
+    qkv_biases = d * (heads + 2 * kv_heads) if model.bias or model.qkv_bias else 0
+    biases = h + f * (2 if swiglu else 1) + h if model.bias else 0
+    return (
+        attention
+        + mlp
+        + qkv_biases
+        + biases
+        + 2 * _norm_parameters(model)
+        + qk_norm_parameters(model, tp)
+    )
 
 
 def stage_parameters(model: ModelConfig, tp: int, pp: int, stage: int) -> tuple[int, int]:
@@ -175,6 +184,12 @@ def block_activations(
         attention = 4 * b * heads * s * (3 * d + s) + b * s * s + e * rows * heads * d
     if model.position == "rope":
         attention += 2 * e * s * d  # the rotation's cos and sin
+    if model.qk_norm != "none":
+        # The q and k norms keep their inputs (float32, and the normalised values, in the
+        # reference) and a float32 statistic per head (`head`) or per token (`full`) and norm.
+        width = rows * d * (heads + kv_heads)
+        statistics = rows * (heads + kv_heads if model.qk_norm == "head" else 2)
+        attention += (e if nx.flash else 8) * width + 4 * statistics
     mlp = e * rows * ffn * (4 if model.activation == "swiglu" else 2)
     return norms + attention + mlp
 

@@ -3,7 +3,7 @@ line.
 
 A base model is a Hugging Face folder (`config.json`) or a pipeline checkpoint
 (`model_config.json`); either says everything about the body the training stages load (architecture,
-sizes, positions, norm, activation, tied head, vocabulary). The command line merges that shape over
+sizes, positions, norms and where they are, biases, activation, tied head, vocabulary). The command line merges that shape over
 the `model=` preset's (pipeline/config.py), so that `--cfg job` shows the shape that will be used
 and the preset only shapes models trained from scratch; values given on the command line come after
 it, and the config check refuses one that contradicts the base.
@@ -28,6 +28,7 @@ BASE_DECIDES = (
     "num_layers",
     "num_heads",
     "num_kv_heads",
+    "head_size",
     "ffn_size",
     "vocab_size",
     "position",
@@ -38,8 +39,13 @@ BASE_DECIDES = (
     "activation",
     "embedding_norm",
     "bias",
+    "qkv_bias",
+    "qk_norm",
+    "norm_placement",
     "tie_embeddings",
     "sliding_window",
+    "sliding_window_layers",
+    "hf_architecture",
 )
 # Taken from the base unless given: a context shorter than the base's is a choice (the training
 # length), not a contradiction.

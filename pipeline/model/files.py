@@ -1,8 +1,8 @@
 """Model files: pipeline checkpoints, the base model folder, and their identity for the stage
 contract.
 
-`model.base` is a local Hugging Face folder (BLOOM, Llama, Mistral; `config.json`, safetensors and
-the tokenizer files) or a pipeline checkpoint (`model_config.json`, `model.safetensors`, tokenizer
+`model.base` is a local Hugging Face folder (BLOOM, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Phi-3;
+`config.json`, safetensors and the tokenizer files) or a pipeline checkpoint (`model_config.json`, `model.safetensors`, tokenizer
 files), such as the one `stage=warmup` writes for `stage=pretrain`. `check_fit` says whether a base
 model fits the configured one.
 """
@@ -40,12 +40,16 @@ SHAPE_FIELDS = (
     "num_layers",
     "num_heads",
     "num_kv_heads",
+    "head_size",
     "ffn_size",
     "position",
     "norm",
     "activation",
     "embedding_norm",
     "bias",
+    "qkv_bias",
+    "qk_norm",
+    "norm_placement",
     "tie_embeddings",
 )
 

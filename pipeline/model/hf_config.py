@@ -1,30 +1,54 @@
-"""Hugging Face's BLOOM, Llama and Mistral `config.json` in the project's terms (ModelConfig), both
-ways.
+"""Hugging Face's `config.json` of BLOOM, Llama, Mistral, Qwen2 (Qwen2.5), Qwen3, OLMo 2 and Phi-3
+in the project's terms (ModelConfig), both ways.
 
 Torch-free, so that the command line reads a base model's shape (`model.base`,
 pipeline/model/base_shape.py) in a moment; the tensor names of the same architectures are below.
 
 Both directions of the config keys and the tensor names live here, next to each other, so that
-import and export cannot drift apart. Tensors map 1:1 except BLOOM's fused `query_key_value`, whose
-rows are interleaved per head ([q_0, k_0, v_0, q_1, k_1, v_1, ...], each head_dim rows), which the
-project keeps as separate q, k, v: the two reshapes need torch and live together in hf_import.py
-(`split_bloom_fused`, `fuse_bloom`).
+import and export cannot drift apart. A config.json that asks for something the model does not
+compute exactly (a RoPE scaling it lacks, partial rotary embeddings, biases where it has none) fails
+naming the key and the reason, never approximated. Tensors map 1:1 except the fused ones, which the
+project keeps as separate q, k, v (and gate, up): BLOOM's `query_key_value`, whose rows are
+interleaved per head ([q_0, k_0, v_0, q_1, k_1, v_1, ...], each head_dim rows), and Phi-3's
+`qkv_proj` ([q; k; v]) and `gate_up_proj` ([gate; up]); the reshapes need torch and live together
+in hf_import.py (`split_fused`, `fuse`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pipeline.model.model_config import ModelConfig, RopeScaling, validate_model
+from pipeline.model.model_config import (
+    ARCHITECTURES,
+    ModelConfig,
+    RopeScaling,
+    architecture_misfits,
+    validate_model,
+)
 
-BLOOM, LLAMA, MISTRAL = "BloomForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"
-SUPPORTED_ARCHITECTURES = (BLOOM, LLAMA, MISTRAL)
-_MODEL_TYPES = {"bloom": BLOOM, "llama": LLAMA, "mistral": MISTRAL}
+BLOOM, LLAMA, MISTRAL, QWEN2, QWEN3, OLMO2, PHI3 = ARCHITECTURES
+SUPPORTED_ARCHITECTURES = ARCHITECTURES
+_MODEL_TYPES = {
+    "bloom": BLOOM,
+    "llama": LLAMA,
+    "mistral": MISTRAL,
+    "qwen2": QWEN2,
+    "qwen3": QWEN3,
+    "olmo2": OLMO2,
+    "phi3": PHI3,
+}
+_MODEL_TYPE_OF = {architecture: kind for kind, architecture in _MODEL_TYPES.items()}
 CONFIG_FILE = "config.json"
+# transformers' defaults where a config.json leaves a key out, per architecture.
+_RMS_NORM_EPS = {OLMO2: 1e-5, PHI3: 1e-5}
+_MAX_POSITIONS = {MISTRAL: 4096 * 32, QWEN2: 32768, QWEN3: 32768, PHI3: 4096}
+_PHI3_ORIGINAL_CONTEXT = 4096
+_QWEN_MAX_WINDOW_LAYERS = 28
 
 
 class CheckpointError(ValueError):
@@ -113,111 +137,219 @@ def config_from_hf(hf: dict, architecture: str, source: str) -> ModelConfig:
             tie_embeddings=hf.get("tie_word_embeddings", True),
             max_seq_len=hf.get("seq_length") or 2048,
             init_std=hf.get("initializer_range", 0.02),
+            hf_architecture=BLOOM,
         )
 
     hidden, heads = need("hidden_size"), need("num_attention_heads")
+    layers = need("num_hidden_layers")
     if hf.get("hidden_act", "silu") != "silu":
         refuse("hidden_act", hf["hidden_act"], "SwiGLU needs silu")
-    if hf.get("head_dim") not in (None, hidden // heads):
-        refuse(
-            "head_dim",
-            hf["head_dim"],
-            f"the model needs hidden_size / num_attention_heads = {hidden // heads}",
-        )
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
-        refuse("partial_rotary_factor", hf["partial_rotary_factor"], "RoPE rotates the whole head")
-    bias = bool(hf.get("attention_bias", False))
-    if bool(hf.get("mlp_bias", False)) != bias:
-        refuse(
-            "mlp_bias",
-            hf.get("mlp_bias"),
-            "the model has biases everywhere or nowhere: it must equal attention_bias",
-        )
+    head_dim = hf.get("head_dim") or hidden // heads
     # transformers 4.x writes rope_theta and rope_scaling; 5.x nests both in rope_parameters.
     rope = dict(hf.get("rope_parameters") or {})
-    scaling = hf.get("rope_scaling") or (
-        rope if rope.get("rope_type", "default") != "default" else None
-    )
-    # transformers' MistralConfig attends within 4096 tokens when config.json does not say.
-    window = hf.get("sliding_window", 4096) if architecture == MISTRAL else None
+    for key in ("partial_rotary_factor",):
+        value = hf.get(key, rope.get(key))
+        if value not in (None, 1.0):
+            refuse(key, value, "RoPE rotates the whole head")
+    max_seq_len = hf.get("max_position_embeddings", _MAX_POSITIONS.get(architecture, 2048))
+    bias = qkv_bias = False
+    if architecture in (LLAMA, MISTRAL):
+        bias = bool(hf.get("attention_bias", False))
+        if bool(hf.get("mlp_bias", False)) != bias:
+            refuse(
+                "mlp_bias",
+                hf.get("mlp_bias"),
+                "the model has biases everywhere or nowhere: it must equal attention_bias",
+            )
+    elif architecture == QWEN2:
+        qkv_bias = True  # Qwen2's q, k and v always have biases, its other layers never
+    elif hf.get("attention_bias"):
+        refuse(
+            "attention_bias",
+            True,
+            f"{architecture}'s attention_bias adds a bias to o_proj too, which the model has only "
+            "with biases in the MLP as well; released models use false",
+        )
+    window, window_layers = _sliding_window_from_hf(hf, architecture, layers, refuse)
     return ModelConfig(
         hidden_size=hidden,
-        num_layers=need("num_hidden_layers"),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_size=None if head_dim == hidden // heads and not hidden % heads else head_dim,
         ffn_size=need("intermediate_size"),
         vocab_size=need("vocab_size"),
         position="rope",
         rope_theta=hf.get("rope_theta") or rope.get("rope_theta", 10000.0),
-        rope_scaling=_rope_scaling_from_hf(scaling, source),
+        rope_scaling=_rope_scaling_from_hf(hf, rope, architecture, head_dim, max_seq_len, refuse),
         norm="rmsnorm",
-        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        norm_eps=hf.get("rms_norm_eps", _RMS_NORM_EPS.get(architecture, 1e-6)),
         activation="swiglu",
         embedding_norm=False,
         bias=bias,
+        qkv_bias=qkv_bias,
+        qk_norm={QWEN3: "head", OLMO2: "full"}.get(architecture, "none"),
+        norm_placement="post" if architecture == OLMO2 else "pre",
         tie_embeddings=hf.get("tie_word_embeddings", False),
-        max_seq_len=hf.get("max_position_embeddings", 2048),
+        max_seq_len=max_seq_len,
         sliding_window=window,
+        sliding_window_layers=window_layers,
         init_std=hf.get("initializer_range", 0.02),
+        hf_architecture=architecture,
     )
 
 
-def _rope_scaling_from_hf(scaling: Optional[dict], source: str) -> Optional[RopeScaling]:
-    if not scaling:
-        return None
-    kind = scaling.get("rope_type", scaling.get("type"))
+def _sliding_window_from_hf(
+    hf: dict, architecture: str, layers: int, refuse
+) -> tuple[Optional[int], Optional[list[int]]]:
+    """The attention window and the layers that use it (None: all), as transformers reads them."""
+    if architecture == MISTRAL:
+        # transformers' MistralConfig attends within 4096 tokens when config.json does not say.
+        return hf.get("sliding_window", 4096), None
+    if architecture == PHI3:
+        return hf.get("sliding_window"), None
+    if architecture not in (QWEN2, QWEN3):
+        return None, None
+    # Qwen: a window only with use_sliding_window (false in every released model), for the layers
+    # that layer_types names (transformers 5 writes it) or else from max_window_layers on.
+    window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window", False) else None
+    if window is None:
+        return None, None
+    first = hf.get("max_window_layers", _QWEN_MAX_WINDOW_LAYERS)
+    types = hf.get("layer_types") or [
+        "sliding_attention" if i >= first else "full_attention" for i in range(layers)
+    ]
+    if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
+        refuse(
+            "layer_types",
+            types,
+            f"one of full_attention and sliding_attention for each of the {layers} layers",
+        )
+    sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+    if not sliding:
+        return None, None
+    return window, None if len(sliding) == layers else sliding
+
+
+def _rope_scaling_from_hf(
+    hf: dict, rope: dict, architecture: str, head_dim: int, max_seq_len: int, refuse
+) -> Optional[RopeScaling]:
+    """The RoPE scaling of a config.json, with what transformers derives from other keys
+    (transformers.modeling_rope_utils) made explicit; a kind the model does not compute exactly
+    fails, naming it."""
+    scaling = hf.get("rope_scaling") or rope
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
-    if kind != "llama3":
-        raise CheckpointError(
-            f"{source}: RoPE scaling of type {kind!r} is not supported (supported: llama3, or "
-            "none)."
+    if architecture == PHI3 and kind in ("su", "yarn"):
+        kind = "longrope"  # Phi3Config's own names of LongRoPE
+    # Phi-3 keeps its pretraining context beside rope_scaling, and transformers prefers it there.
+    original = (
+        hf.get("original_max_position_embeddings", _PHI3_ORIGINAL_CONTEXT)
+        if architecture == PHI3
+        else scaling.get("original_max_position_embeddings") or max_seq_len
+    )
+    factor = scaling.get("factor")
+    if kind == "llama3":
+        return RopeScaling(
+            type="llama3",
+            factor=factor,
+            low_freq_factor=scaling["low_freq_factor"],
+            high_freq_factor=scaling["high_freq_factor"],
+            original_max_seq_len=original,
         )
-    return RopeScaling(
-        type="llama3",
-        factor=scaling["factor"],
-        low_freq_factor=scaling["low_freq_factor"],
-        high_freq_factor=scaling["high_freq_factor"],
-        original_max_seq_len=scaling["original_max_position_embeddings"],
+    if kind == "linear":
+        return RopeScaling(type="linear", factor=factor, original_max_seq_len=original)
+    if factor is None:
+        factor = max_seq_len / original
+    attention_factor = scaling.get("attention_factor")
+    if kind == "yarn":
+        if attention_factor is None:
+            mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+
+            def yarn_mscale(scale: float, m: float = 1.0) -> float:
+                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+            attention_factor = (
+                float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+                if mscale and mscale_all_dim
+                else yarn_mscale(factor)
+            )
+        return RopeScaling(
+            type="yarn",
+            factor=factor,
+            original_max_seq_len=original,
+            beta_fast=scaling.get("beta_fast") or 32.0,
+            beta_slow=scaling.get("beta_slow") or 1.0,
+            truncate=scaling.get("truncate", True),
+            attention_factor=attention_factor,
+        )
+    if kind == "longrope":
+        if attention_factor is None:
+            attention_factor = (
+                1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+            )
+        for key in ("short_factor", "long_factor"):
+            if len(scaling.get(key) or ()) != head_dim // 2:
+                refuse(
+                    f"rope_scaling.{key}",
+                    scaling.get(key),
+                    f"LongRoPE needs one factor per pair of a head's {head_dim} values",
+                )
+        return RopeScaling(
+            type="longrope",
+            factor=factor,
+            original_max_seq_len=original,
+            attention_factor=attention_factor,
+            short_factor=[float(f) for f in scaling["short_factor"]],
+            long_factor=[float(f) for f in scaling["long_factor"]],
+        )
+    if kind == "dynamic":
+        refuse(
+            "rope_scaling.rope_type",
+            kind,
+            "transformers' dynamic NTK scaling changes the frequencies with the longest sequence "
+            "it has run so far, which training cannot reproduce; supported: llama3, linear, yarn, "
+            "longrope, or none",
+        )
+    refuse(
+        "rope_scaling.rope_type",
+        kind,
+        "supported: llama3, linear, yarn, longrope, or none",
     )
 
 
 def architecture_for(cfg: ModelConfig) -> str:
-    """The Hugging Face architecture that expresses `cfg`, or an error naming what does not fit."""
-    if cfg.position == "alibi":
-        wanted = {
-            "norm": "layernorm",
-            "activation": "gelu",
-            "embedding_norm": True,
-            "bias": True,
-            "ffn_size": 4 * cfg.hidden_size,
-            "num_kv_heads": cfg.num_heads,
-            "sliding_window": None,
-        }
-        architecture = BLOOM
-    else:
-        wanted = {"norm": "rmsnorm", "activation": "swiglu", "embedding_norm": False}
-        # Mistral is Llama with a sliding window (and no biases).
-        architecture = MISTRAL if cfg.sliding_window is not None else LLAMA
-        if architecture == MISTRAL:
-            wanted["bias"] = False
-    wrong = [
-        f"model.{key}={getattr(cfg, key)!r} (needs {value!r})"
-        for key, value in wanted.items()
-        if getattr(cfg, key) != value
-    ]
-    if wrong:
+    """The Hugging Face architecture that expresses `cfg`: `cfg.hf_architecture` (a base's own), or
+    the one its shape calls for; an error names what does not fit."""
+    architecture = cfg.hf_architecture or _architecture_of_shape(cfg)
+    misfits = architecture_misfits(cfg, architecture)
+    if misfits:
         raise CheckpointError(
             f"This model cannot be written as {architecture} (position={cfg.position}): "
-            f"{'; '.join(wrong)}. Supported: {', '.join(SUPPORTED_ARCHITECTURES)}."
+            f"{'; '.join(misfits)}. Supported: {', '.join(SUPPORTED_ARCHITECTURES)}."
         )
     return architecture
+
+
+def _architecture_of_shape(cfg: ModelConfig) -> str:
+    if cfg.position == "alibi":
+        return BLOOM
+    if cfg.norm_placement == "post" or cfg.qk_norm == "full":
+        return OLMO2
+    if cfg.qk_norm == "head":
+        return QWEN3
+    if cfg.qkv_bias and not cfg.bias or cfg.sliding_window_layers is not None:
+        return QWEN2
+    # Mistral is Llama with a sliding window (and no biases).
+    return MISTRAL if cfg.sliding_window is not None else LLAMA
 
 
 def config_to_hf(cfg: ModelConfig, architecture: str, dtype: str, special_ids: dict) -> dict:
     """config.json for `architecture`, in the keys that transformers 4.x and 5.x both read."""
     common = {
         "architectures": [architecture],
+        "model_type": _MODEL_TYPE_OF[architecture],
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "tie_word_embeddings": cfg.tie_embeddings,
@@ -228,17 +360,14 @@ def config_to_hf(cfg: ModelConfig, architecture: str, dtype: str, special_ids: d
     if architecture == BLOOM:
         return {
             **common,
-            "model_type": "bloom",
             "n_layer": cfg.num_layers,
             "n_head": cfg.num_heads,
             "layer_norm_epsilon": cfg.norm_eps,
             "apply_residual_connection_post_layernorm": False,
             "seq_length": cfg.max_seq_len,
         }
-    scaling = cfg.rope_scaling
     config = {
         **common,
-        "model_type": "llama" if architecture == LLAMA else "mistral",
         "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads,
@@ -248,19 +377,72 @@ def config_to_hf(cfg: ModelConfig, architecture: str, dtype: str, special_ids: d
         "rms_norm_eps": cfg.norm_eps,
         "max_position_embeddings": cfg.max_seq_len,
         "rope_theta": cfg.rope_theta,
-        "rope_scaling": None
-        if scaling is None
-        else {
-            "rope_type": scaling.type,
-            "factor": scaling.factor,
-            "low_freq_factor": scaling.low_freq_factor,
-            "high_freq_factor": scaling.high_freq_factor,
-            "original_max_position_embeddings": scaling.original_max_seq_len,
-        },
+        "rope_scaling": _rope_scaling_to_hf(cfg.rope_scaling),
     }
     if architecture == LLAMA:
         return {**config, "attention_bias": cfg.bias, "mlp_bias": cfg.bias}
-    return {**config, "sliding_window": cfg.sliding_window}
+    if architecture == MISTRAL:
+        return {**config, "sliding_window": cfg.sliding_window}
+    if architecture in (QWEN2, QWEN3):
+        sliding = (
+            []
+            if cfg.sliding_window is None
+            else cfg.sliding_window_layers or list(range(cfg.num_layers))
+        )
+        config.update(
+            {
+                "use_sliding_window": bool(sliding),
+                "sliding_window": cfg.sliding_window,
+                # transformers 5 reads layer_types; earlier versions slide from max_window_layers on.
+                "max_window_layers": sliding[0] if sliding else cfg.num_layers,
+                "layer_types": [
+                    "sliding_attention" if i in sliding else "full_attention"
+                    for i in range(cfg.num_layers)
+                ],
+            }
+        )
+        return config if architecture == QWEN2 else {**config, "attention_bias": False}
+    if architecture == OLMO2:
+        return {**config, "attention_bias": False}
+    # Phi-3 keeps the pretraining context beside rope_scaling (transformers prefers it there).
+    scaling = cfg.rope_scaling
+    return {
+        **config,
+        "sliding_window": cfg.sliding_window,
+        "original_max_position_embeddings": cfg.max_seq_len
+        if scaling is None
+        else scaling.original_max_seq_len,
+    }
+
+
+def _rope_scaling_to_hf(scaling: Optional[RopeScaling]) -> Optional[dict]:
+    """rope_scaling with the keys transformers reads for its type, all explicit."""
+    if scaling is None:
+        return None
+    keys = {
+        "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_seq_len"),
+        "linear": ("factor",),
+        "yarn": (
+            "factor",
+            "original_max_seq_len",
+            "beta_fast",
+            "beta_slow",
+            "truncate",
+            "attention_factor",
+        ),
+        "longrope": (
+            "factor",
+            "original_max_seq_len",
+            "attention_factor",
+            "short_factor",
+            "long_factor",
+        ),
+    }[scaling.type]
+    hf_key = {"original_max_seq_len": "original_max_position_embeddings"}
+    return {
+        "rope_type": scaling.type,
+        **{hf_key.get(key, key): getattr(scaling, key) for key in keys},
+    }
 
 
 @dataclass(frozen=True)
@@ -273,6 +455,12 @@ class TensorNames:
     layers: str
     # The project's names inside a block -> Hugging Face's.
     block: dict
+    # The project's names inside a block that are parts of a fused tensor -> (Hugging Face's name
+    # of it, the part's place in it).
+    fused: Optional[dict] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fused", self.fused or {})
 
 
 _BLOOM_NAMES = TensorNames(
@@ -290,8 +478,12 @@ _BLOOM_NAMES = TensorNames(
         "mlp.up": "mlp.dense_h_to_4h",
         "mlp.down": "mlp.dense_4h_to_h",
     },
+    fused={
+        "attn.q": ("self_attention.query_key_value", 0),
+        "attn.k": ("self_attention.query_key_value", 1),
+        "attn.v": ("self_attention.query_key_value", 2),
+    },
 )
-_BLOOM_FUSED = "self_attention.query_key_value"
 _LLAMA_NAMES = TensorNames(
     prefix="model.",
     top={"embedding.tokens": "embed_tokens", "final_norm": "norm"},
@@ -308,26 +500,62 @@ _LLAMA_NAMES = TensorNames(
         "mlp.down": "mlp.down_proj",
     },
 )
+_QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
+_QWEN3_NAMES = TensorNames(
+    _LLAMA_NAMES.prefix, _LLAMA_NAMES.top, _LLAMA_NAMES.layers, {**_LLAMA_NAMES.block, **_QK_NORMS}
+)
+# OLMo 2's norms follow the sublayers: the project's attn_norm normalises the attention's output.
+_OLMO2_NAMES = TensorNames(
+    _LLAMA_NAMES.prefix,
+    _LLAMA_NAMES.top,
+    _LLAMA_NAMES.layers,
+    {
+        **_LLAMA_NAMES.block,
+        **_QK_NORMS,
+        "attn_norm": "post_attention_layernorm",
+        "mlp_norm": "post_feedforward_layernorm",
+    },
+)
+_PHI3_NAMES = TensorNames(
+    _LLAMA_NAMES.prefix,
+    _LLAMA_NAMES.top,
+    _LLAMA_NAMES.layers,
+    {
+        "attn_norm": "input_layernorm",
+        "attn.out": "self_attn.o_proj",
+        "mlp_norm": "post_attention_layernorm",
+        "mlp.down": "mlp.down_proj",
+    },
+    fused={
+        "attn.q": ("self_attn.qkv_proj", 0),
+        "attn.k": ("self_attn.qkv_proj", 1),
+        "attn.v": ("self_attn.qkv_proj", 2),
+        "mlp.gate": ("mlp.gate_up_proj", 0),
+        "mlp.up": ("mlp.gate_up_proj", 1),
+    },
+)
+_NAMES = {BLOOM: _BLOOM_NAMES, QWEN3: _QWEN3_NAMES, OLMO2: _OLMO2_NAMES, PHI3: _PHI3_NAMES}
 _BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)")
 _TOP_NAME = re.compile(r"(.+)\.(weight|bias)")
 
 
 def tensor_names(architecture: str) -> TensorNames:
-    return _BLOOM_NAMES if architecture == BLOOM else _LLAMA_NAMES
+    return _NAMES.get(architecture, _LLAMA_NAMES)
 
 
 def hf_tensor_name(architecture: str, name: str) -> tuple[str, Optional[int]]:
-    """Hugging Face's name of the project's tensor `name`, and for BLOOM's q/k/v their part (0-2) of
-    the fused query_key_value."""
+    """Hugging Face's name of the project's tensor `name`, and for a part of a fused tensor (BLOOM's
+    query_key_value, Phi-3's qkv_proj and gate_up_proj) its place in it."""
     names = tensor_names(architecture)
     if name == "head.weight":
         return "lm_head.weight", None
     block = _BLOCK_NAME.fullmatch(name)
     if block:
         index, module, kind = block.groups()
-        if architecture == BLOOM and module in ("attn.q", "attn.k", "attn.v"):
-            part = ("attn.q", "attn.k", "attn.v").index(module)
-            return f"{names.prefix}{names.layers}.{index}.{_BLOOM_FUSED}.{kind}", part
-        return f"{names.prefix}{names.layers}.{index}.{names.block[module]}.{kind}", None
+        layer = f"{names.prefix}{names.layers}.{index}"
+        if module in names.fused:
+            fused, part = names.fused[module]
+            return f"{layer}.{fused}.{kind}", part
+        return f"{layer}.{names.block[module]}.{kind}", None
     module, kind = _TOP_NAME.fullmatch(name).groups()
     return f"{names.prefix}{names.top[module]}.{kind}", None

@@ -27,7 +27,7 @@ from pipeline.model.hf_config import (
     config_to_hf,
     hf_tensor_name,
 )
-from pipeline.model.hf_import import INDEX_FILE, SINGLE_FILE, fuse_bloom
+from pipeline.model.hf_import import INDEX_FILE, SINGLE_FILE, fuse
 from pipeline.model.model_tensors import ModelTensors, ModuleTensors, model_shapes
 from pipeline.model.transformer import VOCAB_TENSORS, Transformer
 from pipeline.tensor_files import TensorFileWriter, dtype_name
@@ -56,9 +56,9 @@ def to_hf(
     max_shard_bytes: int = 5 * 2**30,
 ) -> Path:
     """Write `model` (in memory, or its tensors one at a time: model_tensors.py) to the new folder
-    `path` as BloomForCausalLM, LlamaForCausalLM or MistralForCausalLM, holding one tensor (BLOOM:
-    one block's q, k and v) at a time; weights with a NaN or an infinity raise NonFiniteWeights, and
-    no weights stay behind.
+    `path` as its Hugging Face architecture (`hf_config.architecture_for`: the base's own, or the
+    one its shape calls for), holding one tensor (a fused one: its parts) at a time; weights with a
+    NaN or an infinity raise NonFiniteWeights, and no weights stay behind.
 
     `tokenizer` is a folder holding tokenizer.json (the tokenizer stage's output, or the base
     model's folder: its files are copied), a tokenizer.json file, or a `tokenizers.Tokenizer`. The
@@ -106,8 +106,8 @@ class NonFiniteWeights(CheckpointError):
 
 
 def hf_layout(cfg: ModelConfig) -> dict[str, tuple[list[str], tuple[int, ...]]]:
-    """Hugging Face's tensor names, sorted, each with the project's tensors it is made of (BLOOM's
-    query_key_value: q, k, v) and its shape (vocabulary unpadded)."""
+    """Hugging Face's tensor names, sorted, each with the project's tensors it is made of (a fused
+    one, such as BLOOM's query_key_value: q, k, v) and its shape (vocabulary unpadded)."""
     architecture = architecture_for(cfg)
     layout: dict[str, tuple[list[str], tuple[int, ...]]] = {}
     for name, shape in model_shapes(cfg).items():
@@ -125,8 +125,8 @@ def hf_layout(cfg: ModelConfig) -> dict[str, tuple[list[str], tuple[int, ...]]]:
 def hf_tensor(tensors: ModelTensors, parts: list[str]) -> torch.Tensor:
     """One of Hugging Face's tensors (hf_layout) from the project's."""
     cfg = tensors.cfg
-    if len(parts) == 3:  # BLOOM's query_key_value
-        return fuse_bloom(*(tensors.read(name) for name in parts), cfg.num_heads)
+    if len(parts) > 1:  # a fused tensor
+        return fuse(architecture_for(cfg), [tensors.read(name) for name in parts], cfg.num_heads)
     tensor = tensors.read(parts[0])
     return tensor[: cfg.vocab_size] if parts[0] in VOCAB_TENSORS else tensor
 

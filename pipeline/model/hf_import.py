@@ -1,4 +1,5 @@
-"""`from_hf`: a local Hugging Face BLOOM / Llama / Mistral folder -> the project's Transformer.
+"""`from_hf`: a local Hugging Face BLOOM / Llama / Mistral / Qwen2 / Qwen3 / OLMo 2 / Phi-3 folder ->
+the project's Transformer.
 
 Reads `config.json` and the weights from `model.safetensors` or the shards named by
 `model.safetensors.index.json`, with safetensors only: nothing is unpickled, nothing is downloaded,
@@ -17,6 +18,7 @@ import torch
 
 from pipeline.model.model_config import ModelConfig
 from pipeline.model.hf_config import (
+    BLOOM,
     CheckpointError,
     hf_tensor_name,
     read_config,
@@ -74,9 +76,10 @@ def _open(path: Path) -> TensorFileReader:
 
 
 class HFTensors(ModelTensors):
-    """The tensors of a local BloomForCausalLM, LlamaForCausalLM or MistralForCausalLM folder under
-    the project's names, a tensor at a time (BLOOM's fused query_key_value read once for its q, k
-    and v), vocabulary rows padded, in `dtype` (default: as stored)."""
+    """The tensors of a local Hugging Face folder of a supported architecture
+    (hf_config.SUPPORTED_ARCHITECTURES) under the project's names, a tensor at a time (a fused tensor,
+    BLOOM's query_key_value or Phi-3's qkv_proj and gate_up_proj, read once for its parts),
+    vocabulary rows padded, in `dtype` (default: as stored)."""
 
     def __init__(self, path, dtype: Optional[torch.dtype] = None) -> None:
         folder = Path(path)
@@ -88,6 +91,12 @@ class HFTensors(ModelTensors):
         self.architecture, self.cfg = read_config(folder)
         self._files = weight_files(folder)
         self._shapes = model_shapes(self.cfg)
+        # Each fused tensor's parts (the project's names, in order).
+        self._parts: dict[str, list[str]] = {}
+        for name in self._shapes:
+            hf_name, part = hf_tensor_name(self.architecture, name)
+            if part is not None:
+                self._parts.setdefault(hf_name, []).append(name)
         prefix = tensor_names(self.architecture).prefix
         # The original BLOOM checkpoints store the body without its "transformer." prefix.
         self._strip_prefix = not any(name.startswith(prefix) for name in self._files)
@@ -108,7 +117,7 @@ class HFTensors(ModelTensors):
             )
         self._stack: Optional[contextlib.ExitStack] = None
         self._handles: dict = {}
-        self._fused: dict = {}  # BLOOM's query_key_value of the last block read, split
+        self._fused: dict = {}  # the last fused tensor read, split
 
     def _stored_name(self, hf_name: str) -> str:
         prefix = tensor_names(self.architecture).prefix
@@ -146,8 +155,11 @@ class HFTensors(ModelTensors):
             tensor = self._read_stored(hf_name)
         else:
             if hf_name not in self._fused:
+                sizes = [self._shapes[name][0] for name in self._parts[hf_name]]
                 self._fused = {
-                    hf_name: split_bloom_fused(self._read_stored(hf_name), self.cfg.num_heads)
+                    hf_name: split_fused(
+                        self.architecture, self._read_stored(hf_name), sizes, self.cfg.num_heads
+                    )
                 }
             tensor = self._fused[hf_name][part]
         shape = self._shapes[name]
@@ -163,8 +175,9 @@ class HFTensors(ModelTensors):
 
 
 def from_hf(path, dtype: Optional[torch.dtype] = None) -> tuple[Transformer, ModelConfig]:
-    """Load a local BloomForCausalLM, LlamaForCausalLM or MistralForCausalLM folder; returns (model,
-    config)."""
+    """Load a local Hugging Face folder of a supported architecture (BloomForCausalLM,
+    LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Olmo2ForCausalLM,
+    Phi3ForCausalLM); returns (model, config)."""
     tensors = HFTensors(path, dtype)
     return build_model(tensors), tensors.cfg
 
@@ -173,6 +186,23 @@ def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     if tensor.shape[0] == rows:
         return tensor
     return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
+
+
+def split_fused(
+    architecture: str, fused: torch.Tensor, sizes: list[int], num_heads: int
+) -> list[torch.Tensor]:
+    """A fused tensor -> its parts, of `sizes` rows: BLOOM's query_key_value interleaved per head,
+    Phi-3's qkv_proj and gate_up_proj stacked."""
+    if architecture == BLOOM:
+        return split_bloom_fused(fused, num_heads)
+    return list(fused.split(sizes))
+
+
+def fuse(architecture: str, parts: list[torch.Tensor], num_heads: int) -> torch.Tensor:
+    """The project's tensors -> the fused one they are parts of: split_fused undone (export)."""
+    if architecture == BLOOM:
+        return fuse_bloom(*parts, num_heads)
+    return torch.cat(parts)
 
 
 def split_bloom_fused(fused: torch.Tensor, num_heads: int) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The transformer's shape as a typed config: the `model` section, presets in `conf/model/`.
+"""The transformer's shape, a typed config: the `model` section, presets in `pipeline/conf/model/`.
 
 One dataclass covers the two families the recipe starts from: BLOOM (ALiBi, LayerNorm, embedding
 LayerNorm, GELU, biases, tied head) and Llama/Mistral (RoPE, RMSNorm, SwiGLU, grouped-query
@@ -23,13 +23,38 @@ from pipeline.errors import ConfigError
 POSITIONS = ("alibi", "rope")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu")
-ROPE_SCALING_TYPES = ("llama3",)
+QK_NORMS = ("none", "head", "full")
+NORM_PLACEMENTS = ("pre", "post")
+ROPE_SCALING_TYPES = ("llama3", "linear", "yarn", "longrope")
+# The Hugging Face architectures the model is read from and written as (pipeline/model/hf_config.py).
+ARCHITECTURES = (
+    "BloomForCausalLM",
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Olmo2ForCausalLM",
+    "Phi3ForCausalLM",
+)
 
 
 @dataclass
 class RopeScaling:
-    """Llama 3.1's long-context RoPE: low frequencies slowed by `factor`, high ones kept, a smooth
-    ramp between."""
+    """RoPE stretched beyond the context the model was pretrained with, computed as transformers
+    computes it (`transformers.modeling_rope_utils`); `type` picks the method, which reads its own
+    fields:
+
+    - llama3 (Llama 3.1): low frequencies slowed by `factor`, high ones kept, a smooth ramp between
+      (`low_freq_factor`, `high_freq_factor`);
+    - linear: every frequency slowed by `factor`;
+    - yarn (Qwen2.5's and Qwen3's long context): the frequencies that turn more than `beta_fast`
+      times over the pretraining context kept, those under `beta_slow` slowed by `factor`, a ramp
+      between (its ends rounded outwards with `truncate`), cos and sin scaled by
+      `attention_factor`;
+    - longrope (Phi-3 128k, Phi-3.5): each frequency divided by its own factor, `short_factor` for
+      sequences of up to `original_max_seq_len` tokens and `long_factor` for longer ones, cos and
+      sin scaled by `attention_factor`.
+    """
 
     type: str = "llama3"
     factor: float = 8.0
@@ -37,17 +62,29 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     # The context length the model was pretrained with before the scaling.
     original_max_seq_len: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    # What cos and sin are multiplied by (yarn, longrope). A base's import sets the value
+    # transformers derives when config.json leaves it out, so that it never depends on max_seq_len.
+    attention_factor: float = 1.0
+    # One factor per pair of dimensions (head_dim / 2 of them), longrope only.
+    short_factor: Optional[list[float]] = None
+    long_factor: Optional[list[float]] = None
 
 
 @dataclass
 class ModelConfig:
-    # The defaults are the demo's shape (conf/model/tiny.yaml, the default preset).
+    # The defaults are the demo's shape (pipeline/conf/model/tiny.yaml, the default preset).
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
     # Key/value heads: num_heads for multi-head attention, fewer for grouped-query, 1 for
     # multi-query.
     num_kv_heads: int = 2
+    # Width of each attention head; null: hidden_size / num_heads. Qwen3 sets its own (e.g. 128 with
+    # hidden_size 1024 and 16 heads). `head_dim` is the width in use.
+    head_size: Optional[int] = None
     # Width of the feed-forward layer (for swiglu: of each of its gate and up projections).
     ffn_size: int = 384
     # The tokenizer's vocabulary (what the exported model declares).
@@ -65,13 +102,29 @@ class ModelConfig:
     embedding_norm: bool = False
     # Biases in every linear layer but the head, and in LayerNorm.
     bias: bool = False
+    # Biases in the attention's q, k and v projections only (Qwen2/Qwen2.5: no bias in its output
+    # projection or the MLP). `bias` gives them too.
+    qkv_bias: bool = False
+    # An RMSNorm (model.norm_eps) of the queries and keys before RoPE: `none`; `head`, over each
+    # head's head_dim values with one weight of head_dim shared by the heads (Qwen3); `full`, over
+    # the whole projected q (num_heads x head_dim) and k (num_kv_heads x head_dim), a weight per
+    # value (OLMo 2).
+    qk_norm: str = "none"
+    # Where a block's two norms are: `pre`, on each sublayer's input (x + attn(norm(x)), GPT-2 and
+    # most since); `post`, on each sublayer's output (x + norm(attn(x)), OLMo 2, whose blocks have
+    # no input norm). The final norm follows the last block either way.
+    norm_placement: str = "pre"
     # The head reuses the input embedding matrix.
     tie_embeddings: bool = True
     # The longest sequence the model is made for (Hugging Face's max_position_embeddings).
     max_seq_len: int = 256
-    # Mistral's attention window. The attention kernels attend to the whole causal past, so the
-    # model refuses sequences longer than the window instead of silently computing something else.
+    # Mistral's attention window. The model does not pass it to the attention kernels yet (they
+    # take it: sliding_window), so it refuses sequences longer than the window instead of silently
+    # computing something else.
     sliding_window: Optional[int] = None
+    # The layers (0-based) that attend within sliding_window, where only some do (Qwen2/Qwen3 with
+    # use_sliding_window: the layers from max_window_layers on); null: all of them.
+    sliding_window_layers: Optional[list[int]] = None
     # Standard deviation of the random initialisation (a model trained from scratch).
     init_std: float = 0.02
     # The pretrained model to start from: a local Hugging Face folder or a pipeline checkpoint, with
@@ -81,10 +134,15 @@ class ModelConfig:
     # tokenizer's training text so that the model keeps it, and scored by evaluate so that
     # forgetting shows.
     base_lang: str = "eng"
+    # The Hugging Face architecture the model is exported as (one of ARCHITECTURES), which must
+    # express its shape: the base's own (model.base decides it, as the shape), so that a Qwen2 base
+    # comes back as Qwen2 and a Phi-3 as Phi-3; null: the one the shape calls for
+    # (pipeline/model/hf_config.py, architecture_for).
+    hf_architecture: Optional[str] = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     @property
     def padded_vocab_size(self) -> int:
@@ -120,6 +178,8 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
         ("position", model.position, POSITIONS),
         ("norm", model.norm, NORMS),
         ("activation", model.activation, ACTIVATIONS),
+        ("qk_norm", model.qk_norm, QK_NORMS),
+        ("norm_placement", model.norm_placement, NORM_PLACEMENTS),
     ):
         if value not in allowed:
             raise ConfigError(f"{prefix}.{key}", value, allowed)
@@ -135,17 +195,32 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     ):
         if getattr(model, key) < 1:
             raise ConfigError(f"{prefix}.{key}", getattr(model, key), ["an integer >= 1"])
-    if model.hidden_size % model.num_heads:
+    if model.head_size is not None and model.head_size < 1:
+        raise ConfigError(f"{prefix}.head_size", model.head_size, ["null", "an integer >= 1"])
+    if model.head_size is None and model.hidden_size % model.num_heads:
         raise ConfigError(
             f"{prefix}.num_heads",
             model.num_heads,
-            [f"a divisor of {prefix}.hidden_size={model.hidden_size}"],
+            [
+                f"a divisor of {prefix}.hidden_size={model.hidden_size}",
+                f"any with {prefix}.head_size set",
+            ],
         )
     if model.head_dim % 2 and model.position == "rope":
+        key = "head_size" if model.head_size is not None else "num_heads"
         raise ConfigError(
-            f"{prefix}.num_heads",
-            model.num_heads,
-            ["a number that leaves an even head size (hidden_size / num_heads) for RoPE"],
+            f"{prefix}.{key}",
+            getattr(model, key),
+            [
+                "a value that leaves an even head size (head_size, or hidden_size / num_heads) for "
+                "RoPE"
+            ],
+        )
+    if model.qk_norm != "none" and model.position != "rope":
+        raise ConfigError(
+            f"{prefix}.qk_norm",
+            model.qk_norm,
+            [f"none when {prefix}.position={model.position} (q/k norms come before RoPE)"],
         )
     if model.num_heads % model.num_kv_heads:
         raise ConfigError(
@@ -163,28 +238,130 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
         raise ConfigError(
             f"{prefix}.sliding_window", model.sliding_window, ["null", "an integer >= 1"]
         )
-    scaling = model.rope_scaling
-    if scaling is not None:
-        if model.position != "rope":
+    layers = model.sliding_window_layers
+    if layers is not None and (
+        model.sliding_window is None
+        or not layers
+        or list(layers) != sorted(set(layers))
+        or not 0 <= layers[0] <= layers[-1] < model.num_layers
+    ):
+        raise ConfigError(
+            f"{prefix}.sliding_window_layers",
+            layers,
+            [
+                "null (every layer attends within the window)",
+                f"layer numbers in increasing order, each in 0..{model.num_layers - 1}, with "
+                f"{prefix}.sliding_window set",
+            ],
+        )
+    if model.rope_scaling is not None:
+        _validate_rope_scaling(model, prefix)
+    if model.hf_architecture is not None:
+        if model.hf_architecture not in ARCHITECTURES:
             raise ConfigError(
-                f"{prefix}.rope_scaling", "set", [f"null when {prefix}.position={model.position}"]
+                f"{prefix}.hf_architecture", model.hf_architecture, ["null", *ARCHITECTURES]
             )
-        if scaling.type not in ROPE_SCALING_TYPES:
-            raise ConfigError(f"{prefix}.rope_scaling.type", scaling.type, ROPE_SCALING_TYPES)
-        if not (
-            scaling.factor > 0
-            and 0 < scaling.low_freq_factor < scaling.high_freq_factor
-            and scaling.original_max_seq_len > 0
-        ):
+        misfits = architecture_misfits(model, model.hf_architecture)
+        if misfits:
             raise ConfigError(
-                f"{prefix}.rope_scaling",
-                scaling,
+                f"{prefix}.hf_architecture",
+                model.hf_architecture,
                 [
-                    "factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_seq_len > "
-                    "0 (Llama 3.1: "
-                    "factor 8, low_freq_factor 1, high_freq_factor 4, original_max_seq_len 8192)"
+                    "null",
+                    f"an architecture that expresses this shape ({model.hf_architecture} cannot: "
+                    f"{'; '.join(misfits)})",
                 ],
             )
+
+
+def _validate_rope_scaling(model: ModelConfig, prefix: str) -> None:
+    scaling, key = model.rope_scaling, f"{prefix}.rope_scaling"
+    if model.position != "rope":
+        raise ConfigError(key, "set", [f"null when {prefix}.position={model.position}"])
+    if scaling.type not in ROPE_SCALING_TYPES:
+        raise ConfigError(f"{key}.type", scaling.type, ROPE_SCALING_TYPES)
+    if not (
+        scaling.factor > 0 and scaling.original_max_seq_len > 0 and scaling.attention_factor > 0
+    ):
+        raise ConfigError(
+            key,
+            scaling,
+            ["factor > 0, original_max_seq_len > 0 and attention_factor > 0"],
+        )
+    if scaling.type == "llama3" and not 0 < scaling.low_freq_factor < scaling.high_freq_factor:
+        raise ConfigError(
+            key,
+            scaling,
+            [
+                "0 < low_freq_factor < high_freq_factor (Llama 3.1: factor 8, low_freq_factor 1, "
+                "high_freq_factor 4, original_max_seq_len 8192)"
+            ],
+        )
+    if scaling.type == "longrope":
+        pairs = model.head_dim // 2
+        for name in ("short_factor", "long_factor"):
+            factors = getattr(scaling, name)
+            if factors is None or len(factors) != pairs or not all(f > 0 for f in factors):
+                raise ConfigError(
+                    f"{key}.{name}",
+                    factors,
+                    [f"{pairs} positive numbers, one per pair of a head's {model.head_dim} values"],
+                )
+
+
+def architecture_misfits(model: ModelConfig, architecture: str) -> list[str]:
+    """What keeps `architecture` (one of ARCHITECTURES) from expressing `model`, as
+    "model.<key>=<value> (needs ...)"; empty if it fits."""
+    if architecture == "BloomForCausalLM":
+        wanted = {
+            "position": "alibi",
+            "norm": "layernorm",
+            "activation": "gelu",
+            "embedding_norm": True,
+            "bias": True,
+            "ffn_size": 4 * model.hidden_size,
+            "num_kv_heads": model.num_heads,
+            "head_size": None,
+            "sliding_window": None,
+        }
+    else:
+        wanted = {
+            "position": "rope",
+            "norm": "rmsnorm",
+            "activation": "swiglu",
+            "embedding_norm": False,
+        }
+        wanted.update(
+            {
+                "LlamaForCausalLM": {"sliding_window": None},
+                "MistralForCausalLM": {"bias": False, "sliding_window_layers": None},
+                "Qwen2ForCausalLM": {"bias": False, "qkv_bias": True},
+                "Qwen3ForCausalLM": {"bias": False, "qk_norm": "head"},
+                "Olmo2ForCausalLM": {
+                    "bias": False,
+                    "qk_norm": "full",
+                    "norm_placement": "post",
+                    "sliding_window": None,
+                },
+                "Phi3ForCausalLM": {"bias": False, "sliding_window_layers": None},
+            }[architecture]
+        )
+    defaults = {"qkv_bias": False, "qk_norm": "none", "norm_placement": "pre"}
+    wanted = {**defaults, **wanted}
+    if architecture in ("BloomForCausalLM", "LlamaForCausalLM") and model.bias:
+        wanted["qkv_bias"] = model.qkv_bias  # biases everywhere include q, k and v's
+    misfits = [
+        f"model.{key}={getattr(model, key)!r} (needs {value!r})"
+        for key, value in wanted.items()
+        if getattr(model, key) != value
+    ]
+    scaling = model.rope_scaling
+    if architecture == "Phi3ForCausalLM" and scaling is not None and scaling.type != "longrope":
+        misfits.append(
+            f"model.rope_scaling.type={scaling.type!r} (needs null or 'longrope': Phi3Config reads "
+            "no other)"
+        )
+    return misfits
 
 
 _UNITS = {
@@ -232,15 +409,25 @@ def _matmul_parameters_per_block(cfg: ModelConfig) -> int:
     return attention + mlp
 
 
+def qk_norm_parameters(cfg: ModelConfig, tp: int = 1) -> int:
+    """The weights of one block's q and k norms on a tensor-parallel rank: `head` ones are whole on
+    every rank, `full` ones cut by head."""
+    if cfg.qk_norm == "head":
+        return 2 * cfg.head_dim
+    if cfg.qk_norm == "full":
+        return cfg.head_dim * (cfg.num_heads + cfg.num_kv_heads) // tp
+    return 0
+
+
 def parameter_count(cfg: ModelConfig) -> int:
     """Parameters as Hugging Face counts them: the real vocabulary (no padding), a tied head counted
     once."""
     h = cfg.hidden_size
     norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
-    attention_biases = cfg.head_dim * (cfg.num_heads + 2 * cfg.num_kv_heads) + h
-    mlp_biases = cfg.ffn_size * (2 if cfg.activation == "swiglu" else 1) + h
-    biases = attention_biases + mlp_biases if cfg.bias else 0
-    block = _matmul_parameters_per_block(cfg) + biases + 2 * norm
+    qkv_biases = cfg.head_dim * (cfg.num_heads + 2 * cfg.num_kv_heads)
+    other_biases = h + cfg.ffn_size * (2 if cfg.activation == "swiglu" else 1) + h
+    biases = (qkv_biases if cfg.bias or cfg.qkv_bias else 0) + (other_biases if cfg.bias else 0)
+    block = _matmul_parameters_per_block(cfg) + biases + 2 * norm + qk_norm_parameters(cfg)
     embedding = cfg.vocab_size * h + (norm if cfg.embedding_norm else 0)
     head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
     return embedding + cfg.num_layers * block + norm + head

@@ -5,11 +5,12 @@ different stages, and the warm start can replace or freeze the embedding and hea
 carries its own position information (RoPE frequencies or ALiBi slopes, computed on the fly in
 float32), and calls the attention kernel API of `pipeline.kernels`.
 
-Where a token is: ALiBi slopes (BLOOM) and rotary embeddings (Llama/Mistral).
+Where a token is: ALiBi slopes (BLOOM) and rotary embeddings (Llama, Mistral, Qwen, OLMo 2, Phi-3).
 
 Both follow the published checkpoints' conventions so that weights map 1:1: ALiBi slopes as BLOOM
 computes them, RoPE rotating the two halves of each head (transformers' `rotate_half`, not
-interleaved pairs), with frequencies and angles in float32 as transformers computes them.
+interleaved pairs), with frequencies (and their scalings: llama3, linear, yarn, longrope) and angles
+in float32 as transformers computes them, operation for operation.
 """
 
 from __future__ import annotations
@@ -140,11 +141,21 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        head_dim = cfg.head_dim
-        self.q = nn.Linear(cfg.hidden_size, cfg.num_heads * head_dim, bias=cfg.bias)
-        self.k = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * head_dim, bias=cfg.bias)
-        self.v = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * head_dim, bias=cfg.bias)
+        head_dim, qkv_bias = cfg.head_dim, cfg.bias or cfg.qkv_bias
+        self.q = nn.Linear(cfg.hidden_size, cfg.num_heads * head_dim, bias=qkv_bias)
+        self.k = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * head_dim, bias=qkv_bias)
+        self.v = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * head_dim, bias=qkv_bias)
         self.out = nn.Linear(cfg.num_heads * head_dim, cfg.hidden_size, bias=cfg.bias)
+        # Queries and keys normalised before RoPE: per head with one shared weight (Qwen3), or
+        # over all heads at once (OLMo 2).
+        if cfg.qk_norm == "head":
+            self.q_norm = RMSNorm(head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(head_dim, cfg.norm_eps)
+        elif cfg.qk_norm == "full":
+            self.q_norm = RMSNorm(cfg.num_heads * head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.num_kv_heads * head_dim, cfg.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def alibi_slopes(self, device: torch.device) -> torch.Tensor:
         """The ALiBi slope of each of this module's query heads."""
@@ -163,6 +174,8 @@ class Attention(nn.Module):
         heads = width // cfg.head_dim * cfg.num_heads // (cfg.num_heads + 2 * cfg.num_kv_heads)
         if cfg.position == "rope":
             q, k, v = unstack_qkv(qkv, heads, cfg.head_dim)
+            if self.q_norm is not None:
+                q, k = self.normed(q, self.q_norm), self.normed(k, self.k_norm)
             # Positions count from the start of the sequence, also in packed sequences (documents
             # after the first do not start at 0); segment_ids only keep documents apart.
             cos, sin = shared_rope_tables(cfg, seq, q.dtype, q.device)
@@ -185,6 +198,15 @@ class Attention(nn.Module):
                 segment_ids=segment_ids,
             )
         return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
+
+    def normed(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """q or k (batch, heads, seq, head_dim) through its norm: each head's values (`head`), or all
+        of a token's heads side by side (`full`; under tensor parallelism, this rank's heads)."""
+        if self.cfg.qk_norm == "head":
+            return norm(x)
+        batch, heads, seq, head_dim = x.shape
+        flat = x.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+        return norm(flat).view(batch, seq, heads, head_dim).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -214,8 +236,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """x + attn(attn_norm(x)), then the same with the MLP; with `model.norm_placement=post` (OLMo 2)
+    the norms take the sublayers' outputs instead: x + attn_norm(attn(x))."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        self.post_norms = cfg.norm_placement == "post"
         self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg)
         self.mlp_norm = make_norm(cfg)
@@ -234,7 +260,13 @@ class Block(nn.Module):
         """The block's residual stream and its MLP's output, not yet added to it: the next block
         adds that inside its first norm, as this one adds `owed` (the previous block's) and its
         attention's output inside its norms. Each addition is then one pass over the activations,
-        and so is its gradient's in the backward."""
+        and so is its gradient's in the backward. (With norms after the sublayers, the additions
+        come after the norms, and the owed output is the MLP's normalised.)"""
+        if self.post_norms:
+            if owed is not None:
+                x = x + owed
+            x = x + self.attn_norm(self.attn(x, segment_ids))
+            return x, self.mlp_norm(self.mlp(x))
         if owed is None:
             normed = self.attn_norm(x)
         else:
@@ -309,8 +341,8 @@ class Transformer(nn.Module):
         if window is not None and input_ids.shape[1] > window:
             raise ValueError(
                 f"A sequence of {input_ids.shape[1]} tokens is longer than the model's sliding "
-                f"attention window ({window} tokens, model.sliding_window), which the attention "
-                f"kernels do not implement: use sequences of at most {window} tokens."
+                f"attention window ({window} tokens, model.sliding_window), which the model does not "
+                f"apply yet: use sequences of at most {window} tokens."
             )
         x, owed = self.embedding(input_ids), None
         for block in self.blocks:
@@ -377,9 +409,12 @@ def shared_rope_tables(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rope_cos_sin` made once per shape, dtype and device and shared by the layers (not to be
     modified): made per layer, they cost every forward a dozen small launches per layer."""
-    scaling = (
-        None if cfg.rope_scaling is None else dataclasses.astuple(cfg.rope_scaling)
-    )  # hashable
+    scaling = None
+    if cfg.rope_scaling is not None:  # hashable: lists as tuples
+        scaling = tuple(
+            tuple(value) if isinstance(value, list) else value
+            for value in dataclasses.astuple(cfg.rope_scaling)
+        )
     return _rope_tables(cfg.head_dim, cfg.rope_theta, scaling, seq_len, dtype, device)
 
 
@@ -392,10 +427,11 @@ def _rope_tables(
     dtype: torch.dtype,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = rope_frequencies(
-        head_dim, theta, None if scaling is None else RopeScaling(*scaling), device
+    scaling = None if scaling is None else RopeScaling(*scaling)
+    inv_freq = rope_frequencies(head_dim, theta, scaling, device, seq_len)
+    return rope_cos_sin(
+        inv_freq, seq_len, dtype, 1.0 if scaling is None else scaling.attention_factor
     )
-    return rope_cos_sin(inv_freq, seq_len, dtype)
 
 
 def rope_frequencies(
@@ -403,40 +439,77 @@ def rope_frequencies(
     theta: float,
     scaling: Optional[RopeScaling],
     device: Optional[torch.device] = None,
+    seq_len: Optional[int] = None,
 ) -> torch.Tensor:
-    """The rotation speed of each pair of dimensions (head_dim / 2 values), with Llama 3's scaling
-    if set."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
-    )
+    """The rotation speed of each pair of dimensions (head_dim / 2 values), scaled as `scaling`
+    says, by the operations of `transformers.modeling_rope_utils` in their order (so that the values
+    are the same to the bit). LongRoPE's depend on the sequence's length (`seq_len`)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    if scaling is not None and scaling.type == "longrope":
+        # Each pair slowed by its own factor: the short ones within the pretraining context.
+        long = seq_len is not None and seq_len > scaling.original_max_seq_len
+        factors = scaling.long_factor if long else scaling.short_factor
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32, device=device) * theta**exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
+    if scaling.type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.type == "yarn":
+        return _yarn_frequencies(head_dim, theta, scaling, theta**exponents)
     # Llama 3.1: wavelengths longer than the pretraining context / low_freq_factor are slowed down
     # by `factor`, those shorter than context / high_freq_factor are kept, the band between is
     # interpolated.
     wavelength = 2 * math.pi / inv_freq
     context = scaling.original_max_seq_len
-    slowed = inv_freq / scaling.factor
+    scaled = torch.where(
+        wavelength > context / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq
+    )
     ramp = (context / wavelength - scaling.low_freq_factor) / (
         scaling.high_freq_factor - scaling.low_freq_factor
     )
-    between = (1 - ramp) * slowed + ramp * inv_freq
-    scaled = torch.where(wavelength > context / scaling.low_freq_factor, slowed, inv_freq)
-    in_band = (wavelength >= context / scaling.high_freq_factor) & (
-        wavelength <= context / scaling.low_freq_factor
+    between = (1 - ramp) * scaled / scaling.factor + ramp * scaled
+    in_band = ~(wavelength < context / scaling.high_freq_factor) * ~(
+        wavelength > context / scaling.low_freq_factor
     )
     return torch.where(in_band, between, scaled)
 
 
+def _yarn_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling, periods: torch.Tensor
+) -> torch.Tensor:
+    """YaRN (Peng et al. 2023): the pairs that turn more than beta_fast times within the pretraining
+    context keep their frequency, those that turn fewer than beta_slow times are slowed by
+    `factor`, and a linear ramp over the pairs between mixes the two. `periods`: the unscaled
+    frequencies' inverses, theta ** (2i / head_dim)."""
+
+    def pair_turning(turns: float) -> float:
+        """The (fractional) pair that turns `turns` times over the pretraining context."""
+        context = scaling.original_max_seq_len
+        return (head_dim * math.log(context / (turns * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = pair_turning(scaling.beta_fast), pair_turning(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    pairs = torch.arange(head_dim // 2, dtype=torch.float32)
+    kept = (1 - torch.clamp((pairs - low) / (high - low), 0, 1)).to(periods.device)
+    return (1.0 / (scaling.factor * periods)) * (1 - kept) + (1.0 / periods) * kept
+
+
 def rope_cos_sin(
-    inv_freq: torch.Tensor, seq_len: int, dtype: torch.dtype
+    inv_freq: torch.Tensor, seq_len: int, dtype: torch.dtype, attention_factor: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of every position's angles, (seq, head_dim): positions 0..seq_len-1 of the
-    sequence."""
+    sequence, scaled by `attention_factor` (YaRN's and LongRoPE's; 1 otherwise)."""
     positions = torch.arange(seq_len, device=inv_freq.device, dtype=torch.float32)
     angles = torch.outer(positions, inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    if attention_factor == 1.0:
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+    return (angles.cos() * attention_factor).to(dtype), (angles.sin() * attention_factor).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,10 @@ layers:
 
 - attention (`TensorParallelAttention`): q, k, v column-parallel by heads (each rank keeps
   num_heads/tp query and num_kv_heads/tp key/value heads, so grouped-query attention stays within a
-  rank) with their ALiBi slopes, out row-parallel;
+  rank) with their biases and ALiBi slopes, out row-parallel; q/k norms per head (Qwen3) whole on
+  every rank, their weights' gradients summed over the ranks (each rank's heads add their share),
+  and q/k norms over all heads (OLMo 2) cut by head, the sum of squares they divide by summed over
+  the ranks;
 - MLP (`TensorParallelMLP`): gate and up column-parallel, down row-parallel;
 - embedding and LM head (tied or not): vocab-parallel, the vocabulary padded to a multiple of
   model.pad_vocab_multiple x tp so that every rank holds an equal shard;
@@ -449,10 +452,61 @@ class VocabParallelHead(nn.Module):
         return F.linear(self.enter(hidden), self.weight)
 
 
+class _AllReduceSum(torch.autograd.Function):
+    """All-reduce forward and backward: a sum over the ranks that every rank uses, so that each
+    rank's addend gets the gradients of all of them."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class HeadSummedRMSNorm(RMSNorm):
+    """A per-head q or k norm (Qwen3) on this rank's heads: its weight (head_dim values) whole on
+    every rank, its gradient summed over the ranks, whose heads each contribute a share."""
+
+    def __init__(self, full: RMSNorm, group) -> None:
+        nn.Module.__init__(self)
+        self.group = group
+        self.weight = full.weight
+        self.eps = full.eps
+
+    def applied_weight(self) -> torch.Tensor:
+        return copy_to_tensor_parallel(self.weight, self.group)
+
+
+class HeadShardedRMSNorm(nn.Module):
+    """A q or k norm over all heads at once (OLMo 2) on this rank's heads: the weight cut by head,
+    as the projection's rows are; each token's sum of squares summed over the ranks before it is
+    divided by the full width. Plain PyTorch (no fused kernel: the statistic crosses ranks)."""
+
+    def __init__(self, full: RMSNorm, group) -> None:
+        super().__init__()
+        self.group = group
+        self.eps = full.eps
+        self.full_size = full.weight.shape[0]
+        self.weight = _sharded(full.weight, Shard(0, self.full_size, group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        squares = _AllReduceSum.apply(x32.pow(2).sum(-1, keepdim=True), self.group)
+        normed = x32 * torch.rsqrt(squares / self.full_size + self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
 class TensorParallelAttention(Attention):
     """Attention cut by heads: this rank's num_heads/tp query and num_kv_heads/tp key/value heads
-    (so grouped-query attention stays within a rank), their ALiBi slopes, and the output
-    projection's matching input columns."""
+    (so grouped-query attention stays within a rank), their biases, q/k norms and ALiBi slopes, and
+    the output projection's matching input columns."""
 
     def __init__(self, full: Attention, group, sequence_parallel: bool = False) -> None:
         nn.Module.__init__(self)
@@ -463,6 +517,10 @@ class TensorParallelAttention(Attention):
             ColumnParallelLinear(linear, group) for linear in (full.q, full.k, full.v)
         )
         self.out = RowParallelLinear(full.out, group, sequence_parallel)
+        norm = {"head": HeadSummedRMSNorm, "full": HeadShardedRMSNorm}.get(full.cfg.qk_norm)
+        self.q_norm, self.k_norm = (
+            (None, None) if norm is None else (norm(full.q_norm, group), norm(full.k_norm, group))
+        )
         heads = full.cfg.num_heads // dist.get_world_size(group)
         self.heads = slice(dist.get_rank(group) * heads, (dist.get_rank(group) + 1) * heads)
 

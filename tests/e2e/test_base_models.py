@@ -1,7 +1,8 @@
 """A user's own base model decides the shape (issue 18): random BLOOM and Llama (grouped-query)
 bases made with transformers go through warmup, pretrain init=hf and evaluate with no model
 override, on the Norwegian chain of tests/conftest.py, and the exported folders keep the base's
-shape and load in transformers."""
+shape and load in transformers. Random Qwen2, Qwen3, OLMo 2 and Phi-3 bases (issue 54) take a
+warmup and a pretrain step each and come back in their own architecture."""
 
 from __future__ import annotations
 
@@ -35,6 +36,26 @@ SHAPES = {
         },
     ),
 }
+# The architectures of issue 54, each with what sets it apart: Qwen2's q/k/v biases and tied head,
+# Qwen3's per-head q/k norms and its own head size, OLMo 2's norms after the sublayers, Phi-3's fused
+# projections. Special ids within the tokenizer's (OLMo 2's and Phi-3's defaults lie beyond it).
+SIZES = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+SPECIAL_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+NEW_SHAPES = {
+    "qwen2": (
+        transformers.Qwen2Config,
+        {**SIZES, "num_key_value_heads": 2, "intermediate_size": 160, "tie_word_embeddings": True},
+    ),
+    "qwen3": (
+        transformers.Qwen3Config,
+        {**SIZES, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 160},
+    ),
+    "olmo2": (transformers.Olmo2Config, {**SIZES, "intermediate_size": 160, **SPECIAL_IDS}),
+    "phi3": (
+        transformers.Phi3Config,
+        {**SIZES, "num_key_value_heads": 2, "intermediate_size": 160, **SPECIAL_IDS},
+    ),
+}
 # Budgets cut to seconds; none of them is a model override.
 SMALL = (
     "warmup.train.steps=2",
@@ -59,7 +80,7 @@ def english_tokenizer(tmp_path_factory):
 
 
 def random_base(family: str, folder, tokenizer_dir):
-    config_class, sizes = SHAPES[family]
+    config_class, sizes = {**SHAPES, **NEW_SHAPES}[family]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config_class(vocab_size=VOCAB, **sizes))
     model.save_pretrained(folder, safe_serialization=True)
@@ -110,3 +131,27 @@ def test_acceptance_the_base_model_shapes_warmup_pretrain_and_evaluate(
     assert (
         "`train.eval_tokens`" in report and "`eval.max_bytes`" in report
     )  # why the training logs' numbers differ
+
+
+@pytest.mark.parametrize("family", sorted(NEW_SHAPES))
+def test_a_qwen_olmo_or_phi_base_warms_up_and_pretrains_in_its_own_architecture(
+    family, nob_packed, english_tokenizer, tmp_path
+):
+    base = random_base(family, tmp_path / family, english_tokenizer)
+    work = tmp_path / "work"
+    for stage in ("clean", "mix", "tokenizer", "pack"):
+        shutil.copytree(nob_packed / "work" / "nob" / stage, work / "nob" / stage)
+    common = (*CHAIN_OPTIONS, f"work_dir={work}", *SMALL, "warmup.train.steps=1")
+    base_config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+
+    run_cli("stage=warmup", *common, f"model.base={base}", cwd=tmp_path)
+    run_cli("stage=pretrain", *common, f"model.base={base}", cwd=tmp_path)
+    for stage in ("warmup", "pretrain"):
+        exported = work / "nob" / stage / "hf"
+        config = json.loads((exported / "config.json").read_text(encoding="utf-8"))
+        sizes = {k: v for k, v in NEW_SHAPES[family][1].items() if k not in SPECIAL_IDS}
+        assert config["architectures"] == base_config["architectures"], stage
+        assert {key: config[key] for key in sizes} == sizes, stage
+        model = transformers.AutoModelForCausalLM.from_pretrained(exported)
+        assert type(model).__name__ == base_config["architectures"][0]
+        assert torch.isfinite(model(torch.tensor([[5, 6, 7, 8]])).logits).all(), stage

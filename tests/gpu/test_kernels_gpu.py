@@ -122,6 +122,45 @@ def test_attention_matches_reference_in_bf16(
     )
 
 
+@pytest.mark.parametrize(
+    "batch, heads, kv_heads, seq, head_dim, causal, window, softcap, segments",
+    [
+        (2, 8, 8, 2048, 128, True, 512, None, None),  # a window of a quarter of the row
+        (1, 8, 2, 777, 80, True, 33, None, None),  # GQA, narrower than a tile, padded head dim
+        (2, 8, 2, 1000, 64, True, 100, None, "random"),  # documents, GQA, odd length
+        (4, 8, 4, 2048, 128, True, 256, None, "packed"),  # the benchmark's packed rows
+        (2, 8, 4, 1024, 128, True, None, 2.0, None),  # soft cap (Gemma 2's global layers)
+        (1, 4, 4, 513, 96, False, None, 1.5, None),  # soft cap, bidirectional
+        (4, 8, 4, 2048, 64, True, 300, 3.0, "packed"),  # both (its local layers), packed rows
+        (2, 8, 8, 1024, 128, True, 200, 3.0, "random"),
+    ],
+)
+def test_attention_with_window_and_softcap_matches_reference_in_bf16(
+    batch, heads, kv_heads, seq, head_dim, causal, window, softcap, segments
+):
+    """Sliding windows (Mistral, Gemma 2/3) and the soft cap (Gemma 2) on the GPU tables' tiles,
+    with their variants' own where they have some."""
+    torch.manual_seed(seq + head_dim)
+    q = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (
+        torch.randn(batch, kv_heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2)
+    )
+    segment_ids = None
+    if segments == "random":
+        segment_ids = torch.randint(0, 4, (batch, seq), device="cuda").sort(dim=1).values
+    elif segments == "packed":
+        segment_ids = packed_rows(batch, seq).cuda()
+    compare_with_reference(
+        flash_attention,
+        [q, k, v],
+        causal=causal,
+        segment_ids=segment_ids,
+        sliding_window=window,
+        softcap=softcap,
+    )
+
+
 @pytest.mark.parametrize("kv_heads", [8, 2])
 def test_stacked_attention_matches_reference_in_bf16(kv_heads):
     """q, k, v side by side as one projection makes them (a model's layout), packed rows: output and
@@ -136,6 +175,20 @@ def test_stacked_attention_matches_reference_in_bf16(kv_heads):
         head_dim=128,
         alibi_slopes=slopes,
         segment_ids=packed_rows(4, 2048).cuda(),
+    )
+
+
+def test_stacked_attention_with_window_and_softcap_matches_reference_in_bf16():
+    torch.manual_seed(1)
+    qkv = torch.randn(4, 2048, (8 + 2 * 2) * 128, device="cuda", dtype=torch.bfloat16)
+    compare_with_reference(
+        stacked_flash_attention,
+        [qkv],
+        heads=8,
+        head_dim=128,
+        segment_ids=packed_rows(4, 2048).cuda(),
+        sliding_window=400,
+        softcap=3.0,
     )
 
 

@@ -41,7 +41,7 @@ FLOAT32_POINTERS = {
     "grad_target_ptr",
 }
 INT_POINTERS = {"seg_ptr": "*i32", "ranges_ptr": "*i32", "targets_ptr": "*i64"}
-FLOAT_SCALARS = {"qk_scale", "sm_scale", "eps"}
+FLOAT_SCALARS = {"qk_scale", "sm_scale", "softcap2", "eps"}
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
@@ -116,29 +116,42 @@ def check(result: Build, arch: str, uses_matrix_units: bool, what: str) -> None:
         )
 
 
+# The causal specialisations that models run: ALiBi (BLOOM; what the benchmarks run), a sliding
+# window (Mistral, Gemma 3's local layers), the soft cap (Gemma 2's global layers) and both (its
+# local ones). RoPE models run the kernels without ALiBi, which needs fewer registers than any of
+# these.
+VARIANTS = {
+    "alibi": dict(HAS_ALIBI=True, WINDOW=False, SOFTCAP=False),
+    "window": dict(HAS_ALIBI=False, WINDOW=True, SOFTCAP=False),
+    "softcap": dict(HAS_ALIBI=False, WINDOW=False, SOFTCAP=True),
+    "window+softcap": dict(HAS_ALIBI=False, WINDOW=True, SOFTCAP=True),
+}
+# ALiBi at every head dim, dense and packed; the newer variants where registers are scarcest, at the
+# largest head dim, each with and without documents (the suite's time: a case compiles in seconds).
 ATTENTION_CASES = [
-    (arch, head_dim, documents)
+    (arch, head_dim, documents, variant)
     for arch in TARGETS
     for head_dim in ATTENTION[arch]
     for documents in (False, True)
+    for variant in VARIANTS
+    if variant == "alibi" or head_dim == max(ATTENTION[arch])
 ]
 
 
-@pytest.mark.parametrize("arch, head_dim, documents", ATTENTION_CASES)
+@pytest.mark.parametrize("arch, head_dim, documents, variant", ATTENTION_CASES)
 def test_attention_configs_compile_to_matrix_instructions_without_spills(
-    arch, head_dim, documents, tmp_path
+    arch, head_dim, documents, variant, tmp_path
 ):
-    """ALiBi + causal, the specialisation the benchmarks run, dense and with document masks (segment
-    ids)."""
-    configs = ATTENTION[arch][head_dim].specialised(documents)
+    """Causal attention in each variant, dense and with document masks (segment ids)."""
     flags = dict(
         BLOCK_D=head_dim,
         CAUSAL=True,
-        HAS_ALIBI=True,
         HAS_SEGMENTS=documents,
         CHECK_SEQ=False,
         CHECK_D=False,
+        **VARIANTS[variant],
     )
+    configs = ATTENTION[arch][head_dim].specialised(documents, flags["WINDOW"], flags["SOFTCAP"])
     kernels = {
         "forward": attention._attention_forward,
         "backward_kv": attention._attention_backward_kv,
@@ -164,7 +177,10 @@ def test_attention_configs_compile_to_matrix_instructions_without_spills(
                 tmp_path,
             )
             heads = "one query head per key head" if group else "grouped query heads"
-            what = f"attention {name} D={head_dim}{' with documents' if documents else ''}, {heads}, {config}"
+            what = (
+                f"attention {name} ({variant}) D={head_dim}"
+                f"{' with documents' if documents else ''}, {heads}, {config}"
+            )
             check(result, arch, True, what)
 
 

@@ -233,6 +233,143 @@ def check_attention_with_each_architecture_tiles(interpreted, arch):
             compare_with_reference(attend, reference_attend, [q, k, v], torch.float32)
 
 
+# Sliding windows (Mistral, Gemma 2/3) and Gemma 2's soft cap: (batch, heads, kv_heads, seq,
+# head_dim) and the options, in the interpreter's default tiles (forward 64 x 64, dK/dV 64 keys x
+# 32 queries, dQ 64 queries x 32 keys).
+WINDOW_AND_SOFTCAP_CASES = {
+    # windows narrower than a key block, over several blocks, one key short of the sequence
+    "window 40": ((1, 2, 2, 150, 32), dict(sliding_window=40)),
+    "window 5, padded head dim": ((2, 2, 2, 130, 48), dict(sliding_window=5)),
+    "window 149 of 150": ((1, 2, 2, 150, 32), dict(sliding_window=149)),
+    "window 1: each query sees itself": ((1, 2, 2, 100, 16), dict(sliding_window=1)),
+    "window longer than the sequence": ((1, 2, 1, 70, 16), dict(sliding_window=500)),
+    "window + documents": ((2, 2, 2, 200, 32), dict(sliding_window=50, segment_ids="long")),
+    "window + GQA + ALiBi": ((1, 4, 2, 150, 32), dict(sliding_window=70, alibi_slopes=True)),
+    "window + documents + GQA": ((2, 4, 2, 130, 32), dict(sliding_window=33, segment_ids="short")),
+    "softcap, bidirectional": ((1, 2, 2, 97, 32), dict(softcap=2.0, causal=False)),
+    "softcap, causal": ((2, 2, 1, 150, 64), dict(softcap=5.0, softmax_scale=0.3)),
+    "softcap + window + documents + GQA": (
+        (2, 4, 2, 170, 32),
+        dict(softcap=3.0, sliding_window=45, segment_ids="long"),
+    ),
+}
+
+
+# float16 on the cases that combine the options (the suite's time: each case costs seconds here).
+HALF_PRECISION_CASES = (
+    "window + documents + GQA",
+    "softcap, causal",
+    "softcap + window + documents + GQA",
+)
+
+
+@pytest.mark.parametrize(
+    "case, dtype",
+    [(case, torch.float32) for case in WINDOW_AND_SOFTCAP_CASES]
+    + [(case, torch.float16) for case in HALF_PRECISION_CASES],
+)
+def check_attention_window_and_softcap(interpreted, case, dtype):
+    """Sliding windows and the soft cap, alone and with documents, GQA and ALiBi: the output and
+    dQ, dK, dV against the reference."""
+    (batch, heads, kv_heads, seq, head_dim), options = WINDOW_AND_SOFTCAP_CASES[case]
+    torch.manual_seed(seq + heads)
+    q = torch.randn(batch, heads, seq, head_dim, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype) for _ in range(2))
+    kwargs = dict(options)
+    if kwargs.get("alibi_slopes"):
+        kwargs["alibi_slopes"] = torch.rand(heads) * 0.5
+    if kwargs.get("segment_ids") == "long":
+        kwargs["segment_ids"] = packed_documents(batch, seq, [40, 170, 60, 140])
+    elif kwargs.get("segment_ids") == "short":
+        kwargs["segment_ids"] = torch.randint(0, 5, (batch, seq)).sort(dim=1).values
+    compare_with_reference(kernels.flash_attention, reference.attention, [q, k, v], dtype, **kwargs)
+
+
+def check_stacked_attention_with_window_and_softcap(interpreted):
+    torch.manual_seed(5)
+    qkv = torch.randn(2, 97, (4 + 2 * 2) * 32, dtype=torch.float16)
+    kwargs = dict(sliding_window=30, softcap=4.0, segment_ids=packed_documents(2, 97, [30, 50, 17]))
+    compare_with_reference(
+        lambda qkv, **kw: kernels.stacked_flash_attention(qkv, 4, 32, **kw),
+        lambda qkv, **kw: reference.attention(*reference.unstack_qkv(qkv, 4, 32), **kw),
+        [qkv],
+        torch.float16,
+        **kwargs,
+    )
+
+
+def check_window_skips_the_tiles_outside_it(interpreted):
+    """Whole tiles outside the window are never read: with NaN in keys and values 0-63, the
+    outputs and dQ of queries 128 on (window 32: they see keys 97 on) are finite and right, and
+    with NaN in the queries and output gradients from 128 on, so are dK and dV of keys 0-63 (seen
+    by queries up to 94). A masked tile that were read would spread the NaN (0 * NaN)."""
+    seq, window = 256, 32
+    configs = ATTENTION["default"][64]
+    torch.manual_seed(8)
+    q, k, v, grad = (torch.randn(1, 2, seq, 16) for _ in range(4))
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    expected = reference.attention(*leaves, sliding_window=window)
+    expected_grads = torch.autograd.grad(expected, leaves, grad.double())
+
+    def run(q, k, v, grad):
+        leaves = [x.requires_grad_() for x in (q, k, v)]
+        out = interpreted["attention"].flash_attention(
+            *leaves, sliding_window=window, configs=configs
+        )
+        return out, *torch.autograd.grad(out, leaves, grad)
+
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    poisoned_k[:, :, :64] = poisoned_v[:, :, :64] = float("nan")
+    out, dq, _, _ = run(q.clone(), poisoned_k, poisoned_v, grad)
+    assert_close(out[:, :, 128:], expected[:, :, 128:], torch.float32, "output")
+    assert_close(dq[:, :, 128:], expected_grads[0][:, :, 128:], torch.float32, "dq")
+
+    poisoned_q, poisoned_grad = q.clone(), grad.clone()
+    poisoned_q[:, :, 128:] = poisoned_grad[:, :, 128:] = float("nan")
+    _, _, dk, dv = run(poisoned_q, k.clone(), v.clone(), poisoned_grad)
+    assert_close(dk[:, :, :64], expected_grads[1][:, :, :64], torch.float32, "dk")
+    assert_close(dv[:, :, :64], expected_grads[2][:, :, :64], torch.float32, "dv")
+
+
+def check_refused_options(interpreted):
+    """What no backend computes is refused by name, on the Triton backend as on the reference."""
+    q = torch.randn(1, 2, 40, 16)
+    cases = {
+        "causal=True": dict(sliding_window=8, causal=False),
+        "sliding_window must be >= 1": dict(sliding_window=0),
+        "sliding_window must be an int": dict(sliding_window=8.0),
+        "softcap must be a finite number > 0": dict(softcap=0.0),
+        "softcap together with alibi_slopes": dict(softcap=5.0, alibi_slopes=torch.ones(2)),
+    }
+    for message, kwargs in cases.items():
+        for backend in ("triton", "reference"):
+            with kernels.kernel_backend(backend), pytest.raises((ValueError, TypeError)) as error:
+                kernels.flash_attention(q, q, q, **kwargs)
+            assert message in str(error.value), (backend, kwargs, str(error.value))
+
+
+@pytest.mark.parametrize("arch", ["sm90", "gfx90a"])
+def check_window_and_softcap_with_each_architecture_tiles(interpreted, arch):
+    """A sliding window with the soft cap in the GPU tables' tiles (their own where the variant has
+    some, as Gemma 2's local layers run them), dense and on packed rows: the window's edges fall
+    elsewhere in each tiling."""
+    torch.manual_seed(2)
+    for head_dim, table in ATTENTION[arch].items():
+        for segment_ids in (None, packed_documents(1, 160, [50, 110])):
+            configs = table.specialised(segment_ids is not None, window=True, softcap=True)
+            q = torch.randn(1, 2, 160, head_dim)
+            k, v = (torch.randn(1, 1, 160, head_dim) for _ in range(2))
+            options = dict(sliding_window=45, softcap=10.0, segment_ids=segment_ids)
+            compare_with_reference(
+                lambda q, k, v, configs=configs: interpreted["attention"].flash_attention(
+                    q, k, v, configs=configs, **options
+                ),
+                lambda q, k, v: reference.attention(q, k, v, **options),
+                [q, k, v],
+                torch.float32,
+            )
+
+
 def document_ids(seq: int, boundaries: list[int]) -> torch.Tensor:
     """Segment ids 0, 1, ... of one row whose documents start at these positions (and at 0)."""
     return (torch.arange(seq)[:, None] >= torch.tensor(boundaries)[None, :]).sum(1)

@@ -169,10 +169,51 @@ def test_longer_than_the_sliding_window_is_refused():
             "model.rope_scaling",
             "null when model.position=alibi",
         ),
+        ({"qk_norm": "layer"}, "model.qk_norm", "none, head, full"),
+        ({"norm_placement": "sandwich"}, "model.norm_placement", "pre, post"),
+        ({"head_size": 15}, "model.head_size", "an even head size"),
+        ({"num_heads": 5, "num_kv_heads": 5, "head_size": 16}, None, None),
+        ({"sliding_window_layers": [1]}, "model.sliding_window_layers", "sliding_window set"),
+        (
+            {"sliding_window": 8, "sliding_window_layers": [2]},
+            "model.sliding_window_layers",
+            "each in 0..1",
+        ),
+        (
+            {"rope_scaling": RopeScaling(type="longrope", short_factor=[1.0])},
+            "model.rope_scaling.short_factor",
+            "8 positive numbers",
+        ),
+        (
+            {"hf_architecture": "Qwen2ForCausalLM"},
+            "model.hf_architecture",
+            "model.qkv_bias=False (needs True)",
+        ),
+        ({"hf_architecture": "GPT2LMHeadModel"}, "model.hf_architecture", "Phi3ForCausalLM"),
     ],
-    ids=["position", "norm", "activation", "heads", "kv-heads", "layers", "scaling-without-rope"],
+    ids=[
+        "position",
+        "norm",
+        "activation",
+        "heads",
+        "kv-heads",
+        "layers",
+        "scaling-without-rope",
+        "qk-norm",
+        "norm-placement",
+        "odd-head-size",
+        "head-size-frees-the-heads",
+        "window-layers-without-window",
+        "window-layers-out-of-range",
+        "longrope-factors",
+        "architecture-misfit",
+        "architecture-unknown",
+    ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(change, key, allowed):
+    if key is None:  # a valid change
+        validate_model(dataclasses.replace(SMALL_ROPE, **change))
+        return
     with pytest.raises(ConfigError) as error:
         validate_model(dataclasses.replace(SMALL_ROPE, **change))
     assert error.value.key == key

@@ -1,0 +1,397 @@
+"""Qwen2 (Qwen2.5), Qwen3, OLMo 2 and Phi-3 (issue 54) on tiny random checkpoints built with
+`transformers`, as test_model_hf.py does for BLOOM, Llama and Mistral: our logits equal transformers'
+(float32, max abs difference < 1e-4) both ways, every tensor round trips bit-identically in the
+architecture's own layout, RoPE scalings are transformers' to the bit, and what the model cannot
+compute exactly fails when the base is read, naming the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+
+from pipeline.model.base_shape import base_config
+from pipeline.model.hf_config import CheckpointError, config_from_hf
+from pipeline.model.hf_export import to_hf
+from pipeline.model.hf_import import from_hf
+from pipeline.model.model_config import ModelConfig, parameter_count, training_seq_len
+from pipeline.model.transformer import Transformer, rope_cos_sin, rope_frequencies
+
+VOCAB = 1000  # padded to 1024 rows inside the model
+# Larger than transformers' 0.02, so that every part moves the logits.
+INIT = 0.1
+SEQ = 48
+TOLERANCE = 1e-4  # float32 round-off of two orders of the same operations
+COMMON = {
+    "vocab_size": VOCAB,
+    "num_hidden_layers": 2,
+    "intermediate_size": 96,
+    "initializer_range": INIT,
+    "attn_implementation": "eager",
+}
+# Phi-3's and OLMo 2's default special ids lie outside a 1000-token vocabulary.
+SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def qwen2():
+    # Grouped-query attention, tied embeddings, YaRN from a 16-token pretraining context, so that
+    # the tests' 48 positions reach the slowed frequencies.
+    return transformers.Qwen2Config(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=64,
+        rope_theta=1e6,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+        **COMMON,
+    )
+
+
+def qwen2_window():
+    # The second layer attends within a window (use_sliding_window, max_window_layers=1) that
+    # covers the tests' sequences.
+    return transformers.Qwen2Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        use_sliding_window=True,
+        sliding_window=SEQ,
+        max_window_layers=1,
+        **COMMON,
+    )
+
+
+def qwen3():
+    # head_dim 32 with hidden 64 over 4 heads (Qwen3 sets its own head size), linear RoPE scaling.
+    return transformers.Qwen3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=False,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        **COMMON,
+    )
+
+
+def olmo2():
+    return transformers.Olmo2Config(
+        hidden_size=64, num_attention_heads=8, num_key_value_heads=2, **SPECIAL_IDS, **COMMON
+    )
+
+
+def phi3():
+    return transformers.Phi3Config(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, **SPECIAL_IDS, **COMMON
+    )
+
+
+def phi3_longrope():
+    # LongRoPE from a 32-token pretraining context: the short factors up to 32 tokens, the long
+    # ones beyond (the tests run 24 and 48).
+    return transformers.Phi3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        original_max_position_embeddings=32,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0 + 0.1 * i for i in range(8)],
+            "long_factor": [1.0 + 0.5 * i for i in range(8)],
+        },
+        **SPECIAL_IDS,
+        **COMMON,
+    )
+
+
+BUILDERS = {
+    "qwen2-yarn": qwen2,
+    "qwen2-sliding-window": qwen2_window,
+    "qwen3-head-dim-linear": qwen3,
+    "olmo2": olmo2,
+    "phi3": phi3,
+    "phi3-longrope": phi3_longrope,
+}
+
+
+def random_model(config):
+    """A random model of `config` whose biases and norm weights are random too (transformers starts
+    them at 0 and 1, which would hide a misplaced bias or q/k norm)."""
+    torch.manual_seed(0)
+    return randomised_vectors(transformers.AutoModelForCausalLM.from_config(config).eval())
+
+
+def randomised_vectors(model):
+    """`model` with its biases and norm weights drawn around 0 and 1."""
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 1:
+                start = 1.0 if "norm" in name else 0.0
+                parameter.copy_(start + 0.2 * torch.randn(parameter.shape, generator=generator))
+    return model
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Each tiny random model, saved by transformers; the name -> (folder, transformers model)."""
+    saved = {}
+    for name, build in BUILDERS.items():
+        model = random_model(build())
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder)
+        saved[name] = (folder, model)
+    return saved
+
+
+@pytest.fixture(scope="module")
+def token_ids():
+    return torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def hf_logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def stored_tensors(folder) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            tensors.update({name: f.get_tensor(name) for name in f.keys()})
+    return tensors
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_from_hf_matches_transformers_logits(checkpoints, token_ids, name):
+    folder, reference = checkpoints[name]
+    model, cfg = from_hf(folder)
+    assert cfg.hf_architecture == reference.config.architectures[0]
+    # 48 tokens reach YaRN's and Phi-3's long factors' positions; 24 keep Phi-3 to its short ones.
+    for length in (SEQ, 24):
+        ids = token_ids[:, :length]
+        with torch.no_grad():
+            ours = model(ids)
+        expected = hf_logits(reference, ids)
+        assert expected.std() > 0.1  # logits that differ from token to token
+        torch.testing.assert_close(ours, expected, rtol=0, atol=TOLERANCE)
+    # What the memory planner and MFU count is what the checkpoint holds.
+    assert parameter_count(cfg) == reference.num_parameters()
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_to_hf_writes_the_architectures_own_layout_with_the_same_logits(
+    checkpoints, token_ids, tmp_path, name
+):
+    folder, reference = checkpoints[name]
+    model, _ = from_hf(folder)
+    to_hf(model, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == reference.config.architectures
+
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out", attn_implementation="eager"
+    ).eval()
+    assert type(reloaded) is type(reference)
+    for length in (SEQ, 24):
+        ids = token_ids[:, :length]
+        torch.testing.assert_close(
+            hf_logits(reloaded, ids), hf_logits(reference, ids), rtol=0, atol=TOLERANCE
+        )
+    # The same tensor names (Phi-3's fused qkv_proj and gate_up_proj too), bit for bit.
+    original, exported = stored_tensors(folder), stored_tensors(tmp_path / "out")
+    assert original.keys() == exported.keys()
+    for key, tensor in original.items():
+        assert exported[key].dtype == tensor.dtype and torch.equal(exported[key], tensor), key
+    again, _ = from_hf(tmp_path / "out")
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(again.state_dict()[key], tensor), key
+
+
+def test_the_sliding_window_layers_travel_and_longer_sequences_are_refused(
+    checkpoints, token_ids, tmp_path
+):
+    folder, _ = checkpoints["qwen2-sliding-window"]
+    model, cfg = from_hf(folder)
+    assert (cfg.sliding_window, cfg.sliding_window_layers) == (SEQ, [1])
+    assert training_seq_len(cfg, None) == SEQ  # a null training length stays within the window
+    to_hf(model, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["use_sliding_window"] and config["sliding_window"] == SEQ
+    assert config["layer_types"] == ["full_attention", "sliding_attention"]
+    longer = torch.cat([token_ids, token_ids[:, :1]], dim=1)
+    with pytest.raises(ValueError, match=r"longer than the model's sliding attention window"):
+        model(longer)
+
+
+def hf_config_of(folder) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
+def with_config(source, target, **changes):
+    """A folder holding `source`'s config.json with `changes` (enough to be read: the shape is read
+    before any weight)."""
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({**hf_config_of(source), **changes}))
+    return target
+
+
+@pytest.mark.parametrize(
+    "name, changes, message",
+    [
+        (
+            "qwen2-yarn",
+            {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "rope_parameters": None},
+            r"`rope_scaling.rope_type`='dynamic' is not supported \(transformers' dynamic NTK",
+        ),
+        (
+            "phi3",
+            {"partial_rotary_factor": 0.75},
+            r"`partial_rotary_factor`=0.75 is not supported \(RoPE rotates the whole head\)",
+        ),
+        (
+            "qwen3-head-dim-linear",
+            {"attention_bias": True},
+            r"`attention_bias`=True is not supported \(Qwen3ForCausalLM's attention_bias adds a "
+            r"bias to o_proj too",
+        ),
+        (
+            "phi3-longrope",
+            {
+                "rope_parameters": None,
+                "rope_scaling": {"type": "su", "short_factor": [1.0], "long_factor": [1.0]},
+            },
+            r"`rope_scaling.short_factor`=\[1.0\] is not supported \(LongRoPE needs one factor "
+            r"per pair of a head's 16 values\)",
+        ),
+        (
+            "qwen2-sliding-window",
+            {"layer_types": ["full_attention", "chunked_attention"]},
+            r"`layer_types`=.* is not supported \(one of full_attention and sliding_attention",
+        ),
+    ],
+    ids=["dynamic-rope", "partial-rotary", "qwen3-attention-bias", "longrope-factors", "layers"],
+)
+def test_what_the_model_cannot_compute_exactly_fails_when_the_base_is_read(
+    checkpoints, tmp_path, name, changes, message
+):
+    folder = with_config(checkpoints[name][0], tmp_path / "changed", **changes)
+    # base_config is what the command line reads at start (model.base's shape).
+    with pytest.raises(CheckpointError, match=message):
+        base_config(str(folder))
+
+
+def rope_config(kind: str, **parameters):
+    """A Llama config whose RoPE is `kind` (head_dim 64, theta 500000, context 4096)."""
+    return transformers.LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        num_hidden_layers=1,
+        max_position_embeddings=4096,
+        rope_theta=500000.0,
+        rope_scaling={"rope_type": kind, **parameters},
+    )
+
+
+@pytest.mark.parametrize(
+    "config, seq_len",
+    [
+        (
+            rope_config(
+                "llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=512,
+            ),
+            64,
+        ),
+        (rope_config("linear", factor=4.0), 64),
+        (rope_config("yarn", factor=4.0, original_max_position_embeddings=1024), 64),
+        (
+            rope_config(
+                "yarn",
+                factor=8.0,
+                original_max_position_embeddings=512,
+                beta_fast=16,
+                beta_slow=2,
+                truncate=False,
+                mscale=0.707,
+                mscale_all_dim=1.0,
+            ),
+            64,
+        ),
+        (
+            transformers.Phi3Config(
+                hidden_size=256,
+                num_attention_heads=4,
+                max_position_embeddings=4096,
+                original_max_position_embeddings=256,
+                rope_scaling={
+                    "type": "longrope",
+                    "short_factor": [1.0 + 0.05 * i for i in range(32)],
+                    "long_factor": [1.0 + 0.7 * i for i in range(32)],
+                },
+            ),
+            300,
+        ),
+    ],
+    ids=["llama3", "linear", "yarn", "yarn-mscale-untruncated", "longrope"],
+)
+def test_rope_scaling_is_transformers_to_the_bit(config, seq_len):
+    """Frequencies and cos/sin tables from the config as the base's import reads it, against the
+    rotary embedding of transformers' own model (for LongRoPE on both sides of the pretraining
+    context)."""
+    hf = config.to_dict()
+    cfg = config_from_hf(
+        hf, {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM"}[hf["model_type"]], "test"
+    )
+    rotary_class = (
+        transformers.models.phi3.modeling_phi3.Phi3RotaryEmbedding
+        if hf["model_type"] == "phi3"
+        else transformers.models.llama.modeling_llama.LlamaRotaryEmbedding
+    )
+    rotary = rotary_class(config)
+    for length in sorted({seq_len, 32}):
+        positions = torch.arange(length)[None]
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+        inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, None, length)
+        assert torch.equal(inv_freq, rotary.inv_freq), length
+        ours = rope_cos_sin(inv_freq, length, torch.float32, cfg.rope_scaling.attention_factor)
+        assert torch.equal(ours[0], cos[0]) and torch.equal(ours[1], sin[0]), length
+
+
+@pytest.mark.parametrize(
+    "shape, architecture",
+    [
+        ({"qkv_bias": True, "tie_embeddings": True}, "Qwen2ForCausalLM"),
+        ({"qk_norm": "head", "head_size": 32}, "Qwen3ForCausalLM"),
+        ({"qk_norm": "full", "norm_placement": "post"}, "Olmo2ForCausalLM"),
+        ({"hf_architecture": "Phi3ForCausalLM"}, "Phi3ForCausalLM"),
+    ],
+    ids=["qwen2", "qwen3", "olmo2", "phi3"],
+)
+def test_a_new_model_exports_as_the_architecture_its_shape_calls_for(
+    tmp_path, token_ids, shape, architecture
+):
+    """A model trained here from scratch (no base) of each shape, random biases and norms."""
+    sizes = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
+    cfg = ModelConfig(
+        **sizes, ffn_size=96, vocab_size=VOCAB, init_std=INIT, **{"tie_embeddings": False, **shape}
+    )
+    torch.manual_seed(0)
+    model = randomised_vectors(Transformer(cfg).eval())
+    to_hf(model, tmp_path / "out")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out", attn_implementation="eager"
+    )
+    assert type(reloaded).__name__ == architecture
+    with torch.no_grad():
+        torch.testing.assert_close(
+            hf_logits(reloaded, token_ids), model(token_ids), rtol=0, atol=TOLERANCE
+        )
