@@ -11,7 +11,6 @@ import json
 import pytest
 import torch
 import transformers
-from safetensors import safe_open
 
 from pipeline.model.base_shape import base_config
 from pipeline.model.hf_config import CheckpointError, config_from_hf
@@ -19,6 +18,8 @@ from pipeline.model.hf_export import to_hf
 from pipeline.model.hf_import import from_hf
 from pipeline.model.model_config import ModelConfig, parameter_count, training_seq_len
 from pipeline.model.transformer import Transformer, rope_cos_sin, rope_frequencies
+
+from tests.unit.model.test_model_hf import hf_logits, stored_tensors
 
 VOCAB = 1000  # padded to 1024 rows inside the model
 # Larger than transformers' 0.02, so that every part moves the logits.
@@ -152,19 +153,6 @@ def checkpoints(tmp_path_factory):
 @pytest.fixture(scope="module")
 def token_ids():
     return torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
-
-
-def hf_logits(model, ids) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def stored_tensors(folder) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            tensors.update({name: f.get_tensor(name) for name in f.keys()})
-    return tensors
 
 
 @pytest.mark.parametrize("name", BUILDERS)
