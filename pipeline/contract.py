@@ -397,75 +397,97 @@ def _settle_partials(stage: Stage, cfg, now: Expected, work_dir: Path) -> None:
         path for path in work_dir.parent.glob(f".{stage.name}.partial-*") if path.is_dir()
     )
     if cfg.resume == "never":
-        for partial in partials:
-            moment = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-            aside = partial.with_name(
-                f".{stage.name}.set-aside-{moment}-{partial.name.rsplit('-', 1)[1]}"
-            )
-            os.replace(partial, aside)
-            log.warning(
-                "resume=never: the interrupted run of %s in %s is moved aside to %s and the stage "
-                "starts "
-                "again; delete that folder when you no longer need it.",
-                what,
-                partial,
-                aside,
-            )
+        _set_aside(stage, what, partials)
         return
     refusals, restore = [], {}
     for partial in partials:
         if partial == work_dir:
             continue
-        changed = _changed_keys(partial, now)
-        fixed = {
-            key: values
-            for key, values in changed.items()
-            if not matches_any(key, stage.resumable_keys)
-        }
-        problems = [] if fixed else stage.check_resume(partial, cfg)
-        if not fixed and not problems and not work_dir.exists():
-            os.replace(partial, work_dir)
-            log.info(
-                "Continuing the interrupted run of %s from %s, with %s",
-                what,
-                partial,
-                _listed(changed),
-            )
-            continue
-        kept = stage.kept_state(partial)
-        if not kept:
-            log.info(
-                "Removing the partial output of an earlier, different run of %s: %s (it holds "
-                "nothing a run "
-                "continues from)",
-                what,
-                partial,
-            )
-            shutil.rmtree(partial, ignore_errors=True)
-            continue
-        reasons = [f"it ran with {_listed(changed)}"]
-        if fixed:
-            reasons.append(f"{', '.join(fixed)} cannot change while it is continued")
-            restore.update(
-                {key: old for key, (old, _) in fixed.items() if key.split(".")[0] in now.config}
-            )
-        elif not problems:
-            reasons.append(f"a partial folder of this very config exists too ({work_dir})")
-        refusals.append(f"{partial} holds {kept}; {'; '.join(reasons + problems)}")
+        refused = _settle_partial(stage, cfg, now, work_dir, partial, what)
+        if refused is not None:
+            refusals.append(refused[0])
+            restore.update(refused[1])
     if refusals:
-        values = " ".join(f"{key}={old}" for key, old in restore.items())
-        resumable = (
-            f"; these may change: {', '.join(stage.resumable_keys)}" if stage.resumable_keys else ""
+        raise _kept_partials_error(stage, what, refusals, restore)
+
+
+def _set_aside(stage: Stage, what: str, partials: list[Path]) -> None:
+    """resume=never: move each partial folder aside, for the user to delete once it is no longer
+    needed."""
+    for partial in partials:
+        moment = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        aside = partial.with_name(
+            f".{stage.name}.set-aside-{moment}-{partial.name.rsplit('-', 1)[1]}"
         )
-        raise StageError(
-            f"{what}: an interrupted run of another configuration is kept, not deleted: "
-            f"{' | '.join(refusals)}. "
-            "Either continue it: run with its values "
-            f"again{f' ({values})' if values else ''}{resumable}. Or start "
-            "again: add resume=never, which moves it aside to "
-            f".{stage.name}.set-aside-<time>-<hash>/ (delete that "
-            f"folder yourself once you no longer need it)."
+        os.replace(partial, aside)
+        log.warning(
+            "resume=never: the interrupted run of %s in %s is moved aside to %s and the stage "
+            "starts "
+            "again; delete that folder when you no longer need it.",
+            what,
+            partial,
+            aside,
         )
+
+
+def _settle_partial(
+    stage: Stage, cfg, now: Expected, work_dir: Path, partial: Path, what: str
+) -> Optional[tuple[str, dict[str, Any]]]:
+    """Continue the partial folder of another config `partial` in `work_dir`, or remove it where it
+    holds nothing to continue from. Otherwise returns why it stops this run, and the values it ran
+    with of the keys that cannot change (for the message: run with them to continue it)."""
+    changed = _changed_keys(partial, now)
+    fixed = {
+        key: values for key, values in changed.items() if not matches_any(key, stage.resumable_keys)
+    }
+    problems = [] if fixed else stage.check_resume(partial, cfg)
+    if not fixed and not problems and not work_dir.exists():
+        os.replace(partial, work_dir)
+        log.info(
+            "Continuing the interrupted run of %s from %s, with %s",
+            what,
+            partial,
+            _listed(changed),
+        )
+        return None
+    kept = stage.kept_state(partial)
+    if not kept:
+        log.info(
+            "Removing the partial output of an earlier, different run of %s: %s (it holds "
+            "nothing a run "
+            "continues from)",
+            what,
+            partial,
+        )
+        shutil.rmtree(partial, ignore_errors=True)
+        return None
+    reasons, restore = [f"it ran with {_listed(changed)}"], {}
+    if fixed:
+        reasons.append(f"{', '.join(fixed)} cannot change while it is continued")
+        restore = {key: old for key, (old, _) in fixed.items() if key.split(".")[0] in now.config}
+    elif not problems:
+        reasons.append(f"a partial folder of this very config exists too ({work_dir})")
+    return f"{partial} holds {kept}; {'; '.join(reasons + problems)}", restore
+
+
+def _kept_partials_error(
+    stage: Stage, what: str, refusals: list[str], restore: dict[str, Any]
+) -> StageError:
+    """Why the run is refused, and its two ways on: continue the kept run with its values
+    (`restore`), or set it aside with resume=never."""
+    values = " ".join(f"{key}={old}" for key, old in restore.items())
+    resumable = (
+        f"; these may change: {', '.join(stage.resumable_keys)}" if stage.resumable_keys else ""
+    )
+    return StageError(
+        f"{what}: an interrupted run of another configuration is kept, not deleted: "
+        f"{' | '.join(refusals)}. "
+        "Either continue it: run with its values "
+        f"again{f' ({values})' if values else ''}{resumable}. Or start "
+        "again: add resume=never, which moves it aside to "
+        f".{stage.name}.set-aside-<time>-<hash>/ (delete that "
+        f"folder yourself once you no longer need it)."
+    )
 
 
 def _changed_keys(partial: Path, now: Expected) -> dict[str, tuple]:

@@ -229,6 +229,48 @@ def with_full_scale(overrides: list[str]) -> tuple[list[str], Optional[dict]]:
     )
 
 
+def _named_stages(value: str) -> list[str]:
+    """The stages of `stage=<value>` (several for a sweep); an unknown one is an error."""
+    names = value.split(",")
+    for v in names:
+        if v not in TARGETS:
+            raise OverrideError(
+                f"Unknown stage `stage={v}`. Valid stages, closest first: "
+                f"{', '.join(closest_first(v, TARGETS))}."
+            )
+    return names
+
+
+def _check_required(seen: dict[str, str], stages: set[str]) -> None:
+    """Refuse a command line without a stage or a language, or with `langs=` where it does not
+    belong (`seen`: the overrides' values by key; `stages`: those named)."""
+    for required, choices in (
+        ("stage", ", ".join(TARGETS)),
+        ("lang", "an ISO 639-3 code such as nob"),
+    ):
+        if required not in seen and not (
+            required == "lang" and ("langs" in seen or stages == {PLAN_TARGET})
+        ):
+            several = (
+                " (stage=workflow and stage=status also take langs=[nob,nno] or langs=all)"
+                if stages and stages <= set(WORKFLOW_TARGETS)
+                else ""
+            )
+            raise OverrideError(
+                f"Missing `{required}=`. Give one of: {choices}{several}. "
+                "Example: python -m pipeline stage=clean lang=nob"
+            )
+    if "langs" in seen and not stages <= set(WORKFLOW_TARGETS):
+        raise OverrideError(
+            "`langs=` is for stage=workflow and stage=status; the other stages take one "
+            "language (lang=nob), or sweep with -m lang=nob,nno."
+        )
+    if {"lang", "langs"} <= seen.keys():
+        raise OverrideError(
+            "Give either lang=<code> (one language) or langs=[...] (several), not both."
+        )
+
+
 def preflight(argv: list[str]) -> CommandLine:
     """Validate and normalise the override arguments; returns the argv to hand to Hydra and what the
     run needs."""
@@ -265,13 +307,7 @@ def preflight(argv: list[str]) -> CommandLine:
             if languages is not None:
                 languages += codes
         elif key == "stage" and not _is_sweep_function(value):
-            stages.update(value.split(","))
-            for v in value.split(","):
-                if v not in TARGETS:
-                    raise OverrideError(
-                        f"Unknown stage `stage={v}`. Valid stages, closest first: "
-                        f"{', '.join(closest_first(v, TARGETS))}."
-                    )
+            stages.update(_named_stages(value))
         elif key not in _CONFIG_GROUPS:
             leaf = check_key(key)
             if leaf is not None:
@@ -279,36 +315,11 @@ def preflight(argv: list[str]) -> CommandLine:
         out.append(f"{key}={value}")
     out, shape = with_full_scale(out)
     if hydra_help and "lang" not in seen:
-        out.append(
-            "lang=nob"
-        )  # Hydra composes the config even for --hydra-help; any language will do
+        # Hydra composes the config even for --hydra-help; any language will do
+        out.append("lang=nob")
         languages = ["nob"]
     if not hydra_help:
-        for required, choices in (
-            ("stage", ", ".join(TARGETS)),
-            ("lang", "an ISO 639-3 code such as nob"),
-        ):
-            if required not in seen and not (
-                required == "lang" and ("langs" in seen or stages == {PLAN_TARGET})
-            ):
-                several = (
-                    " (stage=workflow and stage=status also take langs=[nob,nno] or langs=all)"
-                    if stages and stages <= set(WORKFLOW_TARGETS)
-                    else ""
-                )
-                raise OverrideError(
-                    f"Missing `{required}=`. Give one of: {choices}{several}. "
-                    "Example: python -m pipeline stage=clean lang=nob"
-                )
-        if "langs" in seen and not stages <= set(WORKFLOW_TARGETS):
-            raise OverrideError(
-                "`langs=` is for stage=workflow and stage=status; the other stages take one "
-                "language (lang=nob), or sweep with -m lang=nob,nno."
-            )
-        if {"lang", "langs"} <= seen.keys():
-            raise OverrideError(
-                "Give either lang=<code> (one language) or langs=[...] (several), not both."
-            )
+        _check_required(seen, stages)
     return CommandLine(
         argv=out,
         languages=None if languages is None else tuple(dict.fromkeys(languages)),

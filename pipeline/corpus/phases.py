@@ -37,7 +37,7 @@ from pipeline.corpus.source_counts import (
 )
 from pipeline.corpus.words import minhash_word_tokenizer
 from pipeline.errors import StageError
-from pipeline.languages import LanguageConfig
+from pipeline.languages import FilterThresholds, LanguageConfig
 
 log = logging.getLogger(__name__)
 
@@ -89,37 +89,13 @@ def quality_filters(
     )
 
     limits = lang.filters
-    chosen = []
-    language_id = choose_language_id(lang, clean.lid)
-    if language_id.model is not None:
-        chosen.append(
-            (
-                "language_id",
-                LocalLanguageFilter,
-                dict(
-                    model_path=str(language_id.model),
-                    labels=list(language_id.labels),
-                    threshold=language_id.threshold,
-                ),
-            )
-        )
-    else:
-        chosen.append(("declared_language", DeclaredLanguageFilter, dict(lang=lang)))
+    chosen = [_language_filter(clean, lang)]
     if clean.gopher_repetition:
         chosen.append(
             (
                 "gopher_repetition",
                 GopherRepetitionFilter,
-                dict(
-                    dup_line_frac=limits.dup_line_frac,
-                    top_n_grams=tuple(
-                        (limit.n, limit.max_fraction) for limit in limits.top_n_grams
-                    ),
-                    dup_n_grams=tuple(
-                        (limit.n, limit.max_fraction) for limit in limits.dup_n_grams
-                    ),
-                    language=tokenizer,
-                ),
+                _gopher_repetition_options(limits, tokenizer),
             )
         )
     if clean.gopher_quality:
@@ -127,36 +103,67 @@ def quality_filters(
             (
                 "gopher_quality",
                 GopherQualityFilter,
-                dict(
-                    min_doc_words=clean.gopher_min_doc_words,
-                    min_avg_word_length=limits.min_avg_word_length,
-                    max_avg_word_length=limits.max_avg_word_length,
-                    max_non_alpha_words_ratio=limits.max_non_alpha_words_ratio,
-                    stop_words=list(limits.stopwords) if limits.stopwords else None,
-                    min_stop_words=2 if limits.stopwords else None,
-                    language=tokenizer,
-                ),
+                _gopher_quality_options(clean, limits, tokenizer),
             )
         )
     if clean.c4:
         chosen.append(("c4_quality", C4QualityFilter, dict(language=tokenizer)))
     if clean.fineweb_quality:
         chosen.append(
-            (
-                "fineweb_quality",
-                FineWebQualityFilter,
-                dict(
-                    line_punct_thr=limits.line_punct_thr,
-                    new_line_ratio=limits.new_line_ratio,
-                    char_duplicates_ratio=limits.char_duplicates_ratio,
-                    language=tokenizer,
-                ),
-            )
+            ("fineweb_quality", FineWebQualityFilter, _fineweb_quality_options(limits, tokenizer))
         )
     return [
         (name, cls(exclusion_writer=_rejected(work, name), **kwargs))
         for name, cls, kwargs in chosen
     ]
+
+
+def _language_filter(clean: CleanConfig, lang: LanguageConfig) -> tuple[str, type, dict]:
+    """(name, filter class, options) of the language ID: the model that `clean.lid` chooses, or
+    the records' declared language where there is none."""
+    language_id = choose_language_id(lang, clean.lid)
+    if language_id.model is None:
+        return "declared_language", DeclaredLanguageFilter, dict(lang=lang)
+    return (
+        "language_id",
+        LocalLanguageFilter,
+        dict(
+            model_path=str(language_id.model),
+            labels=list(language_id.labels),
+            threshold=language_id.threshold,
+        ),
+    )
+
+
+def _gopher_repetition_options(limits: FilterThresholds, tokenizer) -> dict:
+    return dict(
+        dup_line_frac=limits.dup_line_frac,
+        top_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.top_n_grams),
+        dup_n_grams=tuple((limit.n, limit.max_fraction) for limit in limits.dup_n_grams),
+        language=tokenizer,
+    )
+
+
+def _gopher_quality_options(clean: CleanConfig, limits: FilterThresholds, tokenizer) -> dict:
+    """Gopher's quality thresholds; the stop-word rule only where the language lists stop words."""
+    return dict(
+        min_doc_words=clean.gopher_min_doc_words,
+        min_avg_word_length=limits.min_avg_word_length,
+        max_avg_word_length=limits.max_avg_word_length,
+        max_non_alpha_words_ratio=limits.max_non_alpha_words_ratio,
+        stop_words=list(limits.stopwords) if limits.stopwords else None,
+        min_stop_words=2 if limits.stopwords else None,
+        language=tokenizer,
+    )
+
+
+def _fineweb_quality_options(limits: FilterThresholds, tokenizer) -> dict:
+    return dict(
+        line_punct_thr=limits.line_punct_thr,
+        new_line_ratio=limits.new_line_ratio,
+        char_duplicates_ratio=limits.char_duplicates_ratio,
+        language=tokenizer,
+    )
 
 
 def _tally(work: Path, label: str) -> SourceTally:

@@ -180,7 +180,6 @@ def added_tokens_line(added: dict[str, dict], title: str) -> str:
 def markdown(lang: str, report: dict, plots: list[str]) -> str:
     """The report (the evaluate stage's report.json): the held-out sets, bits per byte per model and
     set, the regressions, each set's details, then the downstream tasks."""
-    sets, scores, regressions = report["sets"], report["scores"], report["regressions"]
     lines = [
         f"# Evaluation: {lang}",
         "",
@@ -189,47 +188,74 @@ def markdown(lang: str, report: dict, plots: list[str]) -> str:
         "tokenizers (lower is better); token perplexity depends on the tokenizer and is for "
         "reference only.",
         "",
+        *_heldout_sets_section(report),
+        *_bits_per_byte_section(report),
+        *_set_sections(report),
+        *task_tables(report["tasks"], report["skipped_tasks"]),
+        *_training_scores_section(report),
+        *(f"![{plot}]({plot})" for plot in plots),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _heldout_sets_section(report: dict) -> list[str]:
+    """The sets scored, with how much text each has, and why the others are not."""
+    return [
         "## Held-out sets",
         "",
         "| set | text | documents | bytes |",
         "|---|---|---:|---:|",
-    ]
-    lines += [
-        f"| {about['title']} | {about['text']} | {about['documents']:,} | {about['bytes']:,} |"
-        for about in sets.values()
-    ]
-    lines += [""] + [
-        f"- not scored: `{name}`: {reason}." for name, reason in report["skipped_sets"].items()
-    ]
-    lines += [
+        *(
+            f"| {about['title']} | {about['text']} | {about['documents']:,} | {about['bytes']:,} |"
+            for about in report["sets"].values()
+        ),
         "",
+        *(f"- not scored: `{name}`: {reason}." for name, reason in report["skipped_sets"].items()),
+        "",
+    ]
+
+
+def _bits_per_byte_section(report: dict) -> list[str]:
+    """Bits per byte per model and set, the regressions flagged, then what they amount to."""
+    sets, regressions = report["sets"], report["regressions"]
+    lines = [
         "## Bits per byte",
         "",
         "| model | " + " | ".join(about["title"] for about in sets.values()) + " | folder |",
         "|---|" + "---:|" * len(sets) + "---|",
     ]
     flagged = {(regression["model"], regression["set"]) for regression in regressions}
-    for model, by_set in scores.items():
+    for model, by_set in report["scores"].items():
         cells = [
             f"{by_set[name]['bits_per_byte']:.4f}{' (worse than base)' * ((model, name) in flagged)}"
             for name in sets
         ]
         lines.append(f"| {model} | " + " | ".join(cells) + f" | {report['models'][model]} |")
-    lines.append("")
+    return [*lines, "", *_regression_lines(report), ""]
+
+
+def _regression_lines(report: dict) -> list[str]:
+    """Each regression (and what the added tokens take where the set they are measured on
+    regressed), or why there are none."""
+    sets, scores, regressions = report["sets"], report["scores"], report["regressions"]
     if regressions:
-        lines += [
+        lines = [
             f"**{regression_line(regression, sets[regression['set']]['title'])}**"
             for regression in regressions
         ]
         added = report.get("added_tokens")
         if added and any(regression["set"] == added["set"] for regression in regressions):
             lines += ["", added_tokens_line(added["models"], sets[added["set"]]["title"])]
-    elif "base" in scores and len(scores) > 1:
-        lines.append("No trained model is worse than the base model on any held-out set.")
-    else:
-        lines.append("No base model and trained model to compare: no regression is checked.")
-    lines.append("")
-    for name, about in sets.items():
+        return lines
+    if "base" in scores and len(scores) > 1:
+        return ["No trained model is worse than the base model on any held-out set."]
+    return ["No base model and trained model to compare: no regression is checked."]
+
+
+def _set_sections(report: dict) -> list[str]:
+    """A section per held-out set: every model's scores on it."""
+    lines = []
+    for name, about in report["sets"].items():
         lines += [
             f"### {about['title']}",
             "",
@@ -238,36 +264,41 @@ def markdown(lang: str, report: dict, plots: list[str]) -> str:
             "| model | bits per byte | token perplexity | tokens per byte | tokens | bytes |",
             "|---|---:|---:|---:|---:|---:|",
         ]
-        for model, by_set in scores.items():
+        for model, by_set in report["scores"].items():
             score = by_set[name]
             lines.append(
                 f"| {model} | {score['bits_per_byte']:.4f} | {score['token_perplexity']:.2f} | "
                 f"{score['tokens_per_byte']:.3f} | {score['tokens']:,} | {score['bytes']:,} |"
             )
         lines.append("")
-    lines += task_tables(report["tasks"], report["skipped_tasks"])
-    if TRAINING_STAGES & scores.keys():
-        lines += ["## The training stages' held-out numbers", "", TRAINING_SCORES_NOTE, ""]
-        reproduced = report["training_heldout"]
-        if reproduced:
-            lines += [
-                "| model | logged by the stage | rescored here | documents | tokens | window |",
-                "|---|---:|---:|---:|---:|---:|",
-            ]
-            lines += [
-                f"| {model} | {result['logged']:.4f} | {result['rescored']:.4f} | "
-                f"{result['documents']:,} | "
-                f"{result['tokens']:,} | {result['seq_len']:,} |"
-                for model, result in reproduced.items()
-            ]
-            lines += [""] + [
-                f"**{reproduction_line(model, result)}**"
-                for model, result in reproduced.items()
-                if not result["agree"]
-            ]
-            lines.append("")
-    lines.extend(f"![{plot}]({plot})" for plot in plots)
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _training_scores_section(report: dict) -> list[str]:
+    """Where training stages are scored: why their logged held-out numbers differ from this
+    report's, and whether the exported models give those numbers again on the stages' own rows."""
+    if not TRAINING_STAGES & report["scores"].keys():
+        return []
+    lines = ["## The training stages' held-out numbers", "", TRAINING_SCORES_NOTE, ""]
+    reproduced = report["training_heldout"]
+    if not reproduced:
+        return lines
+    lines += [
+        "| model | logged by the stage | rescored here | documents | tokens | window |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {model} | {result['logged']:.4f} | {result['rescored']:.4f} | "
+        f"{result['documents']:,} | "
+        f"{result['tokens']:,} | {result['seq_len']:,} |"
+        for model, result in reproduced.items()
+    ]
+    lines += [""] + [
+        f"**{reproduction_line(model, result)}**"
+        for model, result in reproduced.items()
+        if not result["agree"]
+    ]
+    return lines + [""]
 
 
 def _interval(result: dict) -> str:

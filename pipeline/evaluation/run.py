@@ -161,23 +161,20 @@ def _describe_task(task: Task, folder: Path, final_dir: Path) -> dict:
     return {**about, "test": len(task.questions)}
 
 
-def evaluate_models(
-    folder: Path, final_dir: Path, models: list[ModelToScore], cfg, clean: Optional[Path]
-) -> dict:
-    """Score `models` (in the recipe's order, the base first) on the held-out sets (of the clean
-    output `clean`, or `eval.path`) and the tasks; write the report to `folder` (where it will be:
-    `final_dir`) and return the marker's metrics. `cfg`: the pipeline config, for its `eval`
-    section, its kernels and the text sets (texts.py)."""
-    lang, evaluation = cfg.lang.code, cfg.eval
-    set_backend(cfg.kernels)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    found = {model.name: model.folder for model in models}
-    sets, records, skipped = _read_sets(cfg, clean, folder / SCRATCH)
-    tasks, skipped_tasks = _read_tasks(cfg, records[HELDOUT], folder)
-    texts = {name: [text for text, _ in documents] for name, documents in records.items()}
-    # What the added tokens take is measured on the first set of the base's language (the unread
-    # book for English).
-    base_set = next((name for name in sets if is_base_lang(name)), None)
+def _score_models(
+    models: list[ModelToScore],
+    sets: dict[str, TextSet],
+    texts: dict[str, list[str]],
+    tasks: list[Task],
+    base_set: Optional[str],
+    evaluation,
+    lang: str,
+    device: torch.device,
+) -> tuple[dict, dict, dict, dict]:
+    """Score each of `models` (the base first) on the `sets` (their `texts`) and the `tasks`, one
+    model in memory at a time (`evaluation`: the config's `eval` section). Returns each model's
+    scores by set, its task results, its training held-out score rescored (where it logged one) and
+    what its added tokens take of the `base_set` (where it has any)."""
     scores, task_results, reproduced, added = {}, {}, {}, {}
     base_vocab = None  # the base comes first in `models`
     for model in models:
@@ -209,27 +206,35 @@ def evaluate_models(
             reproduced[name] = again
         task_results[name] = score_tasks(loaded, tasks, evaluation.batch_size, lang, device)
         del loaded  # one model in memory at a time
-    shutil.rmtree(folder / SCRATCH, ignore_errors=True)
-    bpb = {
-        name: {set_name: score["bits_per_byte"] for set_name, score in by_set.items()}
-        for name, by_set in scores.items()
-    }
-    regressions = find_regressions(bpb)
+    return scores, task_results, reproduced, added
+
+
+def _log_regressions(
+    lang: str,
+    regressions: list[dict],
+    sets: dict[str, TextSet],
+    base_set: Optional[str],
+    added: dict,
+    has_base: bool,
+) -> None:
+    """Warn of each regression, and of what the added tokens take when the base's language
+    regressed (they may be why); say so when there is no base to compare with."""
     for regression in regressions:
         log.warning(
             "evaluate %s: %s", lang, regression_line(regression, sets[regression["set"]].title)
         )
     if added and any(is_base_lang(regression["set"]) for regression in regressions):
         log.warning("evaluate %s: %s", lang, added_tokens_line(added, sets[base_set].title))
-    if "base" not in found:
+    if not has_base:
         log.info(
             "evaluate %s: no base model to compare with (model.base), so no regression is checked.",
             lang,
         )
-    curves = {model.name: model.curves for model in models if model.curves is not None}
-    titles = {name: text_set.title for name, text_set in sets.items()}
-    plots = write_plots(folder, bpb, titles, curves)
-    described = {
+
+
+def _describe_sets(sets: dict[str, TextSet], texts: dict[str, list[str]]) -> dict:
+    """The report's entry for each scored set: its title, where its text is and how much was read."""
+    return {
         name: {
             "title": text_set.title,
             "text": text_set.where,
@@ -238,28 +243,13 @@ def evaluate_models(
         }
         for name, text_set in sets.items()
     }
-    task_report = {
-        task.name: {
-            **_describe_task(task, folder, final_dir),
-            "results": {model: task_results[model][task.name] for model in found},
-        }
-        for task in tasks
-    }
-    report = {
-        "lang": lang,
-        "models": found,
-        "sets": described,
-        "skipped_sets": skipped,
-        "scores": scores,
-        "regressions": regressions,
-        "added_tokens": {"set": base_set, "models": added} if added else {},
-        "training_heldout": reproduced,
-        "tasks": task_report,
-        "skipped_tasks": skipped_tasks,
-    }
-    write_json_atomic(folder / REPORT_FILE, report)
-    (folder / REPORT_TEXT_FILE).write_text(markdown(lang, report, plots), encoding="utf-8")
-    log.info("evaluate %s: report in %s", lang, final_dir / REPORT_TEXT_FILE)
+
+
+def _marker_metrics(
+    bpb: dict, regressions: list[dict], reproduced: dict, task_report: dict
+) -> dict:
+    """The stage marker's metrics: bits per byte, regressions, the training held-out scores
+    (without their details) and each task's accuracy by model and scoring."""
     return {
         "bits_per_byte": bpb,
         "regressions": regressions,
@@ -275,3 +265,58 @@ def evaluate_models(
             for task, about in task_report.items()
         },
     }
+
+
+def evaluate_models(
+    folder: Path, final_dir: Path, models: list[ModelToScore], cfg, clean: Optional[Path]
+) -> dict:
+    """Score `models` (in the recipe's order, the base first) on the held-out sets (of the clean
+    output `clean`, or `eval.path`) and the tasks; write the report to `folder` (where it will be:
+    `final_dir`) and return the marker's metrics. `cfg`: the pipeline config, for its `eval`
+    section, its kernels and the text sets (texts.py)."""
+    lang = cfg.lang.code
+    set_backend(cfg.kernels)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    found = {model.name: model.folder for model in models}
+    sets, records, skipped = _read_sets(cfg, clean, folder / SCRATCH)
+    tasks, skipped_tasks = _read_tasks(cfg, records[HELDOUT], folder)
+    texts = {name: [text for text, _ in documents] for name, documents in records.items()}
+    # What the added tokens take is measured on the first set of the base's language (the unread
+    # book for English).
+    base_set = next((name for name in sets if is_base_lang(name)), None)
+    scores, task_results, reproduced, added = _score_models(
+        models, sets, texts, tasks, base_set, cfg.eval, lang, device
+    )
+    shutil.rmtree(folder / SCRATCH, ignore_errors=True)
+    bpb = {
+        name: {set_name: score["bits_per_byte"] for set_name, score in by_set.items()}
+        for name, by_set in scores.items()
+    }
+    regressions = find_regressions(bpb)
+    _log_regressions(lang, regressions, sets, base_set, added, "base" in found)
+    curves = {model.name: model.curves for model in models if model.curves is not None}
+    titles = {name: text_set.title for name, text_set in sets.items()}
+    plots = write_plots(folder, bpb, titles, curves)
+    task_report = {
+        task.name: {
+            **_describe_task(task, folder, final_dir),
+            "results": {model: task_results[model][task.name] for model in found},
+        }
+        for task in tasks
+    }
+    report = {
+        "lang": lang,
+        "models": found,
+        "sets": _describe_sets(sets, texts),
+        "skipped_sets": skipped,
+        "scores": scores,
+        "regressions": regressions,
+        "added_tokens": {"set": base_set, "models": added} if added else {},
+        "training_heldout": reproduced,
+        "tasks": task_report,
+        "skipped_tasks": skipped_tasks,
+    }
+    write_json_atomic(folder / REPORT_FILE, report)
+    (folder / REPORT_TEXT_FILE).write_text(markdown(lang, report, plots), encoding="utf-8")
+    log.info("evaluate %s: report in %s", lang, final_dir / REPORT_TEXT_FILE)
+    return _marker_metrics(bpb, regressions, reproduced, task_report)

@@ -20,6 +20,7 @@ from pipeline.mixing.mix_config import MixConfig
 from pipeline.mixing.planner import (
     FIXED_BUDGET,
     Allocation,
+    Plan,
     PlanError,
     Source,
     default_budget,
@@ -57,12 +58,50 @@ def write_estimated_plan(
     work folder keeps its plan."""
     for s in skipped:
         log.warning("mix %s: source `%s` skipped (%s): %s", lang, s.name, s.path, s.reason)
-    configured = {source.name: source for source in mix.sources}
-    scripts = {**{name: source.script for name, source in configured.items()}, lang: script}
+    scripts = {**{source.name: source.script for source in mix.sources}, lang: script}
 
     measured = {
         s.name: measure(s, folder / MEASURED / s.name, workers) for s in (target_text, *found)
     }
+    target, others = _planned_sources(mix, lang, target_text, found, measured, scripts)
+    budget, budget_from = _budget(mix, target, others)
+    try:
+        plan = plan_mixture(budget, target, others)
+    except PlanError as error:
+        raise StageError(f"mix {lang}: {error}") from None
+    _warn_short_of_ratio(lang, plan)
+
+    rehydration = {"enabled": False}
+    if mix.rehydration.enabled:
+        rehydration = _rehydration(
+            mix, lang, measured[lang], plan.allocations[0], bytes_per_token(mix, script)
+        )
+
+    facts = {
+        s.name: _source_facts(mix, s, measured[s.name], scripts[s.name], work_dir)
+        for s in (target_text, *found)
+    }
+    skipped_facts = [
+        {"name": s.name, "path": record_path(work_dir, s.path), "reason": s.reason} for s in skipped
+    ]
+    document = plan_document(lang, plan, facts, budget_from, skipped_facts, rehydration)
+    write_plan(folder, document)
+    log.info("mix plan for %s: %s\n%s", lang, document["verdict"], summary_table(document))
+    return document
+
+
+def _planned_sources(
+    mix: MixConfig,
+    lang: str,
+    target_text: SourceInput,
+    found: list[SourceInput],
+    measured: dict[str, Measurement],
+    scripts: dict[str, str],
+) -> tuple[Source, list[Source]]:
+    """The target and the `found` sources as the planner takes them, their unique tokens estimated
+    from the bytes `measured` and their `scripts`. A target with no text is an error: there is
+    nothing to plan around."""
+    configured = {source.name: source for source in mix.sources}
 
     def unique_tokens(name: str) -> int:
         return round(measured[name].bytes / bytes_per_token(mix, scripts[name]))
@@ -85,18 +124,21 @@ def write_estimated_plan(
         )
         for s in found
     ]
-    if mix.tokens is not None:
-        budget, budget_from = round(mix.tokens), FIXED_BUDGET
-    else:
-        budget = default_budget(target, others)
-        budget_from = (
-            "mix.tokens not set: the target's unique tokens x mix.max_epochs, plus the fixed ratios"
-        )
-    try:
-        plan = plan_mixture(budget, target, others)
-    except PlanError as error:
-        raise StageError(f"mix {lang}: {error}") from None
+    return target, others
 
+
+def _budget(mix: MixConfig, target: Source, others: list[Source]) -> tuple[int, str]:
+    """The token budget, and where it comes from (for the plan's text)."""
+    if mix.tokens is not None:
+        return round(mix.tokens), FIXED_BUDGET
+    return (
+        default_budget(target, others),
+        "mix.tokens not set: the target's unique tokens x mix.max_epochs, plus the fixed ratios",
+    )
+
+
+def _warn_short_of_ratio(lang: str, plan: Plan) -> None:
+    """Warn of each source with a fixed ratio that has too little text to fill its share."""
     for allocation in plan.allocations:
         source = allocation.source
         if source.ratio is not None and plan.share(allocation) < source.ratio - 1e-6:
@@ -112,31 +154,21 @@ def write_estimated_plan(
                 f"{source.unique_tokens:,}",
                 source.max_epochs,
             )
-    rehydration = {"enabled": False}
-    if mix.rehydration.enabled:
-        rehydration = _rehydration(
-            mix, lang, measured[lang], plan.allocations[0], bytes_per_token(mix, script)
-        )
 
-    facts = {
-        s.name: {
-            "input": s.kind,
-            "path": record_path(work_dir, s.path),
-            "script": scripts[s.name],
-            "documents": measured[s.name].docs,
-            "bad_records": measured[s.name].bad_records,
-            "unique_bytes": measured[s.name].bytes,
-            "bytes_per_token": bytes_per_token(mix, scripts[s.name]),
-        }
-        for s in (target_text, *found)
+
+def _source_facts(
+    mix: MixConfig, source: SourceInput, measured: Measurement, script: str, work_dir: str
+) -> dict:
+    """What the plan records of one measured source."""
+    return {
+        "input": source.kind,
+        "path": record_path(work_dir, source.path),
+        "script": script,
+        "documents": measured.docs,
+        "bad_records": measured.bad_records,
+        "unique_bytes": measured.bytes,
+        "bytes_per_token": bytes_per_token(mix, script),
     }
-    skipped_facts = [
-        {"name": s.name, "path": record_path(work_dir, s.path), "reason": s.reason} for s in skipped
-    ]
-    document = plan_document(lang, plan, facts, budget_from, skipped_facts, rehydration)
-    write_plan(folder, document)
-    log.info("mix plan for %s: %s\n%s", lang, document["verdict"], summary_table(document))
-    return document
 
 
 def _rehydration(

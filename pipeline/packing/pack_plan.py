@@ -60,31 +60,10 @@ def pack_plan(
         tokenizer_file, tokenizer.get_vocab_size(), eos, tokenizer.token_to_id(eos)
     )
     plan, tokenized = _tokenize_planned(folder, plan_document, entry, lang, pack, work_dir, workers)
-    estimates = {s["name"]: s for s in plan_document["sources"]}
-    sources = []
-    for allocation in plan.allocations:
-        name = allocation.source.name
-        packed = None
-        if name in tokenized:
-            packed = _write_source(
-                folder, allocation, tokenized[name], plan_document["rehydration"], pack.seed
-            )
-        sources.append(_source_entry(plan, allocation, estimates[name], packed))
+    sources = _write_sources(folder, plan, tokenized, plan_document, pack.seed)
     unique = sum(t.tokens for t in tokenized.values())
     size = packed_bytes(folder, list(tokenized))
-    about = {
-        "lang": lang,
-        "seed": pack.seed,
-        "budget_tokens": plan.budget,
-        "budget_tokens_est": plan_document["budget_tokens"],
-        "planned_tokens": plan.planned_tokens,
-        "budget_met": plan.budget_met,
-        "shortfall_tokens": plan.shortfall,
-        "effective_tokens": round(plan.effective_tokens),
-        "unique_tokens": unique,
-        "packed_bytes": size,
-        "rehydration": plan_document["rehydration"]["enabled"],
-    }
+    about = _plan_totals(lang, pack, plan, plan_document, unique, size)
     document = write_packed(folder, entry, sources, about)
     width = token_dtype(entry["vocab_size"]).itemsize
     log.info(
@@ -98,7 +77,57 @@ def pack_plan(
         width,
         _summary_table(document),
     )
-    by_name = {s["name"]: s for s in sources}
+    return _metrics(entry, plan, document, tokenized, about)
+
+
+def _write_sources(
+    folder: Path,
+    plan: Plan,
+    tokenized: dict[str, TokenizedSource],
+    plan_document: dict,
+    seed: int,
+) -> list[dict]:
+    """packed.json's entry of each source of the exact plan, in its order; those `tokenized` get
+    their repeats.npy written."""
+    estimates = {s["name"]: s for s in plan_document["sources"]}
+    sources = []
+    for allocation in plan.allocations:
+        name = allocation.source.name
+        packed = None
+        if name in tokenized:
+            packed = _write_source(
+                folder, allocation, tokenized[name], plan_document["rehydration"], seed
+            )
+        sources.append(_source_entry(plan, allocation, estimates[name], packed))
+    return sources
+
+
+def _plan_totals(
+    lang: str, pack: PackConfig, plan: Plan, plan_document: dict, unique: int, size: int
+) -> dict:
+    """packed.json's totals: the exact plan's budget and tokens next to the estimates, the `unique`
+    tokens packed and their `size` on disk."""
+    return {
+        "lang": lang,
+        "seed": pack.seed,
+        "budget_tokens": plan.budget,
+        "budget_tokens_est": plan_document["budget_tokens"],
+        "planned_tokens": plan.planned_tokens,
+        "budget_met": plan.budget_met,
+        "shortfall_tokens": plan.shortfall,
+        "effective_tokens": round(plan.effective_tokens),
+        "unique_tokens": unique,
+        "packed_bytes": size,
+        "rehydration": plan_document["rehydration"]["enabled"],
+    }
+
+
+def _metrics(
+    entry: dict, plan: Plan, document: dict, tokenized: dict[str, TokenizedSource], about: dict
+) -> dict:
+    """The stage marker's metrics: the plan's totals and, per source, its documents, tokens,
+    epochs and share (exact and estimated)."""
+    by_name = {s["name"]: s for s in document["sources"]}
     return {
         "dtype": entry["dtype"],
         "vocab_size": entry["vocab_size"],
@@ -106,7 +135,7 @@ def pack_plan(
         "budget_met": plan.budget_met,
         "shortfall_tokens": plan.shortfall,
         "pass_tokens": document["pass_tokens"],
-        "packed_bytes": size,
+        "packed_bytes": about["packed_bytes"],
         "documents": {name: s.get("documents", 0) for name, s in by_name.items()},
         "bad_records": sum(t.bad_records for t in tokenized.values()),
         **{

@@ -167,23 +167,34 @@ def metrics_table(document: dict) -> str:
 
 
 def markdown(document: dict) -> str:
-    tok, sample, heldout = document["tokenizer"], document["sample"], document["heldout"]
-    specials = ", ".join(
-        f"`{token}` = {token_id}" for token, token_id in tok["special_tokens"].items()
-    )
-    lines = [f"# Tokenizer for {document['lang']}", ""]
+    """The report as text: what the tokenizer is, what it was trained on, its scores on the held-out
+    text, the training sample's sources and the notes."""
+    sample = document["sample"]
+    lines = [f"# Tokenizer for {document['lang']}", "", _tokenizer_paragraph(document), ""]
+    if sample is not None:
+        lines += [_sample_paragraph(sample), ""]
+    lines += _heldout_lines(document)
+    if sample is not None:
+        lines += _sample_table(sample)
+    if document["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in document["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _tokenizer_paragraph(document: dict) -> str:
+    """What the tokenizer is: the base's kept (no sample), the base's extended, or one trained."""
+    tok = document["tokenizer"]
     roles = ", ".join(
         f"{role} `{token}` = {tok['special_tokens'][token]}"
         for role, token in tok.get("roles", {}).items()
     )
-    if sample is None:
-        lines += [
+    if document["sample"] is None:
+        return (
             f"The base model's tokenizer, kept (tokenizer.keep_base=true): {tok['kept_base']}, "
-            f"{tok['vocab_size']:,} tokens; special tokens {roles}. Nothing was trained.",
-            "",
-        ]
-    elif tok.get("extended_base"):
-        lines += [
+            f"{tok['vocab_size']:,} tokens; special tokens {roles}. Nothing was trained."
+        )
+    if tok.get("extended_base"):
+        return (
             f"The base model's tokenizer {tok['extended_base']} ({tok['base_tokens']:,} tokens), "
             "extended "
             f"(tokenizer.extend_base=true) by {tok['added_tokens']:,} tokens (asked: "
@@ -194,56 +205,61 @@ def markdown(document: dict) -> str:
             f"left out, as {bytes_text(tok['spared_bytes'])} of the plan's other sources use them, "
             f"tokenizer.spare_ratio): {tok['vocab_size']:,} tokens; the base's tokens keep their "
             "ids; special "
-            f"tokens {roles}.",
-            "",
-        ]
-    else:
-        backend = tok["backend"] + (
-            f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece" else ""
+            f"tokens {roles}."
         )
-        lines += [
-            f"{backend}, {tok['vocab_size']:,} tokens (asked: {tok['vocab_size_requested']:,}); "
-            "special tokens "
-            f"{specials}; normalization {tok['normalization']}.",
-            "",
-        ]
-    if sample is not None:
-        lines += [
-            f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) "
-            "sampled "
-            f"from the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])}).",
-            "",
-        ]
-    if heldout["documents"]:
-        lines += [
-            f"Evaluated on {heldout['documents']:,} held-out documents "
-            f"({bytes_text(heldout['bytes'])}, "
-            f"{heldout['words']:,} words; word tokenizer {heldout['word_tokenizer']}) from "
-            f"{heldout['folder']}"
-            + (" (up to tokenizer.eval_bytes)." if heldout["truncated"] else "."),
-            "",
-            metrics_table(document),
-            "",
-            DEFINITIONS,
-        ]
-    else:
-        lines.append(
+    backend = tok["backend"] + (
+        f" ({tok['sentencepiece_model_type']})" if tok["backend"] == "sentencepiece" else ""
+    )
+    specials = ", ".join(
+        f"`{token}` = {token_id}" for token, token_id in tok["special_tokens"].items()
+    )
+    return (
+        f"{backend}, {tok['vocab_size']:,} tokens (asked: {tok['vocab_size_requested']:,}); "
+        "special tokens "
+        f"{specials}; normalization {tok['normalization']}."
+    )
+
+
+def _sample_paragraph(sample: dict) -> str:
+    return (
+        f"Trained on {bytes_text(sample['bytes'])} of text ({sample['documents']:,} documents) "
+        "sampled "
+        f"from the mix plan (tokenizer.sample_bytes = {bytes_text(sample['sample_bytes'])})."
+    )
+
+
+def _heldout_lines(document: dict) -> list[str]:
+    """The held-out text, the metrics table and their definitions; or why nothing was evaluated."""
+    heldout = document["heldout"]
+    if not heldout["documents"]:
+        return [
             f"No held-out text in {heldout['folder']}: nothing to evaluate; {heldout['advice']}"
-        )
-    if sample is not None:
-        lines += [
-            "",
-            "## Training sample",
-            "",
-            "| source | input | planned bytes | keep probability | documents | bytes |",
-            "|---|---|---:|---:|---:|---:|",
         ]
-        lines += [
+    return [
+        f"Evaluated on {heldout['documents']:,} held-out documents "
+        f"({bytes_text(heldout['bytes'])}, "
+        f"{heldout['words']:,} words; word tokenizer {heldout['word_tokenizer']}) from "
+        f"{heldout['folder']}"
+        + (" (up to tokenizer.eval_bytes)." if heldout["truncated"] else "."),
+        "",
+        metrics_table(document),
+        "",
+        DEFINITIONS,
+    ]
+
+
+def _sample_table(sample: dict) -> list[str]:
+    """A row per source of the training sample: what the plan asked of it and what was taken."""
+    return [
+        "",
+        "## Training sample",
+        "",
+        "| source | input | planned bytes | keep probability | documents | bytes |",
+        "|---|---|---:|---:|---:|---:|",
+        *(
             f"| {s['name']} | {s['input']} | {bytes_text(s['planned_bytes'])} | "
             f"{s['keep_probability']:.3g} | "
             f"{s['documents']:,} | {s['bytes']:,} |"
             for s in sample["sources"]
-        ]
-    if document["notes"]:
-        lines += ["", "## Notes", ""] + [f"- {note}" for note in document["notes"]]
-    return "\n".join(lines) + "\n"
+        ),
+    ]

@@ -17,7 +17,7 @@ from pipeline.errors import StageError
 from pipeline.memory_fit import node_filling_layout
 from pipeline.overrides import override_key
 from pipeline.parallel.parallel_config import ParallelConfig
-from pipeline.stages import STAGES
+from pipeline.stages import STAGES, Key, Step
 from pipeline.workflow import selection
 from pipeline.workflow.arrays import Planned, array_spec, dependency, plan
 from pipeline.workflow.jobs import (
@@ -30,13 +30,24 @@ from pipeline.workflow.jobs import (
     sbatch_options,
     work_dir_override,
 )
-from pipeline.workflow.progress import DONE, Submission, WorkflowState, locked, observe, state_dir
+from pipeline.workflow.progress import (
+    DONE,
+    Cell,
+    Submission,
+    WorkflowState,
+    locked,
+    observe,
+    state_dir,
+)
 from pipeline.workflow.selection import TABLE_INDEX
 
 log = logging.getLogger(__name__)
 
 
 def submit_workflow(cfg: PipelineConfig) -> None:
+    """Submit what the selected languages still need of the recipe as dependent job arrays, after
+    cancelling the tasks that can never start; with workflow.dry_run, print the scripts and the
+    dependency graph instead."""
     from hydra.core.hydra_config import HydraConfig
 
     work = Path(cfg.work_dir).absolute()
@@ -66,43 +77,8 @@ def submit_workflow(cfg: PipelineConfig) -> None:
         states = slurm.task_states(state.job_ids()) if slurm.available() else {}
         cells = observe(steps, state.latest_tasks(), states)
         planned = plan(steps, cells, TABLE_INDEX)
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        scripts = {}
-        for script in dict.fromkeys(array.script for array in planned):
-            stage, for_base = script
-            languages = {
-                TABLE_INDEX[code]: code
-                for array in planned
-                if array.script == script
-                for code in array.languages
-            }
-            placement = placements[stage]
-            argv = job_argv(
-                cfg,
-                stage,
-                placement,
-                base_language_overrides(overrides) if for_base else overrides,
-                layout if filled else None,
-            )
-            text = render_script(
-                stage,
-                placement,
-                sbatch_options(cfg, placement, layout),
-                languages,
-                cfg,
-                argv,
-                state_dir(work) / "requeues",
-            )
-            name = f"{stage}{'-base' if for_base else ''}-{stamp}.sh"
-            scripts[script] = (state_dir(work) / "scripts" / name, text)
-        done = sum(cell.status == DONE for cell in cells.values())
-        active = sum(cell.active for cell in cells.values())
-        print(
-            f"Workflow of {len(codes)} language(s), {len(steps)} step(s) in {work}: {done} done, "
-            f"{active} queued or "
-            f"running, {sum(len(a.languages) for a in planned)} to submit as {len(planned)} job "
-            "array(s)."
-        )
+        scripts = _render_scripts(cfg, planned, placements, overrides, layout, filled, work)
+        _print_progress(codes, steps, cells, planned, work)
         if filled:
             print(
                 f"Training layout: {' '.join(layout_overrides(layout))}, which fills whole nodes "
@@ -114,14 +90,7 @@ def submit_workflow(cfg: PipelineConfig) -> None:
         if dry_run:
             _print_dry_run(scripts, planned, work)
             return
-        stuck = [cell.task.slurm_id for cell in cells.values() if cell.stuck]
-        if stuck:
-            log.info(
-                "Cancelling %d task(s) that wait for a failed predecessor: %s",
-                len(stuck),
-                " ".join(stuck),
-            )
-            slurm.cancel(stuck)
+        _cancel_stuck(cells)
         state.overrides = overrides
         _submit(planned, scripts, state, work)
         state.save()
@@ -130,6 +99,77 @@ def submit_workflow(cfg: PipelineConfig) -> None:
             f"Follow it with: python -m pipeline stage=status {selection.languages_argument(cfg)} "
             f"{shlex.quote(work_dir_override(work))}"
         )
+
+
+def _render_scripts(
+    cfg: PipelineConfig,
+    planned: list[Planned],
+    placements: dict[str, str],
+    overrides: list[str],
+    layout: ParallelConfig | None,
+    filled: bool,
+    work: Path,
+) -> dict[tuple[str, bool], tuple[Path, str]]:
+    """The batch script of each (stage, for the base language) that the `planned` arrays run: where
+    it goes and its text. The jobs get the training `layout` on their command line only where the
+    workflow chose it (`filled`)."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    scripts = {}
+    for script in dict.fromkeys(array.script for array in planned):
+        stage, for_base = script
+        languages = {
+            TABLE_INDEX[code]: code
+            for array in planned
+            if array.script == script
+            for code in array.languages
+        }
+        placement = placements[stage]
+        argv = job_argv(
+            cfg,
+            stage,
+            placement,
+            base_language_overrides(overrides) if for_base else overrides,
+            layout if filled else None,
+        )
+        text = render_script(
+            stage,
+            placement,
+            sbatch_options(cfg, placement, layout),
+            languages,
+            cfg,
+            argv,
+            state_dir(work) / "requeues",
+        )
+        name = f"{stage}{'-base' if for_base else ''}-{stamp}.sh"
+        scripts[script] = (state_dir(work) / "scripts" / name, text)
+    return scripts
+
+
+def _print_progress(
+    codes: list[str], steps: list[Step], cells: dict[Key, Cell], planned: list[Planned], work: Path
+) -> None:
+    """How many steps are done, queued or running, and what is left to submit."""
+    done = sum(cell.status == DONE for cell in cells.values())
+    active = sum(cell.active for cell in cells.values())
+    print(
+        f"Workflow of {len(codes)} language(s), {len(steps)} step(s) in {work}: {done} done, "
+        f"{active} queued or "
+        f"running, {sum(len(a.languages) for a in planned)} to submit as {len(planned)} job "
+        "array(s)."
+    )
+
+
+def _cancel_stuck(cells: dict[Key, Cell]) -> None:
+    """Cancel the queued tasks that wait for a failed predecessor: they can never start, and their
+    steps are submitted again."""
+    stuck = [cell.task.slurm_id for cell in cells.values() if cell.stuck]
+    if stuck:
+        log.info(
+            "Cancelling %d task(s) that wait for a failed predecessor: %s",
+            len(stuck),
+            " ".join(stuck),
+        )
+        slurm.cancel(stuck)
 
 
 def training_layout(cfg: PipelineConfig, overrides: list[str]) -> tuple[ParallelConfig, bool]:
