@@ -27,7 +27,8 @@ attention; see pipeline/kernels/backend.py for the switch):
   rows (a block's residual stream and its attention output, or the previous block's MLP output); the
   backward adds total's own gradient into the norm's.
 - `linear_cross_entropy(hidden, weight, targets, ignore_index=-100, chunk_size=None,
-  reduction="mean", shard=None)`: the mean (or sum) cross-entropy of the LM head `hidden @ weight.T`
+  reduction="mean", shard=None, softcap=None)`: the mean (or sum) cross-entropy of the LM head
+  `hidden @ weight.T` (capped to softcap * tanh(logits / softcap) when given)
   (hidden (..., d), weight (vocab, d), targets hidden.shape[:-1]) over the targets that are not
   `ignore_index`, computed `chunk_size` rows at a time (default: ~128M logits per chunk) so that the
   whole (tokens, vocab) logits never exist; gradients flow to hidden and weight. With `shard` (a
@@ -220,13 +221,14 @@ def linear_cross_entropy(
     chunk_size: Optional[int] = None,
     reduction: str = "mean",
     shard: Optional[VocabShard] = None,
+    softcap: Optional[float] = None,
 ) -> torch.Tensor:
     if use_triton(hidden):
         from pipeline.kernels.cross_entropy import ROW_PRIMITIVES
     else:
         ROW_PRIMITIVES = reference.ROW_PRIMITIVES
     return fused_linear_cross_entropy(
-        hidden, weight, targets, ROW_PRIMITIVES, ignore_index, chunk_size, reduction, shard
+        hidden, weight, targets, ROW_PRIMITIVES, ignore_index, chunk_size, reduction, shard, softcap
     )
 
 

@@ -6,7 +6,8 @@ log-sum-exp and the target's logit (over the shards: lse = m + log(sum_r exp(lse
 largest lse_r, target logits summed); the loss; and at once the gradient of the logits, (softmax -
 one-hot) x the row's weight in the loss, written over the logits, from which the chunk's gradients
 of the rows and of the weight follow by two matmuls. The backward only scales those by the incoming
-gradient. Under tensor parallelism the rows' gradient is this shard's part: the caller sums it over
+gradient. Soft-capped logits (Gemma 2: c * tanh(logits / c)) are capped in the chunk, and their
+gradient multiplied by the cap's slope, 1 - tanh^2, before the matmuls. Under tensor parallelism the rows' gradient is this shard's part: the caller sums it over
 the ranks (the head's input goes through an all-reduce in the backward).
 
 The per-row primitives come from the backend: the Triton kernels of cross_entropy.py on a GPU, their
@@ -66,7 +67,9 @@ def _combined(lse: torch.Tensor, target_logit: torch.Tensor, shard: Optional[Voc
 
 class _FusedHeadLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops):
+    def forward(
+        ctx, hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops, softcap
+    ):
         rows = hidden.reshape(-1, hidden.shape[-1])
         rows = rows if rows.stride(-1) == 1 else rows.contiguous()
         targets = targets.reshape(-1).contiguous()
@@ -82,6 +85,8 @@ class _FusedHeadLoss(torch.autograd.Function):
         for first in range(0, rows.shape[0], chunk_size):
             chunk = slice(first, first + chunk_size)
             logits = rows[chunk] @ weight.t()
+            if softcap is not None:
+                logits, slope = _soft_capped(logits, softcap)
             if logits.shape[1]:
                 lse, target_logit = ops.statistics(logits, targets[chunk], start)
             # a shard of padding ids only: it adds nothing, yet takes part in every all-reduce
@@ -95,6 +100,8 @@ class _FusedHeadLoss(torch.autograd.Function):
             scale = row_scale[chunk]
             if logits.shape[1]:
                 ops.softmax_gradient(logits, logits, targets[chunk], lse, scale, -scale, start)
+                if softcap is not None:
+                    logits.mul_(slope)
             if grad_rows is not None:
                 torch.matmul(logits, weight, out=grad_rows[chunk])
             if grad_weight is not None:
@@ -112,8 +119,15 @@ class _FusedHeadLoss(torch.autograd.Function):
         return (
             grad_hidden,
             grad_weight * grad_loss if grad_weight is not None else None,
-            *([None] * 6),
+            *([None] * 7),
         )
+
+
+def _soft_capped(logits: torch.Tensor, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """c * tanh(logits / c) in the logits' dtype and transformers' order of operations, and its
+    slope 1 - tanh^2 (the gradient's factor)."""
+    tanh = torch.tanh(logits / softcap)
+    return tanh * softcap, 1 - tanh * tanh
 
 
 def fused_linear_cross_entropy(
@@ -125,6 +139,7 @@ def fused_linear_cross_entropy(
     chunk_size: Optional[int] = None,
     reduction: str = "mean",
     shard: Optional[VocabShard] = None,
+    softcap: Optional[float] = None,
 ) -> torch.Tensor:
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(
@@ -146,5 +161,5 @@ def fused_linear_cross_entropy(
         head_rows = shard.size  # the same on every rank: so are the chunks
     chunk_size = chunk_size or max(1, CHUNK_LOGIT_ELEMENTS // max(1, head_rows))
     return _FusedHeadLoss.apply(
-        hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops
+        hidden, weight, targets, ignore_index, chunk_size, reduction, shard, ops, softcap
     )

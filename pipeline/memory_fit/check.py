@@ -31,31 +31,18 @@ class LayoutError(StageError):
     message says what to change."""
 
 
-def _refuse_what_cannot_run(
-    model: ModelConfig, tp: int, pp: int, seq_len: int, seq_len_given: bool
-) -> None:
-    if model.sliding_window is not None and seq_len > model.sliding_window:
-        source = (
-            f"train.seq_len={seq_len}" if seq_len_given else f"train.seq_len=null takes {seq_len}"
-        )
-        raise LayoutError(
-            f"{source}, longer than the model's attention window (model.sliding_window="
-            f"{model.sliding_window}), which the model does not apply yet: set "
-            f"train.seq_len={model.sliding_window} or less."
-        )
+def _refuse_what_cannot_run(model: ModelConfig, tp: int, pp: int) -> None:
     uneven = uneven_for_tensor_parallel(model, tp)
     if uneven:
         raise LayoutError(
             f"parallel.tp={tp} does not divide the model's {', '.join(uneven)} "
             f"({', '.join(str(getattr(model, key)) for key in uneven)}): tensor parallelism gives "
-            "each "
-            f"rank an equal share; choose a tp that divides them."
+            "each rank an equal share; choose a tp that divides them."
         )
     if pp > model.num_layers:
         raise LayoutError(
             f"parallel.pp={pp} is more pipeline stages than the model has blocks "
-            f"({model.num_layers}): "
-            f"choose parallel.pp <= {model.num_layers}."
+            f"({model.num_layers}): choose parallel.pp <= {model.num_layers}."
         )
 
 
@@ -67,7 +54,7 @@ def plan_for_config(
     model = model or cfg.model
     train, parallel = train or cfg.train, cfg.parallel
     seq_len = training_seq_len(model, train.seq_len)
-    _refuse_what_cannot_run(model, parallel.tp, parallel.pp, seq_len, train.seq_len is not None)
+    _refuse_what_cannot_run(model, parallel.tp, parallel.pp)
     layout = Layout(
         tp=parallel.tp,
         pp=parallel.pp,
@@ -319,30 +306,32 @@ def _bubble_advice(layout: Layout) -> str:
     )
 
 
-def render(plan: Plan) -> str:
-    layout, device, nx = plan.layout, plan.device, plan.numerics
-    unit, scale = _unit(max(stage.peak for stage in plan.stages))
+def _size(value: float, scale: float) -> str:
+    return f"{value / scale:.2f}"
 
-    def size(value: float) -> str:
-        return f"{value / scale:.2f}"
 
-    capacity = plan.capacity
-    memory = device.memory_per_rank(layout.ranks)
-    lines = [f"Plan: {describe_layout(plan)}", f"Model: {describe_model(plan.model)}"]
+def _device_line(plan: Plan) -> str:
+    """The device's memory per rank and how much of it the plan may fill."""
+    device = plan.device
+    memory = device.memory_per_rank(plan.layout.ranks)
     if memory is None:
-        lines.append(
+        return (
             f"Device: {device.label}, memory unknown: give plan.device (mi250x, h100, h200, cpu) "
             "or "
             f"plan.memory_gib"
         )
-    else:
-        lines.append(
-            f"Device: {device.label}, {memory / GIB:.1f} GiB per rank; the plan may fill "
-            f"{plan.usable_fraction:.0%} = {capacity / GIB:.1f} GiB (plan.usable_fraction)"
-        )
+    return (
+        f"Device: {device.label}, {memory / GIB:.1f} GiB per rank; the plan may fill "
+        f"{plan.usable_fraction:.0%} = {plan.capacity / GIB:.1f} GiB (plan.usable_fraction)"
+    )
+
+
+def _step_lines(plan: Plan) -> list[str]:
+    """The step's arithmetic: its batch, the pipeline's bubble and the numerics."""
+    layout, nx = plan.layout, plan.numerics
     precision = "bf16" if nx.value_bytes == 2 else "fp32"
     attention = "FlashAttention (Triton)" if nx.flash else "reference attention (s x s softmax)"
-    lines += [
+    return [
         (
             f"Step: micro-batch {layout.micro_batch} x seq {layout.seq_len}; dp {layout.dp} x "
             f"micro {layout.micro_batch} "
@@ -360,8 +349,13 @@ def render(plan: Plan) -> str:
             "ZeRO-1 partitions "
             f"over dp={layout.dp}, {attention}, {_checkpointing(layout.checkpoint_interval)}"
         ),
-        "",
     ]
+
+
+def _stage_table(plan: Plan, unit: str, scale: float) -> list[str]:
+    """One row per pipeline stage under the unit's line, the columns aligned (the stage and the
+    phase to the left, the numbers to the right)."""
+    capacity = plan.capacity
     other = f"ckpt={plan.alternative_interval}" if plan.alternative_interval else "no ckpt"
     header = [column.format(other=f"act. {other}") for column in _COLUMNS]
     rows = []
@@ -371,46 +365,63 @@ def render(plan: Plan) -> str:
             [
                 str(stage.stage),
                 str(stage.blocks),
-                size(stage.weights),
-                size(stage.gradients),
-                size(stage.optimizer),
-                size(stage.activations),
-                size(alternative.activations),
-                size(stage.loss) if stage.loss else "-",
-                size(stage.buffers),
-                size(stage.peak),
+                _size(stage.weights, scale),
+                _size(stage.gradients, scale),
+                _size(stage.optimizer, scale),
+                _size(stage.activations, scale),
+                _size(alternative.activations, scale),
+                _size(stage.loss, scale) if stage.loss else "-",
+                _size(stage.buffers, scale),
+                _size(stage.peak, scale),
                 stage.phase,
                 share,
             ]
         )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines.append(f"{unit} per rank")
-    for row in [header, *rows]:
-        lines.append(
-            "  ".join(
-                cell.ljust(width) if i in (0, 10) else cell.rjust(width)
-                for i, (cell, width) in enumerate(zip(row, widths))
-            ).rstrip()
-        )
-    largest = plan.largest
-    lines.append("")
+    return [f"{unit} per rank"] + [
+        "  ".join(
+            cell.ljust(width) if i in (0, 10) else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def _verdict(plan: Plan, unit: str, scale: float) -> str:
+    """Whether the largest peak fits the usable memory."""
+    largest, capacity = plan.largest, plan.capacity
+    peak = f"{_size(largest.peak, scale)} {unit}"
     if capacity is None:
-        lines.append(
-            f"Unknown whether it fits: the largest peak is {size(largest.peak)} {unit} (stage "
-            f"{largest.stage}, {largest.phase})."
+        return (
+            f"Unknown whether it fits: the largest peak is {peak} (stage {largest.stage}, "
+            f"{largest.phase})."
         )
-    elif plan.fits:
-        lines.append(
-            f"Fits: the largest peak, {size(largest.peak)} {unit} on stage {largest.stage} "
-            f"({largest.phase}), "
-            f"is {largest.peak / capacity:.0%} of the {capacity / GIB:.1f} GiB usable."
+    if plan.fits:
+        return (
+            f"Fits: the largest peak, {peak} on stage {largest.stage} ({largest.phase}), is "
+            f"{largest.peak / capacity:.0%} of the {capacity / GIB:.1f} GiB usable."
         )
-    else:
-        lines.append(
-            f"Does not fit: stage {largest.stage} peaks at {size(largest.peak)} {unit} "
-            f"({largest.phase}), "
-            f"more than the {capacity / GIB:.1f} GiB usable."
-        )
-    lines.append("Rules of thumb:")
-    lines += [f"  {'ok' if rule.kept else '!!'}  {rule.text}" for rule in plan.rules()]
-    return "\n".join(lines)
+    return (
+        f"Does not fit: stage {largest.stage} peaks at {peak} ({largest.phase}), more than the "
+        f"{capacity / GIB:.1f} GiB usable."
+    )
+
+
+def render(plan: Plan) -> str:
+    """The plan as text: the layout, model and device, the step's arithmetic, a table of the
+    stages' memory, the verdict and the rules of thumb."""
+    unit, scale = _unit(max(stage.peak for stage in plan.stages))
+    return "\n".join(
+        [
+            f"Plan: {describe_layout(plan)}",
+            f"Model: {describe_model(plan.model)}",
+            _device_line(plan),
+            *_step_lines(plan),
+            "",
+            *_stage_table(plan, unit, scale),
+            "",
+            _verdict(plan, unit, scale),
+            "Rules of thumb:",
+            *(f"  {'ok' if rule.kept else '!!'}  {rule.text}" for rule in plan.rules()),
+        ]
+    )

@@ -41,7 +41,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.memory_fit.layout import Layout, blocks_per_stage
-from pipeline.model.model_config import ModelConfig, qk_norm_parameters
+from pipeline.model.model_config import (
+    ModelConfig,
+    gated,
+    norms_per_block,
+    qk_norm_parameters,
+)
 
 # DeepSpeed's ZeRO default `reduce_bucket_size` (the engine does not set it), in values.
 REDUCE_BUCKET = 500_000_000
@@ -114,7 +119,7 @@ def block_parameters(model: ModelConfig, tp: int) -> int:
     row-parallel layers' biases whole."""
     h, d, f = model.hidden_size, model.head_dim, model.ffn_size // tp
     heads, kv_heads = model.num_heads // tp, model.num_kv_heads // tp
-    swiglu = model.activation == "swiglu"
+    swiglu = gated(model)
     attention = h * d * (2 * heads + 2 * kv_heads)
     mlp = (3 if swiglu else 2) * h * f
     qkv_biases = d * (heads + 2 * kv_heads) if model.bias or model.qkv_bias else 0
@@ -124,7 +129,7 @@ def block_parameters(model: ModelConfig, tp: int) -> int:
         + mlp
         + qkv_biases
         + biases
-        + 2 * _norm_parameters(model)
+        + norms_per_block(model) * _norm_parameters(model)
         + qk_norm_parameters(model, tp)
     )
 
@@ -169,9 +174,10 @@ def block_activations(
     b, s, e = micro_batch, seq_len, nx.value_bytes
     rows, h, d = b * s, model.hidden_size, model.head_dim
     heads, kv_heads, ffn = model.num_heads // tp, model.num_kv_heads // tp, model.ffn_size // tp
-    norms = 2 * (
-        _norm_activations(model, rows, nx) + e * rows * h
-    )  # each norm's output feeds a linear layer
+    # each input norm's output feeds a linear layer; the output norms' (Gemma's) the residual sum
+    norms = 2 * (_norm_activations(model, rows, nx) + e * rows * h)
+    if model.norm_placement == "both":
+        norms += 2 * _norm_activations(model, rows, nx)
     if nx.flash:
         # q, k, v, the output and the float32 log-sum-exp (the int32 copy of the segment ids is made
         # once per batch and shared by the layers: pipeline/kernels/attention.py). The kernels lay
@@ -190,7 +196,7 @@ def block_activations(
         width = rows * d * (heads + kv_heads)
         statistics = rows * (heads + kv_heads if model.qk_norm == "head" else 2)
         attention += (e if nx.flash else 8) * width + 4 * statistics
-    mlp = e * rows * ffn * (4 if model.activation == "swiglu" else 2)
+    mlp = e * rows * ffn * (4 if gated(model) else 2)
     return norms + attention + mlp
 
 
@@ -203,7 +209,7 @@ def _backward_working_set(
     backward has already freed."""
     rows, e = micro_batch * seq_len, nx.value_bytes
     ffn, heads = model.ffn_size // tp, model.num_heads // tp
-    swiglu = model.activation == "swiglu"
+    swiglu = gated(model)
     mlp = e * rows * (ffn * (2 if swiglu else 1) + 2 * model.hidden_size)
     if nx.flash:
         return mlp
@@ -239,26 +245,18 @@ def _head_and_loss(model: ModelConfig, layout: Layout, nx: Numerics) -> tuple[in
     return buffers * e * rows * model.hidden_size, max(head_gradients + chunk, 2 * head_gradients)
 
 
-def stage_memory(
-    model: ModelConfig,
-    layout: Layout,
-    nx: Numerics,
-    stage: int,
-    checkpoint_interval: int | None = None,
-) -> StageMemory:
-    """The memory of a rank of `stage`; `checkpoint_interval` replaces the layout's (to show the
-    alternative)."""
-    interval = layout.checkpoint_interval if checkpoint_interval is None else checkpoint_interval
-    tp, pp, dp, e = layout.tp, layout.pp, layout.dp, nx.value_bytes
+def _saved_activations(
+    model: ModelConfig, layout: Layout, nx: Numerics, stage: int, interval: int
+) -> tuple[int, int]:
+    """(saved, recompute): what a rank of `stage` keeps for the backward per micro-batch in flight,
+    with activation checkpointing every `interval` blocks, and the largest chunk of blocks the
+    backward recomputes at once."""
+    tp, e = layout.tp, nx.value_bytes
     b, s = layout.micro_batch, layout.seq_len
-    first, last = stage == 0, stage == pp - 1
-    blocks = blocks_per_stage(model.num_layers, pp)[stage]
-    held, trained = stage_parameters(model, tp, pp, stage)
-    weights, gradients, optimizer = e * held, e * trained, 12 * trained // dp
+    first, last = stage == 0, stage == layout.pp - 1
+    blocks = blocks_per_stage(model.num_layers, layout.pp)[stage]
     rows_h = b * s * model.hidden_size
-
-    # Per micro-batch in flight: the blocks (whole, or a recomputed chunk's input), then the layers
-    # around them.
+    # The blocks (whole, or a recomputed chunk's input), then the layers around them.
     layers = [False] * (1 if first else 0) + [True] * blocks + [False] * (2 if last else 0)
     one_block = block_activations(model, b, s, tp, nx)
     saved, recompute = 0, 0
@@ -276,29 +274,39 @@ def stage_memory(
     # share)
     else:
         saved += e * rows_h // tp
-    working = recompute + _backward_working_set(model, b, s, tp, nx)
+    return saved, recompute
 
-    kept, loss_working = _head_and_loss(model, layout, nx) if last else (0, 0)
-    # The loss runs backward before any block does: the larger of the two working sets counts.
-    activations = layout.in_flight(stage) * saved + working
-    loss = kept + max(loss_working - working, 0)
 
+def _p2p_buffers(model: ModelConfig, layout: Layout, nx: Numerics, stage: int) -> int:
+    """The pipeline's send/receive tensors on a rank of `stage` (none without pipeline
+    parallelism)."""
+    if layout.pp == 1:
+        return 0
+    tp, e = layout.tp, nx.value_bytes
+    rows_h = layout.micro_batch * layout.seq_len * model.hidden_size
+    # What travels between stages: 1/tp of it under tensor parallelism.
+    message = e * rows_h // tp
     p2p = 0
-    if pp > 1:
-        message = (
-            e * rows_h // tp
-        )  # what travels between stages: 1/tp of it under tensor parallelism
-        if (
-            not first
-        ):  # the receive buffer; at tp=1 the pipeline also keeps each received input (>= 2 buffers)
-            p2p += message + (max(2, layout.in_flight(stage)) * e * rows_h if tp == 1 else 0)
-        if not last:  # the receive buffer of the output's gradient
-            p2p += message
-    partition = trained // dp
+    if stage != 0:
+        # The receive buffer; at tp=1 the pipeline also keeps each received input (>= 2 buffers).
+        p2p += message + (max(2, layout.in_flight(stage)) * e * rows_h if tp == 1 else 0)
+    if stage != layout.pp - 1:  # the receive buffer of the output's gradient
+        p2p += message
+    return p2p
+
+
+def _reduction_bucket(nx: Numerics, partition: int) -> int:
+    """ZeRO-1's gradient-reduction bucket, for a rank's gradient partition of `partition` values."""
     # ZeRO-1 allocates its bucket at the first gradient of every backward and again for the
     # reduction. A CPU process's resident set grows only by what is written into it: a copy of the
     # rank's gradient partition.
-    bucket = e * partition if nx.host else e * REDUCE_BUCKET
+    return nx.value_bytes * partition if nx.host else nx.value_bytes * REDUCE_BUCKET
+
+
+def _optimizer_step(nx: Numerics, partition: int) -> int:
+    """What the optimizer step holds besides the weights and optimizer state, for a rank's gradient
+    partition of `partition` values."""
+    e = nx.value_bytes
     # The optimizer step, one parameter group after another, first flattens the group's gradients
     # (e) and casts them to fp32 (a new tensor unless they are fp32 already), then updates it,
     # torch's unfused AdamW on a CPU with two temporaries of its size (fused on a GPU: none). All
@@ -306,7 +314,35 @@ def stage_memory(
     # share it.
     flatten = e * partition + (4 * partition if e != 4 else 0)
     update = 4 * partition + (8 * partition if nx.host else 0)
+    return e * partition + max(flatten, update)
 
+
+def stage_memory(
+    model: ModelConfig,
+    layout: Layout,
+    nx: Numerics,
+    stage: int,
+    checkpoint_interval: int | None = None,
+) -> StageMemory:
+    """The memory of a rank of `stage`; `checkpoint_interval` replaces the layout's (to show the
+    alternative)."""
+    interval = layout.checkpoint_interval if checkpoint_interval is None else checkpoint_interval
+    tp, dp, e = layout.tp, layout.dp, nx.value_bytes
+    last = stage == layout.pp - 1
+    blocks = blocks_per_stage(model.num_layers, layout.pp)[stage]
+    held, trained = stage_parameters(model, tp, layout.pp, stage)
+    weights, gradients, optimizer = e * held, e * trained, 12 * trained // dp
+
+    saved, recompute = _saved_activations(model, layout, nx, stage, interval)
+    working = recompute + _backward_working_set(model, layout.micro_batch, layout.seq_len, tp, nx)
+    kept, loss_working = _head_and_loss(model, layout, nx) if last else (0, 0)
+    # The loss runs backward before any block does: the larger of the two working sets counts.
+    activations = layout.in_flight(stage) * saved + working
+    loss = kept + max(loss_working - working, 0)
+
+    p2p = _p2p_buffers(model, layout, nx, stage)
+    partition = trained // dp
+    bucket = _reduction_bucket(nx, partition)
     static = weights + optimizer + p2p + kept
     phases = {
         "backward": weights
@@ -317,7 +353,7 @@ def stage_memory(
         + loss
         + (0 if nx.host else bucket),
         "gradient reduction": static + gradients + bucket,
-        "optimizer step": static + e * partition + max(flatten, update),
+        "optimizer step": static + _optimizer_step(nx, partition),
     }
     phase = max(phases, key=phases.get)
     return StageMemory(

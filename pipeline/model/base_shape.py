@@ -42,9 +42,15 @@ BASE_DECIDES = (
     "qkv_bias",
     "qk_norm",
     "norm_placement",
+    "norm_unit_offset",
+    "embedding_scale",
+    "attention_scale_size",
+    "attention_softcap",
+    "logit_softcap",
     "tie_embeddings",
     "sliding_window",
     "sliding_window_layers",
+    "rope_local_theta",
     "hf_architecture",
 )
 # Taken from the base unless given: a context shorter than the base's is a choice (the training

@@ -1,8 +1,9 @@
 """The transformer's shape, a typed config: the `model` section, presets in `pipeline/conf/model/`.
 
-One dataclass covers the two families the recipe starts from: BLOOM (ALiBi, LayerNorm, embedding
-LayerNorm, GELU, biases, tied head) and Llama/Mistral (RoPE, RMSNorm, SwiGLU, grouped-query
-attention). This module imports no torch, so that the command line can check a config without
+One dataclass covers the families the recipe starts from: BLOOM (ALiBi, LayerNorm, embedding
+LayerNorm, GELU, biases, tied head), Llama/Mistral (RoPE, RMSNorm, SwiGLU, grouped-query attention)
+and what Qwen, OLMo 2, Phi-3 and Gemma 2/3 change on the latter (q/k biases and norms, norms after
+the sublayers, GeGLU, soft-capped scores, windowed layers with their own RoPE base). This module imports no torch, so that the command line can check a config without
 loading it.
 
 The typed `export` section: how the training stages write their transformers folder `hf/`
@@ -22,9 +23,9 @@ from pipeline.errors import ConfigError
 
 POSITIONS = ("alibi", "rope")
 NORMS = ("layernorm", "rmsnorm")
-ACTIVATIONS = ("gelu", "swiglu")
+ACTIVATIONS = ("gelu", "swiglu", "geglu")
 QK_NORMS = ("none", "head", "full")
-NORM_PLACEMENTS = ("pre", "post")
+NORM_PLACEMENTS = ("pre", "post", "both")
 ROPE_SCALING_TYPES = ("llama3", "linear", "yarn", "longrope")
 # The Hugging Face architectures the model is read from and written as (pipeline/model/hf_config.py).
 ARCHITECTURES = (
@@ -35,6 +36,8 @@ ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "Olmo2ForCausalLM",
     "Phi3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
 )
 
 
@@ -85,7 +88,8 @@ class ModelConfig:
     # Width of each attention head; null: hidden_size / num_heads. Qwen3 sets its own (e.g. 128 with
     # hidden_size 1024 and 16 heads). `head_dim` is the width in use.
     head_size: Optional[int] = None
-    # Width of the feed-forward layer (for swiglu: of each of its gate and up projections).
+    # Width of the feed-forward layer (for swiglu and geglu: of each of its gate and up
+    # projections).
     ffn_size: int = 384
     # The tokenizer's vocabulary (what the exported model declares).
     vocab_size: int = 32768
@@ -97,6 +101,8 @@ class ModelConfig:
     rope_scaling: Optional[RopeScaling] = None
     norm: str = "rmsnorm"
     norm_eps: float = 1e-5
+    # gelu: down(gelu(up(x))) (BLOOM); swiglu: down(silu(gate(x)) * up(x)) (Llama and most since);
+    # geglu: the same with GELU's tanh approximation as the gate (Gemma).
     activation: str = "swiglu"
     # A norm right after the token embedding (BLOOM).
     embedding_norm: bool = False
@@ -112,19 +118,39 @@ class ModelConfig:
     qk_norm: str = "none"
     # Where a block's two norms are: `pre`, on each sublayer's input (x + attn(norm(x)), GPT-2 and
     # most since); `post`, on each sublayer's output (x + norm(attn(x)), OLMo 2, whose blocks have
-    # no input norm). The final norm follows the last block either way.
+    # no input norm); `both`, on each sublayer's input and output (x + norm2(attn(norm1(x))),
+    # Gemma 2 and 3: four norms a block). The final norm follows the last block either way.
     norm_placement: str = "pre"
+    # RMSNorm weights stored as offsets from one, the norm scaling by 1 + weight in float32 (Gemma);
+    # a new model's norms then start at zero.
+    norm_unit_offset: bool = False
+    # The token embeddings multiplied by sqrt(hidden_size), rounded to the activations' dtype
+    # (Gemma).
+    embedding_scale: bool = False
+    # Attention scores scaled by 1 / sqrt(this) instead of 1 / sqrt(head_dim) (Gemma's
+    # query_pre_attn_scalar); null: head_dim.
+    attention_scale_size: Optional[int] = None
+    # Scores capped to c * tanh(score / c) before the softmax (Gemma 2's attn_logit_softcapping: 50);
+    # null: not capped.
+    attention_softcap: Optional[float] = None
+    # The head's logits capped the same way (Gemma 2's final_logit_softcapping: 30), in training's
+    # fused loss too; null: not capped.
+    logit_softcap: Optional[float] = None
     # The head reuses the input embedding matrix.
     tie_embeddings: bool = True
     # The longest sequence the model is made for (Hugging Face's max_position_embeddings).
     max_seq_len: int = 256
-    # Mistral's attention window. The model does not pass it to the attention kernels yet (they
-    # take it: sliding_window), so it refuses sequences longer than the window instead of silently
-    # computing something else.
+    # The attention window: a query sees itself and the sliding_window - 1 tokens before it
+    # (Mistral, Gemma's local layers); null: the whole sequence.
     sliding_window: Optional[int] = None
-    # The layers (0-based) that attend within sliding_window, where only some do (Qwen2/Qwen3 with
-    # use_sliding_window: the layers from max_window_layers on); null: all of them.
+    # The layers (0-based) that attend within sliding_window, where only some do (Gemma 2: every
+    # other one, Gemma 3: five of six; Qwen2/Qwen3 with use_sliding_window: the layers from
+    # max_window_layers on); null: all of them.
     sliding_window_layers: Optional[list[int]] = None
+    # The RoPE base of the windowed layers, which then rotate unscaled (Gemma 3: 10,000 there and
+    # rope_theta 1,000,000, with rope_scaling, in the global layers); null: rope_theta and
+    # rope_scaling in every layer.
+    rope_local_theta: Optional[float] = None
     # Standard deviation of the random initialisation (a model trained from scratch).
     init_std: float = 0.02
     # The pretrained model to start from: a local Hugging Face folder or a pipeline checkpoint, with
@@ -145,12 +171,21 @@ class ModelConfig:
         return self.head_size or self.hidden_size // self.num_heads
 
     @property
+    def softmax_scale(self) -> float:
+        return (self.attention_scale_size or self.head_dim) ** -0.5
+
+    def layer_window(self, layer: int) -> Optional[int]:
+        """The attention window of block `layer` (None: the whole sequence)."""
+        layers = self.sliding_window_layers
+        return self.sliding_window if layers is None or layer in layers else None
+
+    @property
     def padded_vocab_size(self) -> int:
         multiple = self.pad_vocab_multiple
         return -(-self.vocab_size // multiple) * multiple
 
 
-# What a training length of null takes: the model's context within its attention window, at most
+# What a training length of null takes: the model's context, at most
 # this much (continued pretraining rarely needs a base's whole context, and attention's share of the
 # compute grows with it).
 DEFAULT_TRAINING_SEQ_LEN = 2048
@@ -158,12 +193,10 @@ DEFAULT_TRAINING_SEQ_LEN = 2048
 
 def training_seq_len(model: ModelConfig, seq_len: Optional[int]) -> int:
     """The tokens per training sequence: `seq_len` (train.seq_len), or for null the model's context,
-    at most DEFAULT_TRAINING_SEQ_LEN and its sliding window."""
+    at most DEFAULT_TRAINING_SEQ_LEN."""
     if seq_len is not None:
         return seq_len
-    return min(
-        model.max_seq_len, model.sliding_window or model.max_seq_len, DEFAULT_TRAINING_SEQ_LEN
-    )
+    return min(model.max_seq_len, DEFAULT_TRAINING_SEQ_LEN)
 
 
 def uneven_for_tensor_parallel(model: ModelConfig, tp: int) -> list[str]:
@@ -174,6 +207,17 @@ def uneven_for_tensor_parallel(model: ModelConfig, tp: int) -> list[str]:
 
 def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     """Checks that types alone cannot express; each error names the key and what is allowed."""
+    _validate_choices_and_sizes(model, prefix)
+    _validate_heads(model, prefix)
+    _validate_options(model, prefix)
+    _validate_window(model, prefix)
+    if model.rope_scaling is not None:
+        _validate_rope_scaling(model, prefix)
+    if model.hf_architecture is not None:
+        _validate_architecture(model, prefix)
+
+
+def _validate_choices_and_sizes(model: ModelConfig, prefix: str) -> None:
     for key, value, allowed in (
         ("position", model.position, POSITIONS),
         ("norm", model.norm, NORMS),
@@ -195,6 +239,16 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
     ):
         if getattr(model, key) < 1:
             raise ConfigError(f"{prefix}.{key}", getattr(model, key), ["an integer >= 1"])
+    for key in ("norm_eps", "init_std", "rope_theta"):
+        if not getattr(model, key) > 0:
+            raise ConfigError(f"{prefix}.{key}", getattr(model, key), ["a positive number"])
+    for key in ("attention_scale_size", "attention_softcap", "logit_softcap", "rope_local_theta"):
+        value = getattr(model, key)
+        if value is not None and not 0 < value < float("inf"):
+            raise ConfigError(f"{prefix}.{key}", value, ["null", "a positive number"])
+
+
+def _validate_heads(model: ModelConfig, prefix: str) -> None:
     if model.head_size is not None and model.head_size < 1:
         raise ConfigError(f"{prefix}.head_size", model.head_size, ["null", "an integer >= 1"])
     if model.head_size is None and model.hidden_size % model.num_heads:
@@ -216,12 +270,6 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
                 "RoPE"
             ],
         )
-    if model.qk_norm != "none" and model.position != "rope":
-        raise ConfigError(
-            f"{prefix}.qk_norm",
-            model.qk_norm,
-            [f"none when {prefix}.position={model.position} (q/k norms come before RoPE)"],
-        )
     if model.num_heads % model.num_kv_heads:
         raise ConfigError(
             f"{prefix}.num_kv_heads",
@@ -231,9 +279,29 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
                 f"{model.num_heads} for multi-head attention)"
             ],
         )
-    for key in ("norm_eps", "init_std", "rope_theta"):
-        if not getattr(model, key) > 0:
-            raise ConfigError(f"{prefix}.{key}", getattr(model, key), ["a positive number"])
+
+
+def _validate_options(model: ModelConfig, prefix: str) -> None:
+    """The options that only some positions or norms have."""
+    if model.qk_norm != "none" and model.position != "rope":
+        raise ConfigError(
+            f"{prefix}.qk_norm",
+            model.qk_norm,
+            [f"none when {prefix}.position={model.position} (q/k norms come before RoPE)"],
+        )
+    if model.attention_softcap is not None and model.position != "rope":
+        raise ConfigError(
+            f"{prefix}.attention_softcap",
+            model.attention_softcap,
+            [f"null when {prefix}.position={model.position} (the kernels cap RoPE scores only)"],
+        )
+    if model.norm_unit_offset and model.norm != "rmsnorm":
+        raise ConfigError(
+            f"{prefix}.norm_unit_offset", True, [f"false when {prefix}.norm={model.norm}"]
+        )
+
+
+def _validate_window(model: ModelConfig, prefix: str) -> None:
     if model.sliding_window is not None and model.sliding_window < 1:
         raise ConfigError(
             f"{prefix}.sliding_window", model.sliding_window, ["null", "an integer >= 1"]
@@ -254,24 +322,32 @@ def validate_model(model: ModelConfig, prefix: str = "model") -> None:
                 f"{prefix}.sliding_window set",
             ],
         )
-    if model.rope_scaling is not None:
-        _validate_rope_scaling(model, prefix)
-    if model.hf_architecture is not None:
-        if model.hf_architecture not in ARCHITECTURES:
-            raise ConfigError(
-                f"{prefix}.hf_architecture", model.hf_architecture, ["null", *ARCHITECTURES]
-            )
-        misfits = architecture_misfits(model, model.hf_architecture)
-        if misfits:
-            raise ConfigError(
-                f"{prefix}.hf_architecture",
-                model.hf_architecture,
-                [
-                    "null",
-                    f"an architecture that expresses this shape ({model.hf_architecture} cannot: "
-                    f"{'; '.join(misfits)})",
-                ],
-            )
+    if model.rope_local_theta is not None and (
+        model.sliding_window is None or model.position != "rope"
+    ):
+        raise ConfigError(
+            f"{prefix}.rope_local_theta",
+            model.rope_local_theta,
+            ["null", f"a base for the windowed layers, with {prefix}.sliding_window set (RoPE)"],
+        )
+
+
+def _validate_architecture(model: ModelConfig, prefix: str) -> None:
+    if model.hf_architecture not in ARCHITECTURES:
+        raise ConfigError(
+            f"{prefix}.hf_architecture", model.hf_architecture, ["null", *ARCHITECTURES]
+        )
+    misfits = architecture_misfits(model, model.hf_architecture)
+    if misfits:
+        raise ConfigError(
+            f"{prefix}.hf_architecture",
+            model.hf_architecture,
+            [
+                "null",
+                f"an architecture that expresses this shape ({model.hf_architecture} cannot: "
+                f"{'; '.join(misfits)})",
+            ],
+        )
 
 
 def _validate_rope_scaling(model: ModelConfig, prefix: str) -> None:
@@ -309,11 +385,63 @@ def _validate_rope_scaling(model: ModelConfig, prefix: str) -> None:
                 )
 
 
+# What each architecture's config.json can say, beyond the keys every architecture has; a key left
+# out must keep its default (_PLAIN).
+_PLAIN = {
+    "position": "rope",
+    "norm": "rmsnorm",
+    "activation": "swiglu",
+    "embedding_norm": False,
+    "qkv_bias": False,
+    "qk_norm": "none",
+    "norm_placement": "pre",
+    "norm_unit_offset": False,
+    "embedding_scale": False,
+    "attention_scale_size": None,
+    "attention_softcap": None,
+    "logit_softcap": None,
+    "rope_local_theta": None,
+}
+_GEMMA = {
+    "activation": "geglu",
+    "bias": False,
+    "norm_placement": "both",
+    "norm_unit_offset": True,
+    "embedding_scale": True,
+}
+_ARCHITECTURE_NEEDS = {
+    "LlamaForCausalLM": {"sliding_window": None},
+    "MistralForCausalLM": {"bias": False, "sliding_window_layers": None},
+    "Qwen2ForCausalLM": {"bias": False, "qkv_bias": True},
+    "Qwen3ForCausalLM": {"bias": False, "qk_norm": "head"},
+    "Olmo2ForCausalLM": {
+        "bias": False,
+        "qk_norm": "full",
+        "norm_placement": "post",
+        "sliding_window": None,
+    },
+    "Phi3ForCausalLM": {"bias": False, "sliding_window_layers": None},
+    "Gemma2ForCausalLM": _GEMMA,
+    "Gemma3ForCausalLM": {**_GEMMA, "qk_norm": "head"},
+}
+# The keys that an architecture's config.json states freely (not fixed to _PLAIN's values).
+_FREE = {
+    "Gemma2ForCausalLM": ("attention_scale_size", "attention_softcap", "logit_softcap"),
+    "Gemma3ForCausalLM": (
+        "attention_scale_size",
+        "attention_softcap",
+        "logit_softcap",
+        "rope_local_theta",
+    ),
+}
+
+
 def architecture_misfits(model: ModelConfig, architecture: str) -> list[str]:
     """What keeps `architecture` (one of ARCHITECTURES) from expressing `model`, as
     "model.<key>=<value> (needs ...)"; empty if it fits."""
     if architecture == "BloomForCausalLM":
         wanted = {
+            **_PLAIN,
             "position": "alibi",
             "norm": "layernorm",
             "activation": "gelu",
@@ -325,29 +453,9 @@ def architecture_misfits(model: ModelConfig, architecture: str) -> list[str]:
             "sliding_window": None,
         }
     else:
-        wanted = {
-            "position": "rope",
-            "norm": "rmsnorm",
-            "activation": "swiglu",
-            "embedding_norm": False,
-        }
-        wanted.update(
-            {
-                "LlamaForCausalLM": {"sliding_window": None},
-                "MistralForCausalLM": {"bias": False, "sliding_window_layers": None},
-                "Qwen2ForCausalLM": {"bias": False, "qkv_bias": True},
-                "Qwen3ForCausalLM": {"bias": False, "qk_norm": "head"},
-                "Olmo2ForCausalLM": {
-                    "bias": False,
-                    "qk_norm": "full",
-                    "norm_placement": "post",
-                    "sliding_window": None,
-                },
-                "Phi3ForCausalLM": {"bias": False, "sliding_window_layers": None},
-            }[architecture]
-        )
-    defaults = {"qkv_bias": False, "qk_norm": "none", "norm_placement": "pre"}
-    wanted = {**defaults, **wanted}
+        wanted = {**_PLAIN, **_ARCHITECTURE_NEEDS[architecture]}
+        for key in _FREE.get(architecture, ()):
+            wanted.pop(key)
     if architecture in ("BloomForCausalLM", "LlamaForCausalLM") and model.bias:
         wanted["qkv_bias"] = model.qkv_bias  # biases everywhere include q, k and v's
     misfits = [
@@ -356,6 +464,16 @@ def architecture_misfits(model: ModelConfig, architecture: str) -> list[str]:
         if getattr(model, key) != value
     ]
     scaling = model.rope_scaling
+    if (
+        architecture == "Gemma3ForCausalLM"
+        and scaling is not None
+        and model.sliding_window is not None
+        and model.rope_local_theta is None
+    ):
+        misfits.append(
+            "model.rope_local_theta=None (needs a base: Gemma 3's windowed layers rotate without "
+            "rope_scaling)"
+        )
     if architecture == "Phi3ForCausalLM" and scaling is not None and scaling.type != "longrope":
         misfits.append(
             f"model.rope_scaling.type={scaling.type!r} (needs null or 'longrope': Phi3Config reads "
@@ -402,10 +520,19 @@ def validate_export(export: ExportConfig) -> None:
     shard_bytes(export)
 
 
+def gated(cfg: ModelConfig) -> bool:
+    """Whether the MLP has a gate projection beside its up projection (SwiGLU, GeGLU)."""
+    return cfg.activation in ("swiglu", "geglu")
+
+
+def norms_per_block(cfg: ModelConfig) -> int:
+    return 4 if cfg.norm_placement == "both" else 2
+
+
 def _matmul_parameters_per_block(cfg: ModelConfig) -> int:
     """Weights of the matrix multiplications in one block: attention q, k, v, out and the MLP."""
     attention = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    mlp = (3 if cfg.activation == "swiglu" else 2) * cfg.hidden_size * cfg.ffn_size
+    mlp = (3 if gated(cfg) else 2) * cfg.hidden_size * cfg.ffn_size
     return attention + mlp
 
 
@@ -425,9 +552,14 @@ def parameter_count(cfg: ModelConfig) -> int:
     h = cfg.hidden_size
     norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
     qkv_biases = cfg.head_dim * (cfg.num_heads + 2 * cfg.num_kv_heads)
-    other_biases = h + cfg.ffn_size * (2 if cfg.activation == "swiglu" else 1) + h
+    other_biases = h + cfg.ffn_size * (2 if gated(cfg) else 1) + h
     biases = (qkv_biases if cfg.bias or cfg.qkv_bias else 0) + (other_biases if cfg.bias else 0)
-    block = _matmul_parameters_per_block(cfg) + biases + 2 * norm + qk_norm_parameters(cfg)
+    block = (
+        _matmul_parameters_per_block(cfg)
+        + biases
+        + norms_per_block(cfg) * norm
+        + qk_norm_parameters(cfg)
+    )
     embedding = cfg.vocab_size * h + (norm if cfg.embedding_norm else 0)
     head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
     return embedding + cfg.num_layers * block + norm + head
@@ -441,10 +573,12 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     real vocabulary, not the padding), plus attention's two products QK^T and AV, 2 * 2 * seq_len *
     num_heads * head_dim per layer and token. Attention is counted over the full seq_len x seq_len
     score matrix, *not* halved for the causal mask, as PaLM's 6N + 12 L H Q T does, so the numbers
-    compare with published MFU. Norms, activations, softmax and the embedding lookup are left out.
+    compare with published MFU; a windowed layer over seq_len x its window where that is shorter.
+    Norms, activations, softmax and the embedding lookup are left out.
     """
     matmul_weights = (
         cfg.num_layers * _matmul_parameters_per_block(cfg) + cfg.vocab_size * cfg.hidden_size
     )
-    attention = cfg.num_layers * 2 * 2 * seq_len * cfg.num_heads * cfg.head_dim
+    keys = sum(min(seq_len, cfg.layer_window(layer) or seq_len) for layer in range(cfg.num_layers))
+    attention = 2 * 2 * keys * cfg.num_heads * cfg.head_dim
     return 3 * (2 * matmul_weights + attention)

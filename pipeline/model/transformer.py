@@ -5,7 +5,8 @@ different stages, and the warm start can replace or freeze the embedding and hea
 carries its own position information (RoPE frequencies or ALiBi slopes, computed on the fly in
 float32), and calls the attention kernel API of `pipeline.kernels`.
 
-Where a token is: ALiBi slopes (BLOOM) and rotary embeddings (Llama, Mistral, Qwen, OLMo 2, Phi-3).
+Where a token is: ALiBi slopes (BLOOM) and rotary embeddings (Llama, Mistral, Qwen, OLMo 2, Phi-3,
+Gemma).
 
 Both follow the published checkpoints' conventions so that weights map 1:1: ALiBi slopes as BLOOM
 computes them, RoPE rotating the two halves of each head (transformers' `rotate_half`, not
@@ -33,19 +34,25 @@ from pipeline.kernels import (
     stacked_flash_attention,
     unstack_qkv,
 )
-from pipeline.model.model_config import ModelConfig, RopeScaling
+from pipeline.model.model_config import ModelConfig, RopeScaling, gated
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.zeros(size) if unit_offset else torch.ones(size))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def applied_weight(self) -> torch.Tensor:
         """The weight as the norm applies it (a sequence-parallel norm routes its gradient through
         the ranks)."""
-        return self.weight
+        return self.scale(self.weight)
+
+    def scale(self, weight: torch.Tensor) -> torch.Tensor:
+        """What the normalised values are multiplied by: the weight, or 1 + weight in float32 for
+        weights stored as offsets from one (Gemma, model.norm_unit_offset)."""
+        return 1.0 + weight.float() if self.unit_offset else weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Statistics in float32 (bf16 sums of squares lose too much); the Triton kernel on a GPU.
@@ -76,9 +83,10 @@ class LayerNorm(nn.LayerNorm):
         return add_layer_norm(x, addend, *self.applied_weights(), self.eps)
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
+def make_norm(cfg: ModelConfig, size: Optional[int] = None) -> nn.Module:
+    """A norm of the model's kind over `size` values (default: hidden_size)."""
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        return RMSNorm(size or cfg.hidden_size, cfg.norm_eps, cfg.norm_unit_offset)
     return LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
 
 
@@ -138,9 +146,13 @@ def stacked_linears(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Ten
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        # This layer's window (None: the whole sequence), and whether it rotates with the windowed
+        # layers' own RoPE base (Gemma 3's local layers).
+        self.window = cfg.layer_window(layer)
+        self.local_rope = self.window is not None and cfg.rope_local_theta is not None
         head_dim, qkv_bias = cfg.head_dim, cfg.bias or cfg.qkv_bias
         self.q = nn.Linear(cfg.hidden_size, cfg.num_heads * head_dim, bias=qkv_bias)
         self.k = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * head_dim, bias=qkv_bias)
@@ -149,11 +161,10 @@ class Attention(nn.Module):
         # Queries and keys normalised before RoPE: per head with one shared weight (Qwen3), or
         # over all heads at once (OLMo 2).
         if cfg.qk_norm == "head":
-            self.q_norm = RMSNorm(head_dim, cfg.norm_eps)
-            self.k_norm = RMSNorm(head_dim, cfg.norm_eps)
+            self.q_norm, self.k_norm = make_norm(cfg, head_dim), make_norm(cfg, head_dim)
         elif cfg.qk_norm == "full":
-            self.q_norm = RMSNorm(cfg.num_heads * head_dim, cfg.norm_eps)
-            self.k_norm = RMSNorm(cfg.num_kv_heads * head_dim, cfg.norm_eps)
+            self.q_norm = make_norm(cfg, cfg.num_heads * head_dim)
+            self.k_norm = make_norm(cfg, cfg.num_kv_heads * head_dim)
         else:
             self.q_norm = self.k_norm = None
 
@@ -172,13 +183,15 @@ class Attention(nn.Module):
         # with sequence parallelism, x only a part of the tokens).
         batch, seq, width = qkv.shape
         heads = width // cfg.head_dim * cfg.num_heads // (cfg.num_heads + 2 * cfg.num_kv_heads)
+        # A window as long as the sequence changes nothing, and the kernels run faster without.
+        window = self.window if self.window is not None and self.window < seq else None
         if cfg.position == "rope":
             q, k, v = unstack_qkv(qkv, heads, cfg.head_dim)
             if self.q_norm is not None:
                 q, k = self.normed(q, self.q_norm), self.normed(k, self.k_norm)
             # Positions count from the start of the sequence, also in packed sequences (documents
             # after the first do not start at 0); segment_ids only keep documents apart.
-            cos, sin = shared_rope_tables(cfg, seq, q.dtype, q.device)
+            cos, sin = shared_rope_tables(cfg, seq, q.dtype, q.device, self.local_rope)
             # v copied out of the stack: attention saves v, and a view would keep the unrotated q
             # and k alive too.
             y = flash_attention(
@@ -187,6 +200,9 @@ class Attention(nn.Module):
                 v.contiguous(),
                 causal=True,
                 segment_ids=segment_ids,
+                softmax_scale=cfg.softmax_scale,
+                sliding_window=window,
+                softcap=cfg.attention_softcap,
             )
         else:
             y = stacked_flash_attention(
@@ -196,6 +212,8 @@ class Attention(nn.Module):
                 causal=True,
                 alibi_slopes=self.alibi_slopes(x.device),
                 segment_ids=segment_ids,
+                softmax_scale=cfg.softmax_scale,
+                sliding_window=window,
             )
         return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 
@@ -212,40 +230,50 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.swiglu = cfg.activation == "swiglu"
-        if self.swiglu:
+        self.activation = cfg.activation
+        self.gated = gated(cfg)
+        if self.gated:
             self.gate = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
         self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
         self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.bias)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """What the activation reads: gate and up (SwiGLU; one product, then views), or up alone."""
+        """What the activation reads: gate and up (SwiGLU, GeGLU; one product, then views), or up
+        alone."""
         return (
             stacked_linears(x, (self.gate, self.up)).chunk(2, dim=-1)
-            if self.swiglu
+            if self.gated
             else (self.up(x),)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.swiglu:
+        if self.activation == "swiglu":
             gate, up = self.project(x)
             return self.down(F.silu(gate) * up)
+        # BLOOM's and Gemma's GELU are the tanh approximation.
+        if self.activation == "geglu":
+            gate, up = self.project(x)
+            return self.down(F.gelu(gate, approximate="tanh") * up)
         (up,) = self.project(x)
-        # BLOOM's GELU is the tanh approximation.
         return self.down(F.gelu(up, approximate="tanh"))
 
 
 class Block(nn.Module):
     """x + attn(attn_norm(x)), then the same with the MLP; with `model.norm_placement=post` (OLMo 2)
-    the norms take the sublayers' outputs instead: x + attn_norm(attn(x))."""
+    the norms take the sublayers' outputs instead: x + attn_norm(attn(x)); with `both` (Gemma) the
+    sublayers' outputs have norms of their own too: x + attn_out_norm(attn(attn_norm(x)))."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.post_norms = cfg.norm_placement == "post"
         self.attn_norm = make_norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.mlp_norm = make_norm(cfg)
         self.mlp = MLP(cfg)
+        if cfg.norm_placement == "both":
+            self.attn_out_norm, self.mlp_out_norm = make_norm(cfg), make_norm(cfg)
+        else:
+            self.attn_out_norm = self.mlp_out_norm = None
 
     def forward(self, x: torch.Tensor, segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         x, mlp_out = self.residual_parts(x, segment_ids)
@@ -271,12 +299,17 @@ class Block(nn.Module):
             normed = self.attn_norm(x)
         else:
             x, normed = self.attn_norm.add_forward(x, owed)
-        x, normed = self.mlp_norm.add_forward(x, self.attn(normed, segment_ids))
-        return x, self.mlp(normed)
+        attn_out = self.attn(normed, segment_ids)
+        if self.attn_out_norm is not None:
+            attn_out = self.attn_out_norm(attn_out)
+        x, normed = self.mlp_norm.add_forward(x, attn_out)
+        mlp_out = self.mlp(normed)
+        return x, mlp_out if self.mlp_out_norm is None else self.mlp_out_norm(mlp_out)
 
 
 class Embedding(nn.Module):
-    """Token ids -> vectors, with BLOOM's LayerNorm after the lookup when configured."""
+    """Token ids -> vectors, with BLOOM's LayerNorm after the lookup, or Gemma's scaling by
+    sqrt(hidden_size), when configured."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -287,21 +320,33 @@ class Embedding(nn.Module):
             nn.init.normal_(weight)
         self.tokens = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size, _weight=weight)
         self.norm = make_norm(cfg) if cfg.embedding_norm else None
+        self.scale = cfg.hidden_size**0.5 if cfg.embedding_scale else None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(input_ids)
+        if self.scale is not None:
+            # rounded to the activations' dtype first, as Gemma's checkpoints were trained
+            x = x * torch.tensor(self.scale, dtype=x.dtype)
         return x if self.norm is None else self.norm(x)
 
 
 class Head(nn.Linear):
-    """Vectors -> logits over the real vocabulary (the padding rows are never predicted)."""
+    """Vectors -> logits over the real vocabulary (the padding rows are never predicted), capped to
+    c * tanh(logit / c) with model.logit_softcap c (Gemma 2)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg.hidden_size, cfg.padded_vocab_size, bias=False)
         self.vocab_size = cfg.vocab_size
+        self.softcap = cfg.logit_softcap
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x)[..., : self.vocab_size]
+        logits = super().forward(x)[..., : self.vocab_size]
+        return logits if self.softcap is None else cap_logits(logits, self.softcap)
+
+
+def cap_logits(logits: torch.Tensor, softcap: float) -> torch.Tensor:
+    """c * tanh(logits / c), in transformers' order of operations."""
+    return torch.tanh(logits / softcap) * softcap
 
 
 class Transformer(nn.Module):
@@ -309,7 +354,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embedding = Embedding(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.num_layers))
         self.final_norm = make_norm(cfg)
         self.head = Head(cfg)
         self.reset_parameters()
@@ -337,13 +382,6 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """The last hidden states (batch, seq, hidden_size), after the final norm: what the head
         reads (and what Hugging Face models return last with output_hidden_states=True)."""
-        window = self.cfg.sliding_window
-        if window is not None and input_ids.shape[1] > window:
-            raise ValueError(
-                f"A sequence of {input_ids.shape[1]} tokens is longer than the model's sliding "
-                f"attention window ({window} tokens, model.sliding_window), which the model does not "
-                f"apply yet: use sequences of at most {window} tokens."
-            )
         x, owed = self.embedding(input_ids), None
         for block in self.blocks:
             x, owed = block.residual_parts(x, segment_ids, owed)
@@ -358,8 +396,8 @@ VOCAB_TENSORS = ("embedding.tokens.weight", "head.weight")
 def initialise(
     cfg: ModelConfig, name: str, tensor: torch.Tensor, generator: Optional[torch.Generator] = None
 ) -> None:
-    """A new model's tensor `name`: Normal(0, init_std) weights, zero biases, unit norms; zero
-    padding rows.
+    """A new model's tensor `name`: Normal(0, init_std) weights, zero biases, unit norms (zero where
+    they are stored as offsets from one); zero padding rows.
 
     The projections that write into the residual stream (attention out, MLP down) get init_std /
     sqrt(2 * num_layers), as in GPT-2 and Megatron, so the stream's variance does not grow with
@@ -373,7 +411,7 @@ def initialise(
     if name.endswith("bias"):
         tensor.zero_()
     elif tensor.dim() == 1:
-        tensor.fill_(1.0)
+        tensor.fill_(0.0 if cfg.norm_unit_offset and cfg.norm == "rmsnorm" else 1.0)
     elif name.endswith(("attn.out.weight", "mlp.down.weight")):
         tensor.normal_(0.0, std / math.sqrt(2 * cfg.num_layers), generator=generator)
     else:
@@ -405,10 +443,13 @@ def shared_alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
 
 
 def shared_rope_tables(
-    cfg: ModelConfig, seq_len: int, dtype: torch.dtype, device: torch.device
+    cfg: ModelConfig, seq_len: int, dtype: torch.dtype, device: torch.device, local: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rope_cos_sin` made once per shape, dtype and device and shared by the layers (not to be
-    modified): made per layer, they cost every forward a dozen small launches per layer."""
+    modified): made per layer, they cost every forward a dozen small launches per layer. `local`:
+    the windowed layers' own base, unscaled (model.rope_local_theta)."""
+    if local:
+        return _rope_tables(cfg.head_dim, cfg.rope_local_theta, None, seq_len, dtype, device)
     scaling = None
     if cfg.rope_scaling is not None:  # hashable: lists as tuples
         scaling = tuple(

@@ -102,7 +102,7 @@ class _FinalNorm:
 
 class FinalRMSNormLayer(_FinalNorm, RMSNorm):
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg.hidden_size, cfg.norm_eps)
+        super().__init__(cfg.hidden_size, cfg.norm_eps, cfg.norm_unit_offset)
 
 
 class FinalLayerNormLayer(_FinalNorm, LayerNorm):
@@ -146,14 +146,14 @@ def _tied_head(embedding: EmbeddingLayer, hidden: torch.Tensor):
     return hidden, embedding.tokens.weight
 
 
-def token_loss(vocab_size: int, group=None) -> Callable:
+def token_loss(vocab_size: int, group=None, softcap: Optional[float] = None) -> Callable:
     """The cross-entropy of the next tokens, the LM head fused into it
     (pipeline.kernels.linear_cross_entropy), summed over the labels that count (not -100) and
     divided by all labels: the mean in training, where every label counts; in held-out scoring,
     where context and padding do not, the engine's mean over micro-batches times their labels is the
     exact sum (pipeline/training/heldout.py). Under tensor parallelism from this rank's vocabulary
     shard of the head, the per-token statistics combined over the group. The padded vocabulary rows
-    are never predicted."""
+    are never predicted; `softcap` caps the logits first (model.logit_softcap)."""
 
     def all_reduce(tensor: torch.Tensor, op: str) -> None:
         dist.all_reduce(
@@ -172,7 +172,7 @@ def token_loss(vocab_size: int, group=None) -> Callable:
         else:
             vocab_size_here = vocab_size
         summed = linear_cross_entropy(
-            hidden, weight[:vocab_size_here], labels, reduction="sum", shard=shard
+            hidden, weight[:vocab_size_here], labels, reduction="sum", shard=shard, softcap=softcap
         )
         return summed / labels.numel()
 
@@ -278,14 +278,14 @@ def pipeline_module(
     final_norm = FinalRMSNormLayer if cfg.norm == "rmsnorm" else FinalLayerNormLayer
     layers = [
         first,
-        *(MetaLayerSpec(BlockLayer, cfg) for _ in range(cfg.num_layers)),
+        *(MetaLayerSpec(BlockLayer, cfg, layer) for layer in range(cfg.num_layers)),
         MetaLayerSpec(final_norm, cfg),
         last,
     ]
     kwargs = {"topology": topology} if topology is not None else {"num_stages": num_stages}
     module = TransformerPipeline(
         layers=layers,
-        loss_fn=token_loss(cfg.vocab_size),
+        loss_fn=token_loss(cfg.vocab_size, softcap=cfg.logit_softcap),
         partition_method=partition_method,
         activation_checkpoint_interval=checkpoint_interval,
         **kwargs,
@@ -293,7 +293,7 @@ def pipeline_module(
     group = slice_parallel_group(module)
     if dist.get_world_size(group) > 1:
         _tensor_parallel_stage(module, cfg, group, sequence_parallel)
-        module.loss_fn = token_loss(cfg.vocab_size, group)
+        module.loss_fn = token_loss(cfg.vocab_size, group, cfg.logit_softcap)
     if checkpoint_interval == 0:
         # A checkpoint would save the owed output too, and a stage's output crosses to the next
         # stage: there the block adds it itself.

@@ -368,9 +368,10 @@ class SequenceParallelRMSNorm(RMSNorm):
         self.group = group
         self.weight = full.weight
         self.eps = full.eps
+        self.unit_offset = full.unit_offset
 
     def applied_weight(self) -> torch.Tensor:
-        return _replicated(self.weight, self.group, True)
+        return self.scale(_replicated(self.weight, self.group, True))
 
 
 class SequenceParallelLayerNorm(LayerNorm):
@@ -479,20 +480,22 @@ class HeadSummedRMSNorm(RMSNorm):
         self.group = group
         self.weight = full.weight
         self.eps = full.eps
+        self.unit_offset = full.unit_offset
 
     def applied_weight(self) -> torch.Tensor:
-        return copy_to_tensor_parallel(self.weight, self.group)
+        return self.scale(copy_to_tensor_parallel(self.weight, self.group))
 
 
-class HeadShardedRMSNorm(nn.Module):
+class HeadShardedRMSNorm(RMSNorm):
     """A q or k norm over all heads at once (OLMo 2) on this rank's heads: the weight cut by head,
     as the projection's rows are; each token's sum of squares summed over the ranks before it is
     divided by the full width. Plain PyTorch (no fused kernel: the statistic crosses ranks)."""
 
     def __init__(self, full: RMSNorm, group) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
         self.group = group
         self.eps = full.eps
+        self.unit_offset = full.unit_offset
         self.full_size = full.weight.shape[0]
         self.weight = _sharded(full.weight, Shard(0, self.full_size, group))
 
@@ -500,7 +503,7 @@ class HeadShardedRMSNorm(nn.Module):
         x32 = x.float()
         squares = _AllReduceSum.apply(x32.pow(2).sum(-1, keepdim=True), self.group)
         normed = x32 * torch.rsqrt(squares / self.full_size + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+        return (normed * self.applied_weight().float()).to(x.dtype)
 
 
 class TensorParallelAttention(Attention):
@@ -511,6 +514,7 @@ class TensorParallelAttention(Attention):
     def __init__(self, full: Attention, group, sequence_parallel: bool = False) -> None:
         nn.Module.__init__(self)
         self.cfg = full.cfg
+        self.window, self.local_rope = full.window, full.local_rope
         self.group = group
         self.sequence_parallel = sequence_parallel
         self.q, self.k, self.v = (
@@ -538,14 +542,14 @@ class TensorParallelMLP(MLP):
         nn.Module.__init__(self)
         self.group = group
         self.sequence_parallel = sequence_parallel
-        self.swiglu = full.swiglu
-        if self.swiglu:
+        self.activation, self.gated = full.activation, full.gated
+        if self.gated:
             self.gate = ColumnParallelLinear(full.gate, group)
         self.up = ColumnParallelLinear(full.up, group)
         self.down = RowParallelLinear(full.down, group, sequence_parallel)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.swiglu:
+        if self.gated:
             return column_parallel(
                 x, (self.gate, self.up), self.group, self.sequence_parallel
             ).chunk(2, dim=-1)
@@ -565,8 +569,9 @@ def apply_tensor_parallel(
         part.attn = TensorParallelAttention(part.attn, group, sequence_parallel)
         part.mlp = TensorParallelMLP(part.mlp, group, sequence_parallel)
         if sequence_parallel:
-            part.attn_norm = sequence_parallel_norm(part.attn_norm, group)
-            part.mlp_norm = sequence_parallel_norm(part.mlp_norm, group)
+            for name in ("attn_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm"):
+                if getattr(part, name) is not None:
+                    setattr(part, name, sequence_parallel_norm(getattr(part, name), group))
     elif isinstance(part, Embedding):
         part.tokens = VocabParallelEmbedding(
             part.tokens, group, cfg.pad_vocab_multiple, sequence_parallel

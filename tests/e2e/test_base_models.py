@@ -1,8 +1,8 @@
 """A user's own base model decides the shape (issue 18): random BLOOM and Llama (grouped-query)
 bases made with transformers go through warmup, pretrain init=hf and evaluate with no model
 override, on the Norwegian chain of tests/conftest.py, and the exported folders keep the base's
-shape and load in transformers. Random Qwen2, Qwen3, OLMo 2 and Phi-3 bases (issue 54) take a
-warmup and a pretrain step each and come back in their own architecture."""
+shape and load in transformers. Random Qwen2, Qwen3, OLMo 2, Phi-3, Gemma 2 and Gemma 3 bases
+(issue 54) take a warmup and a pretrain step each and come back in their own architecture."""
 
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ SHAPES = {
 }
 # The architectures of issue 54, each with what sets it apart: Qwen2's q/k/v biases and tied head,
 # Qwen3's per-head q/k norms and its own head size, OLMo 2's norms after the sublayers, Phi-3's fused
-# projections. Special ids within the tokenizer's (OLMo 2's and Phi-3's defaults lie beyond it).
+# projections, Gemma's four norms a block, GeGLU, soft caps and windowed layers (shorter than the
+# training sequences) with Gemma 3's own RoPE base. Special ids within the tokenizer's (OLMo 2's and
+# Phi-3's defaults lie beyond it).
 SIZES = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 SPECIAL_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
 NEW_SHAPES = {
@@ -54,6 +56,21 @@ NEW_SHAPES = {
     "phi3": (
         transformers.Phi3Config,
         {**SIZES, "num_key_value_heads": 2, "intermediate_size": 160, **SPECIAL_IDS},
+    ),
+    "gemma2": (
+        transformers.Gemma2Config,
+        {**SIZES, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 160},
+    ),
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        {
+            **SIZES,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "intermediate_size": 160,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
     ),
 }
 # Budgets cut to seconds; none of them is a model override.
@@ -134,7 +151,7 @@ def test_acceptance_the_base_model_shapes_warmup_pretrain_and_evaluate(
 
 
 @pytest.mark.parametrize("family", sorted(NEW_SHAPES))
-def test_a_qwen_olmo_or_phi_base_warms_up_and_pretrains_in_its_own_architecture(
+def test_a_qwen_olmo_phi_or_gemma_base_warms_up_and_pretrains_in_its_own_architecture(
     family, nob_packed, english_tokenizer, tmp_path
 ):
     base = random_base(family, tmp_path / family, english_tokenizer)

@@ -40,10 +40,11 @@ def test_given_steps_within_the_plan_are_kept_and_beyond_it_refused():
         planned(TrainConfig(global_batch_size=1000), 128, 100_000, "p", prefix="warmup.train")
 
 
-def test_unset_sequence_length_is_the_context_within_the_window_and_2048():
+def test_unset_sequence_length_is_the_context_up_to_2048_whatever_the_window():
     assert training_seq_len(ModelConfig(max_seq_len=256), None) == 256
     assert training_seq_len(ModelConfig(max_seq_len=32768, sliding_window=4096), None) == 2048
-    assert training_seq_len(ModelConfig(max_seq_len=32768, sliding_window=1024), None) == 1024
+    # the model applies the window at any length
+    assert training_seq_len(ModelConfig(max_seq_len=32768, sliding_window=1024), None) == 2048
     assert training_seq_len(ModelConfig(max_seq_len=256), 512) == 512
 
 

@@ -45,3 +45,25 @@ def test_no_counted_target_gives_zero_not_nan():
             and torch.count_nonzero(hidden.grad) == 0
             and torch.count_nonzero(weight.grad) == 0
         )
+
+
+@pytest.mark.parametrize("chunk_size", [4, 64])
+def test_soft_capped_logits_match_capping_whole_logits(chunk_size):
+    """Gemma 2's final_logit_softcapping: c * tanh(logits / c) before the cross-entropy; a cap of 2
+    on logits of spread ~4 changes the loss, so a missing cap or slope shows."""
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 7))
+    fused = linear_cross_entropy(hidden, weight, targets, chunk_size=chunk_size, softcap=2.0)
+    grads = torch.autograd.grad(fused, (hidden, weight))
+    logits = hidden.double() @ weight.double().t()
+    whole = torch.nn.functional.cross_entropy(
+        (torch.tanh(logits / 2.0) * 2.0).flatten(0, 1), targets.flatten()
+    )
+    expected = torch.autograd.grad(whole, (hidden, weight))
+    uncapped = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    assert abs(whole.item() - uncapped.item()) > 0.5
+    assert fused.item() == pytest.approx(whole.item(), rel=1e-5)
+    for got, want in zip(grads, expected):
+        assert torch.allclose(got, want.float(), rtol=1e-4, atol=1e-6)

@@ -401,11 +401,6 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
     "preset, overrides, message",
     [
         (
-            "mistral-7b",
-            ["train.seq_len=8192"],
-            "train.seq_len=8192, longer than the model's attention window",
-        ),
-        (
             "llama-2-13b",
             ["parallel.tp=3"],
             "parallel.tp=3 does not divide the model's num_heads, num_kv_heads (40, 40)",
@@ -416,16 +411,47 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
             "parallel.pp=5 is more pipeline stages than the model has blocks (4)",
         ),
     ],
-    ids=["window", "tp", "pp"],
+    ids=["tp", "pp"],
 )
 def test_a_layout_the_model_cannot_run_is_refused_before_planning(preset, overrides, message):
     with pytest.raises(LayoutError, match=re.escape(message)):
         plan_for_config(pipeline_config(preset, "plan.device=h100", *overrides))
 
 
+# docs/plan.md's table: one node of 8 devices, 4,096 tokens a sequence, 64 sequences a step.
+NODE_LAYOUTS = [
+    ("qwen2.5-7b", "mi250x", 2, 1, 4),
+    ("qwen3-8b", "mi250x", 2, 1, 4),
+    ("olmo-2-7b", "mi250x", 2, 1, 4),
+    ("phi-3-mini", "mi250x", 1, 1, 8),
+    ("gemma-3-12b", "mi250x", 2, 2, 2),
+    ("qwen2.5-7b", "h100", 1, 1, 8),
+    ("qwen3-8b", "h100", 1, 1, 8),
+    ("olmo-2-7b", "h100", 1, 1, 8),
+    ("phi-3-mini", "h100", 1, 1, 8),
+    ("gemma-3-12b", "h100", 2, 1, 4),
+]
+
+
+@pytest.mark.parametrize("preset, device, tp, pp, dp", NODE_LAYOUTS)
+def test_the_documented_node_layouts_of_the_new_bases_fit(preset, device, tp, pp, dp):
+    options = ("train.seq_len=4096", "train.micro_batch_size=1", "train.global_batch_size=64")
+    plan = plan_for_config(
+        pipeline_config(
+            preset,
+            f"plan.device={device}",
+            f"parallel.tp={tp}",
+            f"parallel.pp={pp}",
+            f"parallel.dp={dp}",
+            *options,
+        )
+    )
+    assert plan.fits and plan.keeps_rules(), render(plan)
+    assert f"| `{preset}` |" in (REPO / "docs" / "plan.md").read_text(encoding="utf-8")
+
+
 def test_every_preset_plans_with_its_own_defaults():
-    # train.seq_len null: the context within the attention window, at most 2,048 (Mistral: 32,768
-    # with a 4,096 window)
+    # train.seq_len null: the context, at most 2,048 (Mistral: 32,768)
     for preset in sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml")):
         plan = plan_for_config(pipeline_config(preset, "plan.device=h100"))
         assert plan.layout.seq_len <= 2048, preset

@@ -42,6 +42,11 @@ PRESETS = (
     "llama-3.1-70b",
     "megatron-146b",
     "bloom-176b",
+    "qwen2.5-7b",
+    "qwen3-8b",
+    "gemma-3-12b",
+    "olmo-2-7b",
+    "phi-3-mini",
 )
 # Parameter counts of the published checkpoints (sum of numel over transformers'
 # model.parameters()).
@@ -56,9 +61,18 @@ PUBLISHED_PARAMETERS = {
     "llama-3.1-70b": 70_553_706_496,
     "bloom-176b": 176_247_271_424,
 }
-# Shapes whose source gives only a rounded count, in billions: Poro-34B's model card, Megatron-LM's
-# Table 1.
-ROUNDED_PARAMETERS = {"poro-34b": 34.2, "megatron-146b": 145.6}
+# Shapes whose source gives only a rounded count, in billions: Poro-34B's, Qwen2.5-7B's, Qwen3-8B's,
+# OLMo-2-7B's and Phi-3-mini's model cards, Megatron-LM's Table 1. (Gemma 3 12B's card counts its
+# vision tower too: test_model_hf_architectures.py checks the text model against transformers.)
+ROUNDED_PARAMETERS = {
+    "poro-34b": 34.2,
+    "megatron-146b": 145.6,
+    "qwen2.5-7b": 7.6,
+    "qwen3-8b": 8.2,
+    "olmo-2-7b": 7.3,
+    "phi-3-mini": 3.8,
+}
+COUNTED_BY_TRANSFORMERS = ("gemma-3-12b",)
 SMALL_ALIBI = ModelConfig(
     hidden_size=48,
     num_layers=2,
@@ -91,6 +105,8 @@ def test_presets_load_validate_and_have_the_published_size(name):
         model = Transformer(cfg)
         assert sum(p.numel() for p in model.parameters()) == parameter_count(cfg)
         assert model.head.weight is model.embedding.tokens.weight
+    elif name in COUNTED_BY_TRANSFORMERS:
+        assert round(parameter_count(cfg) / 1e9, 2) == 11.77
     elif name in ROUNDED_PARAMETERS:
         assert round(parameter_count(cfg) / 1e9, 1) == ROUNDED_PARAMETERS[name]
     else:
@@ -148,11 +164,18 @@ def test_padding_rows_are_not_predicted():
     assert model(torch.zeros(1, 4, dtype=torch.long)).shape[-1] == 300
 
 
-def test_longer_than_the_sliding_window_is_refused():
-    model = Transformer(dataclasses.replace(SMALL_ROPE, sliding_window=8))
-    model(torch.zeros(1, 8, dtype=torch.long))
-    with pytest.raises(ValueError, match="sliding_window"):
-        model(torch.zeros(1, 9, dtype=torch.long))
+def test_a_sliding_window_hides_the_tokens_before_it():
+    """One layer, a window of 8: the last token's logits are those of its last 8 tokens alone (RoPE
+    scores depend on distances only), and differ from the unwindowed model's."""
+    cfg = dataclasses.replace(SMALL_ROPE, num_layers=1, sliding_window=8)
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        windowed = model(ids)[0, -1]
+        torch.testing.assert_close(windowed, model(ids[:, -8:])[0, -1], rtol=0, atol=1e-5)
+        model.blocks[0].attn.window = None
+        assert (model(ids)[0, -1] - windowed).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize(

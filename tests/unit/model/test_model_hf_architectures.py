@@ -1,4 +1,4 @@
-"""Qwen2 (Qwen2.5), Qwen3, OLMo 2 and Phi-3 (issue 54) on tiny random checkpoints built with
+"""Qwen2 (Qwen2.5), Qwen3, OLMo 2, Phi-3, Gemma 2 and Gemma 3 (issue 54) on tiny random checkpoints built with
 `transformers`, as test_model_hf.py does for BLOOM, Llama and Mistral: our logits equal transformers'
 (float32, max abs difference < 1e-4) both ways, every tensor round trips bit-identically in the
 architecture's own layout, RoPE scalings are transformers' to the bit, and what the model cannot
@@ -13,7 +13,12 @@ import torch
 import transformers
 
 from pipeline.model.base_shape import base_config
-from pipeline.model.hf_config import CheckpointError, config_from_hf
+from pipeline.model.hf_config import (
+    CheckpointError,
+    architecture_for,
+    config_from_hf,
+    config_to_hf,
+)
 from pipeline.model.hf_export import to_hf
 from pipeline.model.hf_import import from_hf
 from pipeline.model.model_config import ModelConfig, parameter_count, training_seq_len
@@ -52,15 +57,17 @@ def qwen2():
     )
 
 
+WINDOW = 16  # shorter than the tests' sequences, so that the windows change the logits
+
+
 def qwen2_window():
-    # The second layer attends within a window (use_sliding_window, max_window_layers=1) that
-    # covers the tests' sequences.
+    # The second layer attends within a window (use_sliding_window, max_window_layers=1).
     return transformers.Qwen2Config(
         hidden_size=64,
         num_attention_heads=4,
         num_key_value_heads=4,
         use_sliding_window=True,
-        sliding_window=SEQ,
+        sliding_window=WINDOW,
         max_window_layers=1,
         **COMMON,
     )
@@ -110,6 +117,41 @@ def phi3_longrope():
     )
 
 
+def gemma2():
+    # Every other layer windowed (the first), a query scale other than head_dim, and soft caps low
+    # enough to bite on these logits.
+    return transformers.Gemma2Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=WINDOW,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0,
+        **SPECIAL_IDS,
+        **COMMON,
+    )
+
+
+def gemma3():
+    # q/k norms, multi-query attention, a windowed local layer with its own RoPE base and a global
+    # one with linear scaling.
+    return transformers.Gemma3TextConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_theta=1e6,
+        rope_local_base_freq=1e3,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        **SPECIAL_IDS,
+        **COMMON,
+    )
+
+
 BUILDERS = {
     "qwen2-yarn": qwen2,
     "qwen2-sliding-window": qwen2_window,
@@ -117,6 +159,8 @@ BUILDERS = {
     "olmo2": olmo2,
     "phi3": phi3,
     "phi3-longrope": phi3_longrope,
+    "gemma2": gemma2,
+    "gemma3": gemma3,
 }
 
 
@@ -201,20 +245,34 @@ def test_to_hf_writes_the_architectures_own_layout_with_the_same_logits(
         assert torch.equal(again.state_dict()[key], tensor), key
 
 
-def test_the_sliding_window_layers_travel_and_longer_sequences_are_refused(
-    checkpoints, token_ids, tmp_path
+@pytest.mark.parametrize(
+    "name, layer_types",
+    [
+        ("qwen2-sliding-window", ["full_attention", "sliding_attention"]),
+        ("gemma2", ["sliding_attention", "full_attention"]),
+        ("gemma3", ["sliding_attention", "full_attention"]),
+    ],
+)
+def test_the_windowed_layers_travel_and_apply_at_any_length(
+    checkpoints, token_ids, tmp_path, name, layer_types
 ):
-    folder, _ = checkpoints["qwen2-sliding-window"]
+    folder, reference = checkpoints[name]
     model, cfg = from_hf(folder)
-    assert (cfg.sliding_window, cfg.sliding_window_layers) == (SEQ, [1])
-    assert training_seq_len(cfg, None) == SEQ  # a null training length stays within the window
+    assert cfg.sliding_window == WINDOW
+    assert [cfg.layer_window(layer) for layer in range(2)] == [
+        WINDOW if kind == "sliding_attention" else None for kind in layer_types
+    ]
+    # the window does not shorten the training length
+    assert training_seq_len(cfg, None) == min(cfg.max_seq_len, 2048) > WINDOW
     to_hf(model, tmp_path / "out")
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert config["use_sliding_window"] and config["sliding_window"] == SEQ
-    assert config["layer_types"] == ["full_attention", "sliding_attention"]
-    longer = torch.cat([token_ids, token_ids[:, :1]], dim=1)
-    with pytest.raises(ValueError, match=r"longer than the model's sliding attention window"):
-        model(longer)
+    assert config["sliding_window"] == WINDOW and config["layer_types"] == layer_types
+    # Three windows' worth of tokens: the windowed layer sees only the last 16 of them.
+    longer = torch.cat([token_ids, token_ids[:, :8]], dim=1)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(longer), hf_logits(reference, longer), rtol=0, atol=TOLERANCE
+        )
 
 
 def hf_config_of(folder) -> dict:
@@ -262,8 +320,26 @@ def with_config(source, target, **changes):
             {"layer_types": ["full_attention", "chunked_attention"]},
             r"`layer_types`=.* is not supported \(one of full_attention and sliding_attention",
         ),
+        (
+            "gemma2",
+            {"hidden_activation": "gelu"},
+            r"`hidden_activation`='gelu' is not supported \(GeGLU with GELU's tanh approximation\)",
+        ),
+        (
+            "gemma3",
+            {"use_bidirectional_attention": True},
+            r"`use_bidirectional_attention`=True is not supported \(the model is causal\)",
+        ),
     ],
-    ids=["dynamic-rope", "partial-rotary", "qwen3-attention-bias", "longrope-factors", "layers"],
+    ids=[
+        "dynamic-rope",
+        "partial-rotary",
+        "qwen3-attention-bias",
+        "longrope-factors",
+        "layers",
+        "gemma-activation",
+        "gemma-bidirectional",
+    ],
 )
 def test_what_the_model_cannot_compute_exactly_fails_when_the_base_is_read(
     checkpoints, tmp_path, name, changes, message
@@ -361,8 +437,33 @@ def test_rope_scaling_is_transformers_to_the_bit(config, seq_len):
         ({"qk_norm": "head", "head_size": 32}, "Qwen3ForCausalLM"),
         ({"qk_norm": "full", "norm_placement": "post"}, "Olmo2ForCausalLM"),
         ({"hf_architecture": "Phi3ForCausalLM"}, "Phi3ForCausalLM"),
+        (
+            {
+                "activation": "geglu",
+                "norm_placement": "both",
+                "norm_unit_offset": True,
+                "embedding_scale": True,
+                "attention_softcap": 2.0,
+                "logit_softcap": 3.0,
+                "tie_embeddings": True,
+            },
+            "Gemma2ForCausalLM",
+        ),
+        (
+            {
+                "activation": "geglu",
+                "norm_placement": "both",
+                "norm_unit_offset": True,
+                "embedding_scale": True,
+                "qk_norm": "head",
+                "sliding_window": 8,
+                "sliding_window_layers": [0],
+                "rope_local_theta": 100.0,
+            },
+            "Gemma3ForCausalLM",
+        ),
     ],
-    ids=["qwen2", "qwen3", "olmo2", "phi3"],
+    ids=["qwen2", "qwen3", "olmo2", "phi3", "gemma2", "gemma3"],
 )
 def test_a_new_model_exports_as_the_architecture_its_shape_calls_for(
     tmp_path, token_ids, shape, architecture
@@ -383,3 +484,23 @@ def test_a_new_model_exports_as_the_architecture_its_shape_calls_for(
         torch.testing.assert_close(
             hf_logits(reloaded, token_ids), model(token_ids), rtol=0, atol=TOLERANCE
         )
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen2.5-7b", "qwen3-8b", "gemma-3-12b", "olmo-2-7b", "phi-3-mini", "mistral-7b"]
+)
+def test_the_presets_count_what_transformers_builds_of_their_config(name):
+    """The preset written as its architecture's config.json, built by transformers on the meta
+    device (no memory): the same parameters as parameter_count, which the memory plan uses."""
+    from tests.unit.model.test_model import preset
+
+    cfg = preset(name)
+    architecture = architecture_for(cfg)
+    hf = config_to_hf(cfg, architecture, "bfloat16", {})
+    config = transformers.AutoConfig.for_model(
+        hf.pop("model_type"), **{k: v for k, v in hf.items() if k != "architectures"}
+    )
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert type(model).__name__ == architecture
+    assert model.num_parameters() == parameter_count(cfg)

@@ -1,7 +1,8 @@
-"""The tensors that Qwen2, Qwen3 and OLMo 2 add to a block under tensor parallelism
+"""The tensors that Qwen2, Qwen3, OLMo 2 and Gemma add to a block under tensor parallelism
 (pipeline/parallel/tensor_parallel.py), on two forked gloo ranks: q/k/v biases cut with their rows,
 per-head q/k norms whole with their gradients summed over the ranks, q/k norms over all heads cut
-by head with their statistic summed, norms after the sublayers; with and without sequence
+by head with their statistic summed, norms after the sublayers (and Gemma's before and after, as
+offsets from one, with GeGLU, a windowed layer and capped scores); with and without sequence
 parallelism, against the full block. (tests/unit/parallel/test_tensor_parallel.py trains the
 BLOOM- and Llama-style models on every layout.) The ranks are spawned, not forked: a child forked
 from a process whose OpenMP threads have run (any earlier test's) can hang in its first parallel
@@ -31,6 +32,16 @@ VARIANTS = {
     "qwen2": ModelConfig(**SHAPE, qkv_bias=True),
     "qwen3": ModelConfig(**SHAPE, qk_norm="head", head_size=16),
     "olmo2": ModelConfig(**SHAPE, qk_norm="full", norm_placement="post"),
+    "gemma": ModelConfig(
+        **SHAPE,
+        qk_norm="head",
+        norm_placement="both",
+        norm_unit_offset=True,
+        activation="geglu",
+        sliding_window=4,
+        attention_softcap=2.0,
+        attention_scale_size=12,
+    ),
 }
 # Of the largest difference relative to the expected tensor's largest value (test_tensor_parallel's
 # measure): float32 sums in another order.
@@ -113,7 +124,14 @@ def test_new_block_tensors_cut_over_two_ranks_match_the_full_block(tmp_path):
     for rank, errors in answers.items():
         assert isinstance(errors, dict), errors  # a traceback from the rank
         names = " ".join(errors)
-        for tensor in ("attn.q.bias", "attn.q_norm.weight", "attn.k_norm.weight", "attn_norm"):
+        for tensor in (
+            "attn.q.bias",
+            "attn.q_norm.weight",
+            "attn.k_norm.weight",
+            "attn_norm",
+            "mlp_out_norm",
+            "mlp.gate",
+        ):
             assert tensor in names, tensor
         wrong = {key: error for key, error in errors.items() if error > TOLERANCE}
         assert not wrong, (rank, wrong)
