@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -152,15 +152,24 @@ def register_full_scale(shape: Optional[dict]) -> None:
     )
 
 
+def ruled_values(base_given: bool, value_of: Callable[[str, str], object]) -> dict[str, object]:
+    """The keys of BASE_MODEL_RULES that no layer set (`value_of(section, name)` still null), with
+    the value the rule gives them: the one place the rule is applied, to the run's config and to
+    `--cfg job`'s (pipeline/config_origins.py)."""
+    ruled = {}
+    for key, (with_base, without) in BASE_MODEL_RULES.items():
+        if value_of(*key.split(".")) is None:
+            ruled[key] = with_base if base_given else without
+    return ruled
+
+
 def with_base_model_rules(cfg: PipelineConfig) -> PipelineConfig:
     """`cfg` with each key of BASE_MODEL_RULES that no layer set (still null) set by whether
     model.base is given."""
-    for key, (with_base, without) in BASE_MODEL_RULES.items():
+    value_of = lambda section, name: getattr(getattr(cfg, section), name)  # noqa: E731
+    for key, value in ruled_values(cfg.model.base is not None, value_of).items():
         section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) is None:
-            setattr(
-                getattr(cfg, section), name, with_base if cfg.model.base is not None else without
-            )
+        setattr(getattr(cfg, section), name, value)
     return cfg
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from pipeline.config import BASE_MODEL_RULES, CONF_DIR, FULL_SCALE, SCALE_GROUP
+from pipeline.config import CONF_DIR, FULL_SCALE, SCALE_GROUP, ruled_values
 from pipeline.config_keys import flatten
 
 _RESOLVE = "--resolve"
@@ -141,11 +141,9 @@ def _with_base_model_rules(tree: dict, origin: Callable[[str], str]) -> Callable
     """Set in `tree` the keys of BASE_MODEL_RULES that no layer set, as the run will
     (pipeline/config.py), and name the rule as their origin."""
     given = tree["model"]["base"] is not None
-    ruled = set()
-    for key, values in BASE_MODEL_RULES.items():
+    ruled = ruled_values(given, lambda section, name: tree[section][name])
+    for key, value in ruled.items():
         section, name = key.split(".")
-        if tree[section][name] is None and origin(key) == "default":
-            tree[section][name] = values[0 if given else 1]
-            ruled.add(key)
+        tree[section][name] = value
     label = f"rule: model.base {'given' if given else 'not given'}"
     return lambda path: label if path in ruled else origin(path)

@@ -38,12 +38,14 @@ def prepare_training(
     pass of the pack), refused before any work when it is beyond it."""
     return_large_blocks_to_the_system()  # the model passes through this process a tensor at a time
     cfg, train = run.cfg, attrgetter(section)(run.cfg)
-    model = model_as_trained(run)
+    pack, tokenizer = run.output(PackOutput), run.output(TokenizerOutput)
+    packed = run.read_input(pack.packed)
+    # The model as it trains: with the pack tokenizer's vocabulary (an extended base tokenizer's
+    # 65,536 rows where the base has 49,152), which the memory plan must count.
+    model = dataclasses.replace(cfg.model, vocab_size=packed["tokenizer"]["vocab_size"])
     fitted = fitting_micro_batch(cfg, train, prefix=section, model=model)
     if refuse_unfit_layout:
         check_layout(cfg, fitted, model)
-    pack, tokenizer = run.output(PackOutput), run.output(TokenizerOutput)
-    packed = run.read_input(pack.packed)
     seq_len = training_seq_len(cfg.model, train.seq_len)
     job = planned_job(
         run.stage,
@@ -68,11 +70,3 @@ def prepare_training(
     return StageTraining(
         job, packed, tokenizer.folder, loaded, run.input_file(tokenizer.tokenizer), texts
     )
-
-
-def model_as_trained(run: StageRun):
-    """cfg.model with the pack tokenizer's vocabulary, which the training stages' model has (an
-    extended base tokenizer's 65,536 rows where the base has 49,152): what their memory plan must
-    count."""
-    packed = run.read_input(run.output(PackOutput).packed)
-    return dataclasses.replace(run.cfg.model, vocab_size=packed["tokenizer"]["vocab_size"])
