@@ -118,6 +118,52 @@ def _load_rows(ptrs, rows, n_rows, CHECK_ROWS: tl.constexpr):
 
 
 @triton.jit
+def _store_rows(ptrs, values, rows, n_rows, CHECK_ROWS: tl.constexpr):
+    """Stores a per-row float32 vector (LSE, delta), nothing past the sequence end."""
+    if CHECK_ROWS:
+        tl.store(ptrs, values, mask=rows < n_rows)
+    else:
+        tl.store(ptrs, values)
+
+
+# The kernels take one argument per pointer and stride, as the launches pass them, and hand their
+# helpers tuples instead (Triton unpacks them at compile time; inlined, they cost nothing):
+# - a tensor: (pointer, batch stride, head stride, seq stride) of a (batch, heads, seq, head_dim)
+#   tensor with a contiguous head_dim;
+# - a tile: (batch, head, rows, cols, n_rows, n_cols), a program's own rows of one head;
+# - `docs`: (segment-id row pointer, block ranges pointer, block, batch), a program's document-mask
+#   inputs (`_segment_range`);
+# - `frame`: (anchor, qk_scale, softcap2, window, seq_len), a program's scoring frame;
+# - FLAGS: a kernel's specialisation (CAUSAL, HAS_ALIBI, HAS_SEGMENTS, WINDOW, SOFTCAP, CHECK_SEQ,
+#   CHECK_D), and MASKS: one loop's (HAS_ALIBI, CAUSAL_MASK, CHECK_B, SEGMENT_MASK, WINDOW_MASK,
+#   SOFTCAP) (`_masked_scores`), both tuples of constexprs.
+
+
+@triton.jit
+def _tile_ptrs(tensor, batch, head, rows, cols):
+    """Pointers to the rows x cols of `tensor`'s (batch, head)."""
+    ptr, stride_b, stride_h, stride_s = tensor
+    return ptr + batch * stride_b + head * stride_h + rows[:, None] * stride_s + cols[None, :]
+
+
+@triton.jit
+def _load_head_tile(tensor, tile, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """`tensor`'s values at `tile`, 0 past its ends."""
+    batch, head, rows, cols, n_rows, n_cols = tile
+    ptrs = _tile_ptrs(tensor, batch, head, rows, cols)
+    return _load_tile(ptrs, rows, cols, n_rows, n_cols, CHECK_ROWS, CHECK_COLS)
+
+
+@triton.jit
+def _store_head_tile(tensor, values, tile, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """Stores float32 `values` at `tile` of `tensor`, in its element type."""
+    batch, head, rows, cols, n_rows, n_cols = tile
+    ptrs = _tile_ptrs(tensor, batch, head, rows, cols)
+    values = values.to(tensor[0].dtype.element_ty)
+    _store_tile(ptrs, values, rows, cols, n_rows, n_cols, CHECK_ROWS, CHECK_COLS)
+
+
+@triton.jit
 def _masked_scores(
     a,
     b,
@@ -126,24 +172,17 @@ def _masked_scores(
     a_seg,
     b_seg,
     alibi_slope2,
-    anchor,
-    qk_scale,
-    softcap2,
-    window,
-    seq_len,
+    frame,
     QUERIES_FIRST: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    CAUSAL_MASK: tl.constexpr,
-    CHECK_B: tl.constexpr,
-    SEGMENT_MASK: tl.constexpr,
-    WINDOW_MASK: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    MASKS: tl.constexpr,
 ):
     """Log2-domain scores of one tile pair, rows of `a` against rows of `b`: queries x keys when
     QUERIES_FIRST, else keys x queries (the dK/dV kernel's transposed view). ALiBi is taken relative
-    to `anchor`; masked entries are MASKED. CHECK_B masks rows of `b` past the sequence end (a's are
-    never stored); WINDOW_MASK the pairs with query - key >= window. With SOFTCAP the scores are
-    softcap2 * tanh(a . b * qk_scale / 2) (see `_score_scales`)."""
+    to the frame's `anchor`; masked entries are MASKED. CHECK_B masks rows of `b` past the sequence
+    end (a's are never stored); WINDOW_MASK the pairs with query - key >= window. With SOFTCAP the
+    scores are softcap2 * tanh(a . b * qk_scale / 2) (see `_score_scales`)."""
+    anchor, qk_scale, softcap2, window, seq_len = frame
+    HAS_ALIBI, CAUSAL_MASK, CHECK_B, SEGMENT_MASK, WINDOW_MASK, SOFTCAP = MASKS
     scores = tl.dot(a, tl.trans(b))
     if SOFTCAP:  # never with ALiBi (refused on the host)
         # tanh(x) = 1 - 2 / (exp2(2 x log2 e) + 1), which saturates to +-1 (exp2 -> inf or 0):
@@ -312,39 +351,111 @@ def _segment_block_ranges(
 
 
 @triton.jit
+def _query_program(heads, CAUSAL: tl.constexpr):
+    """(query block, batch x head, batch, head) of a forward or dQ program. Causal programs take the
+    query blocks last to first: the last ones have the most keys, and started first they leave no SM
+    idle at the end."""
+    block = tl.program_id(0)
+    if CAUSAL:
+        block = tl.num_programs(0) - 1 - block
+    batch_head = tl.program_id(1)
+    return block, batch_head, batch_head // heads, batch_head % heads
+
+
+@triton.jit
+def _key_tiles(k, v, batch, kv_head, offs_n, offs_d, head_dim):
+    """What a query block's loops stream, from the tensors k and v: (K and V pointers at key 0 of
+    the (batch, kv head), their seq strides, the key offsets of a block, offs_d, head_dim)."""
+    k_ptrs = _tile_ptrs(k, batch, kv_head, offs_n, offs_d)
+    v_ptrs = _tile_ptrs(v, batch, kv_head, offs_n, offs_d)
+    return k_ptrs, v_ptrs, k[3], v[3], offs_n, offs_d, head_dim
+
+
+@triton.jit
+def _key_spans(
+    docs, offs_m, frame, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FLAGS: tl.constexpr
+):
+    """The key blocks of the query block at `offs_m` (forward and dQ) before its diagonal, as the
+    positions (lo, full_lo, full_hi, hi, window_full) that `_visit_key_blocks` takes, and its
+    queries' segment ids. Keys before the block's first query are visible to all its queries
+    (causal); the diagonal comes last. A sliding window (causal only) starts the region at its first
+    key block, and its keys lie inside every query's window from `window_full` on."""
+    CAUSAL, HAS_ALIBI, HAS_SEGMENTS, WINDOW, SOFTCAP, CHECK_SEQ, CHECK_D = FLAGS
+    anchor, qk_scale, softcap2, window, seq_len = frame
+    seg_row_ptr, ranges_ptr, block, batch = docs
+    region_lo = 0
+    region_hi = anchor if CAUSAL else seq_len
+    window_full = region_lo
+    if WINDOW:
+        region_lo, window_full = _window_keys(anchor, window, region_hi, BLOCK_M, BLOCK_N)
+    lo, full_lo, full_hi, hi, seg_q = _segment_range(
+        seg_row_ptr, ranges_ptr, block, batch, offs_m, seq_len, region_lo, region_hi, HAS_SEGMENTS
+    )
+    return (lo, full_lo, full_hi, hi, window_full), seg_q
+
+
+@triton.jit
+def _visit_key_blocks(
+    STEP: tl.constexpr,
+    state,
+    queries,
+    kv_tiles,
+    frame,
+    spans,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FLAGS: tl.constexpr,
+):
+    """`state` through STEP (`_forward_key_blocks` or `_backward_q_key_blocks`) of one query block
+    over the key blocks in `spans` (`_key_spans`), each run with the masks it needs: the masked
+    blocks before the unmasked run (the document range's start, the window's edge), the run, the
+    document range's masked end, the diagonal last. `queries` holds STEP's operands, the queries'
+    positions, segment ids and ALiBi slope and the row's segment ids; `kv_tiles` the keys'
+    (`_key_tiles`)."""
+    CAUSAL, HAS_ALIBI, HAS_SEGMENTS, WINDOW, SOFTCAP, CHECK_SEQ, CHECK_D = FLAGS
+    lo, full_lo, full_hi, hi, window_full = spans
+    anchor, qk_scale, softcap2, window, seq_len = frame
+    if WINDOW:
+        # The window's edge joins the masked blocks before the unmasked run (one loop: another
+        # would spill scalar registers on gfx90a).
+        full_lo = tl.maximum(full_lo, window_full)
+        full_hi = tl.maximum(full_hi, window_full)
+    if HAS_SEGMENTS or WINDOW:
+        masks = (HAS_ALIBI, False, CHECK_SEQ and not CAUSAL, HAS_SEGMENTS, WINDOW, SOFTCAP)
+        state = STEP(
+            state, queries, kv_tiles, frame, lo, tl.minimum(full_lo, hi), BLOCK_N, masks, CHECK_D
+        )
+    masks = (HAS_ALIBI, False, CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS), False, False, SOFTCAP)
+    state = STEP(state, queries, kv_tiles, frame, full_lo, full_hi, BLOCK_N, masks, CHECK_D)
+    if HAS_SEGMENTS:
+        masks = (HAS_ALIBI, False, CHECK_SEQ and not CAUSAL, True, False, SOFTCAP)
+        state = STEP(state, queries, kv_tiles, frame, full_hi, hi, BLOCK_N, masks, CHECK_D)
+    if CAUSAL:  # with the window's mask too, for a window narrower than the block
+        masks = (HAS_ALIBI, True, CHECK_SEQ, HAS_SEGMENTS, WINDOW, SOFTCAP)
+        diagonal_end = tl.minimum(anchor + BLOCK_M, seq_len)
+        state = STEP(state, queries, kv_tiles, frame, anchor, diagonal_end, BLOCK_N, masks, CHECK_D)
+    return state
+
+
+@triton.jit
 def _forward_key_blocks(
-    acc,
-    row_sum,
-    row_max,
-    q,
-    k_ptrs,
-    v_ptrs,
-    stride_ks,
-    stride_vs,
-    seg_row_ptr,
-    seg_q,
-    offs_m,
-    offs_n,
-    offs_d,
-    alibi_slope2,
-    anchor,
-    qk_scale,
-    softcap2,
-    window,
-    seq_len,
-    head_dim,
+    state,
+    queries,
+    kv_tiles,
+    frame,
     lo,
     hi,
     BLOCK_N: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    CAUSAL_MASK: tl.constexpr,
-    CHECK_KEYS: tl.constexpr,
-    SEGMENT_MASK: tl.constexpr,
-    WINDOW_MASK: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    MASKS: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
-    """Online softmax over the key blocks [lo, hi) for one query block."""
+    """Online softmax over the key blocks [lo, hi) for one query block: `state` is (acc, row_sum,
+    row_max), `queries` (Q, positions, segment ids, ALiBi slope, the row's segment ids)."""
+    acc, row_sum, row_max = state
+    q, offs_m, seg_q, alibi_slope2, seg_row_ptr = queries
+    k_ptrs, v_ptrs, stride_ks, stride_vs, offs_n, offs_d, head_dim = kv_tiles
+    HAS_ALIBI, CAUSAL_MASK, CHECK_KEYS, SEGMENT_MASK, WINDOW_MASK, SOFTCAP = MASKS
+    seq_len = frame[4]
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         seg_k = keys
@@ -353,27 +464,7 @@ def _forward_key_blocks(
         k = _load_tile(
             k_ptrs + start_n * stride_ks, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D
         )
-        scores = _masked_scores(
-            q,
-            k,
-            offs_m,
-            keys,
-            seg_q,
-            seg_k,
-            alibi_slope2,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            QUERIES_FIRST=True,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=CAUSAL_MASK,
-            CHECK_B=CHECK_KEYS,
-            SEGMENT_MASK=SEGMENT_MASK,
-            WINDOW_MASK=WINDOW_MASK,
-            SOFTCAP=SOFTCAP,
-        )
+        scores = _masked_scores(q, k, offs_m, keys, seg_q, seg_k, alibi_slope2, frame, True, MASKS)
         new_max = tl.maximum(row_max, tl.max(scores, 1))
         p = tl.math.exp2(scores - new_max[:, None])
         rescale = tl.math.exp2(row_max - new_max)
@@ -427,270 +518,137 @@ def _attention_forward(
     CHECK_SEQ: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
-    block = tl.program_id(0)
-    if (
-        CAUSAL
-    ):  # the last query blocks have the most keys: start them first so that no SM idles at the end
-        block = tl.num_programs(0) - 1 - block
-    batch_head = tl.program_id(1)
-    batch = batch_head // heads
-    head = batch_head % heads
+    """One query block of one head: its output rows and their log-sum-exp."""
+    flags = (CAUSAL, HAS_ALIBI, HAS_SEGMENTS, WINDOW, SOFTCAP, CHECK_SEQ, CHECK_D)
+    block, batch_head, batch, head = _query_program(heads, CAUSAL)
     kv_head = head // group
     anchor = block * BLOCK_M
     offs_m = anchor + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-
-    q_ptrs = (
-        q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
-    )
-    q = _load_tile(q_ptrs, offs_m, offs_d, seq_len, head_dim, CHECK_SEQ, CHECK_D)
-    k_ptrs = (
-        k_ptr
-        + batch * stride_kb
-        + kv_head * stride_kh
-        + offs_n[:, None] * stride_ks
-        + offs_d[None, :]
-    )
-    v_ptrs = (
-        v_ptr
-        + batch * stride_vb
-        + kv_head * stride_vh
-        + offs_n[:, None] * stride_vs
-        + offs_d[None, :]
-    )
+    own = (batch, head, offs_m, offs_d, seq_len, head_dim)
+    q = _load_head_tile((q_ptr, stride_qb, stride_qh, stride_qs), own, CHECK_SEQ, CHECK_D)
+    k = (k_ptr, stride_kb, stride_kh, stride_ks)
+    v = (v_ptr, stride_vb, stride_vh, stride_vs)
+    kv_tiles = _key_tiles(k, v, batch, kv_head, offs_n, offs_d, head_dim)
     alibi_slope2 = 0.0
     if HAS_ALIBI:
         alibi_slope2 = tl.load(slopes_ptr + head)
     seg_row_ptr = seg_ptr + batch * stride_seg_b
-    # Keys before the block's first query are visible to all its queries (causal); the diagonal
-    # comes last. A sliding window (causal only) starts the region at its first key block.
-    region_lo = 0
-    region_hi = anchor if CAUSAL else seq_len
-    window_full = region_lo
-    if WINDOW:
-        region_lo, window_full = _window_keys(anchor, window, region_hi, BLOCK_M, BLOCK_N)
-    lo, full_lo, full_hi, hi, seg_q = _segment_range(
-        seg_row_ptr,
-        ranges_ptr,
-        block,
-        batch,
-        offs_m,
-        seq_len,
-        region_lo,
-        region_hi,
-        HAS_SEGMENTS=HAS_SEGMENTS,
-    )
+    frame = (anchor, qk_scale, softcap2, window, seq_len)
+    docs = (seg_row_ptr, ranges_ptr, block, batch)
+    spans, seg_q = _key_spans(docs, offs_m, frame, BLOCK_M, BLOCK_N, flags)
 
     row_max = tl.full([BLOCK_M], MASKED, dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if WINDOW:
-        # The window's edge joins the masked blocks before the unmasked run (one loop: another
-        # would spill scalar registers on gfx90a).
-        full_lo = tl.maximum(full_lo, window_full)
-        full_hi = tl.maximum(full_hi, window_full)
-    if HAS_SEGMENTS or WINDOW:
-        acc, row_sum, row_max = _forward_key_blocks(
-            acc,
-            row_sum,
-            row_max,
-            q,
-            k_ptrs,
-            v_ptrs,
-            stride_ks,
-            stride_vs,
-            seg_row_ptr,
-            seg_q,
-            offs_m,
-            offs_n,
-            offs_d,
-            alibi_slope2,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            head_dim,
-            lo,
-            tl.minimum(full_lo, hi),
-            BLOCK_N=BLOCK_N,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=False,
-            CHECK_KEYS=CHECK_SEQ and not CAUSAL,
-            SEGMENT_MASK=HAS_SEGMENTS,
-            WINDOW_MASK=WINDOW,
-            SOFTCAP=SOFTCAP,
-            CHECK_D=CHECK_D,
-        )
-    acc, row_sum, row_max = _forward_key_blocks(
-        acc,
-        row_sum,
-        row_max,
-        q,
-        k_ptrs,
-        v_ptrs,
-        stride_ks,
-        stride_vs,
-        seg_row_ptr,
-        seg_q,
-        offs_m,
-        offs_n,
-        offs_d,
-        alibi_slope2,
-        anchor,
-        qk_scale,
-        softcap2,
-        window,
-        seq_len,
-        head_dim,
-        full_lo,
-        full_hi,
-        BLOCK_N=BLOCK_N,
-        HAS_ALIBI=HAS_ALIBI,
-        CAUSAL_MASK=False,
-        CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS),
-        SEGMENT_MASK=False,
-        WINDOW_MASK=False,
-        SOFTCAP=SOFTCAP,
-        CHECK_D=CHECK_D,
+    state = (acc, row_sum, row_max)
+    queries = (q, offs_m, seg_q, alibi_slope2, seg_row_ptr)
+    acc, row_sum, row_max = _visit_key_blocks(
+        _forward_key_blocks, state, queries, kv_tiles, frame, spans, BLOCK_M, BLOCK_N, flags
     )
-    if HAS_SEGMENTS:
-        acc, row_sum, row_max = _forward_key_blocks(
-            acc,
-            row_sum,
-            row_max,
-            q,
-            k_ptrs,
-            v_ptrs,
-            stride_ks,
-            stride_vs,
-            seg_row_ptr,
-            seg_q,
-            offs_m,
-            offs_n,
-            offs_d,
-            alibi_slope2,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            head_dim,
-            full_hi,
-            hi,
-            BLOCK_N=BLOCK_N,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=False,
-            CHECK_KEYS=CHECK_SEQ and not CAUSAL,
-            SEGMENT_MASK=True,
-            WINDOW_MASK=False,
-            SOFTCAP=SOFTCAP,
-            CHECK_D=CHECK_D,
-        )
-    if CAUSAL:
-        acc, row_sum, row_max = _forward_key_blocks(
-            acc,
-            row_sum,
-            row_max,
-            q,
-            k_ptrs,
-            v_ptrs,
-            stride_ks,
-            stride_vs,
-            seg_row_ptr,
-            seg_q,
-            offs_m,
-            offs_n,
-            offs_d,
-            alibi_slope2,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            head_dim,
-            anchor,
-            tl.minimum(anchor + BLOCK_M, seq_len),
-            BLOCK_N=BLOCK_N,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=True,
-            CHECK_KEYS=CHECK_SEQ,
-            SEGMENT_MASK=HAS_SEGMENTS,
-            WINDOW_MASK=WINDOW,  # a window narrower than the block
-            SOFTCAP=SOFTCAP,
-            CHECK_D=CHECK_D,
-        )
 
     acc = acc / row_sum[:, None]
     # LSE (log2 domain) in the true (j - i) frame: the scores above carried + slope * (i - anchor).
     lse = row_max + tl.math.log2(row_sum)
     if HAS_ALIBI:
         lse = lse - alibi_slope2 * (offs_m - anchor).to(tl.float32)
-    lse_ptrs = lse_ptr + batch_head * seq_len + offs_m
-    if CHECK_SEQ:
-        tl.store(lse_ptrs, lse, mask=offs_m < seq_len)
+    _store_rows(lse_ptr + batch_head * seq_len + offs_m, lse, offs_m, seq_len, CHECK_SEQ)
+    _store_head_tile((o_ptr, stride_ob, stride_oh, stride_os), acc, own, CHECK_SEQ, CHECK_D)
+
+
+@triton.jit
+def _query_spans(
+    docs, offs_n, frame, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FLAGS: tl.constexpr
+):
+    """The query blocks of the key block at `offs_n` (dK/dV), as the positions (lo, window_full,
+    hi, diagonal_end) that `_visit_query_blocks` takes, and its keys' segment ids. Queries after
+    the key block see all of it (causal); the diagonal queries [anchor, diagonal_end) need the
+    causal mask. A sliding window (causal only) ends the region at the last query block that sees a
+    key of the block, and needs its mask from `window_full` on."""
+    CAUSAL, HAS_ALIBI, HAS_SEGMENTS, WINDOW, SOFTCAP, CHECK_SEQ, CHECK_D = FLAGS
+    anchor, qk_scale, softcap2, window, seq_len = frame
+    seg_row_ptr, ranges_ptr, block, batch = docs
+    diagonal_end = tl.minimum(anchor + BLOCK_N, seq_len)
+    region_lo = diagonal_end if CAUSAL else 0
+    region_hi = seq_len
+    window_full = region_hi
+    if WINDOW:
+        window_full, region_hi = _window_queries(
+            anchor, window, region_lo, seq_len, BLOCK_M, BLOCK_N
+        )
+    lo, _, _, hi, seg_k = _segment_range(
+        seg_row_ptr, ranges_ptr, block, batch, offs_n, seq_len, region_lo, region_hi, HAS_SEGMENTS
+    )
+    return (lo, window_full, hi, diagonal_end), seg_k
+
+
+@triton.jit
+def _query_tiles(q, do, batch, first_head, offs_m, offs_d, head_dim):
+    """What a key block's loop streams, from the tensors q and dO: (Q and dO pointers at query 0 of
+    the group's first head, their head and seq strides, the query offsets of a block, offs_d,
+    head_dim)."""
+    q_ptrs = _tile_ptrs(q, batch, first_head, offs_m, offs_d)
+    do_ptrs = _tile_ptrs(do, batch, first_head, offs_m, offs_d)
+    return q_ptrs, do_ptrs, q[2], q[3], do[2], do[3], offs_m, offs_d, head_dim
+
+
+@triton.jit
+def _visit_query_blocks(
+    keys, q_tiles, q_rows, frame, spans, group, BLOCK_M: tl.constexpr, FLAGS: tl.constexpr
+):
+    """dK, dV of one key block, `keys` = (K, V, positions, segment ids), through
+    `_backward_kv_query_blocks` over the query blocks in `spans` (`_query_spans`) of the `group`
+    query heads that share it, each run with the masks it needs. `q_tiles` is what the loop streams
+    (`_query_tiles`), `q_rows` the LSE and delta pointers at the group's first head, the ALiBi slopes
+    and that head, and the row's segment ids."""
+    CAUSAL, HAS_ALIBI, HAS_SEGMENTS, WINDOW, SOFTCAP, CHECK_SEQ, CHECK_D = FLAGS
+    lo, window_full, hi, diagonal_end = spans
+    anchor = frame[0]
+    k = keys[0]
+    state = (tl.zeros(k.shape, dtype=tl.float32), tl.zeros(k.shape, dtype=tl.float32))
+    args = (keys, q_tiles, q_rows, frame, group)
+    if HAS_SEGMENTS:
+        # The diagonal and the document range in one loop, every block masked. Split into the masked
+        # ends and the unmasked run (as the forward and dQ kernels run theirs), the kernel needed 2
+        # pipeline stages to compile without spills; as one loop it runs 3, which measured 1.06x
+        # forward+backward on packed rows (docs/benchmark-log.md).
+        start = anchor if CAUSAL else lo
+        masks = (HAS_ALIBI, CAUSAL, CHECK_SEQ, True, WINDOW, SOFTCAP)
+        state = _backward_kv_query_blocks(state, args, start, hi, BLOCK_M, masks, CHECK_D)
     else:
-        tl.store(lse_ptrs, lse)
-    o_ptrs = (
-        o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
-    )
-    _store_tile(
-        o_ptrs,
-        acc.to(o_ptr.dtype.element_ty),
-        offs_m,
-        offs_d,
-        seq_len,
-        head_dim,
-        CHECK_SEQ,
-        CHECK_D,
-    )
+        if CAUSAL:
+            masks = (HAS_ALIBI, True, CHECK_SEQ, False, WINDOW, SOFTCAP)
+            state = _backward_kv_query_blocks(
+                state, args, anchor, diagonal_end, BLOCK_M, masks, CHECK_D
+            )
+        masks = (HAS_ALIBI, False, CHECK_SEQ, False, False, SOFTCAP)
+        state = _backward_kv_query_blocks(state, args, lo, window_full, BLOCK_M, masks, CHECK_D)
+        if WINDOW:
+            masks = (HAS_ALIBI, False, CHECK_SEQ, False, True, SOFTCAP)
+            state = _backward_kv_query_blocks(state, args, window_full, hi, BLOCK_M, masks, CHECK_D)
+    return state
 
 
 @triton.jit
 def _backward_kv_query_blocks(
-    dk,
-    dv,
-    k,
-    v,
-    q_ptrs,
-    do_ptrs,
-    stride_qh,
-    stride_qs,
-    stride_doh,
-    stride_dos,
-    lse_ptr,
-    delta_ptr,
-    slopes_ptr,
-    seg_row_ptr,
-    seg_k,
-    offs_n,
-    offs_m,
-    offs_d,
-    first_head,
-    anchor,
-    qk_scale,
-    softcap2,
-    window,
-    seq_len,
-    head_dim,
-    group,
-    lo,
-    hi,
-    BLOCK_M: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    CAUSAL_MASK: tl.constexpr,
-    CHECK_QUERIES: tl.constexpr,
-    SEGMENT_MASK: tl.constexpr,
-    WINDOW_MASK: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    CHECK_D: tl.constexpr,
+    state, args, lo, hi, BLOCK_M: tl.constexpr, MASKS: tl.constexpr, CHECK_D: tl.constexpr
 ):
-    """dK, dV of one key block from the query blocks [lo, hi) of every query head of its group (keys
-    x queries). One flat loop over (head, query block) pairs rather than a loop over heads around a
-    loop over blocks: in the nest, the compiler kept per-head values live across the inner loop and
-    the GQA kernels spilled (sm90, D=128, 32 x 64 tiles: 504 bytes with two or more heads per group,
-    none with one); flat, they compile as one head does."""
+    """dK, dV (`state`) of one key block from the query blocks [lo, hi) of every query head of its
+    group (keys x queries); `args` as `_visit_query_blocks` takes them. One flat loop over (head,
+    query block) pairs rather than a loop over heads around a loop over blocks: in the nest, the
+    compiler kept per-head values live across the inner loop and the GQA kernels spilled (sm90,
+    D=128, 32 x 64 tiles: 504 bytes with two or more heads per group, none with one); flat, they
+    compile as one head does."""
+    dk, dv = state
+    keys, q_tiles, q_rows, frame, group = args
+    k, v, offs_n, seg_k = keys
+    q_ptrs, do_ptrs, stride_qh, stride_qs, stride_doh, stride_dos, offs_m, offs_d, head_dim = (
+        q_tiles
+    )
+    lse_ptr, delta_ptr, slopes_ptr, first_head, seg_row_ptr = q_rows
+    HAS_ALIBI, CAUSAL_MASK, CHECK_QUERIES, SEGMENT_MASK, WINDOW_MASK, SOFTCAP = MASKS
+    anchor, qk_scale, softcap2, window, seq_len = frame
     member = 0
     start_m = lo
     for _ in tl.range(0, group * tl.cdiv(hi - lo, BLOCK_M)):
@@ -698,56 +656,26 @@ def _backward_kv_query_blocks(
         seg_q = queries
         if SEGMENT_MASK:
             seg_q = tl.load(seg_row_ptr + queries, mask=queries < seq_len, other=-1)
-        q = _load_tile(
-            q_ptrs + member * stride_qh + start_m * stride_qs,
-            queries,
-            offs_d,
-            seq_len,
-            head_dim,
-            CHECK_QUERIES,
-            CHECK_D,
-        )
+        q_block = q_ptrs + member * stride_qh + start_m * stride_qs
+        q = _load_tile(q_block, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
         rows = member * seq_len + queries
         lse = _load_rows(lse_ptr + rows, queries, seq_len, CHECK_QUERIES)
         delta = _load_rows(delta_ptr + rows, queries, seq_len, CHECK_QUERIES)
         alibi_slope2 = 0.0
         if HAS_ALIBI:  # into this kernel's frame, anchored at the key block
-            alibi_slope2 = tl.load(slopes_ptr + first_head + member)
+            # float32 also where the pointer is a placeholder of q's dtype: a flag unpacked from
+            # a tuple makes this `if` a runtime one, whose branches must agree in type
+            alibi_slope2 = tl.load(slopes_ptr + first_head + member).to(tl.float32)
             lse = lse + alibi_slope2 * (queries - anchor).to(tl.float32)
         scores_t = _masked_scores(
-            k,
-            q,
-            offs_n,
-            queries,
-            seg_k,
-            seg_q,
-            alibi_slope2,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            QUERIES_FIRST=False,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=CAUSAL_MASK,
-            CHECK_B=CHECK_QUERIES,
-            SEGMENT_MASK=SEGMENT_MASK,
-            WINDOW_MASK=WINDOW_MASK,
-            SOFTCAP=SOFTCAP,
+            k, q, offs_n, queries, seg_k, seg_q, alibi_slope2, frame, False, MASKS
         )
         p_t = tl.math.exp2(scores_t - lse[None, :])
         dp_factor_t = p_t
         if SOFTCAP:  # at once, so that the scores need not stay live
             dp_factor_t = _through_cap(p_t, scores_t, softcap2)
-        do = _load_tile(
-            do_ptrs + member * stride_doh + start_m * stride_dos,
-            queries,
-            offs_d,
-            seq_len,
-            head_dim,
-            CHECK_QUERIES,
-            CHECK_D,
-        )
+        do_block = do_ptrs + member * stride_doh + start_m * stride_dos
+        do = _load_tile(do_block, queries, offs_d, seq_len, head_dim, CHECK_QUERIES, CHECK_D)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = dp_factor_t * (dp_t - delta[None, :])
@@ -810,6 +738,7 @@ def _attention_backward_kv(
     CHECK_SEQ: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
+    flags = (CAUSAL, HAS_ALIBI, HAS_SEGMENTS, WINDOW, SOFTCAP, CHECK_SEQ, CHECK_D)
     block = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
     batch = batch_kv_head // kv_heads
@@ -818,306 +747,48 @@ def _attention_backward_kv(
     offs_n = anchor + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-
-    k = _load_tile(
-        k_ptr
-        + batch * stride_kb
-        + kv_head * stride_kh
-        + offs_n[:, None] * stride_ks
-        + offs_d[None, :],
-        offs_n,
-        offs_d,
-        seq_len,
-        head_dim,
-        CHECK_SEQ,
-        CHECK_D,
-    )
-    v = _load_tile(
-        v_ptr
-        + batch * stride_vb
-        + kv_head * stride_vh
-        + offs_n[:, None] * stride_vs
-        + offs_d[None, :],
-        offs_n,
-        offs_d,
-        seq_len,
-        head_dim,
-        CHECK_SEQ,
-        CHECK_D,
-    )
+    own = (batch, kv_head, offs_n, offs_d, seq_len, head_dim)
+    k = _load_head_tile((k_ptr, stride_kb, stride_kh, stride_ks), own, CHECK_SEQ, CHECK_D)
+    v = _load_head_tile((v_ptr, stride_vb, stride_vh, stride_vs), own, CHECK_SEQ, CHECK_D)
     seg_row_ptr = seg_ptr + batch * stride_seg_b
-    # Queries after the key block see all of it (causal); the diagonal queries need the causal mask.
-    # A sliding window (causal only) ends the region at the last query block that sees a key of
-    # the block, and needs its mask from `window_full` on.
-    diagonal_end = tl.minimum(anchor + BLOCK_N, seq_len)
-    region_lo = diagonal_end if CAUSAL else 0
-    region_hi = seq_len
-    window_full = region_hi
-    if WINDOW:
-        window_full, region_hi = _window_queries(
-            anchor, window, region_lo, seq_len, BLOCK_M, BLOCK_N
-        )
-    lo, _, _, hi, seg_k = _segment_range(
-        seg_row_ptr,
-        ranges_ptr,
-        block,
-        batch,
-        offs_n,
-        seq_len,
-        region_lo,
-        region_hi,
-        HAS_SEGMENTS=HAS_SEGMENTS,
-    )
+    frame = (anchor, qk_scale, softcap2, window, seq_len)
+    docs = (seg_row_ptr, ranges_ptr, block, batch)
+    spans, seg_k = _query_spans(docs, offs_n, frame, BLOCK_M, BLOCK_N, flags)
 
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     first_head = kv_head * group
-    q_ptrs = (
-        q_ptr
-        + batch * stride_qb
-        + first_head * stride_qh
-        + offs_m[:, None] * stride_qs
-        + offs_d[None, :]
-    )
-    do_ptrs = (
-        do_ptr
-        + batch * stride_dob
-        + first_head * stride_doh
-        + offs_m[:, None] * stride_dos
-        + offs_d[None, :]
-    )
-    row_offset = (
-        batch * heads + first_head
-    ) * seq_len  # lse, delta: (batch, heads, seq), a group's heads adjacent
-    if HAS_SEGMENTS:
-        # The diagonal and the document range in one loop, every block masked. Split into the masked
-        # ends and the unmasked run (as the forward and dQ kernels run theirs), the kernel needed 2
-        # pipeline stages to compile without spills; as one loop it runs 3, which measured 1.06x
-        # forward+backward on packed rows (docs/benchmark-log.md).
-        start = anchor if CAUSAL else lo
-        dk, dv = _backward_kv_query_blocks(
-            dk,
-            dv,
-            k,
-            v,
-            q_ptrs,
-            do_ptrs,
-            stride_qh,
-            stride_qs,
-            stride_doh,
-            stride_dos,
-            lse_ptr + row_offset,
-            delta_ptr + row_offset,
-            slopes_ptr,
-            seg_row_ptr,
-            seg_k,
-            offs_n,
-            offs_m,
-            offs_d,
-            first_head,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            head_dim,
-            group,
-            start,
-            hi,
-            BLOCK_M=BLOCK_M,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=CAUSAL,
-            CHECK_QUERIES=CHECK_SEQ,
-            SEGMENT_MASK=True,
-            WINDOW_MASK=WINDOW,
-            SOFTCAP=SOFTCAP,
-            CHECK_D=CHECK_D,
-        )
-    else:
-        if CAUSAL:
-            dk, dv = _backward_kv_query_blocks(
-                dk,
-                dv,
-                k,
-                v,
-                q_ptrs,
-                do_ptrs,
-                stride_qh,
-                stride_qs,
-                stride_doh,
-                stride_dos,
-                lse_ptr + row_offset,
-                delta_ptr + row_offset,
-                slopes_ptr,
-                seg_row_ptr,
-                seg_k,
-                offs_n,
-                offs_m,
-                offs_d,
-                first_head,
-                anchor,
-                qk_scale,
-                softcap2,
-                window,
-                seq_len,
-                head_dim,
-                group,
-                anchor,
-                diagonal_end,
-                BLOCK_M=BLOCK_M,
-                HAS_ALIBI=HAS_ALIBI,
-                CAUSAL_MASK=True,
-                CHECK_QUERIES=CHECK_SEQ,
-                SEGMENT_MASK=False,
-                WINDOW_MASK=WINDOW,
-                SOFTCAP=SOFTCAP,
-                CHECK_D=CHECK_D,
-            )
-        dk, dv = _backward_kv_query_blocks(
-            dk,
-            dv,
-            k,
-            v,
-            q_ptrs,
-            do_ptrs,
-            stride_qh,
-            stride_qs,
-            stride_doh,
-            stride_dos,
-            lse_ptr + row_offset,
-            delta_ptr + row_offset,
-            slopes_ptr,
-            seg_row_ptr,
-            seg_k,
-            offs_n,
-            offs_m,
-            offs_d,
-            first_head,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            head_dim,
-            group,
-            lo,
-            window_full,
-            BLOCK_M=BLOCK_M,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=False,
-            CHECK_QUERIES=CHECK_SEQ,
-            SEGMENT_MASK=False,
-            WINDOW_MASK=False,
-            SOFTCAP=SOFTCAP,
-            CHECK_D=CHECK_D,
-        )
-        if WINDOW:
-            dk, dv = _backward_kv_query_blocks(
-                dk,
-                dv,
-                k,
-                v,
-                q_ptrs,
-                do_ptrs,
-                stride_qh,
-                stride_qs,
-                stride_doh,
-                stride_dos,
-                lse_ptr + row_offset,
-                delta_ptr + row_offset,
-                slopes_ptr,
-                seg_row_ptr,
-                seg_k,
-                offs_n,
-                offs_m,
-                offs_d,
-                first_head,
-                anchor,
-                qk_scale,
-                softcap2,
-                window,
-                seq_len,
-                head_dim,
-                group,
-                window_full,
-                hi,
-                BLOCK_M=BLOCK_M,
-                HAS_ALIBI=HAS_ALIBI,
-                CAUSAL_MASK=False,
-                CHECK_QUERIES=CHECK_SEQ,
-                SEGMENT_MASK=False,
-                WINDOW_MASK=True,
-                SOFTCAP=SOFTCAP,
-                CHECK_D=CHECK_D,
-            )
-
+    q = (q_ptr, stride_qb, stride_qh, stride_qs)
+    do = (do_ptr, stride_dob, stride_doh, stride_dos)
+    q_tiles = _query_tiles(q, do, batch, first_head, offs_m, offs_d, head_dim)
+    row_offset = (batch * heads + first_head) * seq_len  # lse, delta: a group's heads adjacent
+    q_rows = (lse_ptr + row_offset, delta_ptr + row_offset, slopes_ptr, first_head, seg_row_ptr)
+    keys = (k, v, offs_n, seg_k)
+    dk, dv = _visit_query_blocks(keys, q_tiles, q_rows, frame, spans, group, BLOCK_M, flags)
     dk = dk * sm_scale
-    _store_tile(
-        dk_ptr
-        + batch * stride_dkb
-        + kv_head * stride_dkh
-        + offs_n[:, None] * stride_dks
-        + offs_d[None, :],
-        dk.to(dk_ptr.dtype.element_ty),
-        offs_n,
-        offs_d,
-        seq_len,
-        head_dim,
-        CHECK_SEQ,
-        CHECK_D,
-    )
-    _store_tile(
-        dv_ptr
-        + batch * stride_dvb
-        + kv_head * stride_dvh
-        + offs_n[:, None] * stride_dvs
-        + offs_d[None, :],
-        dv.to(dv_ptr.dtype.element_ty),
-        offs_n,
-        offs_d,
-        seq_len,
-        head_dim,
-        CHECK_SEQ,
-        CHECK_D,
-    )
+    _store_head_tile((dk_ptr, stride_dkb, stride_dkh, stride_dks), dk, own, CHECK_SEQ, CHECK_D)
+    _store_head_tile((dv_ptr, stride_dvb, stride_dvh, stride_dvs), dv, own, CHECK_SEQ, CHECK_D)
 
 
 @triton.jit
 def _backward_q_key_blocks(
     dq,
-    q,
-    do,
-    lse,
-    delta,
-    k_ptrs,
-    v_ptrs,
-    stride_ks,
-    stride_vs,
-    seg_row_ptr,
-    seg_q,
-    offs_m,
-    offs_n,
-    offs_d,
-    alibi_slope2,
-    anchor,
-    qk_scale,
-    softcap2,
-    window,
-    seq_len,
-    head_dim,
+    queries,
+    kv_tiles,
+    frame,
     lo,
     hi,
     BLOCK_N: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    CAUSAL_MASK: tl.constexpr,
-    CHECK_KEYS: tl.constexpr,
-    SEGMENT_MASK: tl.constexpr,
-    WINDOW_MASK: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    MASKS: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
-    """dQ of one query block from the key blocks [lo, hi); `lse` already carries the block's ALiBi
-    row term."""
+    """dQ of one query block from the key blocks [lo, hi); `queries` is ((Q, dO, LSE, delta),
+    positions, segment ids, ALiBi slope, the row's segment ids), the LSE already carrying the
+    block's ALiBi row term."""
+    operands, offs_m, seg_q, alibi_slope2, seg_row_ptr = queries
+    q, do, lse, delta = operands
+    k_ptrs, v_ptrs, stride_ks, stride_vs, offs_n, offs_d, head_dim = kv_tiles
+    HAS_ALIBI, CAUSAL_MASK, CHECK_KEYS, SEGMENT_MASK, WINDOW_MASK, SOFTCAP = MASKS
+    softcap2 = frame[2]
+    seq_len = frame[4]
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         seg_k = keys
@@ -1126,27 +797,7 @@ def _backward_q_key_blocks(
         k = _load_tile(
             k_ptrs + start_n * stride_ks, keys, offs_d, seq_len, head_dim, CHECK_KEYS, CHECK_D
         )
-        scores = _masked_scores(
-            q,
-            k,
-            offs_m,
-            keys,
-            seg_q,
-            seg_k,
-            alibi_slope2,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            QUERIES_FIRST=True,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=CAUSAL_MASK,
-            CHECK_B=CHECK_KEYS,
-            SEGMENT_MASK=SEGMENT_MASK,
-            WINDOW_MASK=WINDOW_MASK,
-            SOFTCAP=SOFTCAP,
-        )
+        scores = _masked_scores(q, k, offs_m, keys, seg_q, seg_k, alibi_slope2, frame, True, MASKS)
         p = tl.math.exp2(scores - lse[:, None])
         if SOFTCAP:
             p = _through_cap(p, scores, softcap2)
@@ -1157,6 +808,30 @@ def _backward_q_key_blocks(
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
+
+
+@triton.jit
+def _delta_and_lse(
+    o, do, lse_ptr, delta_ptr, slopes_ptr, batch_head, head, offs_m, frame, FLAGS: tl.constexpr
+):
+    """The dQ program's row terms: stores delta = rowsum(dO * O) of its block for the dK/dV kernel
+    that runs after it, since it holds dO anyway (one pass over dO and one launch fewer), and
+    returns it with the block's LSE in its own ALiBi frame and the ALiBi slope."""
+    CAUSAL, HAS_ALIBI, HAS_SEGMENTS, WINDOW, SOFTCAP, CHECK_SEQ, CHECK_D = FLAGS
+    anchor, qk_scale, softcap2, window, seq_len = frame
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    # Stored inline rather than by `_store_rows`, which would compute the mask after the pointers
+    # and reorder the compiled code.
+    if CHECK_SEQ:
+        tl.store(delta_ptr + batch_head * seq_len + offs_m, delta, mask=offs_m < seq_len)
+    else:
+        tl.store(delta_ptr + batch_head * seq_len + offs_m, delta)
+    lse = _load_rows(lse_ptr + batch_head * seq_len + offs_m, offs_m, seq_len, CHECK_SEQ)
+    alibi_slope2 = 0.0
+    if HAS_ALIBI:  # a runtime `if` (the flag comes from a tuple): both branches float32
+        alibi_slope2 = tl.load(slopes_ptr + head).to(tl.float32)
+        lse = lse + alibi_slope2 * (offs_m - anchor).to(tl.float32)
+    return delta, lse, alibi_slope2
 
 
 @triton.jit
@@ -1210,257 +885,35 @@ def _attention_backward_q(
     CHECK_SEQ: tl.constexpr,
     CHECK_D: tl.constexpr,
 ):
-    """dQ of one query block; it also computes and stores the block's delta = rowsum(dO * O) for the
-    dK/dV kernel that runs after it, since it holds dO anyway (one pass over dO and one launch
-    fewer)."""
-    block = tl.program_id(0)
-    if CAUSAL:  # heaviest query blocks first, as in the forward
-        block = tl.num_programs(0) - 1 - block
-    batch_head = tl.program_id(1)
-    batch = batch_head // heads
-    head = batch_head % heads
+    """dQ of one query block, and its delta for the dK/dV kernel (`_delta_and_lse`)."""
+    flags = (CAUSAL, HAS_ALIBI, HAS_SEGMENTS, WINDOW, SOFTCAP, CHECK_SEQ, CHECK_D)
+    block, batch_head, batch, head = _query_program(heads, CAUSAL)  # as in the forward
     kv_head = head // group
     anchor = block * BLOCK_M
     offs_m = anchor + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-
-    q = _load_tile(
-        q_ptr
-        + batch * stride_qb
-        + head * stride_qh
-        + offs_m[:, None] * stride_qs
-        + offs_d[None, :],
-        offs_m,
-        offs_d,
-        seq_len,
-        head_dim,
-        CHECK_SEQ,
-        CHECK_D,
+    own = (batch, head, offs_m, offs_d, seq_len, head_dim)
+    q = _load_head_tile((q_ptr, stride_qb, stride_qh, stride_qs), own, CHECK_SEQ, CHECK_D)
+    do = _load_head_tile((do_ptr, stride_dob, stride_doh, stride_dos), own, CHECK_SEQ, CHECK_D)
+    o = _load_head_tile((o_ptr, stride_ob, stride_oh, stride_os), own, CHECK_SEQ, CHECK_D)
+    frame = (anchor, qk_scale, softcap2, window, seq_len)
+    delta, lse, alibi_slope2 = _delta_and_lse(
+        o, do, lse_ptr, delta_ptr, slopes_ptr, batch_head, head, offs_m, frame, flags
     )
-    do = _load_tile(
-        do_ptr
-        + batch * stride_dob
-        + head * stride_doh
-        + offs_m[:, None] * stride_dos
-        + offs_d[None, :],
-        offs_m,
-        offs_d,
-        seq_len,
-        head_dim,
-        CHECK_SEQ,
-        CHECK_D,
-    )
-    o = _load_tile(
-        o_ptr
-        + batch * stride_ob
-        + head * stride_oh
-        + offs_m[:, None] * stride_os
-        + offs_d[None, :],
-        offs_m,
-        offs_d,
-        seq_len,
-        head_dim,
-        CHECK_SEQ,
-        CHECK_D,
-    )
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    if CHECK_SEQ:
-        tl.store(delta_ptr + batch_head * seq_len + offs_m, delta, mask=offs_m < seq_len)
-    else:
-        tl.store(delta_ptr + batch_head * seq_len + offs_m, delta)
-    lse = _load_rows(lse_ptr + batch_head * seq_len + offs_m, offs_m, seq_len, CHECK_SEQ)
-    alibi_slope2 = 0.0
-    if HAS_ALIBI:
-        alibi_slope2 = tl.load(slopes_ptr + head)
-        lse = lse + alibi_slope2 * (offs_m - anchor).to(tl.float32)
     seg_row_ptr = seg_ptr + batch * stride_seg_b
-    region_lo = 0  # the key blocks as in the forward
-    region_hi = anchor if CAUSAL else seq_len
-    window_full = region_lo
-    if WINDOW:
-        region_lo, window_full = _window_keys(anchor, window, region_hi, BLOCK_M, BLOCK_N)
-    lo, full_lo, full_hi, hi, seg_q = _segment_range(
-        seg_row_ptr,
-        ranges_ptr,
-        block,
-        batch,
-        offs_m,
-        seq_len,
-        region_lo,
-        region_hi,
-        HAS_SEGMENTS=HAS_SEGMENTS,
-    )
-
-    k_ptrs = (
-        k_ptr
-        + batch * stride_kb
-        + kv_head * stride_kh
-        + offs_n[:, None] * stride_ks
-        + offs_d[None, :]
-    )
-    v_ptrs = (
-        v_ptr
-        + batch * stride_vb
-        + kv_head * stride_vh
-        + offs_n[:, None] * stride_vs
-        + offs_d[None, :]
-    )
+    docs = (seg_row_ptr, ranges_ptr, block, batch)
+    spans, seg_q = _key_spans(docs, offs_m, frame, BLOCK_M, BLOCK_N, flags)  # as in the forward
+    k = (k_ptr, stride_kb, stride_kh, stride_ks)
+    v = (v_ptr, stride_vb, stride_vh, stride_vs)
+    kv_tiles = _key_tiles(k, v, batch, kv_head, offs_n, offs_d, head_dim)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if WINDOW:
-        # as in the forward
-        full_lo = tl.maximum(full_lo, window_full)
-        full_hi = tl.maximum(full_hi, window_full)
-    if HAS_SEGMENTS or WINDOW:
-        dq = _backward_q_key_blocks(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            k_ptrs,
-            v_ptrs,
-            stride_ks,
-            stride_vs,
-            seg_row_ptr,
-            seg_q,
-            offs_m,
-            offs_n,
-            offs_d,
-            alibi_slope2,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            head_dim,
-            lo,
-            tl.minimum(full_lo, hi),
-            BLOCK_N=BLOCK_N,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=False,
-            CHECK_KEYS=CHECK_SEQ and not CAUSAL,
-            SEGMENT_MASK=HAS_SEGMENTS,
-            WINDOW_MASK=WINDOW,
-            SOFTCAP=SOFTCAP,
-            CHECK_D=CHECK_D,
-        )
-    dq = _backward_q_key_blocks(
-        dq,
-        q,
-        do,
-        lse,
-        delta,
-        k_ptrs,
-        v_ptrs,
-        stride_ks,
-        stride_vs,
-        seg_row_ptr,
-        seg_q,
-        offs_m,
-        offs_n,
-        offs_d,
-        alibi_slope2,
-        anchor,
-        qk_scale,
-        softcap2,
-        window,
-        seq_len,
-        head_dim,
-        full_lo,
-        full_hi,
-        BLOCK_N=BLOCK_N,
-        HAS_ALIBI=HAS_ALIBI,
-        CAUSAL_MASK=False,
-        CHECK_KEYS=CHECK_SEQ and not (CAUSAL or HAS_SEGMENTS),
-        SEGMENT_MASK=False,
-        WINDOW_MASK=False,
-        SOFTCAP=SOFTCAP,
-        CHECK_D=CHECK_D,
+    queries = ((q, do, lse, delta), offs_m, seg_q, alibi_slope2, seg_row_ptr)
+    dq = _visit_key_blocks(
+        _backward_q_key_blocks, dq, queries, kv_tiles, frame, spans, BLOCK_M, BLOCK_N, flags
     )
-    if HAS_SEGMENTS:
-        dq = _backward_q_key_blocks(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            k_ptrs,
-            v_ptrs,
-            stride_ks,
-            stride_vs,
-            seg_row_ptr,
-            seg_q,
-            offs_m,
-            offs_n,
-            offs_d,
-            alibi_slope2,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            head_dim,
-            full_hi,
-            hi,
-            BLOCK_N=BLOCK_N,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=False,
-            CHECK_KEYS=CHECK_SEQ and not CAUSAL,
-            SEGMENT_MASK=True,
-            WINDOW_MASK=False,
-            SOFTCAP=SOFTCAP,
-            CHECK_D=CHECK_D,
-        )
-    if CAUSAL:
-        dq = _backward_q_key_blocks(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            k_ptrs,
-            v_ptrs,
-            stride_ks,
-            stride_vs,
-            seg_row_ptr,
-            seg_q,
-            offs_m,
-            offs_n,
-            offs_d,
-            alibi_slope2,
-            anchor,
-            qk_scale,
-            softcap2,
-            window,
-            seq_len,
-            head_dim,
-            anchor,
-            tl.minimum(anchor + BLOCK_M, seq_len),
-            BLOCK_N=BLOCK_N,
-            HAS_ALIBI=HAS_ALIBI,
-            CAUSAL_MASK=True,
-            CHECK_KEYS=CHECK_SEQ,
-            SEGMENT_MASK=HAS_SEGMENTS,
-            WINDOW_MASK=WINDOW,  # a window narrower than the block
-            SOFTCAP=SOFTCAP,
-            CHECK_D=CHECK_D,
-        )
     dq = dq * sm_scale
-    _store_tile(
-        dq_ptr
-        + batch * stride_dqb
-        + head * stride_dqh
-        + offs_m[:, None] * stride_dqs
-        + offs_d[None, :],
-        dq.to(dq_ptr.dtype.element_ty),
-        offs_m,
-        offs_d,
-        seq_len,
-        head_dim,
-        CHECK_SEQ,
-        CHECK_D,
-    )
+    _store_head_tile((dq_ptr, stride_dqb, stride_dqh, stride_dqs), dq, own, CHECK_SEQ, CHECK_D)
 
 
 def _flags(seq_len: int, head_dim: int, configs: AttentionConfigs) -> tuple[int, bool, bool]:
@@ -1610,6 +1063,12 @@ def _window(sliding_window: Optional[int], seq_len: int) -> int:
     return int(sliding_window) if sliding_window is not None and sliding_window < seq_len else 0
 
 
+def _strides(*tensors: torch.Tensor) -> list[int]:
+    """The (batch, head, seq) strides of each (batch, heads, seq, head_dim) tensor, in order: the
+    kernels' stride arguments."""
+    return [stride for tensor in tensors for stride in tensor.stride()[:3]]
+
+
 def _launch_forward(
     ctx,
     q,
@@ -1653,18 +1112,7 @@ def _launch_forward(
         slopes2,
         segments,
         ranges,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        k.stride(0),
-        k.stride(1),
-        k.stride(2),
-        v.stride(0),
-        v.stride(1),
-        v.stride(2),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
+        *_strides(q, k, v, out),
         segments.stride(0),
         heads,
         heads // kv_heads,
@@ -1716,6 +1164,7 @@ def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> N
         CHECK_SEQ=check_seq,
         CHECK_D=check_d,
     )
+    scalars = (seq_len, head_dim, qk_scale, sm_scale, softcap2, window)  # both kernels' last ones
     cfg = configs.backward_q  # first: it stores delta, which the dK/dV kernel reads
     _attention_backward_q[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
         q,
@@ -1729,33 +1178,11 @@ def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> N
         slopes2,
         segments,
         ranges_for(cfg.block_m, cfg.block_n),
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        k.stride(0),
-        k.stride(1),
-        k.stride(2),
-        v.stride(0),
-        v.stride(1),
-        v.stride(2),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        grad_out.stride(0),
-        grad_out.stride(1),
-        grad_out.stride(2),
-        dq.stride(0),
-        dq.stride(1),
-        dq.stride(2),
+        *_strides(q, k, v, out, grad_out, dq),
         segments.stride(0),
         heads,
         heads // kv_heads,
-        seq_len,
-        head_dim,
-        qk_scale,
-        sm_scale,
-        softcap2,
-        window,
+        *scalars,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         **flags,
@@ -1774,34 +1201,12 @@ def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> N
         slopes2,
         segments,
         ranges_for(cfg.block_n, cfg.block_m),
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        k.stride(0),
-        k.stride(1),
-        k.stride(2),
-        v.stride(0),
-        v.stride(1),
-        v.stride(2),
-        grad_out.stride(0),
-        grad_out.stride(1),
-        grad_out.stride(2),
-        dk.stride(0),
-        dk.stride(1),
-        dk.stride(2),
-        dv.stride(0),
-        dv.stride(1),
-        dv.stride(2),
+        *_strides(q, k, v, grad_out, dk, dv),
         segments.stride(0),
         heads,
         kv_heads,
         heads // kv_heads,
-        seq_len,
-        head_dim,
-        qk_scale,
-        sm_scale,
-        softcap2,
-        window,
+        *scalars,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         **flags,
