@@ -26,6 +26,10 @@ from pipeline.training.train_config import TrainConfig
 log = logging.getLogger(__name__)
 
 
+# The widest head the Triton attention kernels run (pipeline/kernels/launch_configs.py).
+TRITON_HEAD_DIM = 128
+
+
 class LayoutError(StageError):
     """A layout that cannot run: it does not fit the device, or does not fit the model's shape. The
     message says what to change."""
@@ -65,13 +69,14 @@ def plan_for_config(
         checkpoint_interval=train.activation_checkpoint_interval,
     )
     device = resolve_device(cfg.plan, cfg.cluster.name, cfg.cluster.gpus_per_node)
-    return make_plan(
-        model,
-        layout,
-        numerics_for(device, train.precision, cfg.kernels),
-        device,
-        cfg.plan.usable_fraction,
-    )
+    numerics = numerics_for(device, train.precision, cfg.kernels)
+    if numerics.flash and model.head_dim > TRITON_HEAD_DIM:
+        raise LayoutError(
+            f"The model's heads are {model.head_dim} wide (model.head_size; Gemma's are 256), and "
+            f"the Triton attention kernels take heads of up to {TRITON_HEAD_DIM} values: set "
+            "kernels=reference (PyTorch attention: slower, and it holds each layer's scores)."
+        )
+    return make_plan(model, layout, numerics, device, cfg.plan.usable_fraction)
 
 
 # A pipeline of pp stages idles (pp - 1) / (m + pp - 1) of its step with m micro-batches: a planned

@@ -38,14 +38,14 @@ def prepare_training(
     pass of the pack), refused before any work when it is beyond it."""
     return_large_blocks_to_the_system()  # the model passes through this process a tensor at a time
     cfg, train = run.cfg, attrgetter(section)(run.cfg)
-    pack, tokenizer = run.output(PackOutput), run.output(TokenizerOutput)
-    packed = run.read_input(pack.packed)
+    packed = read_pack(run)
     # The model as it trains: with the pack tokenizer's vocabulary (an extended base tokenizer's
     # 65,536 rows where the base has 49,152), which the memory plan must count.
     model = dataclasses.replace(cfg.model, vocab_size=packed["tokenizer"]["vocab_size"])
     fitted = fitting_micro_batch(cfg, train, prefix=section, model=model)
     if refuse_unfit_layout:
         check_layout(cfg, fitted, model)
+    pack, tokenizer = run.output(PackOutput), run.output(TokenizerOutput)
     seq_len = training_seq_len(cfg.model, train.seq_len)
     job = planned_job(
         run.stage,
@@ -70,3 +70,8 @@ def prepare_training(
     return StageTraining(
         job, packed, tokenizer.folder, loaded, run.input_file(tokenizer.tokenizer), texts
     )
+
+
+def read_pack(run: StageRun) -> dict:
+    """The pack stage's packed.json: its tokens per pass and its tokenizer's vocabulary."""
+    return run.read_input(run.output(PackOutput).packed)

@@ -64,8 +64,8 @@ def packed(tmp_path_factory):
 def test_a_random_base_warms_up_and_pretrains_on_a_gpu(
     family,
     packed,
-    english_tokenizer,
-    tmp_path,  # noqa: F811
+    english_tokenizer,  # noqa: F811 (the fixture imported above)
+    tmp_path,
 ):
     torch.manual_seed(0)
     base = tmp_path / family

@@ -387,7 +387,11 @@ def test_pretrain_refuses_a_layout_that_cannot_fit_before_any_rank_starts(monkey
     monkeypatch.setattr(pretrain, "pretrain_start", lambda *args: started.append(args))
     cfg = pipeline_config("llama-3.1-70b", "plan.device=mi250x", "train.seq_len=4096")
     # no pack to read the vocabulary of
-    monkeypatch.setattr(training_inputs, "model_as_trained", lambda run: run.cfg.model)
+    monkeypatch.setattr(
+        training_inputs,
+        "read_pack",
+        lambda run: {"tokenizer": {"vocab_size": run.cfg.model.vocab_size}},
+    )
     with pytest.raises(LayoutError) as refused:
         pretrain.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
     message = str(refused.value)
@@ -418,23 +422,25 @@ def test_a_layout_the_model_cannot_run_is_refused_before_planning(preset, overri
         plan_for_config(pipeline_config(preset, "plan.device=h100", *overrides))
 
 
-# docs/plan.md's table: one node of 8 devices, 4,096 tokens a sequence, 64 sequences a step.
+# docs/plan.md's table: one node of 8 devices, 4,096 tokens a sequence, 64 sequences a step; Gemma 3's
+# 256-wide heads on the PyTorch attention, with activation checkpointing.
+GEMMA = ("kernels=reference", "train.activation_checkpoint_interval=1")
 NODE_LAYOUTS = [
-    ("qwen2.5-7b", "mi250x", 2, 1, 4),
-    ("qwen3-8b", "mi250x", 2, 1, 4),
-    ("olmo-2-7b", "mi250x", 2, 1, 4),
-    ("phi-3-mini", "mi250x", 1, 1, 8),
-    ("gemma-3-12b", "mi250x", 2, 2, 2),
-    ("qwen2.5-7b", "h100", 1, 1, 8),
-    ("qwen3-8b", "h100", 1, 1, 8),
-    ("olmo-2-7b", "h100", 1, 1, 8),
-    ("phi-3-mini", "h100", 1, 1, 8),
-    ("gemma-3-12b", "h100", 2, 1, 4),
+    ("qwen2.5-7b", "mi250x", 2, 1, 4, ()),
+    ("qwen3-8b", "mi250x", 2, 1, 4, ()),
+    ("olmo-2-7b", "mi250x", 2, 1, 4, ()),
+    ("phi-3-mini", "mi250x", 1, 1, 8, ()),
+    ("gemma-3-12b", "mi250x", 2, 1, 4, GEMMA),
+    ("qwen2.5-7b", "h100", 1, 1, 8, ()),
+    ("qwen3-8b", "h100", 1, 1, 8, ()),
+    ("olmo-2-7b", "h100", 1, 1, 8, ()),
+    ("phi-3-mini", "h100", 1, 1, 8, ()),
+    ("gemma-3-12b", "h100", 1, 1, 8, GEMMA),
 ]
 
 
-@pytest.mark.parametrize("preset, device, tp, pp, dp", NODE_LAYOUTS)
-def test_the_documented_node_layouts_of_the_new_bases_fit(preset, device, tp, pp, dp):
+@pytest.mark.parametrize("preset, device, tp, pp, dp, extra", NODE_LAYOUTS)
+def test_the_documented_node_layouts_of_the_new_bases_fit(preset, device, tp, pp, dp, extra):
     options = ("train.seq_len=4096", "train.micro_batch_size=1", "train.global_batch_size=64")
     plan = plan_for_config(
         pipeline_config(
@@ -444,16 +450,25 @@ def test_the_documented_node_layouts_of_the_new_bases_fit(preset, device, tp, pp
             f"parallel.pp={pp}",
             f"parallel.dp={dp}",
             *options,
+            *extra,
         )
     )
     assert plan.fits and plan.keeps_rules(), render(plan)
-    assert f"| `{preset}` |" in (REPO / "docs" / "plan.md").read_text(encoding="utf-8")
+    assert f"| `{preset}` " in (REPO / "docs" / "plan.md").read_text(encoding="utf-8")
+
+
+def test_heads_wider_than_the_triton_kernels_take_are_refused_at_start_naming_the_fix():
+    with pytest.raises(LayoutError, match=r"heads are 256 wide .* set kernels=reference"):
+        plan_for_config(pipeline_config("gemma-3-12b", "plan.device=h100"))
+    assert plan_for_config(pipeline_config("gemma-3-12b", "plan.device=cpu")).layout
 
 
 def test_every_preset_plans_with_its_own_defaults():
     # train.seq_len null: the context, at most 2,048 (Mistral: 32,768)
     for preset in sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml")):
-        plan = plan_for_config(pipeline_config(preset, "plan.device=h100"))
+        # Gemma 3's 256-wide heads run on the PyTorch attention (refused on Triton's: below)
+        kernels = "kernels=reference" if preset.startswith("gemma") else "kernels=auto"
+        plan = plan_for_config(pipeline_config(preset, "plan.device=h100", kernels))
         assert plan.layout.seq_len <= 2048, preset
 
 
@@ -649,7 +664,9 @@ def test_the_training_stages_train_with_the_planned_micro_batch(monkeypatch, sta
     # The model as it trains has the pack tokenizer's vocabulary (here 4x the base's): the plan
     # counts it.
     trained = dataclasses.replace(cfg.model, vocab_size=4 * cfg.model.vocab_size)
-    monkeypatch.setattr(training_inputs, "model_as_trained", lambda run: trained)
+    monkeypatch.setattr(
+        training_inputs, "read_pack", lambda run: {"tokenizer": {"vocab_size": trained.vocab_size}}
+    )
     with pytest.raises(RuntimeError, match="stop before"):
         module.STAGE.run(SimpleNamespace(cfg=cfg, input_dirs={}, work_dir=Path("/nonexistent")))
     train = cfg.train if stage_name == "pretrain" else cfg.warmup.train
