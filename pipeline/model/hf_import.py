@@ -1,5 +1,5 @@
-"""`from_hf`: a local Hugging Face BLOOM / Llama / Mistral / Qwen2 / Qwen3 / OLMo 2 / Phi-3 folder ->
-the project's Transformer.
+"""`from_hf`: a local Hugging Face BLOOM / Llama / Mistral / Qwen2 / Qwen3 / OLMo 2 / Phi-3 / Gemma 2 /
+Gemma 3 folder -> the project's Transformer.
 
 Reads `config.json` and the weights from `model.safetensors` or the shards named by
 `model.safetensors.index.json`, with safetensors only: nothing is unpickled, nothing is downloaded,
@@ -175,9 +175,10 @@ class HFTensors(ModelTensors):
 
 
 def from_hf(path, dtype: Optional[torch.dtype] = None) -> tuple[Transformer, ModelConfig]:
-    """Load a local Hugging Face folder of a supported architecture (BloomForCausalLM,
-    LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Olmo2ForCausalLM,
-    Phi3ForCausalLM); returns (model, config)."""
+    """Load a local Hugging Face folder of a supported architecture (hf_config.SUPPORTED_ARCHITECTURES:
+    BloomForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+    Olmo2ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM); returns (model,
+    config)."""
     tensors = HFTensors(path, dtype)
     return build_model(tensors), tensors.cfg
 
