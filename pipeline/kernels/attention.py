@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -1069,22 +1069,26 @@ def _strides(*tensors: torch.Tensor) -> list[int]:
     return [stride for tensor in tensors for stride in tensor.stride()[:3]]
 
 
+class _Options(NamedTuple):
+    """What an attention call asks for besides q, k and v, checked, with its launch configurations
+    (`_options`); the autograd functions pass it on as one argument."""
+
+    causal: bool
+    alibi_slopes: Optional[torch.Tensor]
+    segment_ids: Optional[torch.Tensor]
+    softmax_scale: Optional[float]
+    sliding_window: Optional[int]
+    softcap: Optional[float]
+    configs: AttentionConfigs
+
+
 def _launch_forward(
-    ctx,
-    q,
-    k,
-    v,
-    causal,
-    alibi_slopes,
-    segment_ids,
-    softmax_scale,
-    sliding_window,
-    softcap,
-    configs,
+    ctx, q, k, v, options: _Options
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward kernel; keeps the settings and document blocks on `ctx`. Returns the output (laid
     out like q), the log-sum-exp and the scaled slopes: tensors the caller saves for the backward
     with `save_for_backward` (an output kept on `ctx` would hold its own graph alive)."""
+    causal, alibi_slopes, segment_ids, softmax_scale, sliding_window, softcap, configs = options
     batch, heads, seq_len, head_dim = q.shape
     kv_heads = k.shape[1]
     arch = current_arch(q.device)
@@ -1216,32 +1220,8 @@ def _launch_backward(ctx, q, k, v, out, lse, slopes2, grad_out, dq, dk, dv) -> N
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx,
-        q,
-        k,
-        v,
-        causal,
-        alibi_slopes,
-        segment_ids,
-        softmax_scale,
-        sliding_window,
-        softcap,
-        configs,
-    ):
-        out, lse, slopes2 = _launch_forward(
-            ctx,
-            q,
-            k,
-            v,
-            causal,
-            alibi_slopes,
-            segment_ids,
-            softmax_scale,
-            sliding_window,
-            softcap,
-            configs,
-        )
+    def forward(ctx, q, k, v, options):
+        out, lse, slopes2 = _launch_forward(ctx, q, k, v, options)
         ctx.save_for_backward(q, k, v, out, lse, slopes2)
         return out
 
@@ -1252,7 +1232,7 @@ class _FlashAttention(torch.autograd.Function):
         # no copy either.
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         _launch_backward(ctx, q, k, v, *attention, grad_out, dq, dk, dv)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None
 
 
 class _StackedFlashAttention(torch.autograd.Function):
@@ -1261,30 +1241,8 @@ class _StackedFlashAttention(torch.autograd.Function):
     would be copied into one by autograd to reach the projection."""
 
     @staticmethod
-    def forward(
-        ctx,
-        qkv,
-        heads,
-        head_dim,
-        causal,
-        alibi_slopes,
-        segment_ids,
-        softmax_scale,
-        sliding_window,
-        softcap,
-        configs,
-    ):
-        out, lse, slopes2 = _launch_forward(
-            ctx,
-            *unstack_qkv(qkv, heads, head_dim),
-            causal,
-            alibi_slopes,
-            segment_ids,
-            softmax_scale,
-            sliding_window,
-            softcap,
-            configs,
-        )
+    def forward(ctx, qkv, heads, head_dim, options):
+        out, lse, slopes2 = _launch_forward(ctx, *unstack_qkv(qkv, heads, head_dim), options)
         ctx.save_for_backward(qkv, out, lse, slopes2)
         ctx.shape = (heads, head_dim)
         return out
@@ -1300,18 +1258,20 @@ class _StackedFlashAttention(torch.autograd.Function):
             grad_out,
             *unstack_qkv(grad_qkv, *ctx.shape),
         )
-        return grad_qkv, None, None, None, None, None, None, None, None, None
+        return grad_qkv, None, None, None
 
 
-def _configs(
-    q: torch.Tensor,
-    has_segments: bool,
-    sliding_window: Optional[int],
-    softcap: Optional[float],
-    configs: Optional[AttentionConfigs],
-) -> AttentionConfigs:
-    return (configs or attention_configs(current_arch(q.device), q.shape[-1])).specialised(
-        has_segments, _window(sliding_window, q.shape[2]) > 0, softcap is not None
+def _options(
+    q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, sliding_window, softcap, configs
+) -> _Options:
+    """The call's options, checked, with the launch configurations for q's device and head size
+    (`configs` overrides the table) specialised to them."""
+    _check_inputs(q, k, v, causal, alibi_slopes, segment_ids, sliding_window, softcap)
+    configs = (configs or attention_configs(current_arch(q.device), q.shape[-1])).specialised(
+        segment_ids is not None, _window(sliding_window, q.shape[2]) > 0, softcap is not None
+    )
+    return _Options(
+        causal, alibi_slopes, segment_ids, softmax_scale, sliding_window, softcap, configs
     )
 
 
@@ -1330,19 +1290,10 @@ def flash_attention(
 ) -> torch.Tensor:
     """The Triton kernel behind pipeline.kernels.flash_attention; `configs` overrides the table
     (tests)."""
-    _check_inputs(q, k, v, causal, alibi_slopes, segment_ids, sliding_window, softcap)
-    return _FlashAttention.apply(
-        q,
-        k,
-        v,
-        causal,
-        alibi_slopes,
-        segment_ids,
-        softmax_scale,
-        sliding_window,
-        softcap,
-        _configs(q, segment_ids is not None, sliding_window, softcap, configs),
+    options = _options(
+        q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, sliding_window, softcap, configs
     )
+    return _FlashAttention.apply(q, k, v, options)
 
 
 def stacked_flash_attention(
@@ -1360,16 +1311,7 @@ def stacked_flash_attention(
 ) -> torch.Tensor:
     """The Triton kernel behind pipeline.kernels.stacked_flash_attention."""
     q, k, v = unstack_qkv(qkv, heads, head_dim)
-    _check_inputs(q, k, v, causal, alibi_slopes, segment_ids, sliding_window, softcap)
-    return _StackedFlashAttention.apply(
-        qkv,
-        heads,
-        head_dim,
-        causal,
-        alibi_slopes,
-        segment_ids,
-        softmax_scale,
-        sliding_window,
-        softcap,
-        _configs(q, segment_ids is not None, sliding_window, softcap, configs),
+    options = _options(
+        q, k, v, causal, alibi_slopes, segment_ids, softmax_scale, sliding_window, softcap, configs
     )
+    return _StackedFlashAttention.apply(qkv, heads, head_dim, options)

@@ -119,11 +119,11 @@ def block_parameters(model: ModelConfig, tp: int) -> int:
     row-parallel layers' biases whole."""
     h, d, f = model.hidden_size, model.head_dim, model.ffn_size // tp
     heads, kv_heads = model.num_heads // tp, model.num_kv_heads // tp
-    swiglu = gated(model)
+    gated_mlp = gated(model)
     attention = h * d * (2 * heads + 2 * kv_heads)
-    mlp = (3 if swiglu else 2) * h * f
+    mlp = (3 if gated_mlp else 2) * h * f
     qkv_biases = d * (heads + 2 * kv_heads) if model.bias or model.qkv_bias else 0
-    biases = h + f * (2 if swiglu else 1) + h if model.bias else 0
+    biases = h + f * (2 if gated_mlp else 1) + h if model.bias else 0
     return (
         attention
         + mlp
@@ -209,11 +209,11 @@ def _backward_working_set(
     backward has already freed."""
     rows, e = micro_batch * seq_len, nx.value_bytes
     ffn, heads = model.ffn_size // tp, model.num_heads // tp
-    swiglu = gated(model)
-    mlp = e * rows * (ffn * (2 if swiglu else 1) + 2 * model.hidden_size)
+    gated_mlp = gated(model)
+    mlp = e * rows * (ffn * (2 if gated_mlp else 1) + 2 * model.hidden_size)
     if nx.flash:
         return mlp
-    freed = e * rows * ffn * (4 if swiglu else 2)
+    freed = e * rows * ffn * (4 if gated_mlp else 2)
     return max(mlp, 2 * 4 * micro_batch * heads * seq_len * seq_len - freed)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -120,10 +120,11 @@ def config_from_hf(hf: dict, architecture: str, source: str) -> ModelConfig:
     hidden, heads = keys.need("hidden_size"), keys.need("num_attention_heads")
     layers = keys.need("num_hidden_layers")
     head_dim = hf.get("head_dim") or _HEAD_DIMS.get(architecture) or hidden // heads
-    for key in ("partial_rotary_factor",):
-        value = hf.get(key, (hf.get("rope_parameters") or {}).get(key))
-        if value not in (None, 1.0):
-            keys.refuse(key, value, "RoPE rotates the whole head")
+    partial = hf.get(
+        "partial_rotary_factor", (hf.get("rope_parameters") or {}).get("partial_rotary_factor")
+    )
+    if partial not in (None, 1.0):
+        keys.refuse("partial_rotary_factor", partial, "RoPE rotates the whole head")
     max_seq_len = hf.get("max_position_embeddings", _MAX_POSITIONS.get(architecture, 2048))
     window, window_layers = _sliding_window_from_hf(keys, layers)
     rope, local_rope = _rope_parameters(keys)
@@ -621,47 +622,34 @@ _LLAMA_NAMES = TensorNames(
     },
 )
 _QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
-_QWEN3_NAMES = TensorNames(
-    _LLAMA_NAMES.prefix, _LLAMA_NAMES.top, _LLAMA_NAMES.layers, {**_LLAMA_NAMES.block, **_QK_NORMS}
-)
+
+
+def _llama_names_with(block: dict, **fused) -> TensorNames:
+    """Llama's names with `block`'s over its block names (and fused tensors, if any)."""
+    return replace(_LLAMA_NAMES, block={**_LLAMA_NAMES.block, **block}, fused=fused or None)
+
+
+_QWEN3_NAMES = _llama_names_with(_QK_NORMS)
 # OLMo 2's norms follow the sublayers: the project's attn_norm normalises the attention's output.
-_OLMO2_NAMES = TensorNames(
-    _LLAMA_NAMES.prefix,
-    _LLAMA_NAMES.top,
-    _LLAMA_NAMES.layers,
+_OLMO2_NAMES = _llama_names_with(
     {
-        **_LLAMA_NAMES.block,
         **_QK_NORMS,
         "attn_norm": "post_attention_layernorm",
         "mlp_norm": "post_feedforward_layernorm",
-    },
+    }
 )
 # Gemma's four norms: before and after each sublayer (Gemma 3's q/k norms too).
-_GEMMA2_NAMES = TensorNames(
-    _LLAMA_NAMES.prefix,
-    _LLAMA_NAMES.top,
-    _LLAMA_NAMES.layers,
-    {
-        **_LLAMA_NAMES.block,
-        "attn_out_norm": "post_attention_layernorm",
-        "mlp_norm": "pre_feedforward_layernorm",
-        "mlp_out_norm": "post_feedforward_layernorm",
-    },
-)
-_GEMMA3_NAMES = TensorNames(
-    _LLAMA_NAMES.prefix, _LLAMA_NAMES.top, _LLAMA_NAMES.layers, {**_GEMMA2_NAMES.block, **_QK_NORMS}
-)
-_PHI3_NAMES = TensorNames(
-    _LLAMA_NAMES.prefix,
-    _LLAMA_NAMES.top,
-    _LLAMA_NAMES.layers,
-    {
-        "attn_norm": "input_layernorm",
-        "attn.out": "self_attn.o_proj",
-        "mlp_norm": "post_attention_layernorm",
-        "mlp.down": "mlp.down_proj",
-    },
-    fused={
+_GEMMA_NORMS = {
+    "attn_out_norm": "post_attention_layernorm",
+    "mlp_norm": "pre_feedforward_layernorm",
+    "mlp_out_norm": "post_feedforward_layernorm",
+}
+_GEMMA2_NAMES = _llama_names_with(_GEMMA_NORMS)
+_GEMMA3_NAMES = _llama_names_with({**_GEMMA_NORMS, **_QK_NORMS})
+# Phi-3 fuses q, k, v and gate, up: their entries of Llama's block names are never looked up.
+_PHI3_NAMES = _llama_names_with(
+    {},
+    **{
         "attn.q": ("self_attn.qkv_proj", 0),
         "attn.k": ("self_attn.qkv_proj", 1),
         "attn.v": ("self_attn.qkv_proj", 2),

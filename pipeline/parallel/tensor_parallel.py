@@ -359,9 +359,9 @@ def _replicated(parameter: torch.Tensor, group, sequence_parallel: bool) -> torc
     return copy_to_tensor_parallel(parameter, group) if sequence_parallel else parameter
 
 
-class SequenceParallelRMSNorm(RMSNorm):
-    """RMSNorm on this rank's part of the sequence (parallel.sequence_parallel): the weight is whole
-    on every rank, its gradient summed over the ranks."""
+class _GroupRMSNorm(RMSNorm):
+    """An RMSNorm made from the model's `full` one for a tensor-parallel `group`: its weight, eps
+    and unit offset; the subclasses say how the weight is applied (or cut)."""
 
     def __init__(self, full: RMSNorm, group) -> None:
         nn.Module.__init__(self)
@@ -369,6 +369,11 @@ class SequenceParallelRMSNorm(RMSNorm):
         self.weight = full.weight
         self.eps = full.eps
         self.unit_offset = full.unit_offset
+
+
+class SequenceParallelRMSNorm(_GroupRMSNorm):
+    """RMSNorm on this rank's part of the sequence (parallel.sequence_parallel): the weight is whole
+    on every rank, its gradient summed over the ranks."""
 
     def applied_weight(self) -> torch.Tensor:
         return self.scale(_replicated(self.weight, self.group, True))
@@ -471,31 +476,21 @@ class _AllReduceSum(torch.autograd.Function):
         return grad, None
 
 
-class HeadSummedRMSNorm(RMSNorm):
+class HeadSummedRMSNorm(_GroupRMSNorm):
     """A per-head q or k norm (Qwen3) on this rank's heads: its weight (head_dim values) whole on
     every rank, its gradient summed over the ranks, whose heads each contribute a share."""
-
-    def __init__(self, full: RMSNorm, group) -> None:
-        nn.Module.__init__(self)
-        self.group = group
-        self.weight = full.weight
-        self.eps = full.eps
-        self.unit_offset = full.unit_offset
 
     def applied_weight(self) -> torch.Tensor:
         return self.scale(copy_to_tensor_parallel(self.weight, self.group))
 
 
-class HeadShardedRMSNorm(RMSNorm):
+class HeadShardedRMSNorm(_GroupRMSNorm):
     """A q or k norm over all heads at once (OLMo 2) on this rank's heads: the weight cut by head,
     as the projection's rows are; each token's sum of squares summed over the ranks before it is
     divided by the full width. Plain PyTorch (no fused kernel: the statistic crosses ranks)."""
 
     def __init__(self, full: RMSNorm, group) -> None:
-        nn.Module.__init__(self)
-        self.group = group
-        self.eps = full.eps
-        self.unit_offset = full.unit_offset
+        super().__init__(full, group)
         self.full_size = full.weight.shape[0]
         self.weight = _sharded(full.weight, Shard(0, self.full_size, group))
 
