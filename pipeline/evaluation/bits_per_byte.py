@@ -12,7 +12,9 @@ alone: ALiBi and RoPE depend on relative positions only); positions that are con
 the label `IGNORE`.
 
 Bits per byte = the summed negative log-likelihood in bits over the documents' UTF-8 bytes; token
-perplexity (exp of the mean per-token NLL) is kept for reference, not comparison.
+perplexity (exp of the mean per-token NLL) is kept for reference, not comparison. Rows built here
+also say which document each position belongs to, so that the NLL is summed per document too (what
+a bootstrap over documents resamples: uncertainty.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 # The label of a position that is not scored (PyTorch's cross_entropy ignore_index).
 IGNORE = -100
@@ -59,6 +60,11 @@ class ScoringRows:
     bytes: int  # UTF-8 bytes of the documents
     tokens: int  # scored tokens (every token of every document)
     documents: int
+    # (rows, seq_len) int64: the index of the text each position belongs to, -1 on padding; and
+    # (texts,) int64: each text's UTF-8 bytes (0 for an empty text, which is not scored). None for
+    # rows read back from a training stage's heldout.npz, which keeps the totals only.
+    document_ids: Optional[np.ndarray] = None
+    document_bytes: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -81,6 +87,8 @@ class ScoringRows:
             self.bytes,
             self.tokens,
             self.documents,
+            None if self.document_ids is None else more(self.document_ids, -1),
+            self.document_bytes,
         )
 
 
@@ -96,33 +104,35 @@ def scoring_rows(
     document that crosses it is cut there, its bytes those of the text its kept tokens cover (a long
     first document, a law or a book, would otherwise make a held-out score of a few thousand tokens
     one of a hundred thousand). Empty documents (no token) are skipped."""
-    rows_in, rows_label, rows_segment = [], [], []
-    row_in, row_label, row_segment = [], [], []
-    total_bytes = tokens = documents = 0
+    rows_in, rows_label, rows_segment, rows_document = [], [], [], []
+    row_in, row_label, row_segment, row_document = [], [], [], []
+    document_bytes, tokens, documents = [], 0, 0
 
     def close_row() -> None:
         padding = seq_len - len(row_in)
         rows_in.append(row_in + [0] * padding)
         rows_label.append(row_label + [IGNORE] * padding)
         rows_segment.append(row_segment + [row_segment[-1] + 1] * padding)
-        for row in (row_in, row_label, row_segment):
+        rows_document.append(row_document + [-1] * padding)
+        for row in (row_in, row_label, row_segment, row_document):
             row.clear()
 
-    for text in texts:
+    for index, text in enumerate(texts):
         if max_tokens is not None and tokens >= max_tokens:
             break
         encoding = tokenizer.encode(text, add_special_tokens=False)
         ids = encoding.ids
         if not ids:
+            document_bytes.append(0)
             continue
         if max_tokens is not None and tokens + len(ids) > max_tokens:
             kept = max_tokens - tokens
             ids, text = ids[:kept], text[: encoding.offsets[kept - 1][1]]
         sequence = [start_id, *ids]
-        total_bytes += len(text.encode("utf-8"))
+        document_bytes.append(len(text.encode("utf-8")))
         tokens += len(ids)
         documents += 1
-        for window in windows(documents - 1, len(ids), seq_len, stride):
+        for window in windows(index, len(ids), seq_len, stride):
             size = window.end - window.begin
             if len(row_in) + size > seq_len:
                 close_row()
@@ -131,6 +141,7 @@ def scoring_rows(
             targets = sequence[window.begin + 1 : window.end + 1]
             row_label.extend([IGNORE] * (size - window.scored) + targets[size - window.scored :])
             row_segment.extend([segment] * size)
+            row_document.extend([index] * size)
     if row_in:
         close_row()
 
@@ -138,14 +149,14 @@ def scoring_rows(
         return np.asarray(rows, dtype=np.int64).reshape(-1, seq_len)
 
     return ScoringRows(
-        array(rows_in), array(rows_label), array(rows_segment), total_bytes, tokens, documents
-    )
-
-
-def summed_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The summed negative log-likelihood (nats, float32) of the labels that are not IGNORE."""
-    return F.cross_entropy(
-        logits.float().flatten(0, -2), labels.flatten(), ignore_index=IGNORE, reduction="sum"
+        array(rows_in),
+        array(rows_label),
+        array(rows_segment),
+        sum(document_bytes),
+        tokens,
+        documents,
+        array(rows_document),
+        np.asarray(document_bytes, dtype=np.int64),
     )
 
 
@@ -155,63 +166,18 @@ def bits_per_byte(nats: float, utf8_bytes: int) -> float:
     return nats / math.log(2) / utf8_bytes
 
 
-@torch.no_grad()
-def score_rows(
-    model: torch.nn.Module,
-    rows: ScoringRows,
-    batch_size: int,
-    device: torch.device,
-    progress=None,
-    first_added: Optional[int] = None,
-) -> tuple[float, Optional[dict]]:
-    """The summed NLL (nats) of every scored token, `batch_size` rows per forward pass of a plain
-    model; with `first_added`, for a tokenizer that extends its base's (every base token at its own
-    id, the added ones from there), also what the added tokens take in the same pass:
-    {"first_added", "mass": their mean probability where a base token is the target, "base_targets",
-    "added_targets": how many scored targets are of each kind}."""
-    nats, mass, base_targets, added_targets = 0.0, 0.0, 0, 0
-    for start in range(0, len(rows), batch_size):
-        part = slice(start, start + batch_size)
-        inputs, labels, segments = (
-            torch.from_numpy(array[part]).to(device)
-            for array in (rows.inputs, rows.labels, rows.segment_ids)
-        )
-        logits = model(inputs, segments)
-        for row in range(
-            len(inputs)
-        ):  # one row's log-softmax at a time: a large vocabulary stays in memory
-            if first_added is None:
-                nats += summed_nll(logits[row], labels[row]).double().item()
-                continue
-            # The NLL and the added tokens' share from one log-softmax of the row.
-            scored = labels[row] != IGNORE
-            targets = labels[row][scored]
-            log_probs = torch.log_softmax(logits[row][scored].float(), dim=-1)
-            nats -= log_probs.gather(1, targets[:, None]).double().sum().item()
-            is_base = targets < first_added
-            mass += log_probs[is_base, first_added:].logsumexp(dim=-1).exp().double().sum().item()
-            base_targets += int(is_base.sum())
-            added_targets += int((~is_base).sum())
-        if progress is not None:
-            progress.update(int((labels != IGNORE).sum()))
-    if first_added is None:
-        return nats, None
-    return nats, {
-        "first_added": first_added,
-        "mass": mass / base_targets if base_targets else 0.0,
-        "base_targets": base_targets,
-        "added_targets": added_targets,
-    }
-
-
 @dataclass
 class Score:
     nats: float
     tokens: int
     bytes: int
     documents: int
-    # With score_documents' `first_added`: what the added tokens take (score_rows).
+    # With score_rows' `first_added`: what the added tokens take.
     added: Optional[dict] = None
+    # Where the rows say which text each position belongs to: each text's summed NLL (nats) and
+    # UTF-8 bytes, in the texts' order (0 and 0 for an empty text).
+    document_nats: Optional[np.ndarray] = None
+    document_bytes: Optional[np.ndarray] = None
 
     @property
     def bits_per_byte(self) -> float:
@@ -232,6 +198,77 @@ class Score:
         }
 
 
+@torch.no_grad()
+def score_rows(
+    model: torch.nn.Module,
+    rows: ScoringRows,
+    batch_size: int,
+    device: torch.device,
+    progress=None,
+    first_added: Optional[int] = None,
+) -> Score:
+    """The summed NLL (nats) of every scored token, `batch_size` rows per forward pass of a plain
+    model, and per document where the rows say which is which; with `first_added`, for a tokenizer
+    that extends its base's (every base token at its own id, the added ones from there), also what
+    the added tokens take in the same pass, as `added`: {"first_added", "mass": their mean
+    probability where a base token is the target, "base_targets", "added_targets": how many scored
+    targets are of each kind}."""
+    # Sums stay on the device: one transfer at the end, not one per row.
+    nats, mass, base_targets, added_targets = (
+        torch.zeros((), dtype=torch.float64, device=device) for _ in range(4)
+    )
+    per_document = (
+        None
+        if rows.document_bytes is None
+        else torch.zeros(len(rows.document_bytes), dtype=torch.float64, device=device)
+    )
+    arrays = [rows.inputs, rows.labels, rows.segment_ids]
+    if per_document is not None:
+        arrays.append(rows.document_ids)
+    for start in range(0, len(rows), batch_size):
+        inputs, labels, segments, *documents = (
+            torch.from_numpy(array[start : start + batch_size]).to(device) for array in arrays
+        )
+        logits = model(inputs, segments)
+        # one row's log-softmax at a time: a large vocabulary stays in memory
+        for row in range(len(inputs)):
+            scored = labels[row] != IGNORE
+            targets = labels[row][scored]
+            log_probs = torch.log_softmax(logits[row][scored].float(), dim=-1)
+            token_nats = -log_probs.gather(1, targets[:, None])[:, 0].double()
+            nats += token_nats.sum()
+            if per_document is not None:
+                per_document.index_add_(0, documents[0][row][scored], token_nats)
+            if first_added is not None:
+                is_base = targets < first_added
+                mass += log_probs[is_base, first_added:].logsumexp(dim=-1).exp().double().sum()
+                base_targets += is_base.sum()
+                added_targets += (~is_base).sum()
+        if progress is not None:
+            progress.update(int((labels != IGNORE).sum()))
+    added = None
+    if first_added is not None:
+        added = {
+            "first_added": first_added,
+            "mass": mass.item() / base_targets.item() if base_targets.item() else 0.0,
+            "base_targets": int(base_targets.item()),
+            "added_targets": int(added_targets.item()),
+        }
+    if per_document is None:
+        return Score(nats.item(), rows.tokens, rows.bytes, rows.documents, added)
+    # The total from the documents' sums, so that a bootstrap's point estimate is this very number.
+    document_nats = per_document.cpu().numpy()
+    return Score(
+        float(np.sum(document_nats)),
+        rows.tokens,
+        rows.bytes,
+        rows.documents,
+        added,
+        document_nats,
+        rows.document_bytes,
+    )
+
+
 def score_documents(
     model: torch.nn.Module,
     tokenizer,
@@ -244,8 +281,7 @@ def score_documents(
     progress=None,
     first_added: Optional[int] = None,
 ) -> Score:
-    """Every token of every document scored once by a plain model (stage=evaluate); `first_added`:
-    as score_rows."""
+    """Every token of every document scored once by a plain model (stage=evaluate), in total and
+    per document; `first_added`: as score_rows."""
     rows = scoring_rows(texts, tokenizer, start_id, seq_len, stride)
-    nats, added = score_rows(model, rows, batch_size, device, progress, first_added)
-    return Score(nats, rows.tokens, rows.bytes, rows.documents, added)
+    return score_rows(model, rows, batch_size, device, progress, first_added)

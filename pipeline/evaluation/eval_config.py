@@ -12,18 +12,32 @@ from pipeline.errors import ConfigError
 from pipeline.languages import LANGUAGES
 
 EVAL_DOCUMENT_STARTS = ("eos", "bos")
-# sib200: topic classification, a folder of train/dev/test.tsv (index_id, category, text); belebele:
-# multiple choice, a JSONL file of flores_passage, question, mc_answer1..4, correct_answer_num.
-TASK_LAYOUTS = ("sib200", "belebele")
+# The layouts of eval.tasks' files (docs/stages/evaluate.md, "Downstream tasks"): sib200, topic
+# classification (a folder of train/dev/test.tsv: index_id, category, text); multiple choice in
+# lm-evaluation-harness' prompts (standard_tasks.py): belebele (JSONL: flores_passage, question,
+# mc_answer1..4, correct_answer_num), xnli, xstorycloze, global_mmlu; continuation, belebele's
+# fields with the answers continuing the passage (the task built from held-out text); and
+# flores200, FLORES-200's `<lang>.devtest` (one sentence per line): a held-out set scored in bits
+# per byte (texts.py), not a task.
+CONTINUATION, FLORES = "continuation", "flores200"
+TASK_LAYOUTS = ("sib200", "belebele", "xnli", "xstorycloze", "global_mmlu", CONTINUATION, FLORES)
+TEXT_SET_LAYOUTS = (FLORES,)
+# lm-evaluation-harness' xnli_en words: `<premise>, right? Yes|Also|No, <hypothesis>`.
+DEFAULT_XNLI_WORDS = ("right", "Yes", "Also", "No")
+TASK_PATHS = {
+    "sib200": "a folder with train.tsv, dev.tsv and test.tsv",
+    FLORES: "a FLORES-200 file of one language, one sentence per line (.../devtest/nob_Latn.devtest)",
+}
 
 
 @dataclass
 class TaskConfig:
-    """A downstream task from local files (pipeline/evaluation/task_files.py)."""
+    """A downstream task from local files (pipeline/evaluation/task_files.py), or a FLORES-200
+    held-out set (texts.py)."""
 
     layout: str = MISSING
-    # sib200: the folder holding train.tsv, dev.tsv and test.tsv (or .parquet); belebele: the JSONL
-    # (or Parquet) file.
+    # sib200: the folder holding train.tsv, dev.tsv and test.tsv (or .parquet); the other layouts:
+    # the file (TSV, CSV, JSONL or Parquet) of one language.
     path: str = MISSING
     # ISO 639-3 code of the task's text (nob; eng to see whether the base's language is kept).
     language: str = MISSING
@@ -31,6 +45,15 @@ class TaskConfig:
     name: Optional[str] = None
     # sib200: training examples shown before each test text in the prompting scoring.
     k: int = 5
+    # xnli: the prompt's words in the task's language, [question word, entailment, neutral,
+    # contradiction] (lm-evaluation-harness' xnli/utils.py lists them for XNLI's 15 languages);
+    # null: English's.
+    xnli_words: Optional[list[str]] = None
+
+
+def downstream_tasks(tasks: list[TaskConfig]) -> list[TaskConfig]:
+    """The entries of eval.tasks that are tasks to score, not held-out sets (flores200)."""
+    return [task for task in tasks if task.layout not in TEXT_SET_LAYOUTS]
 
 
 @dataclass
@@ -111,12 +134,9 @@ def validate_eval(evaluation: EvalConfig) -> None:
             raise ConfigError(
                 f"{key}.path",
                 task.path,
-                [
-                    "a folder with train.tsv, dev.tsv and test.tsv"
-                    if task.layout == "sib200"
-                    else "a JSONL or Parquet file"
-                ],
+                [TASK_PATHS.get(task.layout, "a TSV, CSV, JSONL or Parquet file of one language")],
             )
+        _validate_xnli_words(task, key)
         if task.language not in LANGUAGES:
             raise ConfigError(
                 f"{key}.language",
@@ -137,3 +157,21 @@ def task_name(task: TaskConfig) -> str:
     """The task's name in the report: `name`, else its folder's or file's name without the
     extension."""
     return task.name or os.path.basename(os.path.normpath(task.path)).split(".")[0]
+
+
+def _validate_xnli_words(task: TaskConfig, key: str) -> None:
+    words = task.xnli_words
+    if words is None:
+        return
+    if task.layout != "xnli":
+        raise ConfigError(f"{key}.xnli_words", list(words), ["null (it is for layout xnli only)"])
+    if len(words) != len(DEFAULT_XNLI_WORDS) or not all(str(word).strip() for word in words):
+        raise ConfigError(
+            f"{key}.xnli_words",
+            list(words),
+            [
+                "null (English: right, Yes, Also, No)",
+                "four words in the task's language: [question word, entailment, neutral, "
+                "contradiction]",
+            ],
+        )

@@ -1,6 +1,7 @@
 """The models the evaluate stage scores, each with its own tokenizer and the windows that fit it:
 bits per byte on a held-out set (bits_per_byte.py), what its added tokens take there, the downstream
-tasks (task_scoring.py), and a training stage's own held-out rows scored again."""
+tasks (task_scoring.py), a training stage's own held-out rows scored again, and greedy continuations
+of held-out prompts (generation.py)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import (
     Score,
     ScoringRows,
-    bits_per_byte,
     score_documents,
     score_rows,
 )
 from pipeline.evaluation.eval_config import EvalConfig
+from pipeline.evaluation.generation import greedy_continuation
 from pipeline.evaluation.report import reproduction_line
 from pipeline.evaluation.task_files import Task
-from pipeline.evaluation.task_scoring import ScoringModel, score_task
+from pipeline.evaluation.task_scoring import Accuracy, ScoringModel, score_task
 from pipeline.evaluation.texts import TextSet
 from pipeline.model.model_config import training_seq_len
 from pipeline.model.files import check_finite, load_base
@@ -47,11 +48,12 @@ class ModelToScore:
     name: str
     folder: str
     # A trained model's: the held-out bits per byte its stage logged, its stage's held-out rows
-    # (read when asked: the training stage's heldout.npz) and training curves (metrics.jsonl); None
-    # where there are none.
+    # (read when asked: the training stage's heldout.npz), training curves (metrics.jsonl) and its
+    # marker's metrics (what training took); None where there are none.
     logged_bpb: Optional[float] = None
     rows: Optional[Callable[[], ScoringRows]] = None
     curves: Optional[Path] = None
+    training: Optional[dict] = None
 
 
 @dataclass
@@ -63,6 +65,7 @@ class LoadedModel:
     model: Transformer
     tokenizer: object
     start_id: int
+    eos_id: Optional[int]  # where a continuation stops
     seq_len: int
     stride: int
 
@@ -80,7 +83,8 @@ def load_model(
     if device.type == "cuda":
         model = model.to(torch.bfloat16)
     tokenizer = load_tokenizer(folder)
-    start_id = token_roles(Path(folder), tokenizer)[evaluation.document_start]
+    roles = token_roles(Path(folder), tokenizer)
+    start_id = roles[evaluation.document_start]
     if start_id is None:
         raise StageError(
             f"evaluate: the tokenizer of {folder} has no {evaluation.document_start} token; set "
@@ -90,7 +94,7 @@ def load_model(
     # trained
     seq_len = min(training_seq_len(model.cfg, evaluation.seq_len), model.cfg.max_seq_len)
     stride = min(evaluation.stride or max(1, seq_len // 2), seq_len)
-    return LoadedModel(name, folder, model, tokenizer, start_id, seq_len, stride)
+    return LoadedModel(name, folder, model, tokenizer, start_id, roles["eos"], seq_len, stride)
 
 
 def score_set(
@@ -174,8 +178,7 @@ def reproduce_training_score(
     if model.rows is None or model.logged_bpb is None:
         return None
     logged, rows = model.logged_bpb, model.rows()
-    nats, _ = score_rows(loaded.model, rows, batch_size, device)
-    rescored = bits_per_byte(nats, rows.bytes)
+    rescored = score_rows(loaded.model, rows, batch_size, device).bits_per_byte
     result = {
         "logged": logged,
         "rescored": rescored,
@@ -194,16 +197,15 @@ def reproduce_training_score(
 
 def score_tasks(
     loaded: LoadedModel, tasks: list[Task], batch_size: int, lang: str, device
-) -> dict[str, dict]:
+) -> dict[str, dict[str, Accuracy]]:
+    """Each task's accuracy under each of its scorings."""
     scorer = ScoringModel(
         loaded.model, loaded.tokenizer, loaded.start_id, loaded.seq_len, batch_size, device
     )
     results = {}
     for task in tasks:
         accuracies = score_task(scorer, task)
-        results[task.name] = {
-            scoring: accuracy.as_dict() for scoring, accuracy in accuracies.items()
-        }
+        results[task.name] = accuracies
         log.info(
             "evaluate %s: %s on the %s task: %s",
             lang,
@@ -215,3 +217,20 @@ def score_tasks(
             ),
         )
     return results
+
+
+def continuations(loaded: LoadedModel, prompts: list[str], device) -> list[str]:
+    """The model's greedy continuation of each prompt (generation.py), read with its own
+    tokenizer."""
+    return [
+        greedy_continuation(
+            loaded.model,
+            loaded.tokenizer,
+            prompt,
+            loaded.start_id,
+            loaded.eos_id,
+            loaded.seq_len,
+            device,
+        )
+        for prompt in prompts
+    ]

@@ -1,11 +1,19 @@
-"""The evaluate stage's report: tables in Markdown, the regressions against the base model, and two
-PNG plots (BPB per model and held-out set; training curves)."""
+"""The evaluate stage's report: tables in Markdown (first the headline, base against the final model
+with the uncertainty of each change, the cost of the run and greedy continuations; then the
+details), the regressions against the base model, and two PNG plots (BPB per model and held-out set;
+training curves)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from pipeline.evaluation.summary import (
+    continuations_section,
+    cost_section,
+    headline_section,
+    metric_rows,
+)
 
 # The evaluate stage's output: the report as data and as text, the plots beside them.
 REPORT_FILE, REPORT_TEXT_FILE = "report.json", "report.md"
@@ -33,11 +41,7 @@ TRAINING_SCORES_NOTE = (
 
 def read_curves(metrics_file: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(tokens, loss) and (tokens, held-out BPB) points of a training stage's metrics.jsonl."""
-    rows = [
-        json.loads(line)
-        for line in metrics_file.read_text(encoding="utf-8").splitlines()
-        if line.strip()
-    ]
+    rows = metric_rows(metrics_file)
     losses = [
         (row["tokens"], row["loss"]) for row in rows if "loss" in row and row["loss"] is not None
     ]
@@ -178,8 +182,9 @@ def added_tokens_line(added: dict[str, dict], title: str) -> str:
 
 
 def markdown(lang: str, report: dict, plots: list[str]) -> str:
-    """The report (the evaluate stage's report.json): the held-out sets, bits per byte per model and
-    set, the regressions, each set's details, then the downstream tasks."""
+    """The report (the evaluate stage's report.json): the headline, the cost of the run and greedy
+    continuations; then the held-out sets, bits per byte per model and set, the regressions, each
+    set's details, the downstream tasks and the training stages' own held-out numbers."""
     lines = [
         f"# Evaluation: {lang}",
         "",
@@ -188,6 +193,9 @@ def markdown(lang: str, report: dict, plots: list[str]) -> str:
         "tokenizers (lower is better); token perplexity depends on the tokenizer and is for "
         "reference only.",
         "",
+        *headline_section(report["headline"]),
+        *cost_section(report["cost"]),
+        *continuations_section(report["continuations"]),
         *_heldout_sets_section(report),
         *_bits_per_byte_section(report),
         *_set_sections(report),
@@ -215,6 +223,14 @@ def _heldout_sets_section(report: dict) -> list[str]:
     ]
 
 
+INTERVALS_NOTE = (
+    "Each set's table below gives bits per byte with its 95% interval from a bootstrap over the "
+    "documents (how far the number would move with other documents of the same kind). Two models' "
+    "intervals that overlap may still differ: the headline compares them on the same resampled "
+    "documents."
+)
+
+
 def _bits_per_byte_section(report: dict) -> list[str]:
     """Bits per byte per model and set, the regressions flagged, then what they amount to."""
     sets, regressions = report["sets"], report["regressions"]
@@ -231,7 +247,7 @@ def _bits_per_byte_section(report: dict) -> list[str]:
             for name in sets
         ]
         lines.append(f"| {model} | " + " | ".join(cells) + f" | {report['models'][model]} |")
-    return [*lines, "", *_regression_lines(report), ""]
+    return [*lines, "", *_regression_lines(report), "", INTERVALS_NOTE, ""]
 
 
 def _regression_lines(report: dict) -> list[str]:
@@ -253,7 +269,8 @@ def _regression_lines(report: dict) -> list[str]:
 
 
 def _set_sections(report: dict) -> list[str]:
-    """A section per held-out set: every model's scores on it."""
+    """A section per held-out set: every model's scores on it, bits per byte with its 95% bootstrap
+    interval over the documents."""
     lines = []
     for name, about in report["sets"].items():
         lines += [
@@ -261,14 +278,17 @@ def _set_sections(report: dict) -> list[str]:
             "",
             about["text"],
             "",
-            "| model | bits per byte | token perplexity | tokens per byte | tokens | bytes |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| model | bits per byte | 95% interval | token perplexity | tokens per byte | tokens "
+            "| bytes |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for model, by_set in report["scores"].items():
             score = by_set[name]
+            low, high = score["interval_95"]
             lines.append(
-                f"| {model} | {score['bits_per_byte']:.4f} | {score['token_perplexity']:.2f} | "
-                f"{score['tokens_per_byte']:.3f} | {score['tokens']:,} | {score['bytes']:,} |"
+                f"| {model} | {score['bits_per_byte']:.4f} | [{low:.4f}, {high:.4f}] | "
+                f"{score['token_perplexity']:.2f} | {score['tokens_per_byte']:.3f} | "
+                f"{score['tokens']:,} | {score['bytes']:,} |"
             )
         lines.append("")
     return lines
@@ -332,7 +352,9 @@ def task_tables(tasks: dict[str, dict], skipped: dict[str, str]) -> list[str]:
             "train + "
             f"{about['dev']} dev examples, majority share of test {about['majority']:.3f}"
             if about["layout"] == "sib200"
-            else "4 answers per question"
+            else f"{round(1 / first['chance'])} choices per question"
+            if first["chance"]
+            else "no model scored it"
         )
         lines += [
             f"### {name}",

@@ -1,6 +1,8 @@
 """What the evaluate stage does: every model scored on every held-out set (texts.py) and downstream
-task, flagged where a trained model is worse than the base, and reported (report.py: report.json,
-report.md and the plots).
+task, flagged where a trained model is worse than the base, the final model compared with the base
+with the uncertainty of each change (uncertainty.py), the cost of the training read from its
+stages' markers, greedy continuations of held-out prompts (generation.py), and all of it reported
+(report.py: report.json, report.md and the plots).
 
 The tasks (`eval.tasks`, and those built from the held-out split with `eval.heldout_tasks`:
 task_builder.py) are read and checked before any model loads, and one model is in memory at a time
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -18,9 +21,12 @@ import torch
 
 from pipeline.corpus.reader import fingerprint_files
 from pipeline.errors import StageError
-from pipeline.evaluation.eval_config import task_name
+from pipeline.evaluation.eval_config import downstream_tasks, task_name
+from pipeline.evaluation.lm_eval_results import models_in_report, write_lm_eval_results
+from pipeline.evaluation.generation import NEW_TOKENS, PROMPT_WORDS, held_out_prompts
 from pipeline.evaluation.models import (
     ModelToScore,
+    continuations,
     first_added_id,
     load_model,
     reproduce_training_score,
@@ -36,6 +42,7 @@ from pipeline.evaluation.report import (
     regression_line,
     write_plots,
 )
+from pipeline.evaluation.summary import training_cost
 from pipeline.evaluation.task_builder import build_heldout_tasks
 from pipeline.evaluation.task_files import Task, read_task
 from pipeline.evaluation.texts import (
@@ -46,6 +53,11 @@ from pipeline.evaluation.texts import (
     is_base_lang,
     text_files,
     text_sets,
+)
+from pipeline.evaluation.uncertainty import (
+    accuracy_change,
+    bits_per_byte_change,
+    bits_per_byte_interval,
 )
 from pipeline.json_files import write_json_atomic
 from pipeline.kernels import set_backend
@@ -121,7 +133,7 @@ def _read_tasks(
     """eval.tasks and the tasks built from the `heldout` set's documents (eval.heldout_tasks), read
     and checked: a bad file fails here, before any model loads. Also why a built task is missing."""
     lang = cfg.lang.code
-    configured, skipped = list(cfg.eval.tasks), {}
+    configured, skipped = downstream_tasks(cfg.eval.tasks), {}
     if cfg.eval.heldout_tasks:
         built, skipped = build_heldout_tasks(heldout, lang, folder / BUILT_TASKS)
         for task in built:
@@ -161,6 +173,20 @@ def _describe_task(task: Task, folder: Path, final_dir: Path) -> dict:
     return {**about, "test": len(task.questions)}
 
 
+@dataclass
+class Scored:
+    """What the models scored, each by model name (the base first)."""
+
+    # [model][set]: the Score's figures, the window and the 95% bootstrap interval of bits per byte
+    scores: dict = field(default_factory=dict)
+    # [model][set]: (nats, UTF-8 bytes) per document, for the paired comparisons
+    documents: dict = field(default_factory=dict)
+    tasks: dict = field(default_factory=dict)  # [model][task][scoring]: Accuracy
+    reproduced: dict = field(default_factory=dict)  # the training held-out score rescored
+    added: dict = field(default_factory=dict)  # what the added tokens take of the base_set
+    continuations: dict = field(default_factory=dict)  # [model]: one per prompt
+
+
 def _score_models(
     models: list[ModelToScore],
     sets: dict[str, TextSet],
@@ -170,20 +196,20 @@ def _score_models(
     evaluation,
     lang: str,
     device: torch.device,
-) -> tuple[dict, dict, dict, dict]:
-    """Score each of `models` (the base first) on the `sets` (their `texts`) and the `tasks`, one
-    model in memory at a time (`evaluation`: the config's `eval` section). Returns each model's
-    scores by set, its task results, its training held-out score rescored (where it logged one) and
-    what its added tokens take of the `base_set` (where it has any)."""
-    scores, task_results, reproduced, added = {}, {}, {}, {}
-    base_vocab = None  # the base comes first in `models`
+) -> Scored:
+    """Score each of `models` (the base first) on the `sets` (their `texts`) and the `tasks`, and
+    let it continue the held-out prompts, one model in memory at a time (`evaluation`: the config's
+    `eval` section). Also its training held-out score rescored (where it logged one) and what its
+    added tokens take of the `base_set` (where it has any)."""
+    scored, base_vocab = Scored(), None  # the base comes first in `models`
+    prompts = held_out_prompts(texts[HELDOUT])
     for model in models:
         name = model.name
         loaded = load_model(name, model.folder, evaluation, lang, device)
         if name == "base":
             base_vocab = loaded.tokenizer.get_vocab()
         first_added = None if name == "base" else first_added_id(base_vocab, loaded.tokenizer)
-        scored = {
+        by_set = {
             set_name: score_set(
                 loaded,
                 text_set,
@@ -195,18 +221,68 @@ def _score_models(
             )
             for set_name, text_set in sets.items()
         }
-        scores[name] = {
-            set_name: {**score.as_dict(), "seq_len": loaded.seq_len, "stride": loaded.stride}
-            for set_name, score in scored.items()
+        scored.scores[name] = {
+            set_name: {
+                **score.as_dict(),
+                "seq_len": loaded.seq_len,
+                "stride": loaded.stride,
+                "interval_95": list(
+                    bits_per_byte_interval(score.document_nats, score.document_bytes)
+                ),
+            }
+            for set_name, score in by_set.items()
         }
-        if base_set is not None and scored[base_set].added is not None:
-            added[name] = scored[base_set].added
+        scored.documents[name] = {
+            set_name: (score.document_nats, score.document_bytes)
+            for set_name, score in by_set.items()
+        }
+        if base_set is not None and by_set[base_set].added is not None:
+            scored.added[name] = by_set[base_set].added
         again = reproduce_training_score(model, loaded, evaluation.batch_size, lang, device)
         if again is not None:
-            reproduced[name] = again
-        task_results[name] = score_tasks(loaded, tasks, evaluation.batch_size, lang, device)
+            scored.reproduced[name] = again
+        scored.tasks[name] = score_tasks(loaded, tasks, evaluation.batch_size, lang, device)
+        scored.continuations[name] = continuations(loaded, prompts, device)
         del loaded  # one model in memory at a time
-    return scores, task_results, reproduced, added
+    return scored
+
+
+def final_model(names) -> Optional[str]:
+    """The model the recipe ends with: pretrain where it ran, else warmup; None without either."""
+    return next((name for name in ("pretrain", "warmup") if name in names), None)
+
+
+def headline(scored: Scored, titles: dict[str, str]) -> list[dict]:
+    """The base against the final model: each set's bits per byte and each task's accuracy per
+    scoring, with the paired bootstrap interval of the change and its verdict (uncertainty.py);
+    empty without a base and a trained model."""
+    final = final_model(scored.scores)
+    if final is None or "base" not in scored.scores:
+        return []
+    rows = []
+    for name, title in titles.items():
+        base_nats, base_bytes = scored.documents["base"][name]
+        change = bits_per_byte_change(base_nats, base_bytes, *scored.documents[final][name])
+        about = {"measure": "bits per byte", "set": name, "title": title, "model": final}
+        rows.append({**about, "n": scored.scores[final][name]["documents"], **change.as_dict()})
+    for task, by_scoring in scored.tasks["base"].items():
+        for scoring, accuracy in by_scoring.items():
+            change = accuracy_change(accuracy.outcomes, scored.tasks[final][task][scoring].outcomes)
+            about = {"measure": "accuracy", "task": task, "scoring": scoring, "model": final}
+            rows.append({**about, "n": accuracy.n, **change.as_dict()})
+    return rows
+
+
+def _continuations_report(prompts: list[str], by_model: dict[str, list[str]]) -> dict:
+    """How the prompts were made and continued, and each prompt with every model's continuation."""
+    return {
+        "words": PROMPT_WORDS,
+        "new_tokens": NEW_TOKENS,
+        "prompts": [
+            {"prompt": prompt, "models": {model: texts[index] for model, texts in by_model.items()}}
+            for index, prompt in enumerate(prompts)
+        ],
+    }
 
 
 def _log_regressions(
@@ -245,25 +321,43 @@ def _describe_sets(sets: dict[str, TextSet], texts: dict[str, list[str]]) -> dic
     }
 
 
-def _marker_metrics(
-    bpb: dict, regressions: list[dict], reproduced: dict, task_report: dict
-) -> dict:
-    """The stage marker's metrics: bits per byte, regressions, the training held-out scores
-    (without their details) and each task's accuracy by model and scoring."""
+def _marker_metrics(report: dict, bpb: dict) -> dict:
+    """The stage marker's metrics: bits per byte and their 95% intervals, regressions, the training
+    held-out scores (without their details) and each task's accuracy by model and scoring."""
     return {
         "bits_per_byte": bpb,
-        "regressions": regressions,
+        "bits_per_byte_interval_95": {
+            model: {name: score["interval_95"] for name, score in by_set.items()}
+            for model, by_set in report["scores"].items()
+        },
+        "regressions": report["regressions"],
         "training_heldout": {
             name: {key: again[key] for key in ("logged", "rescored", "agree")}
-            for name, again in reproduced.items()
+            for name, again in report["training_heldout"].items()
         },
         "tasks": {
             task: {
                 model: {scoring: result["accuracy"] for scoring, result in by_model.items()}
                 for model, by_model in about["results"].items()
             }
-            for task, about in task_report.items()
+            for task, about in report["tasks"].items()
         },
+    }
+
+
+def _task_report(tasks: list[Task], scored: Scored, folder: Path, final_dir: Path) -> dict:
+    """Each task: what it is, and every model's accuracies by scoring."""
+    return {
+        task.name: {
+            **_describe_task(task, folder, final_dir),
+            "results": {
+                model: {
+                    scoring: accuracy.as_dict() for scoring, accuracy in by_task[task.name].items()
+                }
+                for model, by_task in scored.tasks.items()
+            },
+        }
+        for task in tasks
     }
 
 
@@ -284,39 +378,40 @@ def evaluate_models(
     # What the added tokens take is measured on the first set of the base's language (the unread
     # book for English).
     base_set = next((name for name in sets if is_base_lang(name)), None)
-    scores, task_results, reproduced, added = _score_models(
-        models, sets, texts, tasks, base_set, cfg.eval, lang, device
-    )
+    scored = _score_models(models, sets, texts, tasks, base_set, cfg.eval, lang, device)
     shutil.rmtree(folder / SCRATCH, ignore_errors=True)
     bpb = {
         name: {set_name: score["bits_per_byte"] for set_name, score in by_set.items()}
-        for name, by_set in scores.items()
+        for name, by_set in scored.scores.items()
     }
     regressions = find_regressions(bpb)
-    _log_regressions(lang, regressions, sets, base_set, added, "base" in found)
+    _log_regressions(lang, regressions, sets, base_set, scored.added, "base" in found)
     curves = {model.name: model.curves for model in models if model.curves is not None}
     titles = {name: text_set.title for name, text_set in sets.items()}
     plots = write_plots(folder, bpb, titles, curves)
-    task_report = {
-        task.name: {
-            **_describe_task(task, folder, final_dir),
-            "results": {model: task_results[model][task.name] for model in found},
-        }
-        for task in tasks
-    }
     report = {
         "lang": lang,
         "models": found,
+        "headline": headline(scored, titles),
+        "cost": {
+            model.name: training_cost(model.training, model.curves)
+            for model in models
+            if model.training is not None
+        },
+        "continuations": _continuations_report(
+            held_out_prompts(texts[HELDOUT]), scored.continuations
+        ),
         "sets": _describe_sets(sets, texts),
         "skipped_sets": skipped,
-        "scores": scores,
+        "scores": scored.scores,
         "regressions": regressions,
-        "added_tokens": {"set": base_set, "models": added} if added else {},
-        "training_heldout": reproduced,
-        "tasks": task_report,
+        "added_tokens": {"set": base_set, "models": scored.added} if scored.added else {},
+        "training_heldout": scored.reproduced,
+        "tasks": _task_report(tasks, scored, folder, final_dir),
         "skipped_tasks": skipped_tasks,
     }
     write_json_atomic(folder / REPORT_FILE, report)
+    write_lm_eval_results(folder, models_in_report(report))
     (folder / REPORT_TEXT_FILE).write_text(markdown(lang, report, plots), encoding="utf-8")
     log.info("evaluate %s: report in %s", lang, final_dir / REPORT_TEXT_FILE)
-    return _marker_metrics(bpb, regressions, reproduced, task_report)
+    return _marker_metrics(report, bpb)

@@ -7,9 +7,10 @@ the clean stage's held-out split (`eval.heldout_tasks`); they are written in the
   40 characters (cut at a word boundary after 300); its source is the first word of its raw file's
   name (`lovdata` for lovdata_lovtidend_2025.jsonl.gz, `npk`, `ud`). Sources with at least 20
   paragraphs take part, as many of each (at most 100), split 50/10/40% into train, dev and test.
-- `continuation` (belebele layout): a passage of 24 words of a document and four answers of 6 words:
-  the words that follow it, and three spans of other documents. The question is empty: the answers
-  continue the passage. Up to 8 items per document, 200 in all; it needs 4 documents at least.
+- `continuation` (continuation layout: belebele's fields, each answer scored as the passage's
+  continuation): a passage of 24 words of a document and four answers of 6 words: the words that
+  follow it, and three spans of other documents. The question is empty. Up to 8 items per document,
+  200 in all; it needs 4 documents at least.
 
 Both are drawn with a fixed seed: the same documents give the same tasks.
 """
@@ -23,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from pipeline.evaluation.eval_config import TaskConfig
+from pipeline.evaluation.eval_config import CONTINUATION, TaskConfig
 
 SOURCE_TASK, CONTINUATION_TASK = "source", "continuation"
 MIN_PARAGRAPH_CHARS, MAX_PARAGRAPH_CHARS = 40, 300
@@ -160,7 +161,7 @@ def build_heldout_tasks(
     if why is None:
         tasks.append(
             TaskConfig(
-                layout="belebele",
+                layout=CONTINUATION,
                 path=str(folder / f"{CONTINUATION_TASK}.jsonl"),
                 language=lang,
                 name=CONTINUATION_TASK,

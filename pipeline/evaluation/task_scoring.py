@@ -1,22 +1,23 @@
 """Downstream tasks scored by a model with its own tokenizer, and their accuracies with 95% Wilson
-intervals.
+intervals, by lm-evaluation-harness' definitions (lm_eval/api/task.py, `process_results` of a
+multiple_choice task; lm_eval/api/model.py, how a context and a continuation become tokens).
 
-- Multiple choice (belebele): each answer's log-likelihood after the passage and the question (the
-  answer after a new line; without a question, after a space, continuing the passage); the answer
-  with the highest log-likelihood, the one with the highest log-likelihood per UTF-8 byte of the
-  answer (lm-evaluation-harness' acc_norm), and the one that the passage and question make most
-  likely compared with no context at all (the log-likelihood gain over the answer after the start
-  token alone, lm-evaluation-harness' acc_mutual_info): what the context is worth, with each
-  answer's own frequency taken out, the scoring where a small model shows what it reads.
-- Classification (sib200), two ways: a linear probe (multinomial logistic regression on the mean of
-  the last hidden states over the text's tokens, fitted on train + dev, scored on test), and k-shot
-  prompting (k training examples `<text>\\nCategory: <label>` before `<test text>\\nCategory:`, each
-  label an answer after a space, chosen the three ways above: a short label is likely whatever the
-  text, which the gain over no context takes out).
+- Multiple choice: each choice's log-likelihood after the prompt and the target delimiter (a space),
+  the choice chosen four ways: `acc` (the highest log-likelihood), `acc_norm` (the highest per
+  character of the choice, the delimiter left out), `acc_bytes` (per UTF-8 byte of the choice: the
+  two differ outside ASCII) and `acc_mutual_info` (the highest gain over the choice after an empty
+  prompt: what the prompt adds, each choice's own frequency taken out; not where the prompt is
+  empty, as in XNLI).
+- Classification (sib200), two ways: `linear_probe_acc`, a linear probe (multinomial logistic
+  regression on the mean of the last hidden states over the text's tokens, fitted on train + dev,
+  scored on test), and k-shot prompting, each label a choice after `<k examples><text>\nCategory:`,
+  the examples being `<text>\nCategory: <label>` each followed by a blank line (the harness'
+  few-shot delimiter), chosen the four ways above.
 
-Every sequence starts with the token the model saw before documents (as in bits_per_byte.py); one
-longer than the window loses the start of its context, never its answer. Sequences go through the
-model `batch_size` at a time, longest first; the logits are computed only where an answer is scored.
+Every sequence starts with the token the model saw before documents (as in bits_per_byte.py), which
+stands where lm-evaluation-harness puts its prefix token; one longer than the window loses the start
+of its context, never its answer. Sequences go through the model `batch_size` at a time, longest
+first; the logits are computed only where an answer is scored.
 """
 
 from __future__ import annotations
@@ -24,21 +25,18 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from pipeline.evaluation.task_files import Classification, MultipleChoice, Task
+from pipeline.evaluation.standard_tasks import FEWSHOT_DELIMITER, TARGET_DELIMITER, Question
+from pipeline.evaluation.task_files import Classification, Task
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 LABEL_PROMPT = "\nCategory:"
-PROBE = "linear probe"
-LOG_LIKELIHOOD, PER_BYTE, CONTEXT_GAIN = (
-    "log-likelihood",
-    "log-likelihood per byte",
-    "gain over no context",
-)
+ACC, ACC_NORM, ACC_BYTES, ACC_MUTUAL_INFO = "acc", "acc_norm", "acc_bytes", "acc_mutual_info"
+LINEAR_PROBE = "linear_probe_acc"
 
 
 def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -57,6 +55,21 @@ class Accuracy:
     correct: int
     n: int
     chance: float
+    # One per test item, in the task's order: whether the chosen answer was right (for paired
+    # comparisons of two models on the same items).
+    outcomes: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.outcomes) != self.n or sum(self.outcomes) != self.correct:
+            raise ValueError(
+                f"Accuracy: {self.correct} of {self.n} right, but the outcomes count "
+                f"{sum(self.outcomes)} of {len(self.outcomes)}"
+            )
+
+    @classmethod
+    def of(cls, outcomes: Sequence[bool], chance: float) -> Accuracy:
+        outcomes = tuple(bool(outcome) for outcome in outcomes)
+        return cls(sum(outcomes), len(outcomes), chance, outcomes)
 
     @property
     def accuracy(self) -> float:
@@ -105,14 +118,38 @@ def _batches(sequences: list[list[int]], batch_size: int, device: torch.device):
         yield chosen, inputs.to(device), [len(sequences[index]) for index in chosen]
 
 
+def encode_pairs(
+    scorer: ScoringModel, pairs: Sequence[tuple[str, str]]
+) -> list[tuple[list[int], list[int]]]:
+    """The (context, continuation) token ids of each pair as lm-evaluation-harness splits them: the
+    context's trailing spaces move to the continuation; the context and the whole text are
+    tokenized, and the continuation is what the whole has beyond the context's tokens. An empty
+    context gives the continuation tokenized alone; so does a whole text that the context's tokens
+    cover entirely (a word cut in two merged back into one token)."""
+    moved = []
+    for context, continuation in pairs:
+        kept = context.rstrip()
+        moved.append((kept, context[len(kept) :] + continuation))
+    contexts = scorer.encode([context for context, _ in moved])
+    wholes = scorer.encode([context + continuation for context, continuation in moved])
+    encoded = [
+        (context_ids, whole[len(context_ids) :] if context else [])
+        for (context, _), context_ids, whole in zip(moved, contexts, wholes)
+    ]
+    alone = [index for index, (_, continuation_ids) in enumerate(encoded) if not continuation_ids]
+    for index, ids in zip(alone, scorer.encode([moved[index][1] for index in alone])):
+        encoded[index] = (encoded[index][0], ids)
+    return encoded
+
+
 @torch.no_grad()
-def continuation_log_likelihoods(scorer: ScoringModel, pairs: list[tuple[str, str]]) -> list[float]:
-    """log p(continuation | start token + context) in nats for each (context, continuation); the two
-    are tokenized apart, so that the continuation's tokens are the same after every context."""
-    contexts = scorer.encode([context for context, _ in pairs])
-    continuations = scorer.encode([continuation for _, continuation in pairs])
+def continuation_log_likelihoods(
+    scorer: ScoringModel, pairs: Sequence[tuple[str, str]]
+) -> list[float]:
+    """log p(continuation | start token + context) in nats for each (context, continuation), the
+    tokens split as lm-evaluation-harness splits them (encode_pairs)."""
     sequences, scored = [], []
-    for context, continuation in zip(contexts, continuations):
+    for context, continuation in encode_pairs(scorer, pairs):
         whole = [scorer.start_id, *context, *continuation][-(scorer.seq_len + 1) :]
         sequences.append(whole)
         scored.append(min(len(continuation), len(whole) - 1))
@@ -178,58 +215,67 @@ def shots(task: Classification, item: int) -> list:
 
 def prompt(task: Classification, item: int) -> str:
     examples = "".join(
-        f"{example.text}{LABEL_PROMPT} {example.label}\n\n" for example in shots(task, item)
+        f"{example.text}{LABEL_PROMPT}{TARGET_DELIMITER}{example.label}{FEWSHOT_DELIMITER}"
+        for example in shots(task, item)
     )
     return f"{examples}{task.test[item].text}{LABEL_PROMPT}"
 
 
-def _best(values: list[float]) -> int:
+def _best(values: Sequence[float]) -> int:
+    """The index of the highest value, the first of equals (numpy's argmax, as the harness takes)."""
     return max(range(len(values)), key=values.__getitem__)
 
 
-def _choices(
-    scorer: ScoringModel,
-    contexts: list[str],
-    answers: list[tuple[str, ...]],
-    correct: list[int],
-    separators: list[str],
-    prefix: str = "",
-) -> dict[str, Accuracy]:
-    """The three multiple-choice scorings of questions given as contexts, their answers (each after
-    its separator) and the right answers' indices."""
+def chosen_choices(
+    log_likelihoods: Sequence[float],
+    choices: Sequence[str],
+    unconditional: Optional[Sequence[float]] = None,
+) -> dict[str, int]:
+    """The index of the choice each metric picks, from each choice's log-likelihood after the prompt
+    and the target delimiter, and after an empty prompt (`unconditional`, for acc_mutual_info)."""
+    chosen = {
+        ACC: _best(log_likelihoods),
+        ACC_NORM: _best([ll / len(choice) for ll, choice in zip(log_likelihoods, choices)]),
+        ACC_BYTES: _best(
+            [ll / len(choice.encode("utf-8")) for ll, choice in zip(log_likelihoods, choices)]
+        ),
+    }
+    if unconditional is not None:
+        chosen[ACC_MUTUAL_INFO] = _best([ll - u for ll, u in zip(log_likelihoods, unconditional)])
+    return chosen
+
+
+def score_questions(scorer: ScoringModel, questions: Sequence[Question]) -> dict[str, Accuracy]:
+    """The multiple-choice metrics over `questions`: each choice scored after its prompt and the
+    target delimiter; acc_mutual_info too when every prompt has text."""
     pairs = [
-        (context, f"{separator}{answer}")
-        for context, options, separator in zip(contexts, answers, separators)
-        for answer in options
+        (question.context, f"{TARGET_DELIMITER}{choice}")
+        for question in questions
+        for choice in question.choices
     ]
     likelihoods = continuation_log_likelihoods(scorer, pairs)
-    answers_alone = list(
-        dict.fromkeys(answer for _, answer in pairs)
-    )  # prompting's labels: a few, often repeated
-    priors = dict(
-        zip(
-            answers_alone,
-            continuation_log_likelihoods(scorer, [("", answer) for answer in answers_alone]),
+    unconditional = None
+    if all(question.context for question in questions):
+        # Each distinct choice once: prompting's labels are a few, repeated for every item.
+        alone = list(dict.fromkeys(continuation for _, continuation in pairs))
+        prior = dict(
+            zip(alone, continuation_log_likelihoods(scorer, [("", text) for text in alone]))
         )
-    )
-    alone = [priors[answer] for _, answer in pairs]
-    raw = per_byte = gain = start = 0
-    for options, right in zip(answers, correct):
-        part = slice(start, start + len(options))
-        start += len(options)
-        values = likelihoods[part]
-        raw += _best(values) == right
-        per_byte += (
-            _best([value / len(answer.encode("utf-8")) for value, answer in zip(values, options)])
-            == right
+        unconditional = [prior[continuation] for _, continuation in pairs]
+    outcomes: dict[str, list[bool]] = {}
+    start = 0
+    for question in questions:
+        part = slice(start, start + len(question.choices))
+        start = part.stop
+        chosen = chosen_choices(
+            likelihoods[part],
+            question.choices,
+            None if unconditional is None else unconditional[part],
         )
-        gain += _best([value - prior for value, prior in zip(values, alone[part])]) == right
-    n, chance = len(correct), 1 / len(answers[0])
-    return {
-        f"{prefix}{LOG_LIKELIHOOD}": Accuracy(raw, n, chance),
-        f"{prefix}{PER_BYTE}": Accuracy(per_byte, n, chance),
-        f"{prefix}{CONTEXT_GAIN}": Accuracy(gain, n, chance),
-    }
+        for metric, index in chosen.items():
+            outcomes.setdefault(metric, []).append(index == question.correct)
+    chance = 1 / len(questions[0].choices)
+    return {metric: Accuracy.of(right, chance) for metric, right in outcomes.items()}
 
 
 def score_classification(scorer: ScoringModel, task: Classification) -> dict[str, Accuracy]:
@@ -242,37 +288,18 @@ def score_classification(scorer: ScoringModel, task: Classification) -> dict[str
     )
     truth = [index[example.label] for example in task.test]
     probed = predict(mean_hidden_states(scorer, [example.text for example in task.test])).tolist()
-    prompts = [prompt(task, item) for item in range(len(task.test))]
-    prompted = _choices(
-        scorer,
-        prompts,
-        [task.labels] * len(truth),
-        truth,
-        [" "] * len(truth),
-        prefix=f"{task.k}-shot ",
-    )
+    prompted = [
+        Question(prompt(task, item), task.labels, right) for item, right in enumerate(truth)
+    ]
     return {
-        PROBE: Accuracy(
-            sum(p == t for p, t in zip(probed, truth)), len(truth), 1 / len(task.labels)
+        LINEAR_PROBE: Accuracy.of(
+            [guess == right for guess, right in zip(probed, truth)], 1 / len(task.labels)
         ),
-        **prompted,
+        **score_questions(scorer, prompted),
     }
-
-
-def score_multiple_choice(scorer: ScoringModel, task: MultipleChoice) -> dict[str, Accuracy]:
-    """Each answer after the passage, a new line, the question and a new line; without a question,
-    after the passage and a space."""
-    questions = task.questions
-    return _choices(
-        scorer,
-        [f"{q.passage}\n{q.question}" if q.question else q.passage for q in questions],
-        [q.answers for q in questions],
-        [q.correct for q in questions],
-        ["\n" if q.question else " " for q in questions],
-    )
 
 
 def score_task(scorer: ScoringModel, task: Task) -> dict[str, Accuracy]:
     if isinstance(task, Classification):
         return score_classification(scorer, task)
-    return score_multiple_choice(scorer, task)
+    return score_questions(scorer, task.questions)

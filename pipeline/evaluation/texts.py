@@ -10,9 +10,13 @@
   sources, one set per pattern of its `heldout_sources` when there are several
   (`base_lang:<pattern>`; English: a novel the replay never reads, and Universal Dependencies' web
   text, reviews and email, a domain it never replays), else its held-out split; a recipe that makes
-  the model forget it shows here.
+  the model forget it shows here;
+- `flores200:<name>`: each `eval.tasks` entry of layout `flores200`, FLORES-200's `<lang>.devtest`
+  (one sentence per line, each a document): a published set that every paper's model can be scored
+  on.
 
-A set without text is skipped with the reason, never an error; only `heldout` is required.
+A set without text is skipped with the reason, never an error; only `heldout` is required. A
+FLORES-200 file that is missing, empty or not UTF-8 fails, naming the file and the line.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from pipeline.corpus.sources import (
     clean_output,
     read_documents,
 )
+from pipeline.errors import StageError
+from pipeline.evaluation.eval_config import FLORES, TaskConfig, task_name
 from pipeline.languages import LANGUAGES, language_config
 from pipeline.work_folder import read_marker, stage_dir
 
@@ -241,8 +247,53 @@ def base_lang_sets(cfg) -> list[TextSet] | str:
     ]
 
 
+def _check_plain_text(file: Path) -> None:
+    """A FLORES-200 file: one language's sentences as UTF-8 text, one per line."""
+    if not file.is_file():
+        raise StageError(
+            f"The flores200 path {file} is not a file: give one language's file, e.g. "
+            ".../flores200_dataset/devtest/nob_Latn.devtest."
+        )
+    with open(file, "rb") as handle:
+        lines = list(handle)
+    for number, line in enumerate(lines, 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise StageError(
+                f"FLORES-200 file {file}, line {number}: not UTF-8 text ({error}). Give the file "
+                "as FLORES-200 ships it, or remove the flores200 entry from eval.tasks."
+            ) from None
+    if not any(line.strip() for line in lines):
+        raise StageError(
+            f"FLORES-200 file {file} holds no sentence. Give the file as FLORES-200 ships it (one "
+            "sentence per line), or remove the flores200 entry from eval.tasks."
+        )
+
+
+def flores_sets(tasks: list[TaskConfig]) -> list[TextSet]:
+    """The held-out sets that eval.tasks' flores200 entries name, each file checked."""
+    sets = []
+    for task in tasks:
+        if task.layout != FLORES:
+            continue
+        _check_plain_text(Path(task.path))
+        name = task_name(task)
+        sets.append(
+            TextSet(
+                f"{FLORES}:{name}",
+                f"FLORES-200 {name}",
+                f"FLORES-200's {task.language} sentences, one document each "
+                f"({Path(task.path).resolve()})",
+                path=task.path,
+            )
+        )
+    return sets
+
+
 def text_sets(cfg, clean: Optional[Path]) -> tuple[list[TextSet], dict[str, str]]:
-    """The sets to score, in the report's order, and the reason each missing one is skipped."""
+    """The sets to score, in the report's order (FLORES-200's last), and the reason each missing
+    one is skipped."""
     sets, skipped = [heldout_set(cfg.eval.path, cfg.lang.code, clean)], {}
     for name, found in (
         (HELDOUT_SOURCE, heldout_source_set(cfg.lang.code, clean)),
@@ -252,4 +303,4 @@ def text_sets(cfg, clean: Optional[Path]) -> tuple[list[TextSet], dict[str, str]
             skipped[name] = found
         else:
             sets.extend([found] if isinstance(found, TextSet) else found)
-    return sets, skipped
+    return [*sets, *flores_sets(cfg.eval.tasks)], skipped

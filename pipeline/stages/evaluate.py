@@ -9,8 +9,9 @@ stage's held-out split (or `eval.path`), the sources the clean stage held out wh
 text of the base model's language; a trained model worse than the base on any of them is flagged.
 Then the downstream tasks of `eval.tasks` and the two built from the held-out split
 (`eval.heldout_tasks`), all read and checked before any model loads. Outputs: `report.json`,
-`report.md`, `bpb.png`, `training_curves.png` (loss and held-out BPB of warmup and pretrain against
-training tokens) and the built tasks' files in `tasks/`.
+`report.md` (opening with the base against the final model, the cost of the training and greedy
+continuations), `bpb.png`, `training_curves.png` (loss and held-out BPB of warmup and pretrain
+against training tokens) and the built tasks' files in `tasks/`.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def describe_inputs(cfg) -> dict:
 
 def models(run: StageRun) -> list[ModelToScore]:
     """The models that exist, in the recipe's order: the base, then each trained one with what its
-    stage scored."""
+    stage scored and what its training took (its marker's metrics)."""
     found = []
     base = base_model(run.cfg)
     if base is not None:
@@ -69,6 +70,7 @@ def models(run: StageRun) -> list[ModelToScore]:
                     output.logged_heldout_bpb,
                     partial(run.read_input, rows) if rows.path.is_file() else None,
                     output.metrics if output.metrics.is_file() else None,
+                    (output.marker or {}).get("metrics"),
                 )
             )
     return found

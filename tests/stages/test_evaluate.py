@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from pipeline.evaluation.bits_per_byte import (
     scoring_rows,
     windows,
 )
+from pipeline.evaluation.generation import greedy_continuation
 from pipeline.evaluation.models import first_added_id
 from pipeline.evaluation.report import find_regressions, markdown
 from pipeline.model.files import load_base
@@ -202,7 +204,7 @@ def test_the_added_tokens_share_of_the_probability_where_a_base_token_is_the_tar
     rows = ScoringRows(
         np.zeros_like(labels), labels, np.zeros_like(labels), bytes=1, tokens=9, documents=2
     )
-    _, share = score_rows(model, rows, 1, torch.device("cpu"), first_added=first_added)
+    share = score_rows(model, rows, 1, torch.device("cpu"), first_added=first_added).added
     assert share == {
         "first_added": 6,
         "mass": pytest.approx(12 / 18),
@@ -210,7 +212,7 @@ def test_the_added_tokens_share_of_the_probability_where_a_base_token_is_the_tar
         "added_targets": 3,
     }
     assert (
-        score_rows(model, rows, 2, torch.device("cpu"), first_added=first_added)[1] == share
+        score_rows(model, rows, 2, torch.device("cpu"), first_added=first_added).added == share
     )  # batches: the same
 
 
@@ -238,6 +240,7 @@ def test_a_flag_on_the_base_language_says_what_the_added_tokens_take():
         model: {
             name: {
                 "bits_per_byte": value,
+                "interval_95": [value - 0.01, value + 0.01],
                 "token_perplexity": 2.0,
                 "tokens_per_byte": 0.25,
                 "tokens": 1,
@@ -270,6 +273,9 @@ def test_a_flag_on_the_base_language_says_what_the_added_tokens_take():
         "training_heldout": {},
         "tasks": {},
         "skipped_tasks": {},
+        "headline": [],
+        "cost": {},
+        "continuations": {"words": 30, "new_tokens": 32, "prompts": []},
     }
     text = markdown("nob", report, [])
     assert "WARNING: warmup is worse than the base model on the eng held-out set" in text
@@ -392,6 +398,102 @@ def test_the_base_languages_text_is_a_source_its_clean_stage_held_out_whole_when
     assert sets[0].identity() != sets[1].identity()
 
 
+# What the training stages recorded (their markers, pretrain's metrics.jsonl): warmup's layout only by
+# its ranks' peak memory, and no MFU (a CPU).
+WARMUP_COST = {
+    "tokens": 4096,
+    "seconds": 12.5,
+    "tokens_per_s": 327.7,
+    "peak_memory_per_rank": [{"rank": 0}],
+}
+PRETRAIN_COST = {
+    "tokens": 8192,
+    "seconds": 90.0,
+    "tokens_per_s": 91.0,
+    "parallel": {"tp": 1, "pp": 1, "dp": 2},
+}
+PRETRAIN_METRICS = [
+    {"step": 0, "heldout_bpb": 3.0},
+    {"step": 1, "loss": 5.0, "tokens": 4096, "mfu": 0.2},
+    {"step": 2, "loss": 4.5, "tokens": 8192, "mfu": 0.4},
+]
+
+
+def _check_the_head_of_the_report(report: dict, text: str, metrics: dict) -> None:
+    """The headline (base against pretrain, the final model), the intervals and the cost."""
+    scores = report["scores"]
+    for model, by_set in scores.items():
+        for name, score in by_set.items():
+            low, high = score["interval_95"]
+            assert low < score["bits_per_byte"] < high
+            assert metrics["bits_per_byte_interval_95"][model][name] == [low, high]
+    rows = [row for row in report["headline"] if row["measure"] == "bits per byte"]
+    assert [row["set"] for row in rows] == list(report["sets"])
+    for row in rows:
+        assert row["model"] == "pretrain" and row["n"] == report["sets"][row["set"]]["documents"]
+        assert row["base"] == scores["base"][row["set"]]["bits_per_byte"]
+        assert row["final"] == scores["pretrain"][row["set"]]["bits_per_byte"]
+        low, high = row["interval_95"]
+        assert row["change"] == pytest.approx(row["final"] - row["base"]) and row["change"] > 0
+        assert low < row["change"] < high, row
+        assert row["verdict"] == ("worse" if low > 0 else "not told apart"), row
+        assert (
+            f"| bits per byte, {row['title']} | {row['n']} | {row['base']:.4f} | "
+            f"{row['final']:.4f} | {row['change']:+.4f} "
+        ) in text
+    # A random model against an English one on English text: worse on every document, and told so.
+    assert rows[-1]["set"] == "base_lang" and rows[-1]["verdict"] == "worse", rows
+    for row in report["headline"][len(rows) :]:
+        base = report["tasks"][row["task"]]["results"]["base"][row["scoring"]]["accuracy"]
+        final = report["tasks"][row["task"]]["results"]["pretrain"][row["scoring"]]["accuracy"]
+        assert (row["base"], row["final"]) == (base, final)
+        assert row["interval_95"][0] <= row["change"] <= row["interval_95"][1]
+    # The report opens with the headline, then the cost, the continuations, then the details.
+    order = ["## Headline: base -> pretrain", "## Cost of the run", "## Greedy continuations"]
+    assert sorted(order, key=text.index) == order and text.index(order[-1]) < text.index(
+        "## Held-out sets"
+    )
+    cost = report["cost"]
+    assert cost["pretrain"] == {
+        "tokens": 8192,
+        "seconds": 90.0,
+        "tokens_per_s": 91.0,
+        "mfu": pytest.approx(8192 / (4096 / 0.2 + 4096 / 0.4)),
+        "devices": 2,
+        "device_hours": pytest.approx(0.05),
+    }
+    assert cost["warmup"]["mfu"] is None and cost["warmup"]["devices"] == 1
+    assert "| pretrain | 8,192 | 1m 30s | 91 | 26.7% | 2 | 0.050 |" in text
+    assert "| warmup | 4,096 | 0m 12s | 328 | not recorded | 1 | 0.003 |" in text
+    assert "| total | 12,288 | 1m 42s |  |  |  | 0.053 |" in text
+    assert re.search(r"\bnan\b", text, re.IGNORECASE) is None
+
+
+def _check_the_continuations(report: dict, text: str, heldout: list[str], english_base) -> None:
+    """Three prompts of the held-out split, each continued by every model; the English model's
+    (warmup's) is what a greedy loop over it writes."""
+    assert (report["continuations"]["words"], report["continuations"]["new_tokens"]) == (30, 32)
+    continuations = report["continuations"]["prompts"]
+    assert [entry["prompt"] for entry in continuations] == [
+        " ".join(document.split()[:30]) for document in heldout[:3]
+    ]
+    model, tokenizer = load_base(str(english_base)).eval(), load_tokenizer(str(english_base))
+    start_id = token_roles(english_base, tokenizer)["eos"]
+    for entry in continuations:
+        assert list(entry["models"]) == ["base", "warmup", "pretrain"]
+        assert entry["models"]["warmup"] == greedy_continuation(
+            model,
+            tokenizer,
+            entry["prompt"],
+            start_id,
+            start_id,
+            model.cfg.max_seq_len,
+            torch.device("cpu"),
+        )
+        assert entry["prompt"] in text
+    assert any(entry["models"]["warmup"].strip() for entry in continuations)
+
+
 def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(
     tmp_path, english_base
 ):
@@ -416,12 +518,17 @@ def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(
         training_texts, load_tokenizer(str(english_base)), start_id, 128, 64
     ).padded_to(4)
     logged = _independent_bits_per_byte(english_base, training_texts, start_id)
-    _trained_output(work, "warmup", english_base, metrics={"heldout_bpb_after": logged})
+    _trained_output(
+        work, "warmup", english_base, metrics={"heldout_bpb_after": logged, **WARMUP_COST}
+    )
     _trained_output(
         work,
         "pretrain",
         _variant(english_base, tmp_path / "random", noise=None),
-        metrics={"heldout_bpb_after": 1.0},
+        metrics={"heldout_bpb_after": 1.0, **PRETRAIN_COST},
+    )
+    (work / "nob" / "pretrain" / "metrics.jsonl").write_text(
+        "".join(json.dumps(row) + "\n" for row in PRETRAIN_METRICS), encoding="utf-8"
     )
     for stage in ("warmup", "pretrain"):
         save_rows(rows, work / "nob" / stage / "heldout.npz")
@@ -489,6 +596,8 @@ def test_three_held_out_sets_and_a_trained_model_worse_than_the_base_is_flagged(
         not in "".join(line for line in markdown.splitlines() if line.startswith("**"))
     )
     assert marker(work, "nob", "evaluate")["metrics"]["training_heldout"]["warmup"]["agree"] is True
+    _check_the_head_of_the_report(report, markdown, marker(work, "nob", "evaluate")["metrics"])
+    _check_the_continuations(report, markdown, heldout, english_base)
 
     # The base language's text enters the stage's hash: without it the stage runs again and skips
     # that set.

@@ -1,7 +1,7 @@
-"""Downstream tasks in stage `evaluate`: the two layouts read and checked (bad files named by file,
-line and field before any model loads), the scorings against independent computations, the
-intervals, and the tasks built from held-out text, on which the trained English base beats chance
-and a random model."""
+"""Downstream tasks in stage `evaluate`: the sib200 and belebele layouts read and checked (bad files
+named by file, line and field before any model loads), the log-likelihoods against transformers,
+the intervals, and the tasks built from held-out text, on which the trained English base beats
+chance and a random model. The other layouts: tests/unit/evaluation/."""
 
 from __future__ import annotations
 
@@ -123,10 +123,12 @@ def test_both_layouts_are_read_with_datasets(tmp_path):
         tmp_path,
     )
     assert belebele.name == "nob_Latn" and [q.correct for q in belebele.questions] == [1, 3]
-    assert (
-        belebele.questions[0].answers[1] == "Oslo"
-        and belebele.questions[0].question == "Hva er hovedstaden?"
+    # lm-evaluation-harness' belebele prompt: the answers listed, the letters as choices.
+    assert belebele.questions[0].context == (
+        "P: Oslo er hovedstaden i Norge.\nQ: Hva er hovedstaden?\nA: Bergen\nB: Oslo\n"
+        "C: Tromsø\nD: Stavanger\nAnswer:"
     )
+    assert belebele.questions[0].choices == ("A", "B", "C", "D")
 
 
 @pytest.mark.parametrize(
@@ -201,9 +203,20 @@ def _independent_log_likelihood(
     hf_model, tokenizer, start_id, context: str, continuation: str, window: int
 ) -> float:
     """transformers' model on the start token, the context and the continuation (the last `window` +
-    1 tokens): the summed log-probabilities of the continuation's tokens."""
-    context_ids = tokenizer.encode(context, add_special_tokens=False).ids
-    continuation_ids = tokenizer.encode(continuation, add_special_tokens=False).ids
+    1 tokens): the summed log-probabilities of the continuation's tokens, split as
+    lm-evaluation-harness splits them (lm_eval/api/model.py, _encode_pair): the whole text tokenized,
+    the continuation being what follows the context's tokens, after the context's trailing spaces
+    moved to the continuation; an empty context: the continuation alone."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    if context:
+        context_ids = tokenizer.encode(context, add_special_tokens=False).ids
+        whole = tokenizer.encode(context + continuation, add_special_tokens=False).ids
+        continuation_ids = whole[len(context_ids) :]
+    else:
+        context_ids = []
+        continuation_ids = tokenizer.encode(continuation, add_special_tokens=False).ids
     ids = torch.tensor([[start_id, *context_ids, *continuation_ids][-(window + 1) :]])
     with torch.no_grad():
         log_probs = F.log_softmax(hf_model(ids[:, :-1]).logits[0].double(), dim=-1)
@@ -222,6 +235,7 @@ def test_log_likelihoods_and_hidden_states_match_transformers(english_base):
         (("It was a dark and stormy night. " * 40).strip(), " The rain fell."),
         ("", " Once upon a time"),
         ("Question: what is two and two?", "\nfour"),
+        ("Answer: ", "B"),  # the context's trailing space goes to the continuation, as lm-eval does
     ]
     window = model.cfg.max_seq_len
     assert len(tokenizer.encode(pairs[1][0]).ids) > window
@@ -321,22 +335,25 @@ def test_held_out_tasks_beat_chance_and_a_random_model(tmp_path, english_base):
                 assert low <= result["accuracy"] <= high and result["n"] == task["test"]
                 assert (low, high) == pytest.approx(wilson_interval(result["correct"], result["n"]))
     assert list(source["results"]["base"]) == [
-        "linear probe",
-        "5-shot log-likelihood",
-        "5-shot log-likelihood per byte",
-        "5-shot gain over no context",
+        "linear_probe_acc",
+        "acc",
+        "acc_norm",
+        "acc_bytes",
+        "acc_mutual_info",
     ]
     assert list(continuation["results"]["base"]) == [
-        "log-likelihood",
-        "log-likelihood per byte",
-        "gain over no context",
+        "acc",
+        "acc_norm",
+        "acc_bytes",
+        "acc_mutual_info",
     ]
+    assert continuation["layout"] == "continuation"
     trained, random = continuation["results"]["base"], continuation["results"]["pretrain"]
-    gain = "gain over no context"
+    gain = "acc_mutual_info"
     # The trained model reads the passage: above chance by its interval, and above the random model.
     assert trained[gain]["interval_95"][0] > trained[gain]["chance"] == 0.25
     assert trained[gain]["accuracy"] > random[gain]["accuracy"] + 0.05
-    probe = source["results"]["base"]["linear probe"]
+    probe = source["results"]["base"]["linear_probe_acc"]
     assert probe["interval_95"][0] > probe["chance"] == 0.5
 
     metrics = marker(work, "eng", "evaluate")["metrics"]
