@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config_origins import job_config_with_origins, shows_job_config
 from pipeline.config import (
+    COMPARE_TARGET,
     CONF_DIR,
     PLAN_TARGET,
     WORKFLOW_TARGETS,
@@ -49,6 +50,10 @@ def hydra_main(cfg: DictConfig) -> None:
             run_workflow_target(config)
         elif config.stage == PLAN_TARGET:
             print_plan(config)
+        elif config.stage == COMPARE_TARGET:
+            from pipeline.stages.compare import compare_runs  # matplotlib: not for --help
+
+            compare_runs(config)
         else:
             from pipeline.stages import (
                 run_target,

@@ -13,7 +13,8 @@ What `stage=` accepts, torch-free so that the command line checks it in a moment
 
 The recipe's stages in order (each a module of pipeline/stages/ under the stage contract), `all` for
 the whole chain of one language, the Slurm targets of pipeline/workflow/, which take several
-languages, and `plan` (pipeline/memory_fit/), which takes none.
+languages, `plan` (pipeline/memory_fit/), which takes none, and `compare`
+(pipeline/stages/compare.py), which reports on a language's runs (`run=`, pipeline/run_folders.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from pipeline.cluster import ClusterConfig, WorkflowConfig, validate_cluster
 from pipeline.corpus.clean_config import CleanConfig, validate_clean
@@ -40,9 +41,17 @@ from pipeline.parallel.parallel_config import (
     check_tensor_parallel,
     validate_parallel,
 )
+from pipeline.run_folders import (
+    ALL_RUNS,
+    CONTINUE_PREFIX,
+    check_run_name,
+    continued_run,
+    swept_run_name,
+)
 from pipeline.tokenization.tokenizer_config import TokenizerConfig, validate_tokenizer
 from pipeline.training.train_config import TrainConfig, validate_training
 from pipeline.warmup.warmup_config import WarmupConfig, validate_warmup
+from pipeline.work_folder import DEFAULT_RUN
 
 # The YAML defaults and the language table ship inside the package (package data), so that an
 # installed wheel needs no checkout.
@@ -93,6 +102,11 @@ class PipelineConfig:
     langs: Optional[List[str]] = None
     work_dir: str = "work"
     raw_dir: str = str(EMBEDDED_DATA_DIR)
+    # An experiment's name: its stage outputs in <work_dir>/<lang>/runs/<run>/, those of the same
+    # config shared with the other runs (pipeline/run_folders.py); `default`: <work_dir>/<lang>/.
+    run: str = DEFAULT_RUN
+    # stage=compare: the runs to compare (`runs=[a,b]`); null or `all`: every run of the language.
+    runs: Optional[List[str]] = None
     workers: int = 1
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
@@ -107,7 +121,8 @@ class PipelineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     # pretrain: where its weights start (`warmup`: the warmup stage's checkpoint; `hf`: model.base,
-    # which must use the pack's tokenizer; `scratch`: random), and whether it continues from its
+    # which must use the pack's tokenizer; `scratch`: random; `continue:<run>`: that run's final
+    # training state, weights, optimizer and data position), and whether it continues from its
     # latest checkpoint.
     init: str = "warmup"
     resume: str = "auto"
@@ -134,6 +149,9 @@ def register_configs(
     Only the languages a run names are registered (the command line knows them,
     pipeline/overrides.py): Hydra copies the whole ConfigStore each time it looks up a config group,
     so all 76 entries made `--cfg job` take seconds."""
+    # A multirun names each job's run from its swept values (pipeline/overrides.py: `run=` is this
+    # resolver when the command line sweeps and names no run).
+    OmegaConf.register_new_resolver(SWEPT_RUN_RESOLVER, _swept_run, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="pipeline_schema", node=PipelineConfig)
     cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
@@ -141,6 +159,15 @@ def register_configs(
     for code in LANGUAGES if languages is None else languages:
         cs.store(group="lang", name=code, node=language_config(code, LANGUAGES[code]))
     register_full_scale(base_shape)
+
+
+SWEPT_RUN_RESOLVER = "swept_run"
+
+
+def _swept_run() -> str:
+    from hydra.core.hydra_config import HydraConfig  # set in every job of a multirun
+
+    return swept_run_name(HydraConfig.get().job.override_dirname)
 
 
 def register_full_scale(shape: Optional[dict]) -> None:
@@ -216,8 +243,7 @@ def validate(cfg: PipelineConfig) -> None:
         )
     validate_training(cfg.warmup.train, cfg.parallel, prefix="warmup.train")
     validate_training(cfg.train, cfg.parallel, prefix="train")
-    if cfg.init not in PRETRAIN_INITS:
-        raise ConfigError("init", cfg.init, PRETRAIN_INITS)
+    validate_runs(cfg)
     if cfg.resume not in RESUME:
         raise ConfigError("resume", cfg.resume, RESUME)
     validate_eval(cfg.eval)
@@ -235,6 +261,32 @@ def validate(cfg: PipelineConfig) -> None:
         raise ConfigError("kernels", cfg.kernels, KERNEL_BACKENDS)
 
 
+def validate_runs(cfg: PipelineConfig) -> None:
+    """`run`, `runs` and `init` (which may continue another run) name runs that can be."""
+    check_run_name("run", cfg.run)
+    for name in cfg.runs or []:
+        if name != ALL_RUNS or len(cfg.runs) > 1:
+            check_run_name("runs", name)
+    continued = continued_run(cfg.init)
+    if cfg.init not in PRETRAIN_INITS and continued is None:
+        raise ConfigError(
+            "init",
+            cfg.init,
+            [*PRETRAIN_INITS, f"{CONTINUE_PREFIX}<run> (e.g. {CONTINUE_PREFIX}default)"],
+        )
+    if continued is not None:
+        check_run_name("init", continued)
+        if continued == cfg.run:
+            raise ConfigError(
+                "init",
+                cfg.init,
+                [
+                    f"{CONTINUE_PREFIX}<another run than run={cfg.run}>: a continued run writes "
+                    "folders of its own (give it a name with run=<name>)"
+                ],
+            )
+
+
 STAGE_NAMES: tuple[str, ...] = (
     "clean",
     "mix",
@@ -250,11 +302,21 @@ WORKFLOW_TARGETS: tuple[str, ...] = ("workflow", "status")
 # stage=plan prints whether the training layout fits the device (pipeline/memory_fit/); it needs no
 # language.
 PLAN_TARGET = "plan"
+# stage=compare writes one report on a language's runs (pipeline/stages/compare.py): not part of the
+# recipe, run when the runs are evaluated.
+COMPARE_TARGET = "compare"
 # stage=replay samples the base model's own language for the mix (pipeline/stages/replay.py); it
 # runs for the base's language, outside the chain of the language being trained, which only reads
 # it.
 REPLAY_TARGET = "replay"
-TARGETS: tuple[str, ...] = (*STAGE_NAMES, "all", REPLAY_TARGET, *WORKFLOW_TARGETS, PLAN_TARGET)
+TARGETS: tuple[str, ...] = (
+    *STAGE_NAMES,
+    "all",
+    REPLAY_TARGET,
+    *WORKFLOW_TARGETS,
+    PLAN_TARGET,
+    COMPARE_TARGET,
+)
 
 
 def check_target(cfg) -> None:

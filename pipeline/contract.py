@@ -14,6 +14,10 @@ stage) at a time.
 Hashes never depend on where the work folder is: earlier stages enter by their own hashes, and paths
 inside the work folder are recorded relative to it (`portable_path`), so a moved or copied work
 folder stays current.
+
+A named run (`run=<name>`) works in folders of its own (pipeline/run_folders.py); a stage of it
+whose hash is that of a finished output of another run links to that output instead of running,
+and its invalidation removes its own links and markers, never another run's.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ from pipeline.commit_steps import commit_step
 from pipeline.config_keys import differences, drop, matches_any
 from pipeline.errors import StageError
 from pipeline.json_files import write_json_atomic
+from pipeline.run_folders import current_marker, matching_output, share, unshare
 from pipeline.stage_lock import stage_lock
-from pipeline.work_folder import MARKER, OutputFile, read_marker, stage_dir
+from pipeline.work_folder import DEFAULT_RUN, MARKER, OutputFile, read_marker, stage_dir
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -208,6 +213,8 @@ class StageRun:
         for name in self.scratch:
             remove(self.work_dir / name)
         (self.work_dir / PARTIAL_RECORD).unlink(missing_ok=True)
+        if self.final_dir.is_symlink():  # a named run's link to the output of its old config
+            unshare(self.final_dir)
         old = replaced_dir(self.final_dir)
         if self.final_dir.exists():
             commit_step(f"{self.stage}: set the old output aside")
@@ -269,10 +276,12 @@ def stage_command(stage: str, cfg) -> str:
     kept = [
         o
         for o in overrides
-        if o.split("=", 1)[0].lstrip("+~") not in ("stage", "lang", "langs", "base_shape")
+        if o.split("=", 1)[0].lstrip("+~") not in ("stage", "lang", "langs", "base_shape", "run")
     ]
+    # The run as resolved: a multirun's name comes from an interpolation (pipeline/overrides.py).
+    run = [f"run={cfg.run}"] if cfg.run != DEFAULT_RUN else []
     return shlex.join(
-        ["python", "-m", "pipeline", f"stage={stage}", f"lang={cfg.lang.code}", *kept]
+        ["python", "-m", "pipeline", f"stage={stage}", f"lang={cfg.lang.code}", *kept, *run]
     )
 
 
@@ -290,7 +299,9 @@ def expected(stage: Stage, cfg) -> Expected:
     """Read the inputs' markers and hash the config; no side effects. Raises StageError naming every
     missing input at once, with the commands that make them."""
     needed = tuple(dict.fromkeys((*stage.needs, *stage.needs_when(cfg))))
-    markers = {name: read_marker(stage_dir(cfg, name)) for name in (*needed, *stage.reads_if_done)}
+    markers = {
+        name: current_marker(stage_dir(cfg, name)) for name in (*needed, *stage.reads_if_done)
+    }
     missing = [name for name in needed if markers[name] is None]
     if missing:
         commands = "; ".join(stage_command(name, cfg) for name in missing)
@@ -323,7 +334,7 @@ def is_current(stage: Stage, cfg) -> bool:
     Unlike `prepare`, it changes nothing: no invalidation, no partial folder. A missing input (or
     one that cannot be described yet) means the stage is not current.
     """
-    marker = read_marker(stage_dir(cfg, stage.name))
+    marker = current_marker(stage_dir(cfg, stage.name))
     if marker is None:
         return False  # the common case of a fresh sweep: no need to hash anything
     try:
@@ -338,7 +349,7 @@ def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun
     inputs, config, digest = now.inputs, now.config, now.digest
     final_dir = stage_dir(cfg, stage.name)
 
-    marker = read_marker(final_dir)
+    marker = current_marker(final_dir)
     if marker is not None and marker.get("config_hash") == digest:
         log.info(
             "Skipping %s for %s: it is up to date (config hash %s, finished %s). "
@@ -349,6 +360,8 @@ def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun
             marker.get("finished_at"),
             final_dir,
         )
+        return None
+    if _shares_an_output(stage, cfg, final_dir, digest, downstream):
         return None
     if marker is not None:
         log.info(
@@ -381,6 +394,37 @@ def prepare(stage: Stage, cfg, downstream: tuple[str, ...]) -> Optional[StageRun
         upstream=now.upstream,
         scratch=stage.scratch,
     )
+
+
+def _shares_an_output(
+    stage: Stage, cfg, final_dir: Path, digest: str, downstream: tuple[str, ...]
+) -> bool:
+    """A named run's stage whose hash is that of another run's finished output links to it instead
+    of running (pipeline/run_folders.py); its own output of another config is replaced, as a run of
+    the stage would replace it. Returns whether it did."""
+    if cfg.run == DEFAULT_RUN:
+        return False
+    shared = matching_output(cfg.work_dir, cfg.lang.code, cfg.run, stage.name, digest)
+    if shared is None:
+        return False
+    invalidate(cfg, downstream)
+    old = replaced_dir(final_dir)
+    if final_dir.is_dir() and not final_dir.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final_dir, old)
+    share(final_dir, shared, digest)
+    shutil.rmtree(old, ignore_errors=True)
+    log.info(
+        "%s for %s in run %s: the output of the same config (hash %s) is in %s; the run reads it "
+        "there (%s links to it).",
+        stage.name,
+        cfg.lang.code,
+        cfg.run,
+        digest,
+        shared,
+        final_dir,
+    )
+    return True
 
 
 def _settle_partials(stage: Stage, cfg, now: Expected, work_dir: Path) -> None:
@@ -515,9 +559,21 @@ def _listed(changed: dict[str, tuple]) -> str:
 
 
 def invalidate(cfg, stages: tuple[str, ...]) -> None:
-    """Remove the markers of later stages: their inputs are about to change."""
+    """Remove the markers of later stages: their inputs are about to change. A named run's link to
+    another run's output goes instead: that output is not this run's to invalidate."""
     for later in stages:
-        marker = stage_dir(cfg, later) / MARKER
+        folder = stage_dir(cfg, later)
+        if folder.is_symlink():
+            unshare(folder)
+            log.info(
+                "%s for %s in run %s no longer shares %s (its input changes); it will run again.",
+                later,
+                cfg.lang.code,
+                cfg.run,
+                folder.resolve(),
+            )
+            continue
+        marker = folder / MARKER
         if marker.exists():
             marker.unlink()
             log.info(
@@ -525,6 +581,25 @@ def invalidate(cfg, stages: tuple[str, ...]) -> None:
                 later,
                 cfg.lang.code,
             )
+
+
+def share_if_done(stage: Stage, cfg, downstream: tuple[str, ...] = ()) -> None:
+    """For a named run about to run a later stage: link its `stage` to another run's finished
+    output of the same config, as `prepare` would, without running anything; so that a sweep run
+    one stage at a time finds the outputs it shares. Nothing changes for the default run, for a
+    finished output the run has (its own, or a link still valid), or when the stage's inputs are
+    not done."""
+    final_dir = stage_dir(cfg, stage.name)
+    if cfg.run == DEFAULT_RUN or current_marker(final_dir) is not None:
+        return
+    try:
+        digest = expected(stage, cfg).digest
+    except StageError:
+        return
+    if matching_output(cfg.work_dir, cfg.lang.code, cfg.run, stage.name, digest) is None:
+        return
+    with stage_lock(final_dir, f"stage {stage.name} for {cfg.lang.code}"):
+        _shares_an_output(stage, cfg, final_dir, digest, downstream)
 
 
 def execute(stage: Stage, cfg, downstream: tuple[str, ...] = ()) -> Optional[dict]:

@@ -19,10 +19,12 @@ from omegaconf.errors import ValidationError
 from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
 from pipeline.config import (
+    COMPARE_TARGET,
     DEMO_MODEL,
     FULL_SCALE_OVERRIDE,
     PLAN_TARGET,
     SCALE_GROUP,
+    SWEPT_RUN_RESOLVER,
     TARGETS,
     WORKFLOW_TARGETS,
     PipelineConfig,
@@ -31,6 +33,7 @@ from pipeline.errors import closest_first
 from pipeline.languages import resolve_language, resolve_languages
 from pipeline.model.base_shape import base_shape
 from pipeline.model.hf_config import CheckpointError
+from pipeline.run_folders import ALL_RUNS
 
 # Hydra flags that take the next argument as their value.
 _FLAGS_WITH_VALUE = {
@@ -269,6 +272,47 @@ def _check_required(seen: dict[str, str], stages: set[str]) -> None:
         raise OverrideError(
             "Give either lang=<code> (one language) or langs=[...] (several), not both."
         )
+    if "runs" in seen and stages != {COMPARE_TARGET}:
+        raise OverrideError(
+            "`runs=` is for stage=compare (the runs to compare); the other stages take one run: "
+            "run=<name>."
+        )
+
+
+# Keys whose sweep runs one job per language or stage, each in its own folders already: they name no
+# run.
+_NOT_RUN_KEYS = ("stage", "lang", "langs")
+
+
+def with_swept_run_names(argv: list[str], seen: dict[str, str]) -> list[str]:
+    """`argv` of a multirun (`-m`) that sweeps other keys than the stage and the language: each job
+    a run of its own, named from its swept values (`train.lr=0.0001` -> run `train.lr-0.0001`,
+    pipeline/run_folders.py), so that the jobs never write the same folders. A `run=` given with
+    such a sweep would name every job alike: refused."""
+    if not any(arg in ("-m", "--multirun") for arg in argv):
+        return argv
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    swept = {
+        override.key_or_group
+        for override in parser.parse_overrides([f"{key}={value}" for key, value in seen.items()])
+        if override.is_sweep_override() and override.key_or_group not in _NOT_RUN_KEYS
+    }
+    if not swept - {"run"}:
+        return argv
+    if "run" in seen:
+        raise OverrideError(
+            f"`run={seen['run']}` with a sweep over {', '.join(sorted(swept - {'run'}))}: every "
+            "job would be the same run and write the same folders. Leave `run=` out: a multirun "
+            "names each job's run from its swept values (train.lr=0.0001 -> run train.lr-0.0001)."
+        )
+    named_by = [key for key in seen if key not in swept] + ["run", SCALE_GROUP]
+    return [
+        *argv,
+        f"run=${{{SWEPT_RUN_RESOLVER}:}}",
+        f"hydra.job.config.override_dirname.exclude_keys=[{','.join(named_by)}]",
+    ]
 
 
 def preflight(argv: list[str]) -> CommandLine:
@@ -308,12 +352,14 @@ def preflight(argv: list[str]) -> CommandLine:
                 languages += codes
         elif key == "stage" and not _is_sweep_function(value):
             stages.update(_named_stages(value))
+        elif key == "runs" and value == ALL_RUNS:
+            value = f"[{ALL_RUNS}]"
         elif key not in _CONFIG_GROUPS:
             leaf = check_key(key)
             if leaf is not None:
                 check_value(key, value, leaf)
         out.append(f"{key}={value}")
-    out, shape = with_full_scale(out)
+    out, shape = with_full_scale(with_swept_run_names(out, seen))
     if hydra_help and "lang" not in seen:
         # Hydra composes the config even for --hydra-help; any language will do
         out.append("lang=nob")

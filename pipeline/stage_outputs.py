@@ -35,8 +35,9 @@ from pipeline.packing.packed import PACKED_FILE
 from pipeline.tokenization.folder import SPECIAL_TOKENS_FILE, TOKENIZER_FILE, load_tokenizer
 from pipeline.tokenization.report import REPORT_FILE as TOKENIZER_REPORT
 from pipeline.tokenization.report import REPORT_TEXT_FILE as TOKENIZER_REPORT_TEXT
-from pipeline.training.job import EXPORT, HELDOUT_FILE, METRICS_FILE, TRAINED
-from pipeline.work_folder import MARKER, OutputFile, read_marker, resolve_path, stage_dir
+from pipeline.run_folders import current_marker
+from pipeline.training.job import EXPORT, FINAL_STATE, HELDOUT_FILE, METRICS_FILE, TRAINED
+from pipeline.work_folder import MARKER, OutputFile, resolve_path, stage_dir
 
 H = TypeVar("H", bound="StageOutput")
 
@@ -63,8 +64,9 @@ class StageOutput:
 
     @property
     def marker(self) -> Optional[dict]:
-        """The marker, None while the stage is not done."""
-        return read_marker(self.folder)
+        """The marker, None while the stage is not done (or, for a named run's link to another
+        run's output, when that output changed since: pipeline/run_folders.py)."""
+        return current_marker(self.folder)
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,12 @@ class WarmupOutput(TrainedModelOutput):
 @dataclass(frozen=True)
 class PretrainOutput(TrainedModelOutput):
     stage: ClassVar[str] = "pretrain"
+
+    @property
+    def final_state(self) -> Path:
+        """The folder of the training state of its last step, which init=continue:<run> starts
+        from (pipeline/training/run.py: `final_state` finds the checkpoint in it)."""
+        return self.folder / FINAL_STATE
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """The work folder's layout, which every stage and the libraries that read earlier stages' outputs
-share: each stage's output at `${work_dir}/<lang>/<stage>/`, finished when its marker
-`_SUCCESS.json` is there, and paths inside the work folder recorded relative to it
-(`${work_dir}/eng/clean`), so that a moved or copied work folder stays current. How a stage comes to
-write there (partial folders, hashes, the lock) is pipeline/contract.py's; which files each stage's
-output holds, pipeline/stage_outputs.py's."""
+share: each stage's output at `${work_dir}/<lang>/<stage>/` (a named run's at
+`${work_dir}/<lang>/runs/<run>/<stage>/`), finished when its marker `_SUCCESS.json` is there, and
+paths inside the work folder recorded relative to it (`${work_dir}/eng/clean`), so that a moved or
+copied work folder stays current. How a stage comes to write there (partial folders, hashes, the
+lock) is pipeline/contract.py's; how named runs share outputs, pipeline/run_folders.py's; which
+files each stage's output holds, pipeline/stage_outputs.py's."""
 
 from __future__ import annotations
 
@@ -18,11 +19,28 @@ T = TypeVar("T")
 
 MARKER = "_SUCCESS.json"
 WORK_DIR_PREFIX = "${work_dir}/"
+# The run of `run=` left out: its stages' outputs where they have always been, `<lang>/<stage>/`.
+DEFAULT_RUN = "default"
+# Beside the default run's stage folders: `<lang>/runs/<run>/<stage>/` for each named run.
+RUNS_FOLDER = "runs"
+
+
+def language_dir(work_dir, lang: str) -> Path:
+    """The folder of everything of language `lang`, the default run's stage outputs; absolute, so
+    that Slurm jobs (which may start elsewhere) find the same folder."""
+    return Path(work_dir).absolute() / lang
+
+
+def run_dir(work_dir, lang: str, run: str) -> Path:
+    """The folder of run `run`'s stage outputs for language `lang`."""
+    language = language_dir(work_dir, lang)
+    return language if run == DEFAULT_RUN else language / RUNS_FOLDER / run
 
 
 def stage_dir(cfg, stage: str) -> Path:
-    # Absolute, so that Slurm jobs (which may start elsewhere) find the same folder.
-    return Path(cfg.work_dir).absolute() / cfg.lang.code / stage
+    """cfg's run's output folder of `stage` for cfg's language (of a named run: its own, or a link
+    to the same output of another run: pipeline/run_folders.py)."""
+    return run_dir(cfg.work_dir, cfg.lang.code, cfg.run) / stage
 
 
 def portable_path(cfg, path) -> str:
@@ -55,16 +73,19 @@ def output_identity(cfg, path) -> Optional[dict]:
     recorded = portable_path(cfg, path)
     if not recorded.startswith(WORK_DIR_PREFIX):
         return None
-    parts = Path(recorded[len(WORK_DIR_PREFIX) :]).parts  # <lang>/<stage>/...
+    parts = Path(recorded[len(WORK_DIR_PREFIX) :]).parts  # <lang>[/runs/<run>]/<stage>/...
+    depth = 4 if len(parts) > 1 and parts[1] == RUNS_FOLDER else 2
     marker = (
-        read_marker(Path(cfg.work_dir).absolute().joinpath(*parts[:2])) if len(parts) >= 2 else None
+        read_marker(Path(cfg.work_dir).absolute().joinpath(*parts[:depth]))
+        if len(parts) >= depth
+        else None
     )
     if marker is None:
         return None
     return {
-        "stage_output": "/".join(parts[:2]),
+        "stage_output": "/".join(parts[:depth]),
         "config_hash": marker["config_hash"],
-        "within": "/".join(parts[2:]),
+        "within": "/".join(parts[depth:]),
     }
 
 

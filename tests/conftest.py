@@ -251,6 +251,7 @@ LONGEST_FIRST = (
     "test_clean_languages",
     "test_pretrain_slurm",
     "test_training_budget",
+    "test_named_runs",
     "test_clean_nob",
     "test_workflow",
     "test_mix_stage",

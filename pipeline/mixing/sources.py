@@ -25,6 +25,7 @@ from pipeline.corpus.sources import (
 )
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES
+from pipeline.run_folders import in_run
 from pipeline.work_folder import MARKER, read_marker, resolve_path, stage_dir
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,8 @@ def locate_sources(cfg) -> tuple[list[SourceInput], list[Skipped]]:
     target_dir = stage_dir(cfg, "clean").resolve()
     found, skipped = [], []
     for index, source in enumerate(cfg.mix.sources):
-        path = Path(source.path).absolute().resolve()
+        # A named run's own clean output of the base's language where it has one (the demo's base).
+        path = in_run(cfg, Path(source.path).absolute().resolve())
         if path == target_dir:
             skipped.append(
                 Skipped(

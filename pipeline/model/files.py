@@ -169,20 +169,21 @@ def pretrain_start(
     tokenizer: Tokenizer,
     *,
     base: Optional[str],
-    warmup: Optional[tuple[Path, ModelTensors]],
+    trained: Optional[tuple[Path, ModelTensors]],
     packed_with: Path,
     lang: str,
 ) -> StartingModel:
-    """Where continued pretraining starts (`init`): the warmup stage's checkpoint (`warmup`: its
-    path and tensors), the base model (which must use the pack's tokenizer, `tokenizer`, read from
+    """Where continued pretraining starts (`init`): a trained checkpoint (`trained`: its path and
+    tensors; the warmup stage's, or the final model of the run that init=continue:<run>
+    continues), the base model (which must use the pack's tokenizer, `tokenizer`, read from
     `packed_with`), or random weights, each tensor drawn from its own seed so that every layout
     starts from the same model."""
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     if init == "scratch":
         tensors = ScratchTensors(dataclasses.replace(model, vocab_size=vocab), seed)
         source = f"a random initialisation with model.init_std={model.init_std}"
-    elif init == "warmup":
-        source, tensors = warmup
+    elif trained is not None:
+        source, tensors = trained
     else:
         source = Path(base)
         tensors = base_tensors(base)

@@ -13,6 +13,9 @@ base model's language (`model.base_lang`, English by default; pipeline/conf/mix/
   `demo_base.train` budget), in `${work_dir}/<model.base_lang>/pretrain/hf` like any pretrain
   output, so the stage contract caches it; the languages then start from it. The base's language
   itself takes the same steps (its clean once).
+
+Every step runs in cfg's run (`run=`, pipeline/run_folders.py): a named run's step whose config hash
+is that of another run's finished output links to it instead of running (pipeline/contract.py).
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from pipeline.config import REPLAY_TARGET, STAGE_NAMES, PipelineConfig
-from pipeline.contract import Stage, execute
+from pipeline.contract import Stage, execute, share_if_done
 from pipeline.errors import StageError
 from pipeline.languages import LANGUAGES, language_config
 from pipeline.stage_outputs import EvaluateOutput, PretrainOutput
+from pipeline.work_folder import DEFAULT_RUN
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +197,13 @@ def run_target(cfg: PipelineConfig) -> None:
     """`stage=all` (the whole recipe for one language), or one stage."""
     if cfg.stage == "all":
         run_all(cfg)
-    else:
-        step = Step(cfg.stage, cfg)
-        execute(STAGES[step.stage], cfg, downstream=step.downstream)
+        return
+    step = Step(cfg.stage, cfg)
+    if step.stage in STAGE_NAMES and cfg.run != DEFAULT_RUN:
+        # A named run shares the earlier outputs of its config that other runs made.
+        for earlier in STAGE_NAMES[: STAGE_NAMES.index(step.stage)]:
+            share_if_done(STAGES[earlier], cfg, Step(earlier, cfg).downstream)
+    execute(STAGES[step.stage], cfg, downstream=step.downstream)
 
 
 def run_all(cfg: PipelineConfig) -> None:

@@ -10,9 +10,12 @@ SIGUSR1/SIGTERM. `resume=auto` continues an interrupted run from its newest chec
 verifies, with the same configuration (also with another data-parallel degree, micro-batch size or
 how often it logs, scores and checkpoints) or with another step budget `train.steps` (the schedule
 is computed for the new total from the checkpoint's step on); any other change is refused while
-those checkpoints exist. `resume=never` moves them aside and starts again. Outputs: `checkpoint/`
-(pipeline checkpoint), `hf/` (transformers folder with the tokenizer), `metrics.jsonl`,
-`tensorboard/`, `report.json` and the marker.
+those checkpoints exist. `resume=never` moves them aside and starts again. `init=continue:<run>`
+starts from another run's final training state instead, on a schedule of its own
+(pipeline/stages/pretrain_start.py). Outputs: `checkpoint/` (pipeline checkpoint), `hf/`
+(transformers folder with the tokenizer), `final_state/` (the last step's training state, for a run
+that continues this one; `train.keep_final_state`), `metrics.jsonl`, `tensorboard/`, `report.json`
+and the marker.
 """
 
 from __future__ import annotations
@@ -21,41 +24,47 @@ import dataclasses
 import logging
 
 from pipeline.contract import ON_RANKS, Stage, StageRun
-from pipeline.model.files import describe_pretrain_start, pretrain_start
-from pipeline.stage_outputs import WarmupOutput
+from pipeline.model.files import pretrain_start
+from pipeline.stages.pretrain_start import (
+    continued_for,
+    describe_start,
+    resume_problems,
+    trained_start,
+)
 from pipeline.stages.training_inputs import prepare_training
 from pipeline.training.job import WHILE_TRAINING
-from pipeline.training.run import kept_checkpoints, steps_behind_checkpoints, train_stage
+from pipeline.training.run import kept_checkpoints, train_stage
 
 log = logging.getLogger(__name__)
 
 
 def run_pretrain(run: StageRun) -> dict:
     cfg = run.cfg
+    continued = continued_for(run)
     # A layout that cannot fit the device, or a budget beyond the plan, is refused before the model
     # is written.
-    training = prepare_training(run, "train", resume=cfg.resume, refuse_unfit_layout=True)
-    warmup = None
-    if cfg.init == "warmup":
-        checkpoint = run.output(WarmupOutput).checkpoint
-        warmup = (checkpoint.path, run.read_input(checkpoint))
+    training = prepare_training(
+        run,
+        "train",
+        resume=cfg.resume,
+        refuse_unfit_layout=True,
+        continue_from=None if continued is None else continued.state,
+        start_step=0 if continued is None else continued.step,
+    )
     start = pretrain_start(
         cfg.init,
         cfg.model,
         cfg.train.seed,
         training.tokenizer,
         base=cfg.model.base,
-        warmup=warmup,
+        trained=trained_start(run, continued),
         packed_with=training.tokenizer_file,
         lang=run.lang,
     )
-    report = train_stage(
-        training,
-        start,
-        cfg.cluster,
-        cfg.export,
-        about={"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel)},
-    )
+    about = {"init": cfg.init, "parallel": dataclasses.asdict(cfg.parallel)}
+    if continued is not None:
+        about["continued_from"] = continued.lineage
+    report = train_stage(training, start, cfg.cluster, cfg.export, about=about)
     log.info(
         "pretrain %s: held-out bits per byte %.4f -> %.4f after %d steps (%s tokens; scored on %s "
         "held-out "
@@ -93,14 +102,15 @@ STAGE = Stage(
         "train.skipped_window",
         "train.activation_checkpoint_interval",
         "train.micro_batch_size",
+        "train.keep_final_state",
         "model.base",
     ),
     # A larger step budget continues an interrupted run from its checkpoints (checkpoint.py: the
     # schedule).
     resumable_keys=("train.steps",),
-    check_resume=lambda partial, cfg: steps_behind_checkpoints(partial, cfg.train.steps),
+    check_resume=resume_problems,
     kept_state=kept_checkpoints,
-    describe_inputs=describe_pretrain_start,
+    describe_inputs=describe_start,
     placement=lambda cfg: ON_RANKS,
     scratch=WHILE_TRAINING,
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from operator import attrgetter
+from pathlib import Path
 from typing import Optional
 
 from pipeline.contract import StageRun
@@ -30,12 +31,15 @@ def prepare_training(
     trainable: Optional[list[str]] = None,
     resume: Optional[str] = None,
     refuse_unfit_layout: bool = False,
+    continue_from: Optional[Path] = None,
+    start_step: int = 0,
 ) -> StageTraining:
     """Read the pack, its tokenizer and the held-out text, and make the ranks' job of the config's
     training `section` (`train`, `warmup.train`): a null micro-batch becomes the largest that fits
     the device for the model as it trains (with `refuse_unfit_layout`, a layout that cannot fit is
     refused with one that does), and the step budget is the mix plan's (`steps` null: `share` of one
-    pass of the pack), refused before any work when it is beyond it."""
+    pass of the pack), refused before any work when it is beyond it; a run that continues another
+    starts from its final state (`continue_from`, of step `start_step`) and may go beyond."""
     return_large_blocks_to_the_system()  # the model passes through this process a tensor at a time
     cfg, train = run.cfg, attrgetter(section)(run.cfg)
     packed = read_pack(run)
@@ -61,6 +65,8 @@ def prepare_training(
         share=share,
         trainable=trainable,
         resume=resume,
+        continue_from=continue_from,
+        start_step=start_step,
     )
     loaded = run.read_input(tokenizer.tokenizer)
     heldout = run.output(CleanOutput).heldout_text(run.lang)

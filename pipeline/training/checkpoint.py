@@ -65,11 +65,14 @@ log = logging.getLogger(__name__)
 _RANK_FILES = "files-rank{rank}.json"
 
 
-def choose(root: Path, device) -> Optional[Path]:
+RESTART_REMEDY = "Start again with resume=never, which moves this interrupted run aside."
+
+
+def choose(root: Path, device, remedy: str = RESTART_REMEDY) -> Optional[Path]:
     """The newest checkpoint under `root` that verifies, or None if there is none (a collective:
     every rank checks the sizes, and the checksums of its share of the files). Raises StageError
-    when there are checkpoints but none verifies: starting again would throw them away, which only
-    `resume=never` does."""
+    when there are checkpoints but none verifies, ending with `remedy`: starting again would throw
+    them away, which only `resume=never` does."""
     rank, world = dist.get_rank(), dist.get_world_size()
     found = checkpoints(root)
     for folder in found:
@@ -93,8 +96,7 @@ def choose(root: Path, device) -> Optional[Path]:
     if found:
         raise StageError(
             f"None of the checkpoints in {root} verifies (see the messages above), so the run "
-            "cannot "
-            f"continue. Start again with resume=never, which moves this interrupted run aside."
+            f"cannot continue. {remedy}"
         )
     return None
 
@@ -110,7 +112,12 @@ def _optimizer_files(optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     for group, group_state in enumerate(state[BASE_OPTIMIZER_STATE]):
         keys.append(sorted(group_state))
         for key, value in group_state.items():
-            tensors[f"state.{group}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+            tensor = torch.as_tensor(value).detach().cpu()
+            if key == "step":
+                # A scalar, as Adam keeps it (ZeRO restores it as a tensor of one element): a resumed
+                # run writes the bytes an uninterrupted one writes, and `_recut` does not cut it.
+                tensor = tensor.reshape(())
+            tensors[f"state.{group}.{key}"] = tensor.contiguous()
     for group, partition in enumerate(state[SINGLE_PARTITION_OF_FP32_GROUPS]):
         tensors[f"fp32.{group}"] = partition.detach().cpu().contiguous()
     about = {
@@ -241,9 +248,10 @@ def save(engine: Engine, root: Path, step: int, state: dict, keep: int) -> Path:
     return final
 
 
-def load(engine: Engine, folder: Path) -> dict:
+def load(engine: Engine, folder: Path, new_schedule: bool = False) -> dict:
     """Restore the model, optimizer, schedule and RNG states of checkpoint `folder` (chosen by
-    `choose`); returns its state.json."""
+    `choose`); returns its state.json. `new_schedule` (a run continued from another's final state):
+    the engine's own schedule, with its own peak rate, goes on from the checkpoint's step."""
     state = read_state(folder)
     layout = state["layout"]
     grid = engine.engine.grid
@@ -275,7 +283,10 @@ def load(engine: Engine, folder: Path) -> dict:
         partitions, load_optimizer_states=True, load_from_fp32_weights=True
     )
     scheduler = engine.engine.lr_scheduler
-    scheduler.load_state_dict(state["scheduler"])
+    if new_schedule:
+        scheduler.last_epoch = state["step"]
+    else:
+        scheduler.load_state_dict(state["scheduler"])
     # The saved state holds the step and the rate of the schedule it was written under; the rate is
     # taken again from this run's schedule (another train.steps changes it), and the optimizer's
     # groups would only get it at the next step.

@@ -86,11 +86,13 @@ def build_engine(
     trainable: Callable[[str], bool],
     leading_rows: int = 0,
     leading_rows_step: float = 1.0,
+    schedule_start: int = 0,
 ) -> Engine:
     """The engine over this rank's stage, its weights loaded from `init_file` (single-model names);
     the vocabulary rows below `leading_rows` of the trained embedding and head take optimizer steps
     `leading_rows_step` times the ones the learning rate gives, and with 0 no gradient at all: they
-    stay as they are."""
+    stay as they are. The learning-rate schedule starts at step `schedule_start` (a continued run's
+    first step) and ends at `train.steps`."""
     module, layers = _loaded_stage(model_cfg, train, parallel, init_file)
     trained = _trained_parameters(module, layers, trainable)
     vocabulary = (
@@ -103,7 +105,7 @@ def build_engine(
         if leading_rows
         else []
     )
-    optimizer, scheduler = _optimizer(train, trained, undecayed=vocabulary)
+    optimizer, scheduler = _optimizer(train, trained, vocabulary, schedule_start)
     import_muon_uncompiled()
     if parallel.pp > 1:
         pipeline_messages_in_their_own_group()
@@ -179,9 +181,9 @@ def _trained_parameters(
     return trained
 
 
-def _optimizer(train: TrainConfig, trained: list, undecayed: list):
+def _optimizer(train: TrainConfig, trained: list, undecayed: list, schedule_start: int):
     """AdamW over `trained`, weight decay on its matrices but `undecayed`, and the learning-rate
-    schedule."""
+    schedule from step `schedule_start` to `train.steps`."""
     # A matrix with leading rows of their own has no weight decay: decay would shrink those rows at
     # every step, whatever their step size.
     left_out = {id(p) for p in undecayed}
@@ -207,10 +209,16 @@ def _optimizer(train: TrainConfig, trained: list, undecayed: list):
         eps=train.eps,
         fused=True if torch.cuda.is_available() else None,
     )
-    steps = train.steps
+    start, steps = schedule_start, train.steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda step: lr_factor(step, train.schedule, steps, train.warmup_steps, train.min_lr_ratio),
+        lambda step: lr_factor(
+            max(0, step - start),
+            train.schedule,
+            steps - start,
+            train.warmup_steps,
+            train.min_lr_ratio,
+        ),
     )
     return optimizer, scheduler
 

@@ -11,6 +11,7 @@ The files of a training stage's work folder, shared by the launching process and
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -20,6 +21,8 @@ from omegaconf import OmegaConf
 from pipeline.errors import ConfigError
 from pipeline.parallel.parallel_config import ParallelConfig
 from pipeline.training.train_config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 JOB_FILE = "job.yaml"
 
@@ -52,6 +55,12 @@ class TrainingJob:
     # `auto`: continue from the newest checkpoint in checkpoints/ and write new ones (pretrain);
     # `never`: start again; null: no checkpoints (warmup, which is short, starts again).
     resume: Optional[str] = None
+    # A continued run (pretrain init=continue:<run>): the other run's final training state (a
+    # checkpoint folder: weights, optimizer, data position) it starts from while it has no
+    # checkpoint of its own. Its steps count on from that state's step, `schedule_start`, where its
+    # own learning-rate schedule starts; train.steps is the step it ends at.
+    continue_from: Optional[str] = None
+    schedule_start: int = 0
 
     def trains(self, name: str) -> bool:
         return self.trainable is None or name.startswith(tuple(self.trainable))
@@ -67,11 +76,17 @@ def planned(
     pack: str,
     prefix: str = "train",
     share: float = 1.0,
+    start_step: int = 0,
 ) -> TrainConfig:
     """The section with its step budget fixed by the mix plan: `steps` null trains `share` of one
     pass of the pack (all of it: the tokens the plan allows, every source within its epoch cap);
     more steps than one pass is refused with the figures, since it would repeat the data beyond
-    mix.max_epochs. `warmup_steps` null becomes WARMUP_SHARE of the steps."""
+    mix.max_epochs. `warmup_steps` null becomes WARMUP_SHARE of the steps.
+
+    A run continued from step `start_step` of another (init=continue:<run>) trains `steps` more
+    (null: one more pass) and ends at step start_step + steps, beyond one pass if so asked: training
+    longer is what continuing is for, and the data goes on into the plan's next pass, in a new
+    order. Its warm-up is none unless given: the optimizer state it starts from is warm."""
     per_step = train.global_batch_size * seq_len
     fits = plan_tokens // per_step
     if fits < 1:
@@ -86,7 +101,9 @@ def planned(
             ],
         )
     steps = max(1, round(share * fits)) if train.steps is None else train.steps
-    if steps > fits:
+    if start_step:
+        _say_passes(start_step, steps, per_step, plan_tokens, prefix)
+    elif steps > fits:
         raise ConfigError(
             f"{prefix}.steps",
             train.steps,
@@ -102,12 +119,26 @@ def planned(
                 "and stage=pack again",
             ],
         )
-    warmup = (
-        train.warmup_steps
-        if train.warmup_steps is not None
-        else max(1, round(WARMUP_SHARE * steps))
+    if train.warmup_steps is not None:
+        warmup = train.warmup_steps
+    else:
+        warmup = 0 if start_step else max(1, round(WARMUP_SHARE * steps))
+    return dataclasses.replace(train, steps=start_step + steps, warmup_steps=warmup)
+
+
+def _say_passes(start_step: int, steps: int, per_step: int, plan_tokens: int, prefix: str) -> None:
+    """A continued run may go beyond one pass of the plan; it says how far."""
+    passes = (start_step + steps) * per_step / plan_tokens
+    log.info(
+        "%s: continues from step %d for %d more steps, to %.3g passes of the mix plan%s",
+        prefix,
+        start_step,
+        steps,
+        passes,
+        "; beyond one pass its sources repeat beyond their planned epochs (mix.max_epochs)"
+        if passes > 1
+        else "",
     )
-    return dataclasses.replace(train, steps=steps, warmup_steps=warmup)
 
 
 def planned_job(
@@ -125,10 +156,13 @@ def planned_job(
     share: float = 1.0,
     trainable: Optional[List[str]] = None,
     resume: Optional[str] = None,
+    continue_from: Optional[Path] = None,
+    start_step: int = 0,
 ) -> TrainingJob:
     """The ranks' job: the `train` section (`prefix` in messages) with the micro-batch that fits and
     the step budget the mix plan allows (`planned`); the one place the section is completed before
-    the ranks read it."""
+    the ranks read it. `continue_from`: the final training state, of step `start_step`, of the run
+    it continues."""
     train = planned(
         dataclasses.replace(train, micro_batch_size=micro_batch_size),
         seq_len,
@@ -136,6 +170,7 @@ def planned_job(
         str(pack),
         prefix=prefix,
         share=share,
+        start_step=start_step,
     )
     return TrainingJob(
         stage=stage,
@@ -147,6 +182,8 @@ def planned_job(
         kernels=kernels,
         trainable=trainable,
         resume=resume,
+        continue_from=None if continue_from is None else str(continue_from),
+        schedule_start=start_step,
     )
 
 
@@ -171,6 +208,9 @@ TRAINED = (
     "checkpoint"  # the trained model as a pipeline checkpoint (what pretrain's init=warmup reads)
 )
 EXPORT = "hf"  # the trained model as a transformers folder
+# The training state of the last step (a checkpoint: weights, optimizer, data position), which a
+# finished pretrain keeps for init=continue:<run> (train.keep_final_state).
+FINAL_STATE = "final_state"
 # What a training stage's folder holds only while it runs: removed once its marker is written
 # (Stage.scratch).
 WHILE_TRAINING = (CHECKPOINTS, INIT)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from pipeline.errors import StageInterrupted
+from pipeline.errors import StageError, StageInterrupted
 from pipeline.json_files import write_json_atomic
 from pipeline.kernels import set_backend
 from pipeline.model.base_shape import CHECKPOINT_CONFIG, read_model_config
@@ -28,6 +28,7 @@ from pipeline.model.model_tensors import CHECKPOINT_WEIGHTS
 from pipeline.packing.sampler import PackedSampler
 from pipeline.parallel.ranks import slurm_ranks
 from pipeline.training import checkpoint
+from pipeline.training.checkpoint_files import checkpoint_dir
 from pipeline.training.engine import build_engine, init_distributed
 from pipeline.training.heldout import load_rows
 from pipeline.training.job import (
@@ -63,6 +64,7 @@ def train_rank(job: TrainingJob) -> None:
         job.trains,
         job.leading_rows,
         job.leading_rows_step,
+        job.schedule_start,
     )
     heldout = load_rows(folder / HELDOUT_FILE)
     sampler = PackedSampler(
@@ -87,13 +89,7 @@ def train_rank(job: TrainingJob) -> None:
     state, checkpointing = RunState(), None
     if job.resume is not None:
         root = folder / CHECKPOINTS
-        found = checkpoint.choose(root, engine.engine.device)
-        if found is not None:
-            saved = checkpoint.load(engine, found)
-            sampler.load_state_dict(saved["sampler"])
-            state = RunState(**saved["run"])
-            if rank == 0:
-                log.info("Resuming from %s (step %d of %d)", found, state.step, job.train.steps)
+        state = _resumed_state(job, engine, sampler, root)
 
         def save(step: int) -> Path:
             return checkpoint.save(
@@ -116,6 +112,13 @@ def train_rank(job: TrainingJob) -> None:
         run=state,
         checkpointing=checkpointing,
     )
+    # What a later run continues from (pipeline/training/run.py keeps it as final_state/).
+    if (
+        checkpointing
+        and job.train.keep_final_state
+        and not checkpoint_dir(root, state.step).is_dir()
+    ):
+        checkpointing.save(state.step)
     _save_trained(engine, folder)
     # After the save, so that the peaks include it; the launching process adds its own (the export).
     peaks = peaks_of_all_ranks(engine.engine.grid)
@@ -123,6 +126,45 @@ def train_rank(job: TrainingJob) -> None:
         write_json_atomic(folder / RESULT_FILE, {**result, "peak_memory_per_rank": peaks})
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _resumed_state(job: TrainingJob, engine, sampler: PackedSampler, root: Path) -> RunState:
+    """The run's state from its newest checkpoint that verifies, with the engine and the sampler
+    restored to it; else, for a continued run, from the final state of the run it continues: its
+    model, optimizer and data position, on this run's own schedule, counting steps and tokens on
+    from there. A fresh state when there is neither."""
+    device, is_logger = engine.engine.device, dist.get_rank() == 0
+    found = checkpoint.choose(root, device)
+    continued = found is None and job.continue_from is not None
+    if continued:
+        found = checkpoint.choose(
+            Path(job.continue_from),
+            device,
+            remedy="Train the run it continues again, or start this one another way (init=).",
+        )
+    if found is None and continued:
+        raise StageError(
+            f"{job.stage}: {job.continue_from}, the final training state of the run it continues, "
+            "holds no checkpoint. Train that run again, or start this one another way (init=)."
+        )
+    if found is None:
+        return RunState()
+    saved = checkpoint.load(engine, found, new_schedule=continued)
+    sampler.load_state_dict(saved["sampler"])
+    if not continued:
+        state = RunState(**saved["run"])
+        if is_logger:
+            log.info("Resuming from %s (step %d of %d)", found, state.step, job.train.steps)
+        return state
+    if is_logger:
+        log.info(
+            "Continuing from %s: step %d, the data at sequence %d; training to step %d",
+            found,
+            saved["step"],
+            saved["sampler"]["sequences"],
+            job.train.steps,
+        )
+    return RunState(step=saved["run"]["step"], tokens=saved["run"]["tokens"])
 
 
 def _save_trained(engine, folder: Path) -> None:

@@ -37,12 +37,18 @@ from pipeline.model.model_tensors import (
 from pipeline.packing.packed import PACKED_FILE
 from pipeline.parallel.ranks import distributed_environment, free_port, run_ranks
 from pipeline.tokenization.folder import token_roles, tokenizer_digest
-from pipeline.training.checkpoint_files import checkpoint_step, checkpoints, describe
+from pipeline.training.checkpoint_files import (
+    checkpoint_dir,
+    checkpoint_step,
+    checkpoints,
+    describe,
+)
 from pipeline.training.train_config import use_bf16
 from pipeline.training.heldout import save_rows
 from pipeline.training.job import (
     CHECKPOINTS,
     EXPORT,
+    FINAL_STATE,
     HELDOUT_FILE,
     INIT,
     METRICS_FILE,
@@ -266,6 +272,7 @@ def train_stage(
     shutil.rmtree(folder / SCRATCH, ignore_errors=True)
     result = finished or launch(job, cluster)
     refuse_non_finite_end(job, result)
+    keep_final_state(job)
     commit_step(f"{job.stage}: export hf/")
     export_trained(folder, training.tokenizer_dir, shard_bytes(export))
     frozen = {}
@@ -285,6 +292,39 @@ def train_stage(
     commit_step(f"{job.stage}: write report.json")
     write_json_atomic(folder / "report.json", report)
     return report
+
+
+def keep_final_state(job: TrainingJob) -> None:
+    """Move the checkpoint of the last step, which the ranks wrote (train.keep_final_state), to
+    final_state/, which the finished output keeps for a run that continues this one; the other
+    checkpoints go with the stage's scratch. Each step may be taken again after a kill."""
+    folder = Path(job.folder)
+    if job.resume is None or not job.train.keep_final_state or (folder / FINAL_STATE).is_dir():
+        return
+    staging = folder / f".{FINAL_STATE}.tmp"
+    staging.mkdir(exist_ok=True)
+    if not checkpoints(staging):
+        last = checkpoint_dir(folder / CHECKPOINTS, job.train.steps)
+        if not last.is_dir():
+            log.warning(
+                "%s: no checkpoint of the last step %d in %s, so no final state is kept: a run "
+                "cannot continue this one (init=continue:<run>).",
+                job.stage,
+                job.train.steps,
+                last.parent,
+            )
+            staging.rmdir()
+            return
+        commit_step(f"{job.stage}: keep the final training state")
+        os.replace(last, staging / last.name)
+    os.replace(staging, folder / FINAL_STATE)
+
+
+def final_state(folder: Path) -> Optional[Path]:
+    """The final training state that a finished training stage in `folder` kept (a checkpoint
+    folder), None if it kept none."""
+    kept = checkpoints(folder / FINAL_STATE)
+    return kept[0] if kept else None
 
 
 def steps_behind_checkpoints(partial: Path, steps: Optional[int]) -> list[str]:

@@ -63,6 +63,11 @@ class TrainConfig:
     # `keep_checkpoints` stay.
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
+    # pretrain: keep the training state of the last step (the model, the optimizer's fp32 master
+    # weights and moments, the data position: about 14 bytes per parameter) in final_state/ once it
+    # is done, for a run that continues it (init=continue:<run>); false: removed with the other
+    # checkpoints.
+    keep_final_state: bool = True
     # Steps in a row with a non-finite loss or gradient (each skipped) before the run stops.
     max_bad_steps: int = 10
     # The run also stops when more than this fraction of the last `skipped_window` steps were

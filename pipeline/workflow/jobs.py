@@ -7,7 +7,8 @@ when the stage stops with exit code 75 after saving a checkpoint, requeue the ta
 resumes from the checkpoint.
 
 Nothing from the config reaches the shell unquoted: `#SBATCH` values are single checked tokens,
-language codes come from the table, and every word of the command goes through shlex.quote. The
+language codes come from the table, a run's name (`run=`, in the job name and the command) is
+checked (pipeline/run_folders.py), and every word of the command goes through shlex.quote. The
 exception is cluster.env_command, which is shell code by design (module loads, sourcing an
 environment), written as given.
 
@@ -43,6 +44,7 @@ from pipeline.errors import ConfigError, StageInterrupted
 from pipeline.overrides import override_key
 from pipeline.parallel.parallel_config import ParallelConfig
 from pipeline.stages import RUN_LANGUAGE_KEYS
+from pipeline.work_folder import DEFAULT_RUN
 
 _HEADER = """\
 #!/bin/bash
@@ -122,9 +124,10 @@ def render_script(
 ) -> str:
     """The script for `stage`, whose array tasks are the `languages` (array index -> code); a
     training stage counts its quick stops in the folder `requeues`."""
+    run = "" if cfg.run == DEFAULT_RUN else f"-{cfg.run}"
     lines = [
         _HEADER.format(stage=stage).rstrip("\n"),
-        sbatch_line("job-name", f"pipeline-{stage}"),
+        sbatch_line("job-name", f"pipeline-{stage}{run}"),
         *(sbatch_line(key, value) for key, value in options),
     ]
     cases = "\n".join(
@@ -164,6 +167,8 @@ _SET_BY_WORKFLOW = {
     "workers",
     "cluster.executor",
     SCALE_GROUP,
+    # As resolved (`run_override`): a multirun's name is an interpolation on its command line.
+    "run",
 }
 
 # Stands for the array task's language in a job's argv; the script puts `"lang=${lang}"` there.
@@ -221,6 +226,11 @@ def work_dir_override(work_dir: Path) -> str:
     raise ConfigError("work_dir", text, ["a path without `${` and control characters"])
 
 
+def run_override(cfg: PipelineConfig) -> list[str]:
+    """`run=<name>` of a named run (a checked name: letters, digits and `._+-`), for its jobs."""
+    return [] if cfg.run == DEFAULT_RUN else [f"run={cfg.run}"]
+
+
 def python_command(workflow, container: str | None, placement: str) -> list[str]:
     """The Python a job runs its stage with: in the container, except for training stages, which run
     the container around each rank instead (in its srun command: pipeline/slurm.py)."""
@@ -252,6 +262,7 @@ def job_argv(
         f"stage={stage}",
         LANG_ARG,
         *overrides,
+        *run_override(cfg),
         work_dir_override(Path(cfg.work_dir).absolute()),
         *runs,
     ]

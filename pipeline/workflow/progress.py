@@ -19,7 +19,9 @@ queued instead of submitting them again, and stage=status finds a failed task's 
 `scripts/`, logs in `logs/`.
 
 stage=status: a table languages x stages of a workflow (done, running, queued, failed, not started),
-the base language's row (its clean and replay) first.
+the base language's row (its clean and replay) first; then the runs of each language (`run=`,
+pipeline/run_folders.py): what each has done, shares and continued. A named run's workflow keeps its
+own record, `${work_dir}/.workflow/runs/<run>/`.
 
 The markers are checked against the options of this command line, or, when it gives none besides the
 languages, against those of the last stage=workflow command in this work folder (recorded in
@@ -40,14 +42,16 @@ from pathlib import Path
 from typing import Optional
 
 from pipeline import slurm
-from pipeline.config import PipelineConfig
+from pipeline.config import STAGE_NAMES, PipelineConfig
 from pipeline.contract import is_current
 from pipeline.json_files import write_json_atomic
+from pipeline.run_folders import current_marker, language_runs, shared_stages
 from pipeline.languages import LANGUAGES
 from pipeline.slurm import TaskState
 from pipeline.stages import RECIPE_STAGES, STAGES, Key, Step
 from pipeline.workflow import selection
-from pipeline.workflow.jobs import passed_on, work_dir_override
+from pipeline.workflow.jobs import passed_on, run_override, work_dir_override
+from pipeline.work_folder import DEFAULT_RUN, RUNS_FOLDER, run_dir
 
 DONE, RUNNING, QUEUED, FAILED, NOT_STARTED = "done", "running", "queued", "failed", "not started"
 
@@ -108,8 +112,10 @@ STATE_DIR = ".workflow"
 STATE_FILE = "state.json"
 
 
-def state_dir(work_dir: Path) -> Path:
-    return Path(work_dir) / STATE_DIR
+def state_dir(work_dir: Path, run: str = DEFAULT_RUN) -> Path:
+    """The record of the workflow of run `run` (a named run's workflow keeps its own)."""
+    folder = Path(work_dir) / STATE_DIR
+    return folder if run == DEFAULT_RUN else folder / RUNS_FOLDER / run
 
 
 @dataclass(frozen=True)
@@ -153,8 +159,8 @@ class WorkflowState:
     overrides: list[str] | None = None
 
     @classmethod
-    def load(cls, work_dir: Path) -> "WorkflowState":
-        path = state_dir(work_dir) / STATE_FILE
+    def load(cls, work_dir: Path, run: str = DEFAULT_RUN) -> "WorkflowState":
+        path = state_dir(work_dir, run) / STATE_FILE
         if not path.is_file():
             return cls(path)
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -187,10 +193,10 @@ class WorkflowState:
 
 
 @contextlib.contextmanager
-def locked(work_dir: Path):
-    """One stage=workflow at a time per work folder: two would both submit what neither sees queued
-    yet."""
-    folder = state_dir(work_dir)
+def locked(work_dir: Path, run: str = DEFAULT_RUN):
+    """One stage=workflow at a time per work folder and run: two would both submit what neither sees
+    queued yet."""
+    folder = state_dir(work_dir, run)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -211,7 +217,7 @@ def print_status(cfg: PipelineConfig) -> None:
 
     work = Path(cfg.work_dir).absolute()
     codes = selection.languages(cfg)
-    state = WorkflowState.load(work)
+    state = WorkflowState.load(work, cfg.run)
     overrides = passed_on(list(HydraConfig.get().overrides.task))
     if not overrides and state.overrides:
         overrides = state.overrides
@@ -219,14 +225,16 @@ def print_status(cfg: PipelineConfig) -> None:
             "Checking the markers with the options of the last stage=workflow here: %s",
             " ".join(overrides),
         )
-    configs = selection.language_configs(cfg, [*overrides, work_dir_override(work)], codes)
+    job_overrides = [*overrides, *run_override(cfg), work_dir_override(work)]
+    configs = selection.language_configs(cfg, job_overrides, codes)
     steps = selection.steps(cfg, configs)
     states = slurm.task_states(state.job_ids()) if slurm.available() else {}
     cells = observe(steps, state.latest_tasks(), states)
-    print(table(steps, cells, work))
+    print(table(steps, cells, work, cfg.run))
+    print(runs_section(work, codes))
 
 
-def table(steps: list[Step], cells: dict[Key, Cell], work: Path) -> str:
+def table(steps: list[Step], cells: dict[Key, Cell], work: Path, run: str = DEFAULT_RUN) -> str:
     """Languages x stages; the base language's row (what every language's mix replays) first,
     marked."""
     codes = list(dict.fromkeys(step.lang for step in steps))
@@ -252,8 +260,10 @@ def table(steps: list[Step], cells: dict[Key, Cell], work: Path) -> str:
         ]
     )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    of_run = "" if run == DEFAULT_RUN else f" of run {run}"
     lines = [
-        f"Workflow in {work}: {len(codes)} language(s), {len(steps)} step(s); - = not started",
+        f"Workflow{of_run} in {work}: {len(codes)} language(s), {len(steps)} step(s); - = not "
+        "started",
         "",
     ]
     for row in [header, *rows[:-1], ["-" * w for w in widths], rows[-1]]:
@@ -271,3 +281,23 @@ def table(steps: list[Step], cells: dict[Key, Cell], work: Path) -> str:
             slurm_state = f" (Slurm: {cell.slurm.state})" if cell.slurm else ""
             lines.append(f"  {code} {stage}: {cell.task.log}{slurm_state}")
     return "\n".join(lines)
+
+
+def runs_section(work: Path, codes: list[str]) -> str:
+    """The runs of each language (`run=`, pipeline/run_folders.py): the stages each has done, which
+    of them it shares with another run, and the run it continued."""
+    lines = ["", "Runs (done stages; shared: the run whose output it reads):"]
+    for code in codes:
+        for run in language_runs(work, code, STAGE_NAMES):
+            folders = {stage: run_dir(work, code, run) / stage for stage in STAGE_NAMES}
+            markers = {stage: current_marker(folder) for stage, folder in folders.items()}
+            done = [stage for stage, marker in markers.items() if marker is not None]
+            shared = shared_stages(work, code, run, STAGE_NAMES)
+            about = [", ".join(done) or "nothing done"]
+            if shared:
+                about.append("shared: " + ", ".join(f"{s} ({r})" for s, r in shared.items()))
+            lineage = ((markers["pretrain"] or {}).get("metrics") or {}).get("continued_from")
+            if lineage:
+                about.append(f"continues {lineage['run']} from step {lineage['step']}")
+            lines.append(f"  {code} {run}: {'; '.join(about)}")
+    return "\n".join(lines if len(lines) > 2 else [*lines, "  none"])

@@ -26,6 +26,7 @@ from pipeline.workflow.jobs import (
     job_argv,
     layout_overrides,
     passed_on,
+    run_override,
     render_script,
     sbatch_options,
     work_dir_override,
@@ -53,7 +54,9 @@ def submit_workflow(cfg: PipelineConfig) -> None:
     work = Path(cfg.work_dir).absolute()
     codes = selection.languages(cfg)
     overrides = passed_on(list(HydraConfig.get().overrides.task))
-    configs = selection.language_configs(cfg, [*overrides, work_dir_override(work)], codes)
+    configs = selection.language_configs(
+        cfg, [*overrides, *run_override(cfg), work_dir_override(work)], codes
+    )
     steps = selection.steps(cfg, configs)
     check_resources(cfg)
     placements = {step.stage: STAGES[step.stage].placement(step.cfg) for step in steps}
@@ -72,8 +75,9 @@ def submit_workflow(cfg: PipelineConfig) -> None:
             "add workflow.dry_run=true to print the scripts and the dependency graph only."
         )
     # A dry run writes nothing, not even the lock.
-    with contextlib.nullcontext() if dry_run else locked(work):
-        state = WorkflowState.load(work)
+    record = state_dir(work, cfg.run)
+    with contextlib.nullcontext() if dry_run else locked(work, cfg.run):
+        state = WorkflowState.load(work, cfg.run)
         states = slurm.task_states(state.job_ids()) if slurm.available() else {}
         cells = observe(steps, state.latest_tasks(), states)
         planned = plan(steps, cells, TABLE_INDEX)
@@ -88,16 +92,16 @@ def submit_workflow(cfg: PipelineConfig) -> None:
                 f"another)."
             )
         if dry_run:
-            _print_dry_run(scripts, planned, work)
+            _print_dry_run(scripts, planned, record)
             return
         _cancel_stuck(cells)
         state.overrides = overrides
-        _submit(planned, scripts, state, work)
+        _submit(planned, scripts, state, record)
         state.save()
     if planned:
         print(
             f"Follow it with: python -m pipeline stage=status {selection.languages_argument(cfg)} "
-            f"{shlex.quote(work_dir_override(work))}"
+            f"{shlex.join([*run_override(cfg), work_dir_override(work)])}"
         )
 
 
@@ -138,10 +142,10 @@ def _render_scripts(
             languages,
             cfg,
             argv,
-            state_dir(work) / "requeues",
+            state_dir(work, cfg.run) / "requeues",
         )
         name = f"{stage}{'-base' if for_base else ''}-{stamp}.sh"
-        scripts[script] = (state_dir(work) / "scripts" / name, text)
+        scripts[script] = (state_dir(work, cfg.run) / "scripts" / name, text)
     return scripts
 
 
@@ -186,15 +190,17 @@ def training_layout(cfg: PipelineConfig, overrides: list[str]) -> tuple[Parallel
     return node_filling_layout(cfg, cluster.gpus_per_node, (cfg.train, cfg.warmup.train)), True
 
 
-def _submit(planned: list[Planned], scripts: dict, state: WorkflowState, work: Path) -> None:
+def _submit(planned: list[Planned], scripts: dict, state: WorkflowState, record: Path) -> None:
+    """Submit the `planned` arrays, keeping each submission in `state` (in the workflow's record
+    folder `record`, where the logs go too)."""
     for path, text in scripts.values():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    (state_dir(work) / "logs").mkdir(parents=True, exist_ok=True)
+    (record / "logs").mkdir(parents=True, exist_ok=True)
     job_ids: dict[int, str] = {}
     for array in planned:
         script = scripts[array.script][0]
-        log_pattern = _log_pattern(work, array.stage)
+        log_pattern = _log_pattern(record, array.stage)
         after = dependency(array, job_ids)
         argv = _sbatch_argv(array, script, log_pattern, after)
         job_ids[id(array)] = job = slurm.submit(argv)
@@ -222,9 +228,9 @@ def _submit(planned: list[Planned], scripts: dict, state: WorkflowState, work: P
         )
 
 
-def _log_pattern(work: Path, stage: str) -> str:
+def _log_pattern(record: Path, stage: str) -> str:
     """One log per array task: %A is the array's job id, %a the task's index."""
-    return str(state_dir(work) / "logs" / f"{stage}_%A_%a.log")
+    return str(record / "logs" / f"{stage}_%A_%a.log")
 
 
 def _sbatch_argv(array: Planned, script: Path, log_pattern: str, after: str | None) -> list[str]:
@@ -242,7 +248,7 @@ def _sbatch_argv(array: Planned, script: Path, log_pattern: str, after: str | No
     return [*argv, str(script)]
 
 
-def _print_dry_run(scripts: dict, planned: list[Planned], work: Path) -> None:
+def _print_dry_run(scripts: dict, planned: list[Planned], record: Path) -> None:
     for path, text in scripts.values():
         print(f"\n#### {path} (not written: workflow.dry_run=true)\n{text}")
     print("#### dependency graph (nothing submitted: workflow.dry_run=true)")
@@ -258,7 +264,7 @@ def _print_dry_run(scripts: dict, planned: list[Planned], work: Path) -> None:
             "    "
             + shlex.join(
                 _sbatch_argv(
-                    array, scripts[array.script][0], _log_pattern(work, array.stage), shown
+                    array, scripts[array.script][0], _log_pattern(record, array.stage), shown
                 )
             )
         )

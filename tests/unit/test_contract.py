@@ -35,6 +35,7 @@ class ToySection:
 class ToyConfig:
     work_dir: str
     lang: ToyLang = field(default_factory=ToyLang)
+    run: str = "default"
     resume: str = "auto"
     first: ToySection = field(default_factory=ToySection)
     second: ToySection = field(default_factory=ToySection)

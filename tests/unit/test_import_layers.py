@@ -32,6 +32,7 @@ GROUND_FLOOR = (
     "json_files",
     "commit_steps",
     "work_folder",
+    "run_folders",
 )
 ABOVE_GROUND = (
     "__main__",
@@ -43,6 +44,7 @@ ABOVE_GROUND = (
     "stage_outputs",
     "training",
     "evaluation",
+    "comparison",
     "parallel",
     "warmup",
     "packing",

@@ -314,6 +314,7 @@ class ToyLang:
 class ToyConfig:
     work_dir: str
     lang: ToyLang = field(default_factory=ToyLang)
+    run: str = "default"
     size: int = 1
     resume: str = "auto"
 
