@@ -39,7 +39,7 @@ from pipeline.corpus.sources import (
 from pipeline.errors import StageError
 from pipeline.evaluation.eval_config import FLORES, TaskConfig, task_name
 from pipeline.languages import LANGUAGES, language_config
-from pipeline.work_folder import read_marker, stage_dir
+from pipeline.work_folder import DEFAULT_RUN, read_marker, stage_dir
 
 HELDOUT, HELDOUT_SOURCE, BASE_LANG = "heldout", "heldout_source", "base_lang"
 
@@ -172,9 +172,15 @@ def heldout_source_set(lang: str, clean: Optional[Path]) -> TextSet | str:
 
 
 def base_lang_clean(cfg) -> Path:
-    """The clean stage output of the base model's language, in this work folder."""
+    """The clean stage output of the base model's language, in this work folder: the run's own (or
+    its link to another run's), else the default run's, which a named run's lone `stage=evaluate`
+    has not linked."""
     code = cfg.model.base_lang
-    return stage_dir(dataclasses.replace(cfg, lang=language_config(code, LANGUAGES[code])), "clean")
+    base = dataclasses.replace(cfg, lang=language_config(code, LANGUAGES[code]))
+    own = stage_dir(base, "clean")
+    if read_marker(own) is not None:
+        return own
+    return stage_dir(dataclasses.replace(base, run=DEFAULT_RUN), "clean")
 
 
 def is_base_lang(name: str) -> bool:
