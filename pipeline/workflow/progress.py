@@ -79,7 +79,8 @@ def observe(
     for step in steps:
         task = tasks.get(step.key)
         queue = states.get((task.job_id, task.index)) if task else None
-        needed = [cells[key] for key in step.needs]
+        # A step outside `workflow.stages` is not observed: its output is there or the step fails.
+        needed = [cells[key] for key in step.needs if key in cells]
         done = all(cell.status == DONE for cell in needed) and is_current(
             STAGES[step.stage], step.cfg
         )

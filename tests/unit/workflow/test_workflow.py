@@ -670,3 +670,21 @@ def test_cfg_job_after_model_base_and_unused_sections_refuse_nothing(tmp_path):
         check=False,
     )  # without model.base the demo's base is made: its section is checked
     assert refused.returncode == 1 and "demo_base.train.global_batch_size" in refused.stderr
+
+
+def test_a_workflow_of_some_stages_submits_those_only(tmp_path):
+    """`workflow.stages=[pretrain]`: the stages before it are not the workflow's to run or watch
+    (their outputs are there, or the task fails saying which is missing)."""
+    base = base_folder(tmp_path / "base")
+    out = run_cli(
+        "stage=workflow",
+        "langs=[nob,fao]",
+        "workflow.stages=[pretrain]",
+        "workflow.dry_run=true",
+        f"model.base={base}",
+        cwd=tmp_path,
+    ).stdout
+    graph = {
+        name: (stage, tasks, after) for name, stage, _, tasks, after in GRAPH_LINE.findall(out)
+    }
+    assert graph == {"pretrain": ("pretrain", "2", "-")}
