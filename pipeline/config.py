@@ -49,7 +49,7 @@ from pipeline.run_folders import (
     swept_run_name,
 )
 from pipeline.tokenization.tokenizer_config import TokenizerConfig, validate_tokenizer
-from pipeline.training.train_config import TrainConfig, validate_training
+from pipeline.training.train_config import TrainConfig, validate_eval_tasks, validate_training
 from pipeline.warmup.warmup_config import WarmupConfig, validate_warmup
 from pipeline.work_folder import DEFAULT_RUN
 
@@ -247,10 +247,13 @@ def validate(cfg: PipelineConfig) -> None:
     if cfg.resume not in RESUME:
         raise ConfigError("resume", cfg.resume, RESUME)
     validate_eval(cfg.eval)
+    for prefix, train in (("warmup.train", cfg.warmup.train), ("train", cfg.train)):
+        validate_eval_tasks(train.eval_tasks, cfg.eval.tasks, prefix)
     validate_plan(cfg.plan)
     validate_export(cfg.export)
     if cfg.model.base is None:  # the demo's base is made only without one
         validate_training(cfg.demo_base.train, cfg.parallel, prefix="demo_base.train")
+        validate_eval_tasks(cfg.demo_base.train.eval_tasks, cfg.eval.tasks, "demo_base.train")
     if cfg.model.base_lang not in LANGUAGES:
         raise ConfigError(
             "model.base_lang",

@@ -18,13 +18,21 @@ Every sequence starts with the token the model saw before documents (as in bits_
 stands where lm-evaluation-harness puts its prefix token; one longer than the window loses the start
 of its context, never its answer. Sequences go through the model `batch_size` at a time, longest
 first; the logits are computed only where an answer is scored.
+
+The metrics take the log-likelihoods from a function of the (context, continuation) pairs
+(`score_questions`), and the tokens of a pair come from a pure function of a tokenizer's `encode`
+(`scored_sequences`): stage=evaluate scores an exported model with `continuation_log_likelihoods`, and
+the training stages score the same pairs, tokenized the same way, through their engine
+(pipeline/training/inloop_tasks.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -37,6 +45,10 @@ Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 LABEL_PROMPT = "\nCategory:"
 ACC, ACC_NORM, ACC_BYTES, ACC_MUTUAL_INFO = "acc", "acc_norm", "acc_bytes", "acc_mutual_info"
 LINEAR_PROBE = "linear_probe_acc"
+# Texts -> the token ids of each, without special tokens.
+Encode = Callable[[list[str]], list[list[int]]]
+# (context, continuation) pairs -> log p(continuation | start token + context) of each, in nats.
+LogLikelihoods = Callable[[Sequence[tuple[str, str]]], list[float]]
 
 
 def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -98,10 +110,12 @@ class ScoringModel:
     device: torch.device
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        return [
-            encoding.ids
-            for encoding in self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        ]
+        return encode_texts(self.tokenizer, texts)
+
+
+def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """The token ids of each text as every scoring reads them: no special tokens added."""
+    return [encoding.ids for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
 def _batches(sequences: list[list[int]], batch_size: int, device: torch.device):
@@ -119,7 +133,7 @@ def _batches(sequences: list[list[int]], batch_size: int, device: torch.device):
 
 
 def encode_pairs(
-    scorer: ScoringModel, pairs: Sequence[tuple[str, str]]
+    encode: Encode, pairs: Sequence[tuple[str, str]]
 ) -> list[tuple[list[int], list[int]]]:
     """The (context, continuation) token ids of each pair as lm-evaluation-harness splits them: the
     context's trailing spaces move to the continuation; the context and the whole text are
@@ -130,16 +144,30 @@ def encode_pairs(
     for context, continuation in pairs:
         kept = context.rstrip()
         moved.append((kept, context[len(kept) :] + continuation))
-    contexts = scorer.encode([context for context, _ in moved])
-    wholes = scorer.encode([context + continuation for context, continuation in moved])
+    contexts = encode([context for context, _ in moved])
+    wholes = encode([context + continuation for context, continuation in moved])
     encoded = [
         (context_ids, whole[len(context_ids) :] if context else [])
         for (context, _), context_ids, whole in zip(moved, contexts, wholes)
     ]
     alone = [index for index, (_, continuation_ids) in enumerate(encoded) if not continuation_ids]
-    for index, ids in zip(alone, scorer.encode([moved[index][1] for index in alone])):
+    for index, ids in zip(alone, encode([moved[index][1] for index in alone])):
         encoded[index] = (encoded[index][0], ids)
     return encoded
+
+
+def scored_sequences(
+    encode: Encode, start_id: int, seq_len: int, pairs: Sequence[tuple[str, str]]
+) -> list[tuple[list[int], int]]:
+    """Each pair as the model reads it: `[start_id, *context, *continuation]` (encode_pairs) cut to
+    its last seq_len + 1 tokens, so that a long context loses its start, never the continuation; and
+    how many of its last tokens are scored (the continuation's, at most all but the first). The
+    inputs are the sequence but its last token, the targets the sequence but its first."""
+    sequences = []
+    for context, continuation in encode_pairs(encode, pairs):
+        whole = [start_id, *context, *continuation][-(seq_len + 1) :]
+        sequences.append((whole, min(len(continuation), len(whole) - 1)))
+    return sequences
 
 
 @torch.no_grad()
@@ -147,22 +175,16 @@ def continuation_log_likelihoods(
     scorer: ScoringModel, pairs: Sequence[tuple[str, str]]
 ) -> list[float]:
     """log p(continuation | start token + context) in nats for each (context, continuation), the
-    tokens split as lm-evaluation-harness splits them (encode_pairs)."""
-    sequences, scored = [], []
-    for context, continuation in encode_pairs(scorer, pairs):
-        whole = [scorer.start_id, *context, *continuation][-(scorer.seq_len + 1) :]
-        sequences.append(whole)
-        scored.append(min(len(continuation), len(whole) - 1))
-    inputs_only = [sequence[:-1] for sequence in sequences]
+    tokens split as lm-evaluation-harness splits them (scored_sequences)."""
+    sequences = scored_sequences(scorer.encode, scorer.start_id, scorer.seq_len, pairs)
+    inputs_only = [whole[:-1] for whole, _ in sequences]
     result = [0.0] * len(pairs)
     for chosen, inputs, lengths in _batches(inputs_only, scorer.batch_size, scorer.device):
         hidden = scorer.model.hidden_states(inputs)
         for row, index in enumerate(chosen):
-            count, length = scored[index], lengths[row]
+            (whole, count), length = sequences[index], lengths[row]
             logits = scorer.model.head(hidden[row, length - count : length]).float()
-            targets = torch.tensor(
-                sequences[index][length - count + 1 : length + 1], device=logits.device
-            )
+            targets = torch.tensor(whole[length - count + 1 : length + 1], device=logits.device)
             result[index] = float(F.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).sum())
     return result
 
@@ -226,6 +248,22 @@ def _best(values: Sequence[float]) -> int:
     return max(range(len(values)), key=values.__getitem__)
 
 
+def _chosen(
+    log_likelihoods: Sequence[float],
+    chars: Sequence[int],
+    utf8_bytes: Sequence[int],
+    unconditional: Optional[Sequence[float]],
+) -> dict[str, int]:
+    chosen = {
+        ACC: _best(log_likelihoods),
+        ACC_NORM: _best([ll / n for ll, n in zip(log_likelihoods, chars)]),
+        ACC_BYTES: _best([ll / n for ll, n in zip(log_likelihoods, utf8_bytes)]),
+    }
+    if unconditional is not None:
+        chosen[ACC_MUTUAL_INFO] = _best([ll - u for ll, u in zip(log_likelihoods, unconditional)])
+    return chosen
+
+
 def chosen_choices(
     log_likelihoods: Sequence[float],
     choices: Sequence[str],
@@ -233,49 +271,99 @@ def chosen_choices(
 ) -> dict[str, int]:
     """The index of the choice each metric picks, from each choice's log-likelihood after the prompt
     and the target delimiter, and after an empty prompt (`unconditional`, for acc_mutual_info)."""
-    chosen = {
-        ACC: _best(log_likelihoods),
-        ACC_NORM: _best([ll / len(choice) for ll, choice in zip(log_likelihoods, choices)]),
-        ACC_BYTES: _best(
-            [ll / len(choice.encode("utf-8")) for ll, choice in zip(log_likelihoods, choices)]
-        ),
-    }
-    if unconditional is not None:
-        chosen[ACC_MUTUAL_INFO] = _best([ll - u for ll, u in zip(log_likelihoods, unconditional)])
-    return chosen
+    return _chosen(
+        log_likelihoods,
+        [len(choice) for choice in choices],
+        [len(choice.encode("utf-8")) for choice in choices],
+        unconditional,
+    )
 
 
-def score_questions(scorer: ScoringModel, questions: Sequence[Question]) -> dict[str, Accuracy]:
-    """The multiple-choice metrics over `questions`: each choice scored after its prompt and the
-    target delimiter; acc_mutual_info too when every prompt has text."""
+@dataclass(frozen=True)
+class ChoiceLayout:
+    """Multiple-choice questions in numbers only: what their metrics need besides the
+    log-likelihoods (what the training ranks read back from their task rows)."""
+
+    offsets: tuple[int, ...]  # question q's choices are the pairs offsets[q] : offsets[q + 1]
+    correct: tuple[int, ...]  # each question's right choice
+    chars: tuple[int, ...]  # each choice's characters (acc_norm) and UTF-8 bytes (acc_bytes)
+    utf8_bytes: tuple[int, ...]
+    # Each choice's continuation among the pairs with an empty prompt (acc_mutual_info); None where a
+    # prompt is empty (XNLI): then there is no such metric.
+    prior: Optional[tuple[int, ...]]
+
+
+def choice_pairs(
+    questions: Sequence[Question],
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]], ChoiceLayout]:
+    """What scoring `questions` takes: each choice after its prompt and the target delimiter, as a
+    (context, continuation) pair, question by question; when every prompt has text, each distinct
+    continuation after an empty prompt (for acc_mutual_info; else none); and their layout."""
     pairs = [
         (question.context, f"{TARGET_DELIMITER}{choice}")
         for question in questions
         for choice in question.choices
     ]
-    likelihoods = continuation_log_likelihoods(scorer, pairs)
-    unconditional = None
+    alone, prior = [], None
     if all(question.context for question in questions):
         # Each distinct choice once: prompting's labels are a few, repeated for every item.
-        alone = list(dict.fromkeys(continuation for _, continuation in pairs))
-        prior = dict(
-            zip(alone, continuation_log_likelihoods(scorer, [("", text) for text in alone]))
-        )
-        unconditional = [prior[continuation] for _, continuation in pairs]
+        distinct = list(dict.fromkeys(continuation for _, continuation in pairs))
+        place = {continuation: index for index, continuation in enumerate(distinct)}
+        alone = [("", continuation) for continuation in distinct]
+        prior = tuple(place[continuation] for _, continuation in pairs)
+    choices = [choice for question in questions for choice in question.choices]
+    layout = ChoiceLayout(
+        tuple(itertools.accumulate((len(question.choices) for question in questions), initial=0)),
+        tuple(question.correct for question in questions),
+        tuple(len(choice) for choice in choices),
+        tuple(len(choice.encode("utf-8")) for choice in choices),
+        prior,
+    )
+    return pairs, alone, layout
+
+
+def accuracies(
+    layout: ChoiceLayout, likelihoods: Sequence[float], unconditional: Sequence[float]
+) -> dict[str, Accuracy]:
+    """The multiple-choice metrics from the log-likelihood of each pair and of each pair with an
+    empty prompt (choice_pairs' two lists, in their order)."""
     outcomes: dict[str, list[bool]] = {}
-    start = 0
-    for question in questions:
-        part = slice(start, start + len(question.choices))
-        start = part.stop
-        chosen = chosen_choices(
-            likelihoods[part],
-            question.choices,
-            None if unconditional is None else unconditional[part],
-        )
+    for question, right in enumerate(layout.correct):
+        part = slice(layout.offsets[question], layout.offsets[question + 1])
+        prior = None if layout.prior is None else [unconditional[i] for i in layout.prior[part]]
+        chosen = _chosen(likelihoods[part], layout.chars[part], layout.utf8_bytes[part], prior)
         for metric, index in chosen.items():
-            outcomes.setdefault(metric, []).append(index == question.correct)
-    chance = 1 / len(questions[0].choices)
+            outcomes.setdefault(metric, []).append(index == right)
+    chance = 1 / (layout.offsets[1] - layout.offsets[0])
     return {metric: Accuracy.of(right, chance) for metric, right in outcomes.items()}
+
+
+def score_questions(
+    questions: Sequence[Question], log_likelihoods: LogLikelihoods
+) -> dict[str, Accuracy]:
+    """The multiple-choice metrics over `questions`: each choice scored after its prompt and the
+    target delimiter by `log_likelihoods` (stage=evaluate: partial(continuation_log_likelihoods,
+    scorer)); acc_mutual_info too when every prompt has text."""
+    pairs, alone, layout = choice_pairs(questions)
+    likelihoods = log_likelihoods(pairs)
+    return accuracies(layout, likelihoods, log_likelihoods(alone) if alone else [])
+
+
+def prompted_questions(task: Classification) -> list[Question]:
+    """The classification task's test items as k-shot prompts, each label a choice."""
+    index = {label: number for number, label in enumerate(task.labels)}
+    return [
+        Question(prompt(task, item), task.labels, index[example.label])
+        for item, example in enumerate(task.test)
+    ]
+
+
+def task_questions(task: Task) -> Sequence[Question]:
+    """The questions a task is scored on by log-likelihood: its own (multiple choice), or its test
+    items prompted (classification; the linear probe is stage=evaluate's only)."""
+    if isinstance(task, Classification):
+        return prompted_questions(task)
+    return task.questions
 
 
 def score_classification(scorer: ScoringModel, task: Classification) -> dict[str, Accuracy]:
@@ -288,18 +376,15 @@ def score_classification(scorer: ScoringModel, task: Classification) -> dict[str
     )
     truth = [index[example.label] for example in task.test]
     probed = predict(mean_hidden_states(scorer, [example.text for example in task.test])).tolist()
-    prompted = [
-        Question(prompt(task, item), task.labels, right) for item, right in enumerate(truth)
-    ]
     return {
         LINEAR_PROBE: Accuracy.of(
             [guess == right for guess, right in zip(probed, truth)], 1 / len(task.labels)
         ),
-        **score_questions(scorer, prompted),
+        **score_questions(prompted_questions(task), partial(continuation_log_likelihoods, scorer)),
     }
 
 
 def score_task(scorer: ScoringModel, task: Task) -> dict[str, Accuracy]:
     if isinstance(task, Classification):
         return score_classification(scorer, task)
-    return score_questions(scorer, task.questions)
+    return score_questions(task.questions, partial(continuation_log_likelihoods, scorer))

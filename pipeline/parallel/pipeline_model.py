@@ -18,8 +18,9 @@ head.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -146,7 +147,11 @@ def _tied_head(embedding: EmbeddingLayer, hidden: torch.Tensor):
     return hidden, embedding.tokens.weight
 
 
-def token_loss(vocab_size: int, group=None, softcap: Optional[float] = None) -> Callable:
+# The label of a position that is not scored (linear_cross_entropy's ignore_index).
+IGNORE = -100
+
+
+def token_loss(vocab_size: int, group=None, softcap: Optional[float] = None) -> TokenLoss:
     """The cross-entropy of the next tokens, the LM head fused into it
     (pipeline.kernels.linear_cross_entropy), summed over the labels that count (not -100) and
     divided by all labels: the mean in training, where every label counts; in held-out scoring,
@@ -154,29 +159,78 @@ def token_loss(vocab_size: int, group=None, softcap: Optional[float] = None) -> 
     exact sum (pipeline/training/heldout.py). Under tensor parallelism from this rank's vocabulary
     shard of the head, the per-token statistics combined over the group. The padded vocabulary rows
     are never predicted; `softcap` caps the logits first (model.logit_softcap)."""
+    return TokenLoss(vocab_size, group, softcap)
 
-    def all_reduce(tensor: torch.Tensor, op: str) -> None:
+
+class TokenLoss:
+    """token_loss's loss. Inside `scoring_runs` it also sums the NLL of each run of scored labels
+    (consecutive labels that count) of each row on its own, and hands those sums on: the in-loop
+    downstream tasks pack one (prompt, choice) pair a run (pipeline/training/inloop_tasks.py). Each
+    run is its own linear_cross_entropy call, so that the tensor-parallel ranks, which see the same
+    labels, make the same calls and collectives."""
+
+    def __init__(self, vocab_size: int, group=None, softcap: Optional[float] = None) -> None:
+        self.vocab_size, self.group, self.softcap = vocab_size, group, softcap
+        self.runs: Optional[list[torch.Tensor]] = None  # a list while scoring_runs is active
+
+    def _all_reduce(self, tensor: torch.Tensor, op: str) -> None:
         dist.all_reduce(
-            tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group
+            tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=self.group
         )
 
-    def loss(outputs, labels: torch.Tensor) -> torch.Tensor:
+    def __call__(self, outputs, labels: torch.Tensor) -> torch.Tensor:
         hidden, weight = outputs
         shard = None
-        if group is not None:
+        if self.group is not None:
             # The whole shard's rows, padding included, pick the chunks: equal on every rank, as
             # they must be.
-            start = dist.get_rank(group) * weight.shape[0]
-            shard = VocabShard(start, weight.shape[0], all_reduce)
-            vocab_size_here = min(weight.shape[0], max(0, vocab_size - start))
+            start = dist.get_rank(self.group) * weight.shape[0]
+            shard = VocabShard(start, weight.shape[0], self._all_reduce)
+            weight = weight[: min(weight.shape[0], max(0, self.vocab_size - start))]
         else:
-            vocab_size_here = vocab_size
+            weight = weight[: self.vocab_size]
+        if self.runs is not None:
+            sums = self._run_sums(hidden, weight, labels, shard)
+            self.runs.append(sums)
+            return sums.sum() / labels.numel()
         summed = linear_cross_entropy(
-            hidden, weight[:vocab_size_here], labels, reduction="sum", shard=shard, softcap=softcap
+            hidden, weight, labels, reduction="sum", shard=shard, softcap=self.softcap
         )
         return summed / labels.numel()
 
-    return loss
+    def _run_sums(self, hidden, weight, labels: torch.Tensor, shard) -> torch.Tensor:
+        """The summed NLL of each run of scored labels, row by row, float32 (runs,)."""
+        scored = (labels != IGNORE).to(torch.int8).cpu()
+        edge = torch.zeros((scored.shape[0], 1), dtype=torch.int8)
+        # +1 where a run begins, -1 one past where it ends
+        steps = torch.diff(scored, dim=1, prepend=edge, append=edge)
+        sums = []
+        for row in range(labels.shape[0]):
+            bounds = steps[row].nonzero().flatten().tolist()
+            for begin, end in zip(bounds[::2], bounds[1::2]):
+                sums.append(
+                    linear_cross_entropy(
+                        hidden[row, begin:end],
+                        weight,
+                        labels[row, begin:end],
+                        reduction="sum",
+                        shard=shard,
+                        softcap=self.softcap,
+                    )
+                )
+        if not sums:
+            return torch.zeros(0, dtype=torch.float32, device=hidden.device)
+        return torch.stack(sums).float()
+
+    @contextmanager
+    def scoring_runs(self) -> Iterator[list[torch.Tensor]]:
+        """While inside, each call appends its runs' sums (one tensor per micro-batch) to the list
+        yielded, and returns their total over all labels as usual."""
+        self.runs = []
+        try:
+            yield self.runs
+        finally:
+            self.runs = None
 
 
 class _BuiltOnMeta:

@@ -95,6 +95,7 @@ STAGE = Stage(
     unhashed_keys=(
         "train.log_every",
         "train.eval_every",
+        "train.eval_tasks",
         "train.checkpoint_every",
         "train.keep_checkpoints",
         "train.max_bad_steps",

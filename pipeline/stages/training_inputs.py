@@ -1,6 +1,7 @@
 """What the training stages read from the stages before them, and the ranks' job made from it: the
-pack, its tokenizer and the clean stage's held-out text, with the training section completed
-(`prepare_training`). warmup and pretrain share it; each says only what differs.
+pack, its tokenizer and the clean stage's held-out text (and the downstream tasks the loop scores,
+`train.eval_tasks`), with the training section completed (`prepare_training`). warmup and pretrain
+share it; each says only what differs.
 
 The learning rate and the rest of a training section travel one way: from the config here, through
 the job (pipeline/training/job.py: its micro-batch and step budget completed, written for the ranks)
@@ -74,7 +75,14 @@ def prepare_training(
         document.text for document in read_documents(heldout, run.work_dir / SCRATCH / "heldout")
     )
     return StageTraining(
-        job, packed, tokenizer.folder, loaded, run.input_file(tokenizer.tokenizer), texts
+        job,
+        packed,
+        tokenizer.folder,
+        loaded,
+        run.input_file(tokenizer.tokenizer),
+        texts,
+        eval_tasks=cfg.eval.tasks,
+        task_start=cfg.eval.document_start,
     )
 
 

@@ -56,7 +56,8 @@ def micro_batches(tokens: np.ndarray, segment_ids: np.ndarray, micro: int, devic
 
 
 def row_batches(rows: ScoringRows, part: slice, micro: int, device: torch.device):
-    """((input ids, segment ids), labels) of the held-out rows in `part`, `micro` at a time."""
+    """((input ids, segment ids), labels) of the scoring rows in `part` (held-out text, or the
+    in-loop tasks' TaskRows), `micro` at a time."""
     inputs, labels, segments = (
         torch.from_numpy(array[part]).to(device)
         for array in (rows.inputs, rows.labels, rows.segment_ids)

@@ -34,8 +34,8 @@ VOCABULARY_MATRICES = ("embedding.tokens.weight", "head.weight")
 @dataclass
 class TrainingJob:
     stage: str  # for messages: warmup or pretrain
-    # The stage's work folder: the starting model in init/, heldout.npz; the ranks write
-    # checkpoints/, metrics.jsonl, tensorboard/, the trained model in checkpoint/ and
+    # The stage's work folder: the starting model in init/, heldout.npz (and task_rows.npz); the
+    # ranks write checkpoints/, metrics.jsonl, tensorboard/, the trained model in checkpoint/ and
     # train_result.json there.
     folder: str
     # The pack stage's output, which the sampler reads.
@@ -201,6 +201,10 @@ def read_job(path: Path) -> TrainingJob:
 
 INIT = "init"  # the starting model (single-model names), written before the ranks start
 HELDOUT_FILE = "heldout.npz"  # the held-out rows every rank scores
+# train.eval_tasks: the tasks' rows every rank scores, and the log-likelihood of each of their pairs
+# at the end of training (pipeline/training/inloop_tasks.py).
+TASK_ROWS_FILE = "task_rows.npz"
+TASK_SCORES_FILE = "task_log_likelihoods.npy"
 CHECKPOINTS = "checkpoints"  # resumable training states (pretrain)
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "train_result.json"

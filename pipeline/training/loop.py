@@ -1,5 +1,5 @@
-"""The training loop: take a batch from the sampler, step the engine, log, score held-out text,
-checkpoint.
+"""The training loop: take a batch from the sampler, step the engine, log, score held-out text (and
+the downstream tasks of train.eval_tasks), checkpoint.
 
 Shared by `warmup` and `pretrain`. A step whose loss or gradient is not finite is skipped by
 DeepSpeed (the model and optimizer stay as they were) and counted in the run's state (`RunState`),
@@ -39,6 +39,7 @@ from pipeline.evaluation.bits_per_byte import ScoringRows
 from pipeline.training.train_config import TrainConfig
 from pipeline.training.engine import Engine
 from pipeline.training.heldout import heldout_bpb, micro_batches
+from pipeline.training.inloop_tasks import InloopTasks
 from pipeline.training.peak_memory import peak_memory
 
 log = logging.getLogger(__name__)
@@ -61,20 +62,27 @@ def train_loop(
     flops_per_token: int,
     run: Optional[RunState] = None,
     checkpointing: Optional[Checkpointing] = None,
+    tasks: Optional[InloopTasks] = None,
 ) -> dict:
-    """Train up to step `train.steps` from `run.step`; returns the run's summary."""
+    """Train up to step `train.steps` from `run.step`; returns the run's summary. Held-out text (and
+    `tasks`, train.eval_tasks) is scored before the first step, every `train.eval_every` steps and
+    after the last."""
     ds = engine.engine
     run = run or RunState()
     step_tokens = train.global_batch_size * sampler.seq_len
     metrics = MetricsLog(metrics_file, is_logger)
 
-    def evaluate() -> float:
+    def evaluate() -> dict:
         bpb = heldout_bpb(engine, heldout, train.micro_batch_size, engine.dp_rank, engine.dp_world)
-        metrics.record({"step": run.step, "heldout_bpb": bpb})
-        return bpb
+        entry = {"step": run.step, "heldout_bpb": bpb}
+        if tasks is not None:
+            entry["tasks"] = tasks.score(engine, train.micro_batch_size)
+        metrics.record(entry)
+        return entry
 
     if run.heldout_bpb_before is None:
-        run.heldout_bpb_before = evaluate()
+        first = evaluate()
+        run.heldout_bpb_before, run.tasks_before = first["heldout_bpb"], first.get("tasks")
     stop = StopRequest()
     progress = tqdm(
         total=train.steps, initial=run.step, desc="training", unit="step", disable=not is_logger
@@ -84,24 +92,13 @@ def train_loop(
     batches = iter(sampler)  # this rank's rows, from the sampler's step on
     try:
         while run.step < train.steps:
-            lr = ds.get_lr()[
-                0
-            ]  # the rate this step uses (the schedule moves on inside train_batch)
+            # the rate this step uses (the schedule moves on inside train_batch)
+            lr = ds.get_lr()[0]
             loss = _train_step(ds, next(batches), train, run, step_tokens, last_checkpoint)
             throughput.tokens += step_tokens
             progress.update(1)
             if run.step % train.log_every == 0 or run.step == train.steps:
-                speed = throughput.measure()
-                grad_norm = ds.get_global_grad_norm()
-                entry = {
-                    "step": run.step,
-                    "loss": loss,
-                    "lr": lr,
-                    "grad_norm": None if grad_norm is None else float(grad_norm),
-                    "tokens": run.tokens,
-                    **speed,
-                    **peak_memory(),
-                }
+                entry = _step_entry(ds, run, loss, lr, throughput)
                 metrics.record(entry)
                 progress.set_postfix(
                     loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{entry['tokens_per_s']:,.0f}"
@@ -117,18 +114,37 @@ def train_loop(
         stop.restore()
         metrics.flush()
     seconds = time.perf_counter() - started
+    last = evaluate()
     summary = {
         "steps": run.step,
         "tokens": run.tokens,
         "last_loss": run.last_loss,
         "skipped_steps": run.skipped_steps,
         "heldout_bpb_before": run.heldout_bpb_before,
-        "heldout_bpb_after": evaluate(),
+        "heldout_bpb_after": last["heldout_bpb"],
         "seconds": round(seconds, 2),
         "tokens_per_s": round((run.tokens - started_tokens) / seconds, 1) if seconds else None,
     }
+    if tasks is not None:
+        summary.update(tasks_before=run.tasks_before, tasks_after=last["tasks"])
     metrics.close()  # with the last held-out score on disk
     return summary
+
+
+def _step_entry(ds, run: RunState, loss: float, lr: float, throughput: Throughput) -> dict:
+    """What metrics.jsonl logs of a step: its loss and learning rate, the gradient norm, the tokens
+    so far, the speed since the last logged step and the peak memory."""
+    speed = throughput.measure()
+    grad_norm = ds.get_global_grad_norm()
+    return {
+        "step": run.step,
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": None if grad_norm is None else float(grad_norm),
+        "tokens": run.tokens,
+        **speed,
+        **peak_memory(),
+    }
 
 
 def _train_step(
@@ -206,8 +222,8 @@ class MetricsLog:
             return
         with self.file.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry) + "\n")
-        for key, value in entry.items():
-            if key != "step" and isinstance(value, (int, float)):
+        for key, value in _scalars(entry):
+            if key != "step":
                 self.board.add_scalar(key, value, entry["step"])
 
     def flush(self) -> None:
@@ -217,6 +233,16 @@ class MetricsLog:
     def close(self) -> None:
         if self.board is not None:
             self.board.close()
+
+
+def _scalars(entry: dict, prefix: str = ""):
+    """(name, number) of each number of a metrics entry, nested ones (the tasks' accuracies) named by
+    their path: tasks/<task>/<metric>."""
+    for key, value in entry.items():
+        if isinstance(value, dict):
+            yield from _scalars(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)):
+            yield f"{prefix}{key}", value
 
 
 class Throughput:
@@ -248,6 +274,8 @@ class RunState:
     # The skipped steps among the last `train.skipped_window`.
     recent_skips: list[int] = field(default_factory=list)
     heldout_bpb_before: Optional[float] = None
+    # The in-loop tasks' accuracies before the first step (train.eval_tasks), by task and metric.
+    tasks_before: Optional[dict] = None
     # Kept in checkpoints: a run resumed from its last step's checkpoint reports the loss it ended
     # with.
     last_loss: Optional[float] = None

@@ -1,7 +1,8 @@
 """One rank of a training stage: engine, sampler, resume, loop, and its share of the trained model.
 
 Reads everything from the job (pipeline/training/job.py) and the files the launching process wrote
-into the job's folder: the starting model in `init/` and the held-out rows in `heldout.npz`.
+into the job's folder: the starting model in `init/`, the held-out rows in `heldout.npz` and, with
+train.eval_tasks, the tasks' rows in `task_rows.npz`.
 
 Each rank is `python -m pipeline.training.rank <job.yaml>` (`main`), started by
 pipeline/training/run.py through pipeline/parallel/ranks.py; with one rank outside Slurm, run.py
@@ -16,7 +17,9 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Optional
 
+import numpy as np
 import torch.distributed as dist
 
 from pipeline.errors import StageError, StageInterrupted
@@ -31,12 +34,15 @@ from pipeline.training import checkpoint
 from pipeline.training.checkpoint_files import checkpoint_dir
 from pipeline.training.engine import build_engine, init_distributed
 from pipeline.training.heldout import load_rows
+from pipeline.training.inloop_tasks import InloopTasks, load_inloop_tasks
 from pipeline.training.job import (
     CHECKPOINTS,
     HELDOUT_FILE,
     INIT,
     METRICS_FILE,
     RESULT_FILE,
+    TASK_ROWS_FILE,
+    TASK_SCORES_FILE,
     TRAINED,
     TrainingJob,
     read_job,
@@ -67,6 +73,7 @@ def train_rank(job: TrainingJob) -> None:
         job.schedule_start,
     )
     heldout = load_rows(folder / HELDOUT_FILE)
+    tasks = _inloop_tasks(job, engine)
     sampler = PackedSampler(
         Path(job.pack),
         seq_len=job.seq_len,
@@ -76,16 +83,7 @@ def train_rank(job: TrainingJob) -> None:
         world=engine.dp_world,
     )
     if rank == 0 and job.leading_rows:
-        log.info(
-            "%s: the vocabulary rows below %d %s",
-            job.stage,
-            job.leading_rows,
-            f"learn from the sequences of {', '.join(sampler.names)}, by steps "
-            f"{job.leading_rows_step:g} times "
-            f"the learning rate's"
-            if job.leading_rows_step
-            else "stay as they are",
-        )
+        _say_leading_rows(job, sampler)
     state, checkpointing = RunState(), None
     if job.resume is not None:
         root = folder / CHECKPOINTS
@@ -111,7 +109,10 @@ def train_rank(job: TrainingJob) -> None:
         flops_per_token=flops_per_token(model_cfg, job.seq_len),
         run=state,
         checkpointing=checkpointing,
+        tasks=tasks,
     )
+    if tasks is not None and rank == 0:
+        np.save(folder / TASK_SCORES_FILE, tasks.last)
     # What a later run continues from (pipeline/training/run.py keeps it as final_state/).
     if (
         checkpointing
@@ -126,6 +127,33 @@ def train_rank(job: TrainingJob) -> None:
         write_json_atomic(folder / RESULT_FILE, {**result, "peak_memory_per_rank": peaks})
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _inloop_tasks(job: TrainingJob, engine) -> Optional[InloopTasks]:
+    """The rows of train.eval_tasks, checked against the engine's micro-batches and the job's
+    sequence length; None without tasks."""
+    if not job.train.eval_tasks:
+        return None
+    return load_inloop_tasks(
+        Path(job.folder) / TASK_ROWS_FILE,
+        job.train.eval_tasks,
+        job.seq_len,
+        engine.engine.train_micro_batch_size_per_gpu(),
+        engine.dp_world,
+    )
+
+
+def _say_leading_rows(job: TrainingJob, sampler: PackedSampler) -> None:
+    log.info(
+        "%s: the vocabulary rows below %d %s",
+        job.stage,
+        job.leading_rows,
+        f"learn from the sequences of {', '.join(sampler.names)}, by steps "
+        f"{job.leading_rows_step:g} times "
+        f"the learning rate's"
+        if job.leading_rows_step
+        else "stay as they are",
+    )
 
 
 def _resumed_state(job: TrainingJob, engine, sampler: PackedSampler, root: Path) -> RunState:

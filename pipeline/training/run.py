@@ -1,6 +1,7 @@
 """The one entry of a training stage's launching process: given the ranks' job and what it reads
 (`StageTraining`, which pipeline/stages/training_inputs.py fills from the stages before),
-`train_stage` writes the starting model and the held-out rows, runs the ranks, exports the trained
+`train_stage` writes the starting model and the held-out rows (and the rows of train.eval_tasks), runs
+the ranks, exports the trained
 model as a transformers folder and writes the stage's report. `warmup` and `pretrain` only say what
 differs: the starting model, the `train` section and which parameters train. The rank side is
 pipeline/training/rank.py; the files they share are named in pipeline/training/job.py.
@@ -13,7 +14,8 @@ import logging
 import math
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -24,6 +26,9 @@ from pipeline.cluster import ClusterConfig
 from pipeline.commit_steps import commit_step
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import scoring_rows
+from pipeline.evaluation.eval_config import TaskConfig
+from pipeline.evaluation.task_files import Task
+from pipeline.evaluation.task_scoring import encode_texts
 from pipeline.json_files import read_json, write_json_atomic
 from pipeline.model.model_config import ExportConfig, shard_bytes
 from pipeline.model.files import refuse_non_finite
@@ -45,6 +50,7 @@ from pipeline.training.checkpoint_files import (
 )
 from pipeline.training.train_config import use_bf16
 from pipeline.training.heldout import save_rows
+from pipeline.training.inloop_tasks import read_loop_tasks, save_task_rows, task_rows
 from pipeline.training.job import (
     CHECKPOINTS,
     EXPORT,
@@ -53,6 +59,8 @@ from pipeline.training.job import (
     INIT,
     METRICS_FILE,
     RESULT_FILE,
+    TASK_ROWS_FILE,
+    TASK_SCORES_FILE,
     TRAINED,
     VOCABULARY_MATRICES,
     TrainingJob,
@@ -88,6 +96,34 @@ def write_heldout(job: TrainingJob, texts: Iterable[str], tokenizer, start_id: i
         Path(job.folder) / HELDOUT_FILE,
     )
     return {"documents": rows.documents, "tokens": rows.tokens, "bytes": rows.bytes}
+
+
+def write_task_rows(
+    job: TrainingJob, tasks: list[Task], tokenizer, start_id: Optional[int]
+) -> dict:
+    """The rows of the tasks the ranks score in the loop (train.eval_tasks), each sequence starting
+    with `start_id` as stage=evaluate reads it (eval.document_start), padded to whole batches.
+    Returns their size per task."""
+    path = Path(job.folder) / TASK_ROWS_FILE
+    if not tasks:  # nor those of an earlier run with tasks
+        path.unlink(missing_ok=True)
+        (Path(job.folder) / TASK_SCORES_FILE).unlink(missing_ok=True)
+        return {}
+    if start_id is None:
+        raise StageError(
+            f"{job.stage}: the pack's tokenizer has no token for eval.document_start, so the tasks "
+            "of train.eval_tasks cannot be read as stage=evaluate reads them; set "
+            "eval.document_start to the token the model saw before documents (eos or bos)."
+        )
+    rows = task_rows(tasks, partial(encode_texts, tokenizer), start_id, job.seq_len)
+    save_task_rows(rows.padded_to(job.train.micro_batch_size * job.parallel.dp), path)
+    return {
+        task.name: {
+            "questions": len(layout.correct),
+            "sequences": int(rows.task_sequences[index + 1] - rows.task_sequences[index]),
+        }
+        for index, (task, layout) in enumerate(zip(tasks, rows.layouts))
+    }
 
 
 def check_pack_tokenizer(
@@ -228,6 +264,10 @@ class StageTraining:
     tokenizer: Tokenizer
     tokenizer_file: Path
     heldout: Iterable[str]  # the clean stage's held-out documents, read when the rows are written
+    # eval.tasks, of which the loop scores those that train.eval_tasks names, and the token (eos,
+    # bos) that starts their sequences (eval.document_start).
+    eval_tasks: list[TaskConfig] = field(default_factory=list)
+    task_start: str = "eos"
 
 
 def train_stage(
@@ -241,7 +281,7 @@ def train_stage(
     training measured) and returns it.
 
     The launching process writes the starting model to `init/` a tensor at a time, and the held-out
-    rows; the ranks train (pipeline/training/rank.py); the trained model in `checkpoint/` becomes a
+    rows (and those of the tasks of train.eval_tasks); the ranks train (pipeline/training/rank.py); the trained model in `checkpoint/` becomes a
     transformers folder `hf/`. A job that trains only some parameters (warmup) must have left every
     other tensor as it was. The resumable checkpoints and the starting model go once the marker is
     written (the stages' scratch, pipeline/contract.py)."""
@@ -261,14 +301,17 @@ def train_stage(
         # A fresh start: no metrics of an attempt that left no checkpoint.
         (folder / METRICS_FILE).unlink(missing_ok=True)
         shutil.rmtree(folder / "tensorboard", ignore_errors=True)
+    # Read and checked before the model is written: a bad file fails naming its line and field.
+    tasks = read_loop_tasks(training.eval_tasks, job.train.eval_tasks, folder / SCRATCH / "tasks")
     if finished is None:
         # Written a tensor at a time: this process never holds the model.
         refuse_non_finite(write_checkpoint(start.tensors, folder / INIT), start.what, start.advice)
     check_pack_tokenizer(
         job, training.packed, training.tokenizer_file, training.tokenizer.get_vocab_size()
     )
-    eos = token_roles(training.tokenizer_dir, training.tokenizer)["eos"]
-    scored = write_heldout(job, training.heldout, training.tokenizer, eos)
+    roles = token_roles(training.tokenizer_dir, training.tokenizer)
+    scored = write_heldout(job, training.heldout, training.tokenizer, roles["eos"])
+    tasks_scored = write_task_rows(job, tasks, training.tokenizer, roles[training.task_start])
     shutil.rmtree(folder / SCRATCH, ignore_errors=True)
     result = finished or launch(job, cluster)
     refuse_non_finite_end(job, result)
@@ -284,11 +327,19 @@ def train_stage(
         **about,
         **frozen,
         "heldout_scored": scored,
+        **({"tasks_scored": tasks_scored} if tasks_scored else {}),
         **result,
         # this process: the starting model, the export (and the training, with one rank started
         # here)
         "peak_memory_stage_process": peak_memory(),
     }
+    for name, accuracy in (result.get("tasks_after") or {}).items():
+        log.info(
+            "%s: %s after training (train.eval_tasks): %s",
+            job.stage,
+            name,
+            ", ".join(f"{metric} {value:.3f}" for metric, value in accuracy.items()),
+        )
     commit_step(f"{job.stage}: write report.json")
     write_json_atomic(folder / "report.json", report)
     return report

@@ -5,10 +5,11 @@ Learning-rate schedules: a linear warm-up, then constant, cosine, linear or warm
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from pipeline.errors import ConfigError
+from pipeline.evaluation.eval_config import TEXT_SET_LAYOUTS, TaskConfig, task_name
 from pipeline.parallel.parallel_config import ParallelConfig
 
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -59,6 +60,10 @@ class TrainConfig:
     eval_every: int = 0
     # Cap on the held-out tokens scored each time.
     eval_tokens: int = 65536
+    # Downstream tasks scored with the held-out text (eval.tasks entries by name, as the report names
+    # them): multiple choice as stage=evaluate scores it, classification by its k-shot prompting;
+    # their accuracies go to metrics.jsonl and the stage's report.
+    eval_tasks: list[str] = field(default_factory=list)
     # A checkpoint every this many steps (0: only when Slurm signals), of which the newest
     # `keep_checkpoints` stay.
     checkpoint_every: int = 1000
@@ -156,6 +161,31 @@ def validate_training(train: TrainConfig, parallel: ParallelConfig, prefix: str 
     for key in ("eval_every", "checkpoint_every", "activation_checkpoint_interval"):
         if getattr(train, key) < 0:
             raise ConfigError(f"{prefix}.{key}", getattr(train, key), ["an integer >= 0"])
+
+
+def validate_eval_tasks(names: list[str], tasks: list[TaskConfig], prefix: str = "train") -> None:
+    """Each of `names` (train.eval_tasks) names a task of `tasks` (eval.tasks), once; a held-out set
+    (flores200) is refused: the loop scores held-out bits per byte already."""
+    configured = {task_name(task): task for task in tasks}
+    for name in names:
+        task = configured.get(name)
+        if task is None:
+            raise ConfigError(
+                f"{prefix}.eval_tasks",
+                name,
+                [f"a task of eval.tasks by its name: {', '.join(configured) or 'none is set'}"],
+            )
+        if task.layout in TEXT_SET_LAYOUTS:
+            raise ConfigError(
+                f"{prefix}.eval_tasks",
+                name,
+                [
+                    f"a downstream task: {name} ({task.layout}) is a held-out set scored in bits "
+                    f"per byte, and {prefix} logs held-out bits per byte already (heldout_bpb)"
+                ],
+            )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{prefix}.eval_tasks", list(names), ["each task once"])
 
 
 SCHEDULES = ("constant", "cosine", "linear", "wsd")

@@ -6,6 +6,7 @@ log-likelihoods the test computes itself."""
 from __future__ import annotations
 
 import string
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -150,7 +151,7 @@ def test_a_model_scores_as_the_harness_definitions_say(scorer):
     assert continuation_log_likelihoods(scorer, pairs) == pytest.approx(
         [_log_likelihood(scorer, *pair) for pair in pairs], rel=1e-5
     )
-    ours = score_questions(scorer, QUESTIONS)
+    ours = score_questions(QUESTIONS, partial(continuation_log_likelihoods, scorer))
     expected: dict[str, list[bool]] = {}
     for question in QUESTIONS:
         lls = [_log_likelihood(scorer, question.context, f" {c}") for c in question.choices]
@@ -167,12 +168,18 @@ def test_a_model_scores_as_the_harness_definitions_say(scorer):
 def test_without_a_prompt_there_is_no_mutual_information(scorer):
     # XNLI's items: each choice a whole text after the start token; gain over an empty prompt is 0.
     items = [Question("", ("ab, right? Yes, c", "ab, right? No, c"), 0)]
-    assert list(score_questions(scorer, items)) == ["acc", "acc_norm", "acc_bytes"]
+    assert list(score_questions(items, partial(continuation_log_likelihoods, scorer))) == [
+        "acc",
+        "acc_norm",
+        "acc_bytes",
+    ]
 
 
 def test_the_context_trailing_spaces_go_to_the_continuation(scorer):
     vocab = scorer.tokenizer.get_vocab()
-    (context, continuation), (empty, alone) = encode_pairs(scorer, [("ab: ", "c"), ("", " c")])
+    (context, continuation), (empty, alone) = encode_pairs(
+        scorer.encode, [("ab: ", "c"), ("", " c")]
+    )
     assert context == [vocab["a"], vocab["b"], vocab[":"]]
     assert continuation == [vocab[" "], vocab["c"]]
     assert (empty, alone) == ([], [vocab[" "], vocab["c"]])
