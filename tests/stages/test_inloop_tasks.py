@@ -77,7 +77,9 @@ def options(task_file) -> tuple[str, ...]:
     )
 
 
-@pytest.mark.parametrize("layout", ["parallel.pp=1", "parallel.pp=2"])
+@pytest.mark.parametrize(
+    "layout", ["parallel.pp=1", "parallel.pp=2", "parallel.tp=2", "parallel.dp=2"]
+)
 def test_acceptance_tasks_scored_in_the_loop_are_those_the_exported_model_scores(
     nob_packed, tmp_path, layout
 ):
