@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from pipeline.evaluation.summary import duration
 from pipeline.json_files import write_json_atomic
 
 # Beside the default run's stage folders: <work_dir>/<lang>/compare/.
@@ -168,13 +169,6 @@ def _tasks_section(report: dict) -> list[str]:
     return ["## Task accuracy", "", *_table(header, rows)]
 
 
-def _duration(seconds) -> str:
-    if seconds is None:
-        return "-"
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{rest:02d}s"
-
-
 def _cost_section(report: dict) -> list[str]:
     if not report["cost"]:
         return []
@@ -191,7 +185,7 @@ def _cost_section(report: dict) -> list[str]:
                 run,
                 f"{cost['steps']:,}" if cost["steps"] is not None else "-",
                 f"{cost['tokens']:,}" if cost["tokens"] is not None else "-",
-                _duration(cost["seconds"]),
+                "-" if cost["seconds"] is None else duration(cost["seconds"]),
                 f"{cost['tokens_per_s']:,.0f}" if cost["tokens_per_s"] is not None else "-",
                 started,
             ]

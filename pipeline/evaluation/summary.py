@@ -127,7 +127,7 @@ COST_NOTE = (
 )
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     minutes, rest = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes:02d}m {rest:02d}s" if hours else f"{minutes}m {rest:02d}s"
@@ -138,7 +138,7 @@ def _cost_cells(cost: dict) -> str:
     it has none (a total's MFU)."""
     formats = {
         "tokens": lambda value: f"{value:,}",
-        "seconds": _duration,
+        "seconds": duration,
         "tokens_per_s": lambda value: f"{value:,.0f}",
         "mfu": lambda value: f"{value:.1%}",
         "devices": str,
