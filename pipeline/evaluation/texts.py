@@ -4,7 +4,8 @@
   or `eval.path`;
 - `heldout_source`: the clean stage's `heldout_source` split, whole sources
   (`clean.heldout_sources`) that no stage trains on: the language outside the training text's
-  domain;
+  domain; one set per pattern when there are several (`heldout_source:<pattern>`; Norwegian:
+  regjeringen.no's white papers, and Universal Dependencies' news and blogs);
 - `base_lang`: held-out text of the base model's language (`model.base_lang`):
   `eval.base_lang_path`, or what that language's clean stage held out when it is done: its held-out
   sources, one set per pattern of its `heldout_sources` when there are several
@@ -78,7 +79,7 @@ def _raw(folder: Path, files: list[str], scratch: Path) -> Iterator:
 class TextSet:
     """One held-out set: a clean stage's split, or a file or folder the user gave."""
 
-    name: str  # HELDOUT, HELDOUT_SOURCE, BASE_LANG or `BASE_LANG:<pattern>`
+    name: str  # HELDOUT, HELDOUT_SOURCE, BASE_LANG, or either of the last two `:<pattern>`
     title: str  # its column in the report
     where: str  # what the text is, for people
     # Either a clean stage output and its split (of a held-out source split, only the documents of
@@ -152,7 +153,35 @@ def heldout_set(path: Optional[str], lang: str, clean: Optional[Path]) -> TextSe
     )
 
 
-def heldout_source_set(lang: str, clean: Optional[Path]) -> TextSet | str:
+def _held_out_sources(
+    name: str, title: str, code: str, clean: Path, patterns: list[str]
+) -> list[TextSet]:
+    """The sources a clean stage held out whole as one set, or, when it held out several
+    (`clean.heldout_sources` patterns), a set per source, `<name>:<pattern>`, with its own documents
+    only: text of different kinds (a novel, web text; white papers, news) is not averaged away."""
+    where = f"of the sources {code}'s clean stage held out whole ({clean / HELDOUT_SOURCE_SPLIT})"
+    if len(patterns) < 2:
+        return [
+            TextSet(name, title, f"the documents {where}", clean=clean, split=HELDOUT_SOURCE_SPLIT)
+        ]
+    return [
+        TextSet(
+            f"{name}:{pattern}",
+            f"{title} {pattern}",
+            f"the documents matching {pattern} {where}",
+            clean=clean,
+            split=HELDOUT_SOURCE_SPLIT,
+            sources=(pattern,),
+        )
+        for pattern in patterns
+    ]
+
+
+def _source_patterns(clean: Path) -> list[str]:
+    return (read_marker(clean) or {}).get("metrics", {}).get("heldout_source_patterns") or []
+
+
+def heldout_source_set(lang: str, clean: Optional[Path]) -> list[TextSet] | str:
     """The clean stage's held-out sources, or why there are none."""
     if clean is None:
         return f"{lang}'s clean stage is not done, so there is no held-out source (clean.heldout_sources)"
@@ -162,12 +191,8 @@ def heldout_source_set(lang: str, clean: Optional[Path]) -> TextSet | str:
             f"the clean stage held out no source ({folder} holds no shard): name raw files in "
             f"clean.heldout_sources to score the language outside the training text's domain"
         )
-    return TextSet(
-        HELDOUT_SOURCE,
-        "held-out source",
-        f"the sources {lang}'s clean stage held out whole ({folder})",
-        clean=clean,
-        split=HELDOUT_SOURCE_SPLIT,
+    return _held_out_sources(
+        HELDOUT_SOURCE, "held-out source", lang, clean, _source_patterns(clean)
     )
 
 
@@ -204,8 +229,7 @@ def base_lang_sets(cfg) -> list[TextSet] | str:
     if code == cfg.lang.code:
         return f"model.base_lang is {code}, the language evaluated: its held-out text is the `{HELDOUT}` set"
     clean = base_lang_clean(cfg)
-    marker = read_marker(clean)
-    if marker is None:
+    if read_marker(clean) is None:
         return (
             f"no held-out text of the base model's language {code} (model.base_lang): run python "
             "-m pipeline "
@@ -216,31 +240,7 @@ def base_lang_sets(cfg) -> list[TextSet] | str:
     # held-out pages of the same books flatter the model. Each source apart: text of the replayed
     # kind, and of kinds never replayed.
     if _has_files(clean / HELDOUT_SOURCE_SPLIT):
-        where = (
-            f"of the sources {code}'s clean stage held out whole ({clean / HELDOUT_SOURCE_SPLIT})"
-        )
-        patterns = marker.get("metrics", {}).get("heldout_source_patterns") or []
-        if len(patterns) < 2:
-            return [
-                TextSet(
-                    BASE_LANG,
-                    title,
-                    f"the documents {where}",
-                    clean=clean,
-                    split=HELDOUT_SOURCE_SPLIT,
-                )
-            ]
-        return [
-            TextSet(
-                f"{BASE_LANG}:{pattern}",
-                f"{code} held-out {pattern}",
-                f"the documents matching {pattern} {where}",
-                clean=clean,
-                split=HELDOUT_SOURCE_SPLIT,
-                sources=(pattern,),
-            )
-            for pattern in patterns
-        ]
+        return _held_out_sources(BASE_LANG, title, code, clean, _source_patterns(clean))
     if not _has_files(clean / HELDOUT_SPLIT):
         return f"{code}'s clean stage ({clean}) held out no document"
     return [
@@ -308,5 +308,5 @@ def text_sets(cfg, clean: Optional[Path]) -> tuple[list[TextSet], dict[str, str]
         if isinstance(found, str):
             skipped[name] = found
         else:
-            sets.extend([found] if isinstance(found, TextSet) else found)
+            sets.extend(found)
     return [*sets, *flores_sets(cfg.eval.tasks)], skipped

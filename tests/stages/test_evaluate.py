@@ -347,7 +347,12 @@ def test_the_base_languages_text_is_a_source_its_clean_stage_held_out_whole_when
     from omegaconf import OmegaConf
 
     from pipeline.config import PipelineConfig
-    from pipeline.evaluation.texts import HELDOUT_SOURCE_SPLIT, HELDOUT_SPLIT, base_lang_sets
+    from pipeline.evaluation.texts import (
+        HELDOUT_SOURCE_SPLIT,
+        HELDOUT_SPLIT,
+        base_lang_sets,
+        heldout_source_set,
+    )
     from pipeline.languages import LANGUAGES, language_config
 
     cfg = OmegaConf.to_object(
@@ -396,6 +401,16 @@ def test_the_base_languages_text_is_a_source_its_clean_stage_held_out_whole_when
         [text for text, _ in text_set.records(tmp_path / "scratch", 10**6)] for text_set in sets
     ] == [["A book it never reads."], ["A review.", "An email."]]
     assert sets[0].identity() != sets[1].identity()
+    # The evaluated language's own held-out sources are split the same way (nob: regjeringen.no's
+    # white papers apart from UD's news and blogs).
+    own = heldout_source_set("eng", eng)
+    assert [text_set.name for text_set in own] == [
+        f"heldout_source:{book}",
+        f"heldout_source:{web}",
+    ]
+    assert [text_set.records(tmp_path / "own", 10**6) for text_set in own] == [
+        text_set.records(tmp_path / "scratch", 10**6) for text_set in sets
+    ]
 
 
 # What the training stages recorded (their markers, pretrain's metrics.jsonl): warmup's layout only by
