@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -23,7 +24,8 @@ from tokenizers import Tokenizer
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.tokenization.extension import Spared, extend_bpe  # noqa: E402
+from pipeline.progress import Progress  # noqa: E402
+from pipeline.tokenization.extension import Spared, base_cuts, extend_bpe, pieces  # noqa: E402
 
 
 def texts(folder: Path, limit: int | None = None) -> Iterator[str]:
@@ -51,6 +53,7 @@ def main() -> None:
     parser.add_argument("--target-bytes", type=int, default=30_000_000)
     parser.add_argument("--english-bytes", type=int, default=6_000_000)
     parser.add_argument("--spare-ratio", type=float, default=0.01)
+    parser.add_argument("--workers", type=int, default=1, help="processes, as the stage's")
     args = parser.parse_args()
 
     base = Tokenizer.from_file(args.base)
@@ -67,15 +70,25 @@ def main() -> None:
     english = list(texts(work / args.base_lang / "clean" / "train", args.english_bytes))
     english_bytes = sum(len(text.encode("utf-8")) for text in english)
     every = max(1, round(sum(len(text.encode("utf-8")) for text in target) / english_bytes))
+
+    def base_cut(documents: list[str], what: str):
+        with Progress(what, None, "B", logging.getLogger(__name__)) as progress:
+            return base_cuts(base, documents, args.workers, progress)
+
+    def counted(documents: list[str], what: str):
+        with Progress(what, None, "B", logging.getLogger(__name__)) as progress:
+            return pieces(base, documents, args.workers, progress)
+
+    # as the stage counts the target: every k-th
     spared = Spared(
-        english, target[::every], args.spare_ratio
-    )  # as the stage counts the target: every k-th
+        counted(english, "english"), counted(target[::every], "target"), args.spare_ratio
+    )
     for name, documents, spare in (
         (f"{args.lang} only", target, None),
         (f"{args.lang} + {args.base_lang}", target + english, None),
         (f"{args.lang} only, sparing {args.base_lang}", target, spared),
     ):
-        extended, added = extend_bpe(base, lambda: iter(documents), args.added, 2, spare)
+        extended, added = extend_bpe(base, base_cut(documents, name), args.added, 2, spare)
         cut = [extended.encode(text, add_special_tokens=False).ids for text in book]
         per_byte = (
             sum(len(extended.encode(t, add_special_tokens=False).ids) for t in heldout)

@@ -4,9 +4,10 @@ by side.
 Each training runs in a fresh process (this script with `--train`), so that one backend's memory
 never counts against another's; its peak is the process's own `ru_maxrss` read as soon as training
 returns (before the encoding below). A baseline process imports the same libraries and reads the
-sample without training: what is above its peak is the training's own memory. Every backend gets the
-same number of threads (`--threads`: Rayon threads for `tokenizers`, `num_threads` for
-SentencePiece). After training, each process encodes the whole sample once with its `tokenizer.json`
+sample without training: what is above its peak is the training's own memory. SentencePiece trains
+on its fixed number of threads, as in the stage (SENTENCEPIECE_THREADS in
+pipeline/tokenization/training.py: its model depends on the count), `tokenizers` on `--threads`
+Rayon threads. After training, each process encodes the whole sample once with its `tokenizer.json`
 (through `tokenizers`, in batches) to report the encoding speed too.
 
     python bench/tokenizer_training.py                      # embedded nob + eng, 32768 tokens
@@ -57,7 +58,7 @@ def write_sample(folders: list[Path], path: Path, scratch: Path) -> tuple[int, i
     return docs, size
 
 
-def train_once(name: str, sample: Path, vocab_size: int, threads: int) -> dict:
+def train_once(name: str, sample: Path, vocab_size: int) -> dict:
     """In the child process: train (or only read, for the baseline) and encode the sample; the
     timings."""
     from pipeline.tokenization.training import train_tokenizer
@@ -72,7 +73,7 @@ def train_once(name: str, sample: Path, vocab_size: int, threads: int) -> dict:
         return {"peak_rss_mib": peak_rss_mib()}
     start = time.perf_counter()
     trained = train_tokenizer(
-        read_sample(sample), TokenizerConfig(vocab_size=vocab_size, **options), threads
+        read_sample(sample), TokenizerConfig(vocab_size=vocab_size, **options)
     )
     train_s = time.perf_counter() - start
     train_peak = peak_rss_mib()
@@ -165,9 +166,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.train:  # the child process
-        args.out.write_text(
-            json.dumps(train_once(args.train, args.sample, args.vocab_size, args.threads))
-        )
+        args.out.write_text(json.dumps(train_once(args.train, args.sample, args.vocab_size)))
         return
 
     with tempfile.TemporaryDirectory() as tmp:

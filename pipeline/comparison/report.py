@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.evaluation.summary import duration
+from pipeline.progress import duration
 from pipeline.json_files import write_json_atomic
 
 # Beside the default run's stage folders: <work_dir>/<lang>/compare/.

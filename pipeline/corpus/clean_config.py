@@ -47,15 +47,20 @@ class CleanConfig:
     # fraction's share: a small language still gets text to evaluate on. Never more than a quarter
     # of the kept documents.
     heldout_min_documents: int = 10
-    # Output shards are cut at this many bytes (compressed); -1 means one shard per task.
+    # Output shards hold this many bytes of JSON lines (before compression); -1: one shard per folder.
     shard_bytes: int = 256 * 2**20
     # The most of one raw record the reader holds (a JSONL line, or a Parquet record's text): a
     # longer one is a bad record, `record_too_long`, skipped unread, so a broken dump's one-line
     # hundreds of MB cannot exhaust memory. 64 MiB is thousands of times a web page's text and more
     # than a long book's: no real document is that long.
     max_record_bytes: int = 64 * 2**20
-    # datatrove tasks (units of work, each a share of the input files); None: as many as workers.
+    # datatrove tasks (units of work, each an equal share of the input's bytes); None: as many as
+    # workers. Neither changes the output, only how fast it comes.
     tasks: Optional[int] = None
+    # A raw file larger than one task's share is read in parts, by several tasks, each part at
+    # least this many bytes on disk: a task's start (language-ID model, word tokenizers) costs
+    # seconds, a MiB of compressed text keeps the filters busy many times longer.
+    min_part_bytes: int = 2**20
 
 
 def heldout_source_patterns(clean: CleanConfig, lang) -> List[str]:
@@ -101,6 +106,8 @@ def validate_clean(clean: CleanConfig) -> None:
         )
     if clean.tasks is not None and clean.tasks < 1:
         raise ConfigError("clean.tasks", clean.tasks, ["null", "an integer >= 1"])
+    if clean.min_part_bytes < 1:
+        raise ConfigError("clean.min_part_bytes", clean.min_part_bytes, ["an integer >= 1 (bytes)"])
     if clean.lid.model is not None and not os.path.isfile(clean.lid.model):
         raise ConfigError(
             "clean.lid.model", clean.lid.model, ["a path to a local fastText/GlotLID .bin file"]

@@ -9,12 +9,17 @@ which its jobs load) and writes the folder paths unquoted into the batch script:
 checked to hold no shell syntax (pipeline/cluster.py) before anything is submitted. The submitted
 job ids are kept in `slurm_jobs.json`, so that a second submission while they are queued or running
 is refused (pipeline/slurm.py asks squeue).
+
+Run here, each phase logs a line when it starts and progress lines (pipeline/progress.py) until it
+ends: the filter phase from the bytes its tasks report having read (progress_files.py), the others
+at their end, with their documents or bytes per second.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,25 +33,29 @@ from pipeline.corpus.filters import choose_language_id
 from pipeline.corpus.heldout import is_heldout_source, move_to_heldout
 from pipeline.corpus.phases import (
     BAD_FILE_NAME,
-    BUCKETS_PHASE,
-    CLUSTER_PHASE,
     COMMIT_PLAN,
     FILTER_PHASE,
-    SPLIT_PHASE,
+    PHASES,
+    TASK_BAD_RECORDS,
+    TASK_PROGRESS,
     build_phases,
     collect_metrics,
     executor,
+    phase_work,
     quality_filters,
     raw_language_folder,
     top_up_plan,
 )
+from pipeline.corpus.progress_files import watched
 from pipeline.corpus.reader import RAW_PATTERNS, find_raw_files, fingerprint_files, unreadable_names
 from pipeline.corpus.report import REPORT_TEXT_FILE, markdown, step_key
 from pipeline.corpus.sources import CLEAN_SPLITS, HELDOUT_SPLIT, TRAIN_SPLIT
+from pipeline.corpus.task_layout import LAYOUT_FILE, plan_layout
 from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.errors import StageError
 from pipeline.json_files import read_json, write_json_atomic
 from pipeline.languages import LanguageConfig
+from pipeline.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +85,15 @@ def describe_raw_input(raw_dir: str, lang: LanguageConfig, lid: LanguageIdConfig
     return inputs if lid_model is None else {**inputs, "language_id_model": lid_model}
 
 
-def _prepare_work_dir(work: Path, files: list[str], tasks: int) -> None:
-    """Fix the task layout of this partial run; a resumed run with another layout starts afresh."""
-    layout = work / "task_layout.json"
-    wanted = {"tasks": tasks, "files": files}
-    if layout.exists() and json.loads(layout.read_text()) != wanted:
+def _prepare_work_dir(work: Path, layout: dict) -> None:
+    """Fix the task layout of this partial run; a resumed run with another layout (other workers or
+    `clean.tasks`) starts afresh: its tasks' files would not match."""
+    recorded = work / LAYOUT_FILE
+    if recorded.exists() and json.loads(recorded.read_text()) != layout:
         log.info("The interrupted run in %s used another task layout; starting it afresh.", work)
         shutil.rmtree(work)
         work.mkdir(parents=True)
-    (work / "raw_files.txt").write_text("".join(f"{name}\n" for name in files), encoding="utf-8")
-    layout.write_text(json.dumps(wanted))
+    recorded.write_text(json.dumps(layout))
 
 
 def _live_jobs(partial: Path) -> list[str]:
@@ -126,7 +134,7 @@ def _check_slurm_script(work: Path, last_logs: Path, lang: str) -> None:
     scripts' shell lines (the config's checks made every #SBATCH value one token)."""
     for folder in (work / "logs", last_logs):
         check_script_word("work_dir", folder)
-    for phase in (FILTER_PHASE, BUCKETS_PHASE, CLUSTER_PHASE, SPLIT_PHASE, "commit"):
+    for phase in (*PHASES, "commit"):
         check_script_word("lang", f"clean-{lang}-{phase}")
 
 
@@ -206,8 +214,9 @@ def prepare_phases(
         )
     folder = raw_language_folder(raw_dir, lang)
     files = find_raw_files(folder)
-    tasks = min(clean.tasks or workers, len(files))
-    _prepare_work_dir(work, files, tasks)
+    layout = plan_layout(folder, files, clean.tasks or workers, clean.min_part_bytes)
+    _prepare_work_dir(work, layout)
+    tasks = len(layout["tasks"])
     bad_names = unreadable_names(folder)
     _write_bad_names(work, bad_names)
     tokenizer, tokenizer_name = resolve_word_tokenizer(lang)
@@ -233,11 +242,13 @@ def prepare_phases(
         "heldout_source_files": held,
     }
     (work / "settings.json").write_text(json.dumps(settings, ensure_ascii=False))
+    split = {index for pieces in layout["tasks"] for index, _, parts in pieces if parts > 1}
     log.info(
-        "clean %s: %d files in %s, %d tasks, %d local workers",
+        "clean %s: %d files in %s (%d read in parts), %d tasks, %d local workers",
         lang.code,
         len(files),
         folder,
+        len(split),
         tasks,
         min(workers, tasks),
     )
@@ -273,8 +284,7 @@ def run_phases(
             )
         )
         if not on_slurm:
-            log.info("clean %s: phase %s (%d tasks)", lang, name, phase_tasks)
-            executors[-1].run()
+            _run_here(work, name, executors[-1], lang)
     if not on_slurm:
         last_step()
         return None
@@ -296,6 +306,37 @@ def run_phases(
     return submitted
 
 
+def _run_here(work: Path, name: str, phase, lang: str) -> None:
+    """Run the phase here, with a log line when it starts and progress lines until it ends."""
+    ranks = phase.get_incomplete_ranks(range(phase.world_size))
+    log.info("clean %s: phase %s (%d tasks, %d to run)", lang, name, phase.world_size, len(ranks))
+    what = f"clean {lang}: phase {name}"
+    if name == FILTER_PHASE:
+        shares = read_json(work / LAYOUT_FILE)["task_bytes"]
+        with (
+            Progress(what, sum(shares[rank] for rank in ranks), "B", log) as progress,
+            watched(progress, work / TASK_PROGRESS, ranks),
+        ):
+            phase.run()
+        return
+    total, unit = phase_work(work, name)
+    with Progress(what, total, unit, log) as progress:
+        phase.run()
+        progress.update(total)
+
+
+def _gather_bad_records(work: Path) -> None:
+    """The tasks' bad records, in task order (input order), into `bad_records/records.jsonl`: the
+    same file whatever the task layout."""
+    folder = work / "bad_records"
+    folder.mkdir(exist_ok=True)
+    with open(folder / ".records.jsonl.tmp", "wb") as gathered:
+        for task_log in sorted((work / TASK_BAD_RECORDS).glob("*.jsonl")):
+            with open(task_log, "rb") as records:
+                shutil.copyfileobj(records, gathered)
+    os.replace(folder / ".records.jsonl.tmp", folder / "records.jsonl")
+
+
 def finish_output(work: Path, clean: CleanConfig, lang: LanguageConfig, raw_dir: str) -> dict:
     """The end of a run whose phases are done: the statistics summed and the held-out top-up chosen
     once (recorded in COMMIT_PLAN before any document moves, so that an end killed on the way is
@@ -311,6 +352,7 @@ def finish_output(work: Path, clean: CleanConfig, lang: LanguageConfig, raw_dir:
         write_json_atomic(recorded, plan)
     metrics = plan["metrics"]
     move_to_heldout(work / TRAIN_SPLIT, work / HELDOUT_SPLIT, plan["top_up"])
+    _gather_bad_records(work)
     for split in (
         CLEAN_SPLITS
     ):  # an empty split is an empty folder, which the later stages read as no documents

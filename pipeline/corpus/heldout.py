@@ -14,7 +14,6 @@ import gzip
 import hashlib
 import heapq
 import json
-import os
 from collections import defaultdict
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
@@ -24,6 +23,7 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.disk_base import DiskWriter
 
 from pipeline.commit_steps import commit_step
+from pipeline.corpus.shards import write_lines
 from pipeline.corpus.source_counts import UNKNOWN_FILE, Counts
 
 # A fixed salt keeps the split independent of any other hash of the ids (e.g. sharding).
@@ -156,7 +156,7 @@ def move_to_heldout(train: Path, heldout: Path, chosen: dict[str, list[str]]) ->
         ]
         heldout.mkdir(parents=True, exist_ok=True)
         commit_step("clean: write the held-out top-up")
-        _write_atomic(target, moved)
+        write_lines(target, moved)
     for name in sorted(chosen):
         shard = train / name
         lines = _lines(shard) if shard.exists() else []
@@ -165,13 +165,6 @@ def move_to_heldout(train: Path, heldout: Path, chosen: dict[str, list[str]]) ->
             continue
         commit_step(f"clean: take the top-up out of train/{name}")
         if kept:
-            _write_atomic(shard, kept)
+            write_lines(shard, kept)
         else:
             shard.unlink()
-
-
-def _write_atomic(path: Path, lines: list[bytes]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with gzip.open(tmp, "wb") as handle:
-        handle.writelines(lines)
-    os.replace(tmp, path)

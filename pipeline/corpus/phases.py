@@ -1,18 +1,27 @@
-"""The clean stage's datatrove pipeline: its filters, its four phases, the executors that run them
+"""The clean stage's datatrove pipeline: its filters, its five phases, the executors that run them
 (local processes or Slurm jobs), the statistics summed into metrics and the held-out top-up's plan.
 Plain values in (the work folder, the `clean` section, the language's table entry): cleaning.py runs
 it, pipeline/stages/clean.py under the stage contract.
 
-1. read (bad records counted, never fatal) -> language ID -> Gopher repetition -> Gopher quality ->
-   C4 (off by default) -> FineWeb quality -> intermediate shards + MinHash signatures;
-2. MinHash buckets;  3. MinHash clusters (with cluster sizes, for the mix stage's rehydration);
+1. read the task's parts of the raw files (task_layout.py; bad records counted, never fatal) ->
+   language ID -> Gopher repetition -> Gopher quality -> C4 (off by default) -> FineWeb quality ->
+   intermediate shards + MinHash signatures;
+2. MinHash buckets (each bucket's hash range shared by `tasks // num_buckets` tasks);
+3. MinHash clusters (one task; with cluster sizes, for the mix stage's rehydration);
 4. drop near-duplicates (keeping one per cluster, annotated with its cluster size) -> the documents
    of the raw files that `clean.heldout_sources` names to `heldout_source/` -> held-out split by
-   document-id hash -> `train/` and `heldout/` shards.
+   document-id hash -> `train/` and `heldout/`, staged per task;
+5. the staged documents merged into the output shards (shards.py).
 
 Every rejected document is written under `rejected/<filter>/` with its reason in its metadata; a
 tally after the reader and after each step that removes or routes documents counts them per raw file
 (pipeline/corpus/source_counts.py).
+
+Phases 1 and 4 run one task per run of raw-file parts (task_layout.py), so that each task's documents
+come after those of the task before: datatrove's MinHash keeps, of each cluster, the document that
+its union-find makes the root, which depends only on the order of (task, document) pairs, and so is
+the same for any layout (minhash.py keeps it so with more bucket tasks, and for tasks without
+duplicates).
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ from pipeline.cluster import ClusterConfig
 from pipeline.corpus.clean_config import CleanConfig
 from pipeline.corpus.filters import DeclaredLanguageFilter, LocalLanguageFilter, choose_language_id
 from pipeline.corpus.heldout import HeldoutSourceSplit, HeldoutSplit, choose_top_up
-from pipeline.corpus.reader import RAW_PATTERNS, RawCorpusReader, TaskOutputReader
+from pipeline.corpus.reader import RAW_PATTERNS, TaskOutputReader
 from pipeline.corpus.report import count, step_key, summed_stats
+from pipeline.corpus.shards import STAGED, MergeShards, staged_writer
 from pipeline.corpus.source_counts import (
     HELDOUT,
     HELDOUT_SOURCE,
@@ -35,6 +45,7 @@ from pipeline.corpus.source_counts import (
     moved_to_heldout,
     per_source,
 )
+from pipeline.corpus.task_layout import LAYOUT_FILE, LayoutReader
 from pipeline.corpus.words import minhash_word_tokenizer
 from pipeline.errors import StageError
 from pipeline.languages import FilterThresholds, LanguageConfig
@@ -43,11 +54,23 @@ log = logging.getLogger(__name__)
 
 FILTER_PHASE, BUCKETS_PHASE = "1_filter", "2_minhash_buckets"
 CLUSTER_PHASE, SPLIT_PHASE = "3_minhash_clusters", "4_dedup_split"
+MERGE_PHASE = "5_merge_shards"
+PHASES = (FILTER_PHASE, BUCKETS_PHASE, CLUSTER_PHASE, SPLIT_PHASE, MERGE_PHASE)
 TALLIES = "source_counts"
 # The commit's statistics and the documents it moves to the held-out split (cleaning.finish_output).
 COMMIT_PLAN = "commit_plan.json"
+# Each task's bad records (the commit gathers them into bad_records/) and input read so far.
+TASK_BAD_RECORDS, TASK_PROGRESS = "task_bad_records", "task_progress"
 # What the phases write for the phases after them and the commit: gone once the marker is written.
-INTERMEDIATE = ("filtered", "minhash", TALLIES, COMMIT_PLAN)
+INTERMEDIATE = (
+    "filtered",
+    "minhash",
+    TALLIES,
+    COMMIT_PLAN,
+    STAGED,
+    TASK_BAD_RECORDS,
+    TASK_PROGRESS,
+)
 BAD_FILE_NAME = "file_name_not_utf8"
 DUPLICATES = "minhash_duplicate"
 
@@ -70,9 +93,7 @@ def raw_language_folder(raw_dir: str, lang: LanguageConfig) -> Path:
 
 
 def _rejected(work: Path, name: str):
-    from datatrove.pipeline.writers import JsonlWriter
-
-    return JsonlWriter(str(work / "rejected" / name))
+    return staged_writer(work, f"rejected/{name}")
 
 
 def quality_filters(
@@ -171,17 +192,12 @@ def _tally(work: Path, label: str) -> SourceTally:
 
 
 def _split_and_write(work: Path, clean: CleanConfig, heldout_sources: list[str]) -> list:
-    from datatrove.pipeline.writers import JsonlWriter
-
-    def writer(split: str):
-        return JsonlWriter(str(work / split), max_file_size=clean.shard_bytes)
-
     return [
-        HeldoutSourceSplit(heldout_sources, writer("heldout_source")),
+        HeldoutSourceSplit(heldout_sources, staged_writer(work, "heldout_source")),
         _tally(work, HELDOUT_SOURCE),
-        HeldoutSplit(clean.heldout_fraction, writer("heldout")),
+        HeldoutSplit(clean.heldout_fraction, staged_writer(work, "heldout")),
         _tally(work, HELDOUT),
-        writer("train"),
+        staged_writer(work, "train"),
     ]
 
 
@@ -207,28 +223,28 @@ def build_phases(
     filters: list[tuple[str, object]],
     heldout_sources: list[str],
 ) -> list[tuple[str, list, int]]:
-    """The phases, working in `work`, as (name, datatrove pipeline, number of tasks), from the
-    (name, step) pairs of `quality_filters`; the documents of `heldout_sources` (patterns) go to
-    `heldout_source/`."""
-    from datatrove.pipeline.dedup.minhash import (
-        MinhashDedupBuckets,
-        MinhashDedupCluster,
-        MinhashDedupFilter,
-        MinhashDedupSignature,
-    )
+    """The phases, working in `work` with the `tasks` of its task layout, as (name, datatrove
+    pipeline, number of tasks), from the (name, step) pairs of `quality_filters`; the documents of
+    `heldout_sources` (patterns) go to `heldout_source/`."""
+    from datatrove.pipeline.dedup.minhash import MinhashDedupCluster, MinhashDedupSignature
     from datatrove.pipeline.writers import JsonlWriter
 
-    reader = RawCorpusReader(
+    from pipeline.corpus.minhash import EveryTaskFilter, SharedBuckets, bucket_tasks
+
+    reader = LayoutReader(
         str(raw_folder),
-        str(work / "raw_files.txt"),
-        str(work / "bad_records"),
+        str(work / LAYOUT_FILE),
+        str(work / TASK_BAD_RECORDS),
+        str(work / TASK_PROGRESS),
         max_record_bytes=clean.max_record_bytes,
     )
     filtering = [reader, _tally(work, READ)]
     for name, step in filters:
         filtering += [step, _tally(work, name)]
+    merge = (MERGE_PHASE, [MergeShards(work, clean.shard_bytes)], tasks)
     if not clean.dedup.enabled:
-        return [(FILTER_PHASE, filtering + _split_and_write(work, clean, heldout_sources), tasks)]
+        split = filtering + _split_and_write(work, clean, heldout_sources)
+        return [(FILTER_PHASE, split, tasks), merge]
 
     minhash, words = _minhash_config(clean), minhash_word_tokenizer(lang, tokenizer)
     signatures, buckets, clusters = (
@@ -246,8 +262,8 @@ def build_phases(
         ),
         (
             BUCKETS_PHASE,
-            [MinhashDedupBuckets(signatures, buckets, config=minhash)],
-            minhash.num_buckets,
+            [SharedBuckets(signatures, buckets, config=minhash)],
+            bucket_tasks(minhash.num_buckets, tasks),
         ),
         (
             CLUSTER_PHASE,
@@ -260,7 +276,7 @@ def build_phases(
                 # Not the intermediate file's path (datatrove's `file_path`): it is gone once the
                 # stage is done.
                 TaskOutputReader(str(work / "filtered"), add_file_path=False),
-                MinhashDedupFilter(
+                EveryTaskFilter(
                     clusters, exclusion_writer=_rejected(work, DUPLICATES), load_cluster_sizes=True
                 ),
                 _tally(work, DUPLICATES),
@@ -268,7 +284,18 @@ def build_phases(
             ],
             tasks,
         ),
+        merge,
     ]
+
+
+def phase_work(work: Path, name: str) -> tuple[int, str]:
+    """What a phase after the filter phase works through, and its unit, for its progress lines:
+    the documents that the filters kept (the MinHash phases), or the bytes staged (the merge)."""
+    from datatrove.pipeline.writers import JsonlWriter
+
+    if name == MERGE_PHASE:
+        return sum(path.stat().st_size for path in (work / STAGED).rglob("*.jsonl")), "B"
+    return count(summed_stats(work / "logs" / FILTER_PHASE), JsonlWriter, "total"), "docs"
 
 
 def collect_metrics(work: Path, deduplicated: bool) -> dict:
@@ -278,7 +305,7 @@ def collect_metrics(work: Path, deduplicated: bool) -> dict:
     logs = work / "logs"
     stats = summed_stats(logs / FILTER_PHASE)
     split_stats = stats if not deduplicated else summed_stats(logs / SPLIT_PHASE)
-    reader = stats.get(step_key(RawCorpusReader), {})
+    reader = stats.get(step_key(LayoutReader), {})
     settings = json.loads((work / "settings.json").read_text())
 
     rejected, reasons = {}, {}

@@ -6,6 +6,13 @@ or `u`, `lang`/`document_lang`, `collection`). Unlike datatrove's stock JsonlRea
 rest of a file after one invalid UTF-8 byte and stops the task on a truncated `.gz`, it reads line
 by line in binary, keeps every valid record, and counts each bad one (stat `bad_records`, one stat
 per reason) with its file and line in `bad_records/<rank>.jsonl`.
+
+A file can be read in parts (`read_part`), each by a task of its own (task_layout.py): part i of n of
+a JSONL file is the lines that start in bytes [i*U/n, (i+1)*U/n) of its decompressed text (U bytes,
+read through once to measure, which costs a few seconds per GB next to the filters' hours); the part
+reads the file from its start up to there, counting lines, so that line numbers (of bad records, and
+of the ids of records without one) are the file's. Part i of n of a Parquet file is its share of the
+row groups.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import io
 import json
 import zlib
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import orjson
 from datatrove.data import Document, DocumentsPipeline
@@ -38,6 +45,8 @@ _SKIP_BYTES = 2**20
 # Parquet rows converted at a time: web documents are ~10 KB, so a batch is small next to the record
 # limit.
 _PARQUET_BATCH_ROWS = 64
+# What a truncated or corrupt compressed file raises: the records before it are kept.
+_DAMAGE = (EOFError, zlib.error, OSError, ValueError)
 
 
 def _raw_file_names(folder: Path) -> list[str]:
@@ -122,6 +131,9 @@ class RawCorpusReader(BaseDiskReader):
         self.max_record_bytes = max_record_bytes
         self._bad_log = None
         self._logged: dict[str, int] = {}
+        # The share of the part being read that is read (for progress reports), set as it opens.
+        self.part_done: Callable[[], float] = lambda: 0.0
+        self._raw_position: Callable[[], int] = lambda: 0
 
     # -- records -----------------------------------------------------------------------------------
 
@@ -171,6 +183,7 @@ class RawCorpusReader(BaseDiskReader):
 
     def _open_lines(self, path: str):
         raw = self.data_folder.open(path, "rb", compression=None)
+        self._raw_position = raw.tell  # the bytes on disk read so far, for progress reports
         if path.endswith(".gz"):
             return gzip.GzipFile(fileobj=raw)
         if path.endswith(".zst"):
@@ -180,6 +193,21 @@ class RawCorpusReader(BaseDiskReader):
                 zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
             )
         return raw
+
+    def _text_bytes(self, path: str) -> int:
+        """The decompressed size of a JSONL file, up to any damage: what its parts share."""
+        if not path.endswith((".gz", ".zst")):
+            return self.data_folder.size(path)
+        size = 0
+        stream = self._open_lines(path)
+        try:
+            while chunk := stream.read(_SKIP_BYTES):
+                size += len(chunk)
+        except _DAMAGE:
+            pass  # the part that holds the damage counts it
+        finally:
+            stream.close()
+        return size
 
     def _lines(self, stream) -> Iterator[Optional[bytes]]:
         """Each line of `stream` (with its newline), or None for one longer than `max_record_bytes`:
@@ -195,20 +223,34 @@ class RawCorpusReader(BaseDiskReader):
                 yield raw_line
                 continue
             del raw_line  # not held while the rest is skipped
-            yield None
+            # Skipped before it is reported, so that a part of the file (`_read_jsonl`) sees where
+            # the next line starts.
             skip = min(self.max_record_bytes, _SKIP_BYTES)
             while (piece := stream.readline(skip)) and not piece.endswith(b"\n"):
                 pass
+            yield None
 
-    def _read_jsonl(self, path: str) -> Iterator[Document]:
-        line = 0
-        stream = self._open_lines(path)
-        lines = self._lines(stream)
+    def _read_jsonl(self, path: str, part: int, parts: int) -> Iterator[Document]:
+        start, end = 0, None
+        if parts > 1:
+            start, end = _share(self._text_bytes(path), part, parts)
+            # What lies past the measured size (reading line by line may get further into damaged
+            # data) is the last part's.
+            end = None if part == parts - 1 else end
+        stream = _CountingStream(self._open_lines(path))
+        position, share = self._raw_position, self.data_folder.size(path) / parts
         try:
-            while True:
+            try:
+                line = _skip_to_line_start(stream, start)
+            except _DAMAGE:
+                return  # damage before this part's first line: the part that holds it counts it
+            begun = position()
+            self.part_done = lambda: (position() - begun) / max(share, 1.0)
+            lines = self._lines(stream)
+            while end is None or stream.offset < end:
                 try:
                     raw_line = next(lines, b"")
-                except (EOFError, zlib.error, OSError, ValueError) as error:
+                except _DAMAGE as error:
                     # Truncated or corrupt compressed data: keep what was read, count the rest once.
                     self._bad(path, line + 1, "truncated_or_corrupt_file", str(error))
                     return
@@ -222,21 +264,24 @@ class RawCorpusReader(BaseDiskReader):
                 if not raw_line.strip():
                     continue
                 try:
-                    try:
-                        text = raw_line.decode("utf-8")
-                    except UnicodeDecodeError as error:
-                        raise BadRecord("invalid_utf8", str(error)) from None
-                    try:
-                        record = orjson.loads(text)
-                    except orjson.JSONDecodeError as error:
-                        raise BadRecord("malformed_json", str(error)) from None
-                    yield self._document(record, path, line)
+                    yield self._document(self._record(raw_line), path, line)
                 except BadRecord as bad:
                     self._bad(path, line, bad.reason, bad.detail)
         finally:
             stream.close()
-        if line == 0:
+        if end is None and stream.offset == 0:
             self._bad(path, 0, "empty_file")
+
+    @staticmethod
+    def _record(raw_line: bytes):
+        try:
+            text = raw_line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise BadRecord("invalid_utf8", str(error)) from None
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError as error:
+            raise BadRecord("malformed_json", str(error)) from None
 
     def _parquet_rows(self, batch) -> Iterator[Optional[dict]]:
         """Each row of a record batch as a dict, or None for one whose `text` is longer than
@@ -261,7 +306,7 @@ class RawCorpusReader(BaseDiskReader):
         for index, skipped in enumerate(too_long):
             yield None if skipped else batch.slice(index, 1).to_pylist()[0]
 
-    def _read_parquet(self, path: str) -> Iterator[Document]:
+    def _read_parquet(self, path: str, part: int, parts: int) -> Iterator[Document]:
         import pyarrow.parquet as pq
 
         # Bounded here: the rows converted at a time (one small batch), and a too-long text never
@@ -271,7 +316,16 @@ class RawCorpusReader(BaseDiskReader):
         row = 0
         try:
             with self.data_folder.open(path, "rb") as f:
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+                parquet = pq.ParquetFile(f)
+                groups = range(*_share(parquet.num_row_groups, part, parts))
+                rows = [parquet.metadata.row_group(g).num_rows for g in range(groups.stop)]
+                row = first = sum(rows[: groups.start])
+                last = sum(rows)
+                self.part_done = lambda: (row - first) / max(last - first, 1)
+                batches = parquet.iter_batches(
+                    batch_size=_PARQUET_BATCH_ROWS, row_groups=list(groups)
+                )
+                for batch in batches:
                     for record in self._parquet_rows(batch):
                         row += 1
                         try:
@@ -283,15 +337,24 @@ class RawCorpusReader(BaseDiskReader):
         except (OSError, ValueError) as error:
             self._bad(path, row + 1, "truncated_or_corrupt_file", str(error))
             return
-        if row == 0:
+        if row == 0 and part == parts - 1:
             self._bad(path, 0, "empty_file")
 
-    def read_file(self, filepath: str) -> DocumentsPipeline:
-        reader = self._read_parquet if filepath.endswith(".parquet") else self._read_jsonl
-        for document in reader(filepath):
+    def read_part(self, path: str, part: int, parts: int) -> DocumentsPipeline:
+        """The documents of part `part` of `parts` of the file `path`."""
+        reader = self._read_parquet if path.endswith(".parquet") else self._read_jsonl
+        for document in reader(path, part, parts):
             self.stat_update("docs_in")
             self.stat_update("chars_in", value=len(document.text))
             yield document
+
+    def read_file(self, filepath: str) -> DocumentsPipeline:
+        return self.read_part(filepath, 0, 1)
+
+    def documents(self, rank: int, world_size: int) -> DocumentsPipeline:
+        """Task `rank`'s documents: datatrove's shard of the paths file (files rank, rank +
+        world_size, ...)."""
+        return super().run(None, rank, world_size)
 
     def run(
         self, data: Optional[DocumentsPipeline] = None, rank: int = 0, world_size: int = 1
@@ -301,8 +364,48 @@ class RawCorpusReader(BaseDiskReader):
         with open(
             self.bad_records_folder / f"{rank:05d}.jsonl", "w", encoding="utf-8"
         ) as self._bad_log:
-            yield from super().run(data, rank, world_size)
+            yield from self.documents(rank, world_size)
         self._bad_log = None
+
+
+def _share(size: int, part: int, parts: int) -> tuple[int, int]:
+    """[start, end) of part `part` of `parts` of `size` units (bytes, row groups)."""
+    return part * size // parts, (part + 1) * size // parts
+
+
+class _CountingStream:
+    """A binary stream that counts the bytes read from it: the offset of the next line."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.offset = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.offset += len(data)
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        data = self.stream.readline(size)
+        self.offset += len(data)
+        return data
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def _skip_to_line_start(stream: _CountingStream, start: int) -> int:
+    """Reads `stream` up to the first line that starts at or after byte `start`; returns the number
+    of lines before it."""
+    newlines, last = 0, b"\n"
+    while stream.offset < start and (chunk := stream.read(min(_SKIP_BYTES, start - stream.offset))):
+        newlines += chunk.count(b"\n")
+        last = chunk[-1:]
+    if last != b"\n":  # `start` falls inside a line, which belongs to the part before
+        while piece := stream.readline(_SKIP_BYTES):
+            if piece.endswith(b"\n"):
+                return newlines + 1
+    return newlines
 
 
 class TaskOutputReader(JsonlReader):

@@ -5,15 +5,14 @@ stages' markers, greedy continuations of held-out prompts (generation.py), and a
 (report.py: report.json, report.md and the plots).
 
 The tasks (`eval.tasks`, and those built from the held-out split with `eval.heldout_tasks`:
-task_builder.py) are read and checked before any model loads, and one model is in memory at a time
-(models.py).
+task_builder.py) are read and checked before any model loads; the models are scored spread over the
+visible GPUs, one model in memory at a time on each (model_scores.py).
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -24,15 +23,8 @@ from pipeline.errors import StageError
 from pipeline.evaluation.eval_config import downstream_tasks, task_name
 from pipeline.evaluation.lm_eval_results import models_in_report, write_lm_eval_results
 from pipeline.evaluation.generation import NEW_TOKENS, PROMPT_WORDS, held_out_prompts
-from pipeline.evaluation.models import (
-    ModelToScore,
-    continuations,
-    first_added_id,
-    load_model,
-    reproduce_training_score,
-    score_set,
-    score_tasks,
-)
+from pipeline.evaluation.model_scores import Scored, Scoring, base_vocab, score_models
+from pipeline.evaluation.models import ModelToScore
 from pipeline.evaluation.report import (
     REPORT_FILE,
     REPORT_TEXT_FILE,
@@ -54,11 +46,7 @@ from pipeline.evaluation.texts import (
     text_files,
     text_sets,
 )
-from pipeline.evaluation.uncertainty import (
-    accuracy_change,
-    bits_per_byte_change,
-    bits_per_byte_interval,
-)
+from pipeline.evaluation.uncertainty import accuracy_change, bits_per_byte_change
 from pipeline.json_files import write_json_atomic
 from pipeline.kernels import set_backend
 from pipeline.model.model_config import ModelConfig, parameter_count
@@ -171,80 +159,6 @@ def _describe_task(task: Task, folder: Path, final_dir: Path) -> dict:
             "majority": max(counts) / len(task.test),
         }
     return {**about, "test": len(task.questions)}
-
-
-@dataclass
-class Scored:
-    """What the models scored, each by model name (the base first)."""
-
-    # [model][set]: the Score's figures, the window and the 95% bootstrap interval of bits per byte
-    scores: dict = field(default_factory=dict)
-    # [model][set]: (nats, UTF-8 bytes) per document, for the paired comparisons
-    documents: dict = field(default_factory=dict)
-    tasks: dict = field(default_factory=dict)  # [model][task][scoring]: Accuracy
-    reproduced: dict = field(default_factory=dict)  # the training held-out score rescored
-    added: dict = field(default_factory=dict)  # what the added tokens take of the base_set
-    continuations: dict = field(default_factory=dict)  # [model]: one per prompt
-
-
-def _score_models(
-    models: list[ModelToScore],
-    sets: dict[str, TextSet],
-    texts: dict[str, list[str]],
-    tasks: list[Task],
-    base_set: Optional[str],
-    evaluation,
-    lang: str,
-    device: torch.device,
-) -> Scored:
-    """Score each of `models` (the base first) on the `sets` (their `texts`) and the `tasks`, and
-    let it continue the held-out prompts, one model in memory at a time (`evaluation`: the config's
-    `eval` section). Also its training held-out score rescored (where it logged one) and what its
-    added tokens take of the `base_set` (where it has any)."""
-    scored, base_vocab = Scored(), None  # the base comes first in `models`
-    prompts = held_out_prompts(texts[HELDOUT])
-    for model in models:
-        name = model.name
-        loaded = load_model(name, model.folder, evaluation, lang, device)
-        if name == "base":
-            base_vocab = loaded.tokenizer.get_vocab()
-        first_added = None if name == "base" else first_added_id(base_vocab, loaded.tokenizer)
-        by_set = {
-            set_name: score_set(
-                loaded,
-                text_set,
-                texts[set_name],
-                evaluation.batch_size,
-                lang,
-                device,
-                first_added if set_name == base_set else None,
-            )
-            for set_name, text_set in sets.items()
-        }
-        scored.scores[name] = {
-            set_name: {
-                **score.as_dict(),
-                "seq_len": loaded.seq_len,
-                "stride": loaded.stride,
-                "interval_95": list(
-                    bits_per_byte_interval(score.document_nats, score.document_bytes)
-                ),
-            }
-            for set_name, score in by_set.items()
-        }
-        scored.documents[name] = {
-            set_name: (score.document_nats, score.document_bytes)
-            for set_name, score in by_set.items()
-        }
-        if base_set is not None and by_set[base_set].added is not None:
-            scored.added[name] = by_set[base_set].added
-        again = reproduce_training_score(model, loaded, evaluation.batch_size, lang, device)
-        if again is not None:
-            scored.reproduced[name] = again
-        scored.tasks[name] = score_tasks(loaded, tasks, evaluation.batch_size, lang, device)
-        scored.continuations[name] = continuations(loaded, prompts, device)
-        del loaded  # one model in memory at a time
-    return scored
 
 
 def final_model(names) -> Optional[str]:
@@ -378,7 +292,17 @@ def evaluate_models(
     # What the added tokens take is measured on the first set of the base's language (the unread
     # book for English).
     base_set = next((name for name in sets if is_base_lang(name)), None)
-    scored = _score_models(models, sets, texts, tasks, base_set, cfg.eval, lang, device)
+    scoring = Scoring(
+        sets,
+        texts,
+        tasks,
+        base_set,
+        base_vocab(models),
+        held_out_prompts(texts[HELDOUT]),
+        cfg.eval,
+        lang,
+    )
+    scored = score_models(models, scoring, device, cfg.workers)
     shutil.rmtree(folder / SCRATCH, ignore_errors=True)
     bpb = {
         name: {set_name: score["bits_per_byte"] for set_name, score in by_set.items()}
@@ -398,9 +322,7 @@ def evaluate_models(
             for model in models
             if model.training is not None
         },
-        "continuations": _continuations_report(
-            held_out_prompts(texts[HELDOUT]), scored.continuations
-        ),
+        "continuations": _continuations_report(scoring.prompts, scored.continuations),
         "sets": _describe_sets(sets, texts),
         "skipped_sets": skipped,
         "scores": scored.scores,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from pipeline.evaluation.uncertainty import RESAMPLES
+from pipeline.progress import duration
 
 
 def metric_rows(metrics_file: Path) -> list[dict]:
@@ -125,12 +126,6 @@ COST_NOTE = (
     "pp x dp; processes on a CPU); device-hours = wall time x devices; MFU: model FLOP/s per "
     "device over the device's peak bf16 FLOP/s, over all logged steps (not recorded on a CPU)."
 )
-
-
-def duration(seconds: float) -> str:
-    minutes, rest = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m {rest:02d}s" if hours else f"{minutes}m {rest:02d}s"
 
 
 def _cost_cells(cost: dict) -> str:

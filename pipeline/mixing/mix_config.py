@@ -113,9 +113,9 @@ class ReplayConfig:
     tokens: int = 6_000_000
     # A document ends at the base's end-of-text token or after this many tokens.
     length: int = 1024
-    # Documents sampled at once; null: as many as half the GPU's free memory holds with their KV
-    # cache (a small base is limited by launches, not arithmetic, so large batches are what make it
-    # fast), 16 on a CPU.
+    # Documents sampled at once on each device; null: as many as half the GPU's free memory holds
+    # with their KV cache (a small base is limited by launches, not arithmetic, so large batches are
+    # what make it fast), 16 on a CPU, and no more than each device's share of the documents.
     batch_size: Optional[int] = None
     # The base's own distribution (temperature 1) without its least likely tokens: at top_p 1.0
     # SmolLM2-135M's samples drift into strings of no language within a few lines, at 0.9 they read

@@ -10,7 +10,13 @@ model back towards the base's predictions on what the base knows.
 The samples are written as a clean stage output (`train/` shards of JSONL in datatrove's layout),
 one shard per batch of documents, drawn from its own seed (`replay.seed` + the shard's number): an
 interrupted stage keeps its finished shards and samples only the rest, and the same settings and
-batch size give the same text.
+batch size give the same text, on one device or several.
+
+Speed: a small base is limited by launches and memory traffic, not arithmetic. So the documents
+are sampled in large batches with a static KV cache (transformers' default cache grows by
+concatenation, copying the whole cache at every token: 1.9x slower at 3,072 documents on an H200,
+docs/benchmark-log.md), and the shards are spread over every visible GPU, one process each (on a
+CPU, over `workers` processes).
 """
 
 from __future__ import annotations
@@ -18,13 +24,15 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from tqdm import tqdm
 
 from pipeline.errors import StageError
 from pipeline.mixing.mix_config import ReplayConfig
+from pipeline.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +66,26 @@ def _load_base(base: str, device: str):
             "samples "
             f"begin after and end at: set eos_token in its tokenizer_config.json."
         )
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = transformers.AutoModelForCausalLM.from_pretrained(
         base, dtype=dtype, trust_remote_code=False
     )
     return model.to(device).eval(), tokenizer, tokenizer.eos_token_id
 
 
-def batch_size(model, replay: ReplayConfig) -> int:
+def batch_size(model, replay: ReplayConfig, devices: int = 1) -> int:
     """`replay.batch_size`, or as many documents as half the GPU's free memory holds with their KV
-    cache and float32 logits (16 on a CPU); never more than the tokens asked for need."""
+    cache and float32 logits (16 on a CPU), but no more than each device's share of the documents
+    that the tokens asked for need: every device gets work."""
     import torch
 
     needed = -(-replay.tokens // replay.length)
     if replay.batch_size is not None:
         return min(replay.batch_size, needed)
+    share = -(-needed // devices)
     device = next(model.parameters()).device
     if device.type != "cuda":
-        return min(CPU_BATCH, needed)
+        return min(CPU_BATCH, share)
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -85,7 +95,7 @@ def batch_size(model, replay: ReplayConfig) -> int:
         + 4 * 4 * config.vocab_size
     )
     free, _ = torch.cuda.mem_get_info(device)
-    return max(1, min(free // 2 // per_document, needed))
+    return max(1, min(free // 2 // per_document, share))
 
 
 def _sample_batch(
@@ -99,7 +109,10 @@ def _sample_batch(
     device = next(model.parameters()).device
     prompt = torch.full((documents, 1), end_of_text, dtype=torch.long, device=device)
     # A generation config of its own: the base folder's (repetition penalties, top-k ...) would
-    # change the distribution that the samples stand for.
+    # change the distribution that the samples stand for. The static cache is allocated once
+    # (the default one is copied at every token); not compiled, as a compile costs more than it
+    # saves on a few batches and would stall each new batch size.
+    static = getattr(model, "_can_compile_fullgraph", False)
     settings = transformers.GenerationConfig(
         do_sample=True,
         temperature=replay.temperature,
@@ -108,6 +121,7 @@ def _sample_batch(
         max_new_tokens=replay.length,
         eos_token_id=end_of_text,
         pad_token_id=end_of_text,
+        **({"cache_implementation": "static", "disable_compile": True} if static else {}),
     )
     with torch.inference_mode():
         rows = model.generate(
@@ -133,60 +147,137 @@ def _write_shard(path: Path, documents: list[dict]) -> None:
     os.replace(partial, path)
 
 
-def write_samples(base: str, folder: Path, replay: ReplayConfig, device: str) -> dict:
+def _sample_shard(loaded, replay: ReplayConfig, batch: int, folder: Path, shard: int) -> int:
+    """Samples shard `shard` into `folder`; returns how many samples were empty (dropped)."""
+    model, tokenizer, end_of_text = loaded
+    sampled = _sample_batch(model, end_of_text, replay, batch, replay.seed + shard)
+    texts = tokenizer.batch_decode(sampled, skip_special_tokens=True)
+    kept = [(text, len(ids)) for text, ids in zip(texts, sampled) if text.strip()]
+    _write_shard(
+        folder / SHARD.format(shard),
+        [
+            {
+                "text": text,
+                "id": f"{SOURCE}/{shard}/{i}",
+                "metadata": {"source": SOURCE, "tokens": length},
+            }
+            for i, (text, length) in enumerate(kept)
+        ],
+    )
+    return len(sampled) - len(kept)
+
+
+def _sample_on(
+    base: str, device: str, replay: ReplayConfig, batch: int, folder: Path, shards: list[int]
+) -> int:
+    """A helper process's shards, on its own device (its own copy of the base)."""
+    import torch
+
+    if device == "cpu":  # the processes share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
+    else:
+        torch.cuda.set_device(device)
+    loaded = _load_base(base, device)
+    return sum(_sample_shard(loaded, replay, batch, folder, shard) for shard in shards)
+
+
+def _devices(device: str, workers: int) -> list[str]:
+    """Where shards are sampled at once: every visible GPU, or `workers` processes on a CPU."""
+    import torch
+
+    if device == "cuda":
+        return [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    return ["cpu"] * workers
+
+
+def _sample_round(
+    base: str,
+    loaded,
+    devices: list[str],
+    replay: ReplayConfig,
+    batch: int,
+    folder: Path,
+    shards: list[int],
+    progress: Progress,
+) -> int:
+    """Samples `shards` spread over `devices`: this process takes the first device's share (its
+    base is loaded already), one spawned process each the other devices'. Returns the empty
+    samples dropped."""
+    shares = [shards[index :: len(devices)] for index in range(len(devices))]
+    helpers = [(device, share) for device, share in zip(devices[1:], shares[1:]) if share]
+    empty = 0
+    pool = None
+    if helpers:
+        import torch.multiprocessing
+
+        pool = ProcessPoolExecutor(
+            len(helpers), mp_context=torch.multiprocessing.get_context("spawn")
+        )
+    try:
+        futures = [
+            pool.submit(_sample_on, base, device, replay, batch, folder, share)
+            for device, share in helpers
+        ]
+        for shard in shares[0]:
+            empty += _sample_shard(loaded, replay, batch, folder, shard)
+            progress.update(_counts(folder / SHARD.format(shard))[0])
+        for future, (_, share) in zip(futures, helpers):
+            empty += future.result()
+            progress.update(sum(_counts(folder / SHARD.format(shard))[0] for shard in share))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return empty
+
+
+def write_samples(
+    base: str, folder: Path, replay: ReplayConfig, device: str, workers: int = 1
+) -> dict:
     """Sample `replay.tokens` tokens of documents from `base` into `folder` (shards already there
     are kept); returns the counts for the marker."""
     folder.mkdir(parents=True, exist_ok=True)
-    model, tokenizer, end_of_text = _load_base(base, device)
-    batch = batch_size(model, replay)
+    devices = _devices(device, workers)
+    loaded = _load_base(base, devices[0])
+    batch = batch_size(loaded[0], replay, len(devices))
     log.info(
-        "replay: sampling %s tokens from %s on the %s, %d documents of up to %d tokens at a time",
+        "replay: sampling %s tokens from %s on %d %s device(s), %d documents of up to %d tokens "
+        "at a time on each",
         f"{replay.tokens:,}",
         base,
+        len(devices),
         device.upper(),
         batch,
         replay.length,
     )
-    tokens, documents, empty, shard = 0, 0, 0, 0
-    with tqdm(
-        total=replay.tokens, unit="tok", unit_scale=True, desc="replay samples", disable=None
-    ) as bar:
+    tokens, documents, empty, shard, sampled = 0, 0, 0, 0, set()
+    with Progress("replay samples", replay.tokens, "tokens", log) as progress:
         while tokens < replay.tokens:
             path = folder / SHARD.format(shard)
-            if path.exists():  # written by an interrupted run of the same settings
-                found, in_shard = _counts(path)
-            else:
-                sampled = _sample_batch(model, end_of_text, replay, batch, replay.seed + shard)
-                texts = tokenizer.batch_decode(sampled, skip_special_tokens=True)
-                kept = [(text, len(ids)) for text, ids in zip(texts, sampled) if text.strip()]
-                empty += len(sampled) - len(kept)
-                _write_shard(
-                    path,
-                    [
-                        {
-                            "text": text,
-                            "id": f"{SOURCE}/{shard}/{i}",
-                            "metadata": {"source": SOURCE, "tokens": length},
-                        }
-                        for i, (text, length) in enumerate(kept)
-                    ],
+            if not path.exists():
+                # As many missing shards as the tokens still wanted need, were every document
+                # full-length: never one more than the sequential order would write.
+                wanted = math.ceil((replay.tokens - tokens) / (batch * replay.length))
+                missing = [
+                    index
+                    for index in range(shard, shard + wanted)
+                    if not (folder / SHARD.format(index)).exists()
+                ]
+                empty += _sample_round(
+                    base, loaded, devices, replay, batch, folder, missing, progress
                 )
-                found, in_shard = sum(length for _, length in kept), len(kept)
+                sampled.update(missing)
+            found, in_shard = _counts(path)
+            if shard not in sampled:  # written by an interrupted run of the same settings
+                progress.update(found)
             if in_shard == 0:
                 raise StageError(
                     f"replay: every sample of model.base={base} in {path.name} was empty (it ended "
-                    "each "
-                    "one at once): check that the folder's tokenizer names the token its "
-                    "documents end "
-                    f"with as eos_token."
+                    "each one at once): check that the folder's tokenizer names the token its "
+                    "documents end with as eos_token."
                 )
             tokens, documents, shard = tokens + found, documents + in_shard, shard + 1
-            bar.update(found)
-            log.info(
-                "replay: shard %d done, %s of %s tokens", shard, f"{tokens:,}", f"{replay.tokens:,}"
-            )
     # stage=all goes on in this process: the training ranks need the memory the KV caches held.
-    del model
+    del loaded
     if device == "cuda":
         import torch
 
@@ -203,6 +294,7 @@ def write_samples(base: str, folder: Path, replay: ReplayConfig, device: str) ->
         "documents": documents,
         "shards": shard,
         "batch_size": batch,
+        "devices": len(devices),
         "empty_samples": empty,
         "device": device,
     }

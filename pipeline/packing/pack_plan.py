@@ -1,8 +1,8 @@
 """Packing a mix plan: its sources tokenized once into memory-mapped shards, and the exact plan.
 
-Tokenizes each source the plan reads with the tokenizer (datatrove's `DocumentTokenizer`, one shard
-per input file, `workers` files at a time: tokenize.py), every document ending with EOS. The exact
-token counts then replace the mix stage's estimates in the same planner
+Tokenizes each source the plan reads with the tokenizer (one shard per input file in datatrove's
+format, each batch of documents encoded on `workers` threads: tokenize.py), every document ending
+with EOS. The exact token counts then replace the mix stage's estimates in the same planner
 (pipeline/mixing/planner.py): epochs, shares and, with rehydration, the per-document weights are
 derived again. A source the estimated plan gave no tokens is tokenized only if the exact plan gives
 it some. Repetition is an index, never a copy: `repeats.npy` says how many times each document is
@@ -34,7 +34,8 @@ from pipeline.packing.output import (
 )
 from pipeline.packing.packed import rehydrated_epochs
 from pipeline.packing.shards import token_dtype
-from pipeline.packing.tokenize import TokenizedSource, tokenize_source
+from pipeline.packing.tokenize import Encoder, TokenizedSource, tokenize_source
+from pipeline.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ def pack_plan(
     lang: str,
     pack: PackConfig,
     work_dir: str,
-    workers: int,
 ) -> dict:
     """Pack the mix plan `plan_document` (its plan.json) of `lang` into `folder` with the tokenizer
     (its file, loaded, and its end-of-text token); the plan's paths are in the work folder
@@ -59,7 +59,11 @@ def pack_plan(
     entry = tokenizer_entry(
         tokenizer_file, tokenizer.get_vocab_size(), eos, tokenizer.token_to_id(eos)
     )
-    plan, tokenized = _tokenize_planned(folder, plan_document, entry, lang, pack, work_dir, workers)
+    # Whole documents, each encoded alone: a tokenizer.json may carry its model's input limits.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    encoder = Encoder(tokenizer, tokenizer_file, entry["eos_id"], pack.batch_size)
+    plan, tokenized = _tokenize_planned(folder, plan_document, encoder, lang, work_dir)
     sources = _write_sources(folder, plan, tokenized, plan_document, pack.seed)
     unique = sum(t.tokens for t in tokenized.values())
     size = packed_bytes(folder, list(tokenized))
@@ -162,13 +166,7 @@ def _exact(lang: str, plan_document: dict, unique_tokens: dict[str, int]) -> Pla
 
 
 def _tokenize_planned(
-    folder: Path,
-    plan_document: dict,
-    tokenizer: dict,
-    lang: str,
-    pack: PackConfig,
-    work_dir: str,
-    workers: int,
+    folder: Path, plan_document: dict, encoder: Encoder, lang: str, work_dir: str
 ) -> tuple[Plan, dict[str, TokenizedSource]]:
     """Tokenize what the plan reads until the exact plan reads nothing untokenized; the exact plan."""
     entries = {s["name"]: s for s in plan_document["sources"]}
@@ -177,29 +175,14 @@ def _tokenize_planned(
     while needed := [
         a.source.name for a in plan.allocations if a.tokens > 0 and a.source.name not in tokenized
     ]:
-        for name in needed:
-            source, reading = planned_source(entries[name], work_dir), folder / READING / name
-            tokenized[name] = tokenize_source(
-                source,
-                source_folder(folder, name),
-                Path(tokenizer["path"]),
-                tokenizer["eos"],
-                reading,
-                workers,
-                pack.batch_size,
-            )
-            if tokenized[name].bad_records:
-                log.warning(
-                    "pack %s: %d bad records in source `%s` were skipped; see %s",
-                    lang,
-                    tokenized[name].bad_records,
-                    name,
-                    reading / "bad_records",
+        text_bytes = sum(entries[name]["unique_bytes"] for name in needed)
+        with Progress(
+            f"pack {lang}: tokenizing {', '.join(needed)}", text_bytes, "B", log
+        ) as progress:
+            for name in needed:
+                tokenized[name] = _tokenize(
+                    folder, entries[name], encoder, lang, work_dir, progress
                 )
-            else:
-                shutil.rmtree(
-                    reading / "bad_records", ignore_errors=True
-                )  # one empty log per file read
         plan = _exact(lang, plan_document, {name: t.tokens for name, t in tokenized.items()})
     if plan.allocations[0].source.unique_tokens == 0:
         raise StageError(
@@ -207,6 +190,26 @@ def _tokenize_planned(
             f"Check it and run python -m pipeline stage=clean lang={lang} and stage=mix again."
         )
     return plan, tokenized
+
+
+def _tokenize(
+    folder: Path, entry: dict, encoder: Encoder, lang: str, work_dir: str, progress: Progress
+) -> TokenizedSource:
+    """The source of the plan's `entry` tokenized into its shards."""
+    name = entry["name"]
+    source, reading = planned_source(entry, work_dir), folder / READING / name
+    tokenized = tokenize_source(source, source_folder(folder, name), encoder, reading, progress)
+    if tokenized.bad_records:
+        log.warning(
+            "pack %s: %d bad records in source `%s` were skipped; see %s",
+            lang,
+            tokenized.bad_records,
+            name,
+            reading / "bad_records",
+        )
+    else:
+        shutil.rmtree(reading / "bad_records", ignore_errors=True)  # one empty log per file read
+    return tokenized
 
 
 def _rehydration_entry(rehydration: Rehydration) -> dict:

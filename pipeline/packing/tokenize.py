@@ -1,24 +1,28 @@
-"""Tokenizing one source of the mix plan into shards, with datatrove's `DocumentTokenizer`.
+"""Tokenizing one source of the mix plan into shards, every document ending with EOS.
 
-Each input file of the source becomes one shard (pipeline/packing/shards.py), tokenized in its own
-process (`workers`) by datatrove's `DocumentTokenizer`: it loads the local `tokenizer.json`, appends
-EOS to every document through the tokenizer's post-processor, picks uint16 or uint32 from the
-vocabulary size and writes the `.ds` token file, its `.index` of document ends and its `.metadata`.
-Documents keep the order of the input (`shuffle_documents=False`): the sampler shuffles, and the
+Each input file of the source becomes one shard (pipeline/packing/shards.py) in the format of
+datatrove's `DocumentTokenizer`, whose `TokenizedFile` writes it: the `.ds` token file, its `.index`
+of document ends and its `.metadata`, uint16 or uint32 by the vocabulary size. The files are read
+one after another in this process, and each batch of `pack.batch_size` documents is encoded by
+`tokenizers` on `workers` Rust threads (pipeline/tokenization/workers.py), so that a source of one
+large file keeps every worker as busy as many small files do; reading and writing, a few percent of
+the work, stay in this process. Each text is encoded alone, so the shards are the same for any
+`workers` and any batch size. Documents keep the order of the input: the sampler shuffles, and the
 document order must match the duplicate-cluster sizes read here for rehydration.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
+from itertools import chain, islice
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
+from tokenizers import Tokenizer
 
-from pipeline.corpus.sources import FileTask, SourceInput, over_files, source_reader
-from pipeline.packing.shards import INDEX_DTYPE, INDEX_SUFFIX, METADATA_SUFFIX
+from pipeline.corpus.sources import SourceInput, source_reader
+from pipeline.packing.shards import token_dtype
+from pipeline.progress import Progress
 
 # datatrove's name for rank `i`'s file when documents are not shuffled.
 SHARD_NAME = "{index:05d}_unshuffled.ds"
@@ -50,68 +54,82 @@ class TokenizedSource:
         return int(self.document_tokens.sum())
 
 
-def _recording_cluster_sizes(documents: Iterator, sizes: list[int]) -> Iterator:
-    for document in documents:
-        sizes.append(int(document.metadata.get("minhash_cluster_size") or 1))
-        yield document
+@dataclass(frozen=True)
+class Encoder:
+    """The tokenizer (loaded from `file`) that packs, the id every document ends with, and the
+    documents per `encode_batch` call."""
+
+    tokenizer: Tokenizer
+    file: Path
+    eos_id: int
+    batch_size: int
+
+    def encoded(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of `texts`, each followed by EOS, back to back; and each one's length."""
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        ids = [encoding.ids + [self.eos_id] for encoding in encodings]
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        dtype = token_dtype(self.tokenizer.get_vocab_size())
+        return np.fromiter(chain.from_iterable(ids), dtype, int(lengths.sum())), lengths
 
 
-def _tokenize_file(task: FileTask, out_dir: Path, tokenizer_file: Path, eos: str, batch_size: int):
-    """Shard `index` from file `index`; (shard or None if it is empty, document tokens, cluster
-    sizes, bad records)."""
-    from datatrove.pipeline.tokens import DocumentTokenizer
+def _tokenize_file(
+    source: SourceInput,
+    index: int,
+    paths_file: Path,
+    bad_records_dir: Path,
+    out_dir: Path,
+    encoder: Encoder,
+    progress: Progress,
+):
+    """Shard `index` from file `index` of those `paths_file` lists; (shard or None if it is empty,
+    document tokens, cluster sizes, bad records)."""
+    from datatrove.pipeline.tokens.tokenizer import TokenizedFile
 
-    source, paths_file, bad_records_dir, index = task
-    reader = source_reader(source, paths_file, bad_records_dir)
-    sizes: list[int] = []
-    tokenizer = DocumentTokenizer(
-        str(out_dir),
-        tokenizer_name_or_path=str(tokenizer_file),
-        eos_token=eos,
-        shuffle_documents=False,
-        batch_size=batch_size,
-    )
-    documents = _recording_cluster_sizes(
-        reader.run(rank=index, world_size=len(source.files)), sizes
-    )
-    tokenizer.run(documents, rank=index, world_size=len(source.files))
-    bad_records = int(reader.stats["bad_records"].total)
     path = out_dir / SHARD_NAME.format(index=index)
-    ends = np.fromfile(f"{path}{INDEX_SUFFIX}", dtype=INDEX_DTYPE).astype(np.int64)
-    if not len(ends):  # datatrove leaves empty files behind for an input without documents
-        for leftover in (path, Path(f"{path}{INDEX_SUFFIX}"), Path(f"{path}{METADATA_SUFFIX}")):
-            leftover.unlink(missing_ok=True)
+    shard = TokenizedFile(
+        str(out_dir),
+        path.name,
+        tokenizer_name_or_path=str(encoder.file),
+        save_final_metadata=True,
+        token_size=token_dtype(encoder.tokenizer.get_vocab_size()).itemsize,
+    )
+    reader = source_reader(source, paths_file, bad_records_dir)
+    documents = reader.run(rank=index, world_size=len(source.files))
+    lengths, sizes = [], []
+    while batch := list(islice(documents, encoder.batch_size)):
+        texts = [document.text for document in batch]
+        tokens, batch_lengths = encoder.encoded(texts)
+        shard.write_bytes(tokens.tobytes(), np.cumsum(batch_lengths).tolist())
+        lengths.append(batch_lengths)
+        sizes += [int(document.metadata.get("minhash_cluster_size") or 1) for document in batch]
+        progress.update(sum(len(text.encode("utf-8")) for text in texts))
+    shard.close()
+    bad_records = int(reader.stats["bad_records"].total)
+    if not sizes:  # no document: no shard
+        shard.cleanup()
         return None, np.zeros(0, np.int64), np.zeros(0, np.int64), bad_records
-    if len(ends) != len(sizes):
-        raise RuntimeError(f"{path}: {len(ends)} documents tokenized but {len(sizes)} read")
-    shard = TokenizedShard(path.name, len(ends), int(ends[-1]))
-    return shard, np.diff(ends, prepend=0), np.asarray(sizes, dtype=np.int64), bad_records
+    document_tokens = np.concatenate(lengths)
+    tokenized = TokenizedShard(path.name, len(sizes), int(document_tokens.sum()))
+    return tokenized, document_tokens, np.asarray(sizes, dtype=np.int64), bad_records
 
 
 def tokenize_source(
-    source: SourceInput,
-    out_dir: Path,
-    tokenizer_file: Path,
-    eos: str,
-    scratch: Path,
-    workers: int,
-    batch_size: int,
+    source: SourceInput, out_dir: Path, encoder: Encoder, scratch: Path, progress: Progress
 ) -> TokenizedSource:
-    """Tokenize every file of `source` into `out_dir` (emptied first), `workers` files at a time."""
+    """Tokenize every file of `source` into `out_dir` (emptied first), counting the UTF-8 bytes
+    of its text in `progress`; the list of files read and the bad records go to `scratch`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.iterdir():  # an interrupted run's shards are written again
         stale.unlink()
-    per_file = partial(
-        _tokenize_file,
-        out_dir=out_dir,
-        tokenizer_file=tokenizer_file,
-        eos=eos,
-        batch_size=batch_size,
-    )
+    scratch.mkdir(parents=True, exist_ok=True)
+    paths_file = scratch / "files.txt"  # what datatrove's readers take
+    paths_file.write_text("".join(f"{name}\n" for name in source.files), encoding="utf-8")
     shards, lengths, sizes, bad_records = [], [], [], 0
-    for shard, document_tokens, cluster_sizes, bad in over_files(
-        source, scratch, workers, per_file, f"pack: tokenizing {source.name}"
-    ):
+    for index in range(len(source.files)):
+        shard, document_tokens, cluster_sizes, bad = _tokenize_file(
+            source, index, paths_file, scratch / "bad_records", out_dir, encoder, progress
+        )
         bad_records += bad
         if shard is not None:
             shards.append(shard)

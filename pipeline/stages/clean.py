@@ -110,6 +110,7 @@ STAGE = Stage(
     # Parallelism and descriptive table fields do not change the output.
     unhashed_keys=(
         "clean.tasks",
+        "clean.min_part_bytes",
         "lang.name",
         "lang.flores",
         "lang.filters_source",

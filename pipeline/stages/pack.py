@@ -2,8 +2,8 @@
 plan.
 
 Tokenizes each source the plan reads with the tokenizer stage's `tokenizer.json`
-(pipeline/packing/pack_plan.py: datatrove's `DocumentTokenizer`, one shard per input file, `workers`
-files at a time), every document ending with EOS. The exact token counts then replace the mix
+(pipeline/packing/pack_plan.py: one shard per input file in datatrove's format, each batch of
+`pack.batch_size` documents encoded on `workers` threads), every document ending with EOS. The exact token counts then replace the mix
 stage's estimates in the same planner (pipeline/mixing/planner.py): epochs, shares and, with
 rehydration, the per-document weights are derived again. A source the estimated plan gave no tokens
 is tokenized only if the exact plan gives it some. Repetition is an index, never a copy:
@@ -17,9 +17,11 @@ from __future__ import annotations
 from pipeline.contract import Stage, StageRun
 from pipeline.packing.pack_plan import pack_plan
 from pipeline.stage_outputs import MixOutput, TokenizerOutput
+from pipeline.tokenization.workers import use_threads
 
 
 def run_pack(run: StageRun) -> dict:
+    use_threads(run.cfg.workers)
     mix, tokenizer = run.output(MixOutput), run.output(TokenizerOutput)
     plan_document = run.read_input(mix.plan)
     eos = run.read_input(tokenizer.special_tokens)["eos_token"]
@@ -33,7 +35,6 @@ def run_pack(run: StageRun) -> dict:
         run.lang,
         run.cfg.pack,
         run.cfg.work_dir,
-        run.cfg.workers,
     )
 
 

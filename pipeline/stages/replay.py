@@ -3,9 +3,9 @@
 Run for the base's language (`lang=<model.base_lang>`, English by default); `stage=all` runs it,
 after that language's clean stage, whenever `model.base` and `replay.tokens` are set (6M tokens by
 default; the demo recipe, without a base, sets 0). It samples `replay.tokens` tokens of documents
-(pipeline/mixing/replay.py) on the GPU when there is one, into `train/` in the layout of a clean
-stage output, so that the default mix (pipeline/conf/mix/default.yaml, source
-`<model.base_lang>-samples`) reads it like any clean text. An interrupted run keeps its finished
+(pipeline/mixing/replay.py) on every visible GPU (on a CPU, in `workers` processes), into `train/`
+in the layout of a clean stage output, so that the default mix (pipeline/conf/mix/default.yaml,
+source `<model.base_lang>-samples`) reads it like any clean text. An interrupted run keeps its finished
 shards. Outputs: `train/samples-*.jsonl.gz` and the marker.
 """
 
@@ -42,6 +42,7 @@ def run_replay(run: StageRun) -> dict:
         ReplayOutput(run.work_dir).training_split,
         cfg.replay,
         "cuda" if torch.cuda.is_available() else "cpu",
+        cfg.workers,
     )
 
 

@@ -14,7 +14,9 @@ scores it, so that the data can be packed for continued pretraining with the old
 `tokenizer.extend_base=true` it keeps the base's tokenizer and adds `tokenizer.added_tokens` tokens
 learnt on the sample as the base cuts it (pipeline/tokenization/extension.py) from the target
 language's text alone, with the base's own special tokens, leaving out the tokens that the plan's
-other sources use (`tokenizer.spare_ratio`).
+other sources use (`tokenizer.spare_ratio`). The Python-bound work on text runs on `workers`
+processes, `tokenizers` on as many threads (pipeline/tokenization/workers.py): the files, the report
+and the marker are the same for any `workers`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pipeline.stage_outputs import CleanOutput, MixOutput
 from pipeline.tokenization.build import build_tokenizer
 from pipeline.tokenization.folder import TOKENIZER_FILE, base_tokenizer_file
 from pipeline.tokenization.scoring import write_report
+from pipeline.tokenization.workers import use_threads
 
 
 def base_source(cfg: PipelineConfig) -> Optional[str]:
@@ -69,6 +72,7 @@ def describe_inputs(cfg: PipelineConfig) -> dict:
 
 def run_tokenizer(run: StageRun) -> dict:
     cfg: PipelineConfig = run.cfg
+    use_threads(cfg.workers)
     scratch = run.work_dir / "scratch"
     shutil.rmtree(
         scratch, ignore_errors=True
@@ -99,6 +103,7 @@ def run_tokenizer(run: StageRun) -> dict:
         cfg.clean,
         cfg.work_dir,
         scratch,
+        cfg.workers,
     )
     shutil.rmtree(scratch)
     return metrics

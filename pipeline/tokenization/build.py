@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -25,8 +24,15 @@ from tokenizers import Tokenizer
 
 from pipeline.corpus.report import bytes_text
 from pipeline.errors import StageError
+from pipeline.progress import Progress, count
 from pipeline.tokenization.tokenizer_config import TokenizerConfig
-from pipeline.tokenization.extension import Spared, extend_bpe
+from pipeline.tokenization.extension import (
+    Spared,
+    base_cuts,
+    check_extendable,
+    extend_bpe,
+    pieces,
+)
 from pipeline.tokenization.folder import (
     TOKENIZER_FILE,
     TrainedTokenizer,
@@ -182,7 +188,7 @@ class _Making:
     def _train(self, sample_file: Path) -> TrainedTokenizer:
         options = self.options
         try:
-            trained = train_tokenizer(read_sample(sample_file), options, self.workers)
+            trained = train_tokenizer(read_sample(sample_file), options)
         except TrainingError as error:
             raise StageError(
                 f"tokenizer {self.lang}: {error} Lower tokenizer.vocab_size (now "
@@ -209,9 +215,7 @@ class _Making:
         notes = _notes(
             options, trained.tokenizer.get_vocab_size(), padded_vocab_size(options.vocab_size)
         )
-        return BuiltTokenizer(
-            trained.tokenizer, tokenizer_section(options, trained, self.workers), sample, notes
-        )
+        return BuiltTokenizer(trained.tokenizer, tokenizer_section(options, trained), sample, notes)
 
     def keep_base(self) -> BuiltTokenizer:
         """The base's tokenizer, adopted."""
@@ -234,7 +238,10 @@ class _Making:
             tokenizer, kept_section(file, tokenizer, roles, self.folder), None, []
         )
 
-    def _spared(self, target_sample: Path, target_bytes: int) -> Optional[Spared]:
+    def _progress(self, what: str, total: Optional[int]) -> Progress:
+        return Progress(f"tokenizer {self.lang}: {what}", total, "B", log)
+
+    def _spared(self, base: Tokenizer, target_sample: Path, target_bytes: int) -> Optional[Spared]:
         """A sample of the plan's other sources (the base's language replayed, fillers) for the
         added tokens to spare, and about as many bytes of the target's sample (`target_bytes` in
         all), every k-th document of it, so that each of its sources counts; None with
@@ -244,7 +251,7 @@ class _Making:
         if ratio is None or not others:
             return None
         sample_file = self.scratch / "spared_sample.jsonl"
-        write_sample(
+        sampled = write_sample(
             others,
             SPARED_SAMPLE_BYTES,
             self.options.seed,
@@ -253,27 +260,29 @@ class _Making:
             self.work_dir,
             self.workers,
         )
-        texts = list(read_sample(sample_file))
-        if not texts:
+        if not sum(source.documents for source in sampled):
             return None
-        every = max(1, round(target_bytes / sum(len(text.encode("utf-8")) for text in texts)))
-        spared = Spared(
-            texts,
-            [text for index, text in enumerate(read_sample(target_sample)) if index % every == 0],
-            ratio,
+        with self._progress("cutting the spared text", sum(s.bytes for s in sampled)) as progress:
+            text = pieces(base, read_sample(sample_file), self.workers, progress)
+        every = max(1, round(target_bytes / max(1, text.bytes)))
+        every_kth = (
+            document
+            for index, document in enumerate(read_sample(target_sample))
+            if index % every == 0
         )
+        with self._progress("cutting the target's text to spare", None) as progress:
+            target = pieces(base, every_kth, self.workers, progress)
         log.info(
             "tokenizer %s: added tokens that %s of %s use are left out",
             self.lang,
-            bytes_text(spared.bytes),
+            bytes_text(text.bytes),
             ", ".join(source["name"] for source in others),
         )
-        return spared
+        return Spared(text, target, ratio)
 
-    def extend_base(self) -> BuiltTokenizer:
-        """The base's tokenizer with the language's tokens added."""
-        options = self.options
-        file = base_tokenizer_file(self.base).resolve()
+    def _extendable_base(self, file: Path) -> tuple[Tokenizer, dict[str, str]]:
+        """The base's tokenizer and its special tokens by role, refused before any work if it
+        cannot be extended."""
         try:
             base, roles = base_tokenizer_roles(self.base)
         # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
@@ -281,23 +290,38 @@ class _Making:
             raise StageError(
                 f"tokenizer {self.lang}: tokenizer.extend_base=true cannot extend {file}: {error}"
             ) from None
-        sample_file = self.scratch / "training_sample.jsonl"
-        sample = self.sample(sample_file, target_only=True)
-        spared = self._spared(sample_file, sample["bytes"])
-        # The total a multiple of 128, as a trained vocabulary's.
-        wanted = (
-            padded_vocab_size(base.get_vocab_size() + options.added_tokens) - base.get_vocab_size()
-        )
         try:
-            tokenizer, added = extend_bpe(
-                base, partial(read_sample, sample_file), wanted, options.min_frequency, spared
-            )
+            check_extendable(base)
         except TrainingError as error:
             raise StageError(
                 f"tokenizer {self.lang}: cannot extend {file}: {error} Use "
                 "tokenizer.keep_base=true, or "
                 "train a new tokenizer (tokenizer.extend_base=false)."
             ) from None
+        return base, roles
+
+    def extend_base(self) -> BuiltTokenizer:
+        """The base's tokenizer with the language's tokens added."""
+        options = self.options
+        file = base_tokenizer_file(self.base).resolve()
+        base, roles = self._extendable_base(file)
+        sample_file = self.scratch / "training_sample.jsonl"
+        sample = self.sample(sample_file, target_only=True)
+        with self._progress("cutting the sample as the base does", sample["bytes"]) as progress:
+            words = base_cuts(base, read_sample(sample_file), self.workers, progress)
+        spared = self._spared(base, sample_file, sample["bytes"])
+        # The total a multiple of 128, as a trained vocabulary's.
+        wanted = (
+            padded_vocab_size(base.get_vocab_size() + options.added_tokens) - base.get_vocab_size()
+        )
+        log.info(
+            "tokenizer %s: learning %d merges from %s distinct pre-tokens (%s in all)",
+            self.lang,
+            wanted,
+            count(len(words)),
+            count(words.total()),
+        )
+        tokenizer, added = extend_bpe(base, words, wanted, options.min_frequency, spared)
         if added["added_tokens"] < wanted:
             log.warning(
                 "tokenizer %s: the training text gave only %d of the %d added tokens asked for.",
@@ -322,7 +346,7 @@ class _Making:
             file,
             tokenizer,
             roles,
-            {**added, "spared_bytes": spared.bytes if spared else 0},
+            {**added, "spared_bytes": spared.text.bytes if spared else 0},
             wanted,
             self.folder,
         )

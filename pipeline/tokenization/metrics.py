@@ -15,14 +15,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import islice
+from functools import partial
 from typing import Iterable, Optional
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
-from tqdm import tqdm
 
-BATCH_DOCUMENTS = 64
+from pipeline.progress import Progress
+from pipeline.tokenization.workers import batches, in_order
+
+# Characters of held-out text per batch: small, so that a few MB of it keep every worker busy.
+BATCH_CHARACTERS = 100_000
 
 
 def word_spans(text: str, words: list[str]) -> np.ndarray:
@@ -80,6 +83,17 @@ class Scores:
         self.word_tokens += int(per_word.sum())
         self.continued_words += int((per_word > 1).sum())
 
+    def merge(self, other: "Scores") -> None:
+        """Add the scores of other documents."""
+        self.documents += other.documents
+        self.exact_roundtrips += other.exact_roundtrips
+        self.bytes += other.bytes
+        self.tokens += other.tokens
+        self.words += other.words
+        self.word_tokens += other.word_tokens
+        self.continued_words += other.continued_words
+        self.ids_seen |= other.ids_seen
+
     def summary(self) -> dict:
         return {
             "fertility": _ratio(self.word_tokens, self.words),
@@ -96,26 +110,41 @@ class Scores:
         }
 
 
+def _empty_scores(tokenizers: dict[str, Tokenizer]) -> dict[str, Scores]:
+    return {
+        name: Scores(tok.get_vocab_size(with_added_tokens=True)) for name, tok in tokenizers.items()
+    }
+
+
+def _scored(
+    tokenizers: dict[str, Tokenizer], word_tokenizer, batch: list[str]
+) -> dict[str, Scores]:
+    """Each tokenizer's scores on a batch of documents."""
+    scores = _empty_scores(tokenizers)
+    spans = [word_spans(text, word_tokenizer.word_tokenize(text)) for text in batch]
+    for name, tokenizer in tokenizers.items():
+        encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
+        decoded = tokenizer.decode_batch([e.ids for e in encodings], skip_special_tokens=False)
+        for text, encoding, text_back, word_span in zip(batch, encodings, decoded, spans):
+            scores[name].add(text, encoding, text_back, word_span)
+    return scores
+
+
 def evaluate(
     tokenizers: dict[str, Tokenizer],
     documents: Iterable[str],
     word_tokenizer,
-    description: str = "tokenizer: evaluating",
+    workers: int,
+    progress: Progress,
 ) -> dict[str, Scores]:
-    """Scores of each tokenizer on the same documents, split into words once by `word_tokenizer`."""
-    scores = {
-        name: Scores(tok.get_vocab_size(with_added_tokens=True)) for name, tok in tokenizers.items()
-    }
-    documents = iter(documents)
-    with tqdm(unit="doc", desc=description, disable=None) as bar:
-        while batch := list(islice(documents, BATCH_DOCUMENTS)):
-            spans = [word_spans(text, word_tokenizer.word_tokenize(text)) for text in batch]
-            for name, tokenizer in tokenizers.items():
-                encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
-                decoded = tokenizer.decode_batch(
-                    [e.ids for e in encodings], skip_special_tokens=False
-                )
-                for text, encoding, text_back, word_span in zip(batch, encodings, decoded, spans):
-                    scores[name].add(text, encoding, text_back, word_span)
-            bar.update(len(batch))
+    """Scores of each tokenizer on the same documents, split into words once by `word_tokenizer`;
+    in batches on `workers` processes (the word tokenizers are Python-bound), whose sums do not
+    depend on how many."""
+    scores = _empty_scores(tokenizers)
+    # Builds the word tokenizer's model (spaCy's, say) here, once, rather than in every worker.
+    word_tokenizer.word_tokenize("")
+    score_batch = partial(_scored, tokenizers, word_tokenizer)
+    for scored in in_order(score_batch, batches(documents, BATCH_CHARACTERS), workers, progress):
+        for name, part in scored.items():
+            scores[name].merge(part)
     return scores

@@ -16,6 +16,7 @@ from pipeline.tokenization.folder import (
     TrainedTokenizer,
 )
 from pipeline.tokenization.metrics import Scores
+from pipeline.tokenization.training import SENTENCEPIECE_THREADS
 from pipeline.tokenization.sample import SampledSource
 
 # The tokenizer stage's report on its tokenizer, beside the tokenizer's files.
@@ -38,7 +39,7 @@ DEFINITIONS = (
 )
 
 
-def tokenizer_section(options, trained: TrainedTokenizer, threads: int) -> dict:
+def tokenizer_section(options, trained: TrainedTokenizer) -> dict:
     """What was trained, with which settings (those of the other backend left out)."""
     sentencepiece = options.backend == "sentencepiece"
     return {
@@ -55,9 +56,8 @@ def tokenizer_section(options, trained: TrainedTokenizer, threads: int) -> dict:
         "max_token_length": options.max_token_length,
         "min_frequency": None if sentencepiece else options.min_frequency,
         "seed": options.seed,
-        # SentencePiece's EM sums in per-thread parts: its model depends on the thread count
-        # (`workers`).
-        "sentencepiece_threads": threads if sentencepiece else None,
+        # SentencePiece's model depends on its thread count (training.py).
+        "sentencepiece_threads": SENTENCEPIECE_THREADS if sentencepiece else None,
         "files": [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_FILE]
         + ([SENTENCEPIECE_FILE] if trained.sentencepiece_model is not None else []),
     }

@@ -16,6 +16,7 @@ from pipeline.corpus.sources import SourceInput, read_documents
 from pipeline.corpus.words import resolve_word_tokenizer
 from pipeline.errors import StageError
 from pipeline.json_files import write_json_atomic
+from pipeline.progress import Progress
 from pipeline.languages import LanguageConfig
 from pipeline.tokenization.build import BuiltTokenizer
 from pipeline.tokenization.tokenizer_config import TokenizerConfig
@@ -60,6 +61,7 @@ def _score(
     heldout: HeldoutText,
     lang: LanguageConfig,
     clean: CleanConfig,
+    workers: int,
 ) -> tuple[dict[str, Scores], str]:
     """The scores of the new tokenizer (and the base one, unless it is the new one) on the held-out
     text, and the word tokenizer's name."""
@@ -74,7 +76,10 @@ def _score(
                 f"({error})."
             ) from None
     word_tokenizer, word_tokenizer_name = resolve_word_tokenizer(lang)
-    scores = evaluate(tokenizers, heldout, load_word_tokenizer(word_tokenizer))
+    texts = list(heldout)  # at most tokenizer.eval_bytes: read first, to know how much is left
+    size = sum(len(text.encode("utf-8")) for text in texts)
+    with Progress(f"tokenizer {lang.code}: scoring", size, "B", log) as progress:
+        scores = evaluate(tokenizers, texts, load_word_tokenizer(word_tokenizer), workers, progress)
     if not scores["new"].documents:
         log.warning(
             "tokenizer %s: %s holds no held-out documents, so the report has no scores; %s",
@@ -102,14 +107,17 @@ def write_report(
     clean: CleanConfig,
     work_dir: str,
     scratch: Path,
+    workers: int,
 ) -> dict:
     """Score the tokenizer `built` in `folder` (where it will be: `final_dir`) and the base's
     (`base`: a tokenizer.json or a folder with one) on `heldout_text`, which the clean stage held
-    out with the settings `clean`; write the report to `folder` and return the marker's metrics.
-    Paths inside the work folder `work_dir` are recorded relative to it."""
+    out with the settings `clean`, on `workers` processes; write the report to `folder` and return
+    the marker's metrics. Paths inside the work folder `work_dir` are recorded relative to it."""
     base_file = None if base is None else base_tokenizer_file(base)
     heldout = HeldoutText(heldout_text, scratch / "heldout", options.eval_bytes)
-    scores, word_tokenizer_name = _score(built.tokenizer, base_file, options, heldout, lang, clean)
+    scores, word_tokenizer_name = _score(
+        built.tokenizer, base_file, options, heldout, lang, clean, workers
+    )
     new, base_scores = scores["new"], scores.get("base")
     document = {
         "lang": lang.code,

@@ -35,7 +35,7 @@ def padded_vocab_size(requested: int) -> int:
     return math.ceil(requested / VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
-def train_tokenizer(documents: Iterable[str], options, threads: int = 1) -> TrainedTokenizer:
+def train_tokenizer(documents: Iterable[str], options) -> TrainedTokenizer:
     """Train on `documents` (streamed once) with `options`, a TokenizerConfig."""
     vocab_size = padded_vocab_size(options.vocab_size)
     if vocab_size != options.vocab_size:
@@ -47,7 +47,7 @@ def train_tokenizer(documents: Iterable[str], options, threads: int = 1) -> Trai
         )
     if options.backend == "bytelevel_bpe":
         return TrainedTokenizer(train_bytelevel_bpe(documents, options, vocab_size))
-    model = train_sentencepiece(documents, options, vocab_size, threads)
+    model = train_sentencepiece(documents, options, vocab_size)
     return TrainedTokenizer(tokenizer_from_sentencepiece(model), model)
 
 
@@ -94,6 +94,9 @@ def train_bytelevel_bpe(documents: Iterable[str], options, vocab_size: int) -> T
     return tokenizer
 
 
+# SentencePiece's EM sums in one part per thread, so its model depends on their number: always its
+# own default, whatever `workers`, for the same tokenizer from the same sample.
+SENTENCEPIECE_THREADS = 16
 # SentencePiece trains on "sentences" and silently drops those longer than `max_sentence_length`
 # bytes; documents are fed line by line and longer lines in chunks of at most this many bytes.
 MAX_SENTENCE_BYTES = 16384
@@ -112,7 +115,7 @@ def sentences(documents: Iterable[str]) -> Iterator[str]:
                 yield line[start : start + chars_per_chunk]
 
 
-def train_sentencepiece(documents: Iterable[str], options, vocab_size: int, threads: int) -> bytes:
+def train_sentencepiece(documents: Iterable[str], options, vocab_size: int) -> bytes:
     """SentencePiece (Unigram or BPE) trained for an exact round trip: `tokenizer.model` as bytes.
 
     Set up so that decode(encode(x)) == x: no normalisation (`identity`; `nfkc` folds compatibility
@@ -148,7 +151,7 @@ def train_sentencepiece(documents: Iterable[str], options, vocab_size: int, thre
             eos_piece=special.eos,
             pad_piece=special.pad,
             unk_piece=special.unk,
-            num_threads=threads,
+            num_threads=SENTENCEPIECE_THREADS,
             minloglevel=2,
         )
     except RuntimeError as error:

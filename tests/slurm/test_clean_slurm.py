@@ -33,6 +33,7 @@ def test_clean_on_slurm_matches_the_local_run(tmp_path, slurm_cluster):
         "work_dir=slurm",
         "cluster.executor=slurm",
         f"cluster.partition={slurm_cluster}",
+        "clean.tasks=3",  # job arrays, against the local run's one task
     )
     # Held, so that they are still queued when the second command asks (cluster.* is not hashed: the
     # same run).
@@ -40,7 +41,7 @@ def test_clean_on_slurm_matches_the_local_run(tmp_path, slurm_cluster):
     assert "submitted to Slurm" in slurm.stderr + slurm.stdout
     (listing,) = (tmp_path / "slurm" / "fao").glob(".clean.partial-*/slurm_jobs.json")
     submitted = json.loads(listing.read_text())["job_ids"]
-    assert len(submitted) == 5  # four phases and the commit
+    assert len(submitted) == 6  # five phases and the commit
     again = run_cli(*submit, cwd=tmp_path, check=False)
     assert again.returncode == 1 and "its jobs are still queued or running" in again.stderr, (
         again.stderr[-2000:]
@@ -56,11 +57,16 @@ def test_clean_on_slurm_matches_the_local_run(tmp_path, slurm_cluster):
     )
     assert on_slurm["config_hash"] == local["config_hash"]
     assert on_slurm["metrics"] == local["metrics"]
-    ids = {
-        where: sorted(r["id"] for r in read_jsonl_gz(tmp_path / where / "fao" / "clean" / "train"))
+    shards = {
+        where: {
+            path.name: path.read_bytes()
+            for path in sorted((tmp_path / where / "fao" / "clean" / "train").glob("*.jsonl.gz"))
+        }
         for where in ("slurm", "local")
     }
-    assert ids["slurm"] == ids["local"]
+    assert shards["slurm"] == shards["local"] and read_jsonl_gz(
+        tmp_path / "local" / "fao" / "clean"
+    )
 
     again = run_cli(*submit, cwd=tmp_path)
     assert "Skipping clean for fao" in again.stderr + again.stdout

@@ -1,10 +1,15 @@
 """The clean stage on several languages and scripts, with a local language-ID model, and in
-parallel."""
+parallel (the same bytes whatever the task layout)."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import unicodedata
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import marker, read_jsonl_gz, run_cli, write_jsonl_gz
@@ -53,24 +58,89 @@ def test_clean_runs_for_each_script(lang, swept, embedded_records):
     assert all(_main_script(r["text"]) == SCRIPTS[lang] for r in kept)
 
 
-def test_parallel_workers_give_the_same_output(tmp_path, embedded_records):
-    runs = {}
-    for workers in (1, 2):
-        work = tmp_path / f"w{workers}"
-        run_cli("stage=clean", "lang=nno", f"workers={workers}", f"work_dir={work}", cwd=tmp_path)
-        out = work / "nno" / "clean"
-        runs[workers] = {
-            part: sorted(r["id"] for r in read_jsonl_gz(out / part))
-            for part in ("train", "heldout", "rejected")
-        }
-        assert marker(work, "nno", "clean")["metrics"]["docs_in"] == len(embedded_records["nno"])
-    assert (
-        len(
-            list((tmp_path / "w2" / "nno" / "clean" / "logs" / "1_filter" / "stats").glob("*.json"))
-        )
-        == 2
+def _raw_folder_to_split(root: Path, records: list[dict]) -> dict:
+    """raw/nno/ with a gzipped JSONL file large enough to be split, holding a bad line, a record
+    without an id and, after the rest, copies of earlier records (near-duplicates), beside a small
+    Parquet and a plain JSONL file. Returns what the test checks against."""
+    folder = root / "raw" / "nno"
+    folder.mkdir(parents=True)
+    lines = [json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records[:380]]
+    lines.insert(120, b'{"id": "broken", "text": \n')
+    unnamed = " ".join(reversed(records[299]["text"].split()))
+    lines.insert(260, json.dumps({"text": unnamed}).encode() + b"\n")
+    copies = {f"copy-{i}": records[i] for i in range(0, 380, 60)}
+    lines += [json.dumps({**r, "id": name}).encode() + b"\n" for name, r in copies.items()]
+    (folder / "web.jsonl.gz").write_bytes(gzip.compress(b"".join(lines)))
+    pq.write_table(
+        pa.Table.from_pylist(records[380:430]), folder / "rows.parquet", row_group_size=9
     )
-    assert runs[1] == runs[2]
+    (folder / "held.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records[430:]), encoding="utf-8"
+    )
+    return {
+        "broken_line": 121,
+        "unnamed_id": "web.jsonl.gz:261",
+        "copies": set(copies),
+        "originals": {r["id"] for r in copies.values()},
+    }
+
+
+def _output_bytes(out: Path) -> dict[str, bytes]:
+    """Every output file that must not depend on the task layout, by its path."""
+    files = {
+        str(path.relative_to(out)): path.read_bytes()
+        for part in ("train", "heldout", "heldout_source", "rejected", "bad_records")
+        for path in sorted((out / part).rglob("*"))
+        if path.is_file()
+    }
+    metrics = json.loads((out / "_SUCCESS.json").read_text(encoding="utf-8"))["metrics"]
+    return {**files, "report.md": (out / "report.md").read_bytes(), "metrics": metrics}
+
+
+def test_any_task_layout_gives_the_same_bytes(tmp_path, embedded_records):
+    """One task reading every file whole, and 3 workers running tasks that read the large file in
+    parts (clean.min_part_bytes lowered), with two tasks per MinHash bucket: the same shards, bad
+    records, report and metrics, byte for byte, and the same config hash."""
+    expected = _raw_folder_to_split(tmp_path, embedded_records["nno"])
+    same = (
+        "stage=clean",
+        "lang=nno",
+        f"raw_dir={tmp_path / 'raw'}",
+        "clean.heldout_sources=[held.jsonl]",
+        "clean.heldout_min_documents=30",
+        "clean.shard_bytes=100000",
+        "clean.dedup.num_buckets=2",
+    )
+    run_cli(*same, "workers=1", "work_dir=one", cwd=tmp_path)
+    parts = ("workers=3", "clean.tasks=3", "clean.min_part_bytes=20000", "work_dir=parts")
+    result = run_cli(*same, *parts, cwd=tmp_path)
+
+    one, split = (tmp_path / name / "nno" / "clean" for name in ("one", "parts"))
+    layout = json.loads((split / "task_layout.json").read_text())
+    split_files = {layout["files"][i] for pieces in layout["tasks"] for i, _, n in pieces if n > 1}
+    assert split_files == {"web.jsonl.gz"} and len(layout["tasks"]) > 3
+    assert len(list((split / "logs" / "2_minhash_buckets" / "stats").glob("*.json"))) >= 4
+    hashes = {marker(tmp_path / name, "nno", "clean")["config_hash"] for name in ("one", "parts")}
+    assert len(hashes) == 1
+    assert _output_bytes(split) == _output_bytes(one)
+    assert len(list((one / "train").glob("*.jsonl.gz"))) > 1
+
+    # ... and that output is right: the line numbers are the file's, the copies are what MinHash
+    # removed (the first of a cluster stays), every document is accounted for.
+    metrics = marker(tmp_path / "one", "nno", "clean")["metrics"]
+    bad = [json.loads(line) for line in (one / "bad_records" / "records.jsonl").open()]
+    assert [(b["file"], b["line"], b["reason"]) for b in bad] == [
+        ("web.jsonl.gz", expected["broken_line"], "malformed_json")
+    ]
+    assert expected["unnamed_id"] in {r["id"] for r in read_jsonl_gz(one)}
+    duplicates = {r["id"] for r in read_jsonl_gz(one / "rejected" / "minhash_duplicate")}
+    assert duplicates & expected["copies"] and not duplicates & expected["originals"]
+    assert metrics["docs_in"] == len(embedded_records["nno"]) + len(expected["copies"]) + 1
+    assert metrics["docs_heldout_source"] > 0 and metrics["heldout_added_for_minimum"] > 0
+    # The phases' progress lines, with their rates.
+    logged = result.stderr + result.stdout
+    assert "phase 1_filter: done" in logged and " B/s" in logged
+    assert "phase 2_minhash_buckets: done" in logged and " docs/s" in logged
 
 
 def _train_lid_model(path, embedded_records):

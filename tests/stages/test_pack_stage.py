@@ -176,6 +176,37 @@ def test_a_filler_source_gets_its_exact_epochs_and_its_share_of_every_batch(pack
     )
 
 
+def stage_outputs(work, stages: tuple[str, ...]) -> dict:
+    """Every file the stages wrote, byte for byte, and their markers' hashes and metrics."""
+    found = {}
+    for stage in stages:
+        for path in sorted((work / "nob" / stage).rglob("*")):
+            if path.is_file() and path.name != "_SUCCESS.json":
+                found[str(path.relative_to(work))] = path.read_bytes()
+        done = marker(work, "nob", stage)
+        found[f"{stage} marker"] = (done["config_hash"], done["metrics"])
+    return found
+
+
+def test_the_tokenizer_and_pack_are_the_same_on_one_worker_as_on_three(packed, tmp_path):
+    cwd, _ = packed
+    stages = ("tokenizer", "pack")
+    shutil.copytree(cwd / "work", tmp_path / "work")
+    runs = []
+    for workers in (1, 3):  # in the same folder: pack records the tokenizer's path
+        for stage in stages:
+            shutil.rmtree(tmp_path / "work" / "nob" / stage)
+        for stage in stages:
+            run_cli(
+                f"stage={stage}", "lang=nob", VOCAB, FAST_CLEAN, f"workers={workers}", cwd=tmp_path
+            )
+        runs.append(stage_outputs(tmp_path / "work", stages))
+    assert any(name.endswith(".ds") for name in runs[0]) and "nob/tokenizer/report.json" in runs[0]
+    assert runs[0] == runs[1]
+    # `workers` is not part of the config hash: the fixture's run (workers=2) has the same
+    assert runs[0]["pack marker"][0] == marker(cwd / "work", "nob", "pack")["config_hash"]
+
+
 def test_the_same_command_is_skipped(packed):
     cwd, _ = packed
     before = marker(cwd / "work", "nob", "pack")

@@ -73,8 +73,10 @@ def test_an_interrupted_replay_keeps_its_shards_and_samples_the_same_rest(englis
     again = write_samples(str(english_base), tmp_path / "a", settings, "cpu")
     assert again == {**first, "empty_samples": again["empty_samples"]}
     assert shards[0].stat().st_mtime_ns == kept
-    # The same seeds give the same text, shard by shard.
-    write_samples(str(english_base), tmp_path / "b", settings, "cpu")
+    # The same seeds give the same text, shard by shard, also spread over two processes (as over a
+    # node's GPUs).
+    spread = write_samples(str(english_base), tmp_path / "b", settings, "cpu", workers=2)
+    assert spread == {**first, "devices": 2, "empty_samples": spread["empty_samples"]}
     assert read_jsonl_gz(tmp_path / "a") == read_jsonl_gz(tmp_path / "b")
 
 

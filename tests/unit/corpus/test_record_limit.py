@@ -179,7 +179,7 @@ def test_the_clean_stage_finishes_with_a_record_larger_than_its_memory(tmp_path)
     assert metrics["bad_records_by_reason"] == {"record_too_long": 1}
     assert metrics["docs_in"] == 2
     bad = (
-        (tmp_path / "out" / "fao" / "clean" / "bad_records" / "00000.jsonl")
+        (tmp_path / "out" / "fao" / "clean" / "bad_records" / "records.jsonl")
         .read_text()
         .splitlines()
     )

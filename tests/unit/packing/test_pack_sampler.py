@@ -3,12 +3,13 @@ its tokens.
 
 Each document is one word repeated (a word-level tokenizer gives it its own id), so the sampler's
 output says which document every token came from. The shards are written by the stage's own code
-(datatrove's DocumentTokenizer through pipeline/packing/tokenize.py).
+(pipeline/packing/tokenize.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -28,7 +29,8 @@ from pipeline.packing.packed import rehydrated_epochs
 from pipeline.packing.sampler import PackedSampler, SamplerStateError
 from pipeline.packing.sampler import Blend
 from pipeline.packing.shards import PackedDataError
-from pipeline.packing.tokenize import tokenize_source
+from pipeline.packing.tokenize import Encoder, tokenize_source
+from pipeline.progress import Progress
 from tests.conftest import REPO, write_jsonl_gz
 
 EOS = 1
@@ -84,15 +86,17 @@ def packed(tmp_path_factory):
         ids[name], lengths[name] = ids[name][order], lengths[name][order]
 
     out = root / "out"
+    encoder = Encoder(
+        Tokenizer.from_file(str(root / "tokenizer.json")), root / "tokenizer.json", EOS, 16
+    )
+    quiet = Progress("pack", None, "B", logging.getLogger(__name__))
     tokenized = {
         name: tokenize_source(
             raw_folder(name, root / "raw" / name),
             source_folder(out, name),
-            root / "tokenizer.json",
-            "</s>",
+            encoder,
             root / "scratch" / name,
-            workers=2,
-            batch_size=16,
+            quiet,
         )
         for name in documents
     }

@@ -4,6 +4,7 @@ scores, the sample."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import Counter
 
@@ -12,7 +13,8 @@ import sentencepiece as spm
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.tokenization.tokenizer_config import SpecialTokens, TokenizerConfig
-from pipeline.tokenization.extension import Spared, extend_bpe
+from pipeline.progress import Progress
+from pipeline.tokenization.extension import Spared, base_cuts, extend_bpe, pieces
 from pipeline.tokenization.folder import (
     TrainingError,
     adopt_base_tokenizer,
@@ -21,6 +23,7 @@ from pipeline.tokenization.folder import (
 )
 from pipeline.tokenization.metrics import evaluate, tokens_per_word, word_spans
 from pipeline.tokenization.sample import keeps, shares
+from pipeline.tokenization.workers import batches
 from pipeline.tokenization.training import (
     MAX_SENTENCE_BYTES,
     padded_vocab_size,
@@ -37,6 +40,11 @@ BACKENDS = {
 }
 # SentencePiece writes spaces as U+2581, so that character itself cannot come back.
 META_SPACE_TEXT = "a literal \u2581 (U+2581) between words"
+
+
+def quiet() -> Progress:
+    """A progress count for the parts that take one; its log lines go unseen."""
+    return Progress("test", None, "B", logging.getLogger(__name__))
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +77,7 @@ def unseen_text(embedded_records) -> list[str]:
 def trained(training_text):
     """Each backend trained on the same text."""
     return {
-        name: train_tokenizer(
-            iter(training_text), TokenizerConfig(vocab_size=VOCAB, **options), threads=2
-        )
+        name: train_tokenizer(iter(training_text), TokenizerConfig(vocab_size=VOCAB, **options))
         for name, options in BACKENDS.items()
     }
 
@@ -263,13 +269,9 @@ def test_keep_base_refuses_a_base_without_an_end_of_text_token_and_names_what_to
 # -- extending a base tokenizer --------------------------------------------------------------------
 
 
-def test_extending_a_base_keeps_its_tokens_and_joins_them_with_merges_learnt_on_its_own_cuts(
-    training_text, embedded_records
-):
-    from pipeline.warmup.transfer import plan_rows
-
-    # an English base, as a real base is (GPT-2-like: byte-level, one end-of-text token)
-    english = [r["text"] for r in embedded_records["eng"]][:300]
+def english_base(english: list[str]) -> Tokenizer:
+    """An English base of 1,000 tokens, as a real base is (GPT-2-like: byte-level, one end-of-text
+    token)."""
     base = Tokenizer(models.BPE())
     base.pre_tokenizer, base.decoder = (
         pre_tokenizers.ByteLevel(add_prefix_space=False),
@@ -284,9 +286,19 @@ def test_extending_a_base_keeps_its_tokens_and_joins_them_with_merges_learnt_on_
             show_progress=False,
         ),
     )
+    return base
+
+
+def test_extending_a_base_keeps_its_tokens_and_joins_them_with_merges_learnt_on_its_own_cuts(
+    training_text, embedded_records
+):
+    from pipeline.warmup.transfer import plan_rows
+
+    english = [r["text"] for r in embedded_records["eng"]][:300]
+    base = english_base(english)
     cut = len(training_text) * 3 // 4
     norwegian, unseen = training_text[:cut], training_text[cut:]
-    extended, added = extend_bpe(base, lambda: iter(norwegian), 500, min_frequency=2)
+    extended, added = extend_bpe(base, base_cuts(base, norwegian, 1, quiet()), 500, min_frequency=2)
 
     assert added == {
         "base_tokens": 1000,
@@ -331,29 +343,14 @@ def test_an_extension_leaves_out_the_tokens_that_the_spared_text_uses(
     training_text, embedded_records
 ):
     english = [r["text"] for r in embedded_records["eng"]]
-    base = Tokenizer(models.BPE())
-    base.pre_tokenizer, base.decoder = (
-        pre_tokenizers.ByteLevel(add_prefix_space=False),
-        decoders.ByteLevel(),
-    )
-    base.train_from_iterator(
-        english[:300],
-        trainers.BpeTrainer(
-            vocab_size=1000,
-            special_tokens=[END_OF_TEXT],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
+    base = english_base(english[:300])
     norwegian, spared_english, unseen_english = training_text, english[300:600], english[600:]
-    plain, _ = extend_bpe(base, lambda: iter(norwegian), 300, min_frequency=2)
-    spared, added = extend_bpe(
-        base,
-        lambda: iter(norwegian),
-        300,
-        min_frequency=2,
-        spared=Spared(spared_english, norwegian, 0.01),
+    words = base_cuts(base, norwegian, 1, quiet())
+    plain, _ = extend_bpe(base, words, 300, min_frequency=2)
+    spared_pieces = Spared(
+        pieces(base, spared_english, 1, quiet()), pieces(base, norwegian, 1, quiet()), 0.01
     )
+    spared, added = extend_bpe(base, words, 300, min_frequency=2, spared=spared_pieces)
 
     def uses(tokenizer, texts):  # added-token ids in the texts, per byte
         ids = [
@@ -391,10 +388,28 @@ def test_an_extension_leaves_out_the_tokens_that_the_spared_text_uses(
     assert sum(uses(spared, norwegian)[0].values()) > 0.5 * sum(uses(plain, norwegian)[0].values())
 
 
+def test_the_work_on_text_adds_up_the_same_on_one_process_and_on_three(
+    training_text, embedded_records
+):
+    """The Python-bound parts of the tokenizer stage run in batches on `workers` processes: the
+    base's cuts that the added merges learn from, the spared text's pieces, the report's scores.
+    tests/stages/test_pack_stage.py runs the stages both ways."""
+    english = [r["text"] for r in embedded_records["eng"]]
+    base, spared, heldout = english_base(english[:300]), english[300:600], english[600:700]
+    assert len(list(batches(training_text))) > 1  # more than one process has work
+    one, three = (quiet() for _ in range(2))
+    words = base_cuts(base, training_text, 1, one), base_cuts(base, training_text, 3, three)
+    assert words[0] == words[1] and list(words[0]) == list(words[1])  # same counts, same order
+    assert one.done == three.done == sum(len(text.encode("utf-8")) for text in training_text)
+    assert pieces(base, spared, 1, quiet()) == pieces(base, spared, 3, quiet())
+    scores = [evaluate({"base": base}, heldout, RegexWords(), n, quiet()) for n in (1, 3)]
+    assert scores[0] == scores[1] and scores[0]["base"].documents == len(heldout)
+
+
 def test_extending_refuses_a_base_that_is_not_bpe():
     unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], unk_id=0))
     with pytest.raises(TrainingError, match="adds BPE merges, but the base tokenizer is Unigram"):
-        extend_bpe(unigram, lambda: iter(["a a"]), 10, min_frequency=1)
+        extend_bpe(unigram, Counter(), 10, min_frequency=1)
 
 
 def test_nfkc_folds_compatibility_characters_and_breaks_the_round_trip(training_text):
@@ -495,7 +510,9 @@ def test_scores_of_known_tokenizations():
         r"\w+|\s+|[^\w\s]", text
     )  # 8 tokens; decodes with spaces between tokens
     characters = _word_level(r".", text, decoders.Fuse())  # 16 tokens; decodes exactly
-    scores = evaluate({"words": words_and_spaces, "chars": characters}, [text], RegexWords())
+    scores = evaluate(
+        {"words": words_and_spaces, "chars": characters}, [text], RegexWords(), 1, quiet()
+    )
     words = scores["words"].summary()
     assert (words["fertility"], words["continued_words"], words["bytes_per_token"]) == (
         1.0,
