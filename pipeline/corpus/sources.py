@@ -9,16 +9,19 @@ their text this way.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
-from tqdm import tqdm
 
 from pipeline.corpus.reader import RawCorpusReader, find_raw_files, fingerprint_files
 from pipeline.corpus.report import REPORT_TEXT_FILE
+from pipeline.progress import Progress
 from pipeline.work_folder import read_marker
+
+log = logging.getLogger(__name__)
 
 CLEAN_OUTPUT, RAW_FOLDER = "clean output", "raw folder"
 CLEAN_SPLITS = (TRAIN_SPLIT, HELDOUT_SPLIT, HELDOUT_SOURCE_SPLIT) = (
@@ -100,7 +103,7 @@ def source_reader(source: SourceInput, paths_file: Path, bad_records_dir: Path):
 FileTask = tuple[SourceInput, Path, Path, int]  # source, paths file, bad-records folder, file index
 
 
-def _paths_file(source: SourceInput, scratch: Path) -> Path:
+def paths_file(source: SourceInput, scratch: Path) -> Path:
     """The list of the source's files that datatrove's readers take."""
     scratch.mkdir(parents=True, exist_ok=True)
     paths_file = scratch / "files.txt"
@@ -113,7 +116,7 @@ def read_documents(source: SourceInput, scratch: Path) -> Iterator:
     `scratch`); none from a source without files (an empty split)."""
     if not source.files:
         return
-    yield from source_reader(source, _paths_file(source, scratch), scratch / "bad_records").run()
+    yield from source_reader(source, paths_file(source, scratch), scratch / "bad_records").run()
 
 
 def over_files(
@@ -124,21 +127,20 @@ def over_files(
     description: str,
 ) -> Iterator[T]:
     """`per_file(task)` for each file of the source, in file order, on `workers` processes, with a
-    progress bar over the compressed bytes. Bad records are logged in `scratch/bad_records`."""
-    paths_file = _paths_file(source, scratch)
-    tasks = [
-        (source, paths_file, scratch / "bad_records", index) for index in range(len(source.files))
-    ]
+    progress's log lines (a bar too on a terminal) over the compressed bytes. Bad records are logged
+    in `scratch/bad_records`."""
+    files = paths_file(source, scratch)
+    tasks = [(source, files, scratch / "bad_records", index) for index in range(len(source.files))]
     sizes = [(source.folder / name).stat().st_size for name in source.files]
-    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc=description, disable=None) as bar:
+    with Progress(description, sum(sizes), "B", log) as progress:
         if workers > 1 and len(tasks) > 1:
             with multiprocessing.Pool(min(workers, len(tasks))) as pool:
                 # imap keeps the order, so each result is matched with its file's size.
                 for result, size in zip(pool.imap(per_file, tasks), sizes):
-                    bar.update(size)
+                    progress.update(size)
                     yield result
         else:
             for task, size in zip(tasks, sizes):
                 result = per_file(task)
-                bar.update(size)
+                progress.update(size)
                 yield result

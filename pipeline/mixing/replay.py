@@ -147,8 +147,11 @@ def _write_shard(path: Path, documents: list[dict]) -> None:
     os.replace(partial, path)
 
 
-def _sample_shard(loaded, replay: ReplayConfig, batch: int, folder: Path, shard: int) -> int:
-    """Samples shard `shard` into `folder`; returns how many samples were empty (dropped)."""
+def _sample_shard(
+    loaded, replay: ReplayConfig, batch: int, folder: Path, shard: int
+) -> tuple[int, int]:
+    """Samples shard `shard` into `folder`; returns its tokens and how many samples were empty
+    (dropped)."""
     model, tokenizer, end_of_text = loaded
     sampled = _sample_batch(model, end_of_text, replay, batch, replay.seed + shard)
     texts = tokenizer.batch_decode(sampled, skip_special_tokens=True)
@@ -164,13 +167,14 @@ def _sample_shard(loaded, replay: ReplayConfig, batch: int, folder: Path, shard:
             for i, (text, length) in enumerate(kept)
         ],
     )
-    return len(sampled) - len(kept)
+    return sum(length for _, length in kept), len(sampled) - len(kept)
 
 
 def _sample_on(
     base: str, device: str, replay: ReplayConfig, batch: int, folder: Path, shards: list[int]
-) -> int:
-    """A helper process's shards, on its own device (its own copy of the base)."""
+) -> tuple[int, int]:
+    """A helper process's shards, on its own device (its own copy of the base): their tokens and
+    empty samples."""
     import torch
 
     if device == "cpu":  # the processes share the cores
@@ -178,7 +182,8 @@ def _sample_on(
     else:
         torch.cuda.set_device(device)
     loaded = _load_base(base, device)
-    return sum(_sample_shard(loaded, replay, batch, folder, shard) for shard in shards)
+    counts = [_sample_shard(loaded, replay, batch, folder, shard) for shard in shards]
+    return sum(tokens for tokens, _ in counts), sum(empty for _, empty in counts)
 
 
 def _devices(device: str, workers: int) -> list[str]:
@@ -219,11 +224,13 @@ def _sample_round(
             for device, share in helpers
         ]
         for shard in shares[0]:
-            empty += _sample_shard(loaded, replay, batch, folder, shard)
-            progress.update(_counts(folder / SHARD.format(shard))[0])
-        for future, (_, share) in zip(futures, helpers):
-            empty += future.result()
-            progress.update(sum(_counts(folder / SHARD.format(shard))[0] for shard in share))
+            tokens, dropped = _sample_shard(loaded, replay, batch, folder, shard)
+            progress.update(tokens)
+            empty += dropped
+        for future in futures:
+            tokens, dropped = future.result()
+            progress.update(tokens)
+            empty += dropped
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)

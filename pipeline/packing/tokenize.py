@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from pipeline.corpus.sources import SourceInput, source_reader
+from pipeline.corpus.sources import SourceInput, paths_file, source_reader
 from pipeline.packing.shards import token_dtype
 from pipeline.progress import Progress
 
@@ -76,13 +76,13 @@ class Encoder:
 def _tokenize_file(
     source: SourceInput,
     index: int,
-    paths_file: Path,
+    files: Path,
     bad_records_dir: Path,
     out_dir: Path,
     encoder: Encoder,
     progress: Progress,
 ):
-    """Shard `index` from file `index` of those `paths_file` lists; (shard or None if it is empty,
+    """Shard `index` from file `index` of those the `files` list names; (shard or None if it is empty,
     document tokens, cluster sizes, bad records)."""
     from datatrove.pipeline.tokens.tokenizer import TokenizedFile
 
@@ -94,7 +94,7 @@ def _tokenize_file(
         save_final_metadata=True,
         token_size=token_dtype(encoder.tokenizer.get_vocab_size()).itemsize,
     )
-    reader = source_reader(source, paths_file, bad_records_dir)
+    reader = source_reader(source, files, bad_records_dir)
     documents = reader.run(rank=index, world_size=len(source.files))
     lengths, sizes = [], []
     while batch := list(islice(documents, encoder.batch_size)):
@@ -122,13 +122,11 @@ def tokenize_source(
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.iterdir():  # an interrupted run's shards are written again
         stale.unlink()
-    scratch.mkdir(parents=True, exist_ok=True)
-    paths_file = scratch / "files.txt"  # what datatrove's readers take
-    paths_file.write_text("".join(f"{name}\n" for name in source.files), encoding="utf-8")
+    files = paths_file(source, scratch)
     shards, lengths, sizes, bad_records = [], [], [], 0
     for index in range(len(source.files)):
         shard, document_tokens, cluster_sizes, bad = _tokenize_file(
-            source, index, paths_file, scratch / "bad_records", out_dir, encoder, progress
+            source, index, files, scratch / "bad_records", out_dir, encoder, progress
         )
         bad_records += bad
         if shard is not None:
