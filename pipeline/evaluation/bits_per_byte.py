@@ -92,6 +92,23 @@ class ScoringRows:
         )
 
 
+# Documents tokenized at once (on all cores: tokenizers' encode_batch): enough to keep the cores
+# busy, few enough that a capped set tokenizes little it does not score.
+ENCODE_BATCH = 256
+
+
+def _encoded(texts: Iterable[str], tokenizer) -> Iterator[tuple[str, object]]:
+    """(text, its encoding) in order, tokenized ENCODE_BATCH documents at a time."""
+    batch: list[str] = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == ENCODE_BATCH:
+            yield from zip(batch, tokenizer.encode_batch(batch, add_special_tokens=False))
+            batch = []
+    if batch:
+        yield from zip(batch, tokenizer.encode_batch(batch, add_special_tokens=False))
+
+
 def scoring_rows(
     texts: Iterable[str],
     tokenizer,
@@ -117,10 +134,9 @@ def scoring_rows(
         for row in (row_in, row_label, row_segment, row_document):
             row.clear()
 
-    for index, text in enumerate(texts):
+    for index, (text, encoding) in enumerate(_encoded(texts, tokenizer)):
         if max_tokens is not None and tokens >= max_tokens:
             break
-        encoding = tokenizer.encode(text, add_special_tokens=False)
         ids = encoding.ids
         if not ids:
             document_bytes.append(0)
@@ -230,22 +246,26 @@ def score_rows(
             torch.from_numpy(array[start : start + batch_size]).to(device) for array in arrays
         )
         logits = model(inputs, segments)
-        # one row's log-softmax at a time: a large vocabulary stays in memory
+        # One row's log-softmax at a time (a large vocabulary stays in memory), over every position
+        # with the unscored ones masked rather than selected: selecting would wait for the device
+        # at every row.
         for row in range(len(inputs)):
             scored = labels[row] != IGNORE
-            targets = labels[row][scored]
-            log_probs = torch.log_softmax(logits[row][scored].float(), dim=-1)
-            token_nats = -log_probs.gather(1, targets[:, None])[:, 0].double()
+            targets = labels[row].clamp(min=0)
+            log_probs = torch.log_softmax(logits[row].float(), dim=-1)
+            token_nats = torch.where(scored, -log_probs.gather(1, targets[:, None])[:, 0], 0.0)
+            token_nats = token_nats.double()
             nats += token_nats.sum()
-            if per_document is not None:
-                per_document.index_add_(0, documents[0][row][scored], token_nats)
+            if per_document is not None:  # padding (-1) adds its 0 to the first text
+                per_document.index_add_(0, documents[0][row].clamp(min=0), token_nats)
             if first_added is not None:
-                is_base = targets < first_added
-                mass += log_probs[is_base, first_added:].logsumexp(dim=-1).exp().double().sum()
+                is_base = scored & (targets < first_added)
+                added_share = log_probs[:, first_added:].logsumexp(dim=-1).exp()
+                mass += torch.where(is_base, added_share, 0.0).double().sum()
                 base_targets += is_base.sum()
-                added_targets += (~is_base).sum()
+                added_targets += (scored & ~is_base).sum()
         if progress is not None:
-            progress.update(int((labels != IGNORE).sum()))
+            progress.update(int((rows.labels[start : start + batch_size] != IGNORE).sum()))
     added = None
     if first_added is not None:
         added = {
