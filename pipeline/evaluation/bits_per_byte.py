@@ -246,24 +246,22 @@ def score_rows(
             torch.from_numpy(array[start : start + batch_size]).to(device) for array in arrays
         )
         logits = model(inputs, segments)
-        # One row's log-softmax at a time (a large vocabulary stays in memory), over every position
-        # with the unscored ones masked rather than selected: selecting would wait for the device
-        # at every row.
+        # one row's log-softmax at a time: a large vocabulary stays in memory; over the scored
+        # positions only (masking the others instead, to spare the host a wait per row, took 19%
+        # longer on an H200 for SmolLM2: a window's context is half its positions)
         for row in range(len(inputs)):
             scored = labels[row] != IGNORE
-            targets = labels[row].clamp(min=0)
-            log_probs = torch.log_softmax(logits[row].float(), dim=-1)
-            token_nats = torch.where(scored, -log_probs.gather(1, targets[:, None])[:, 0], 0.0)
-            token_nats = token_nats.double()
+            targets = labels[row][scored]
+            log_probs = torch.log_softmax(logits[row][scored].float(), dim=-1)
+            token_nats = -log_probs.gather(1, targets[:, None])[:, 0].double()
             nats += token_nats.sum()
-            if per_document is not None:  # padding (-1) adds its 0 to the first text
-                per_document.index_add_(0, documents[0][row].clamp(min=0), token_nats)
+            if per_document is not None:
+                per_document.index_add_(0, documents[0][row][scored], token_nats)
             if first_added is not None:
-                is_base = scored & (targets < first_added)
-                added_share = log_probs[:, first_added:].logsumexp(dim=-1).exp()
-                mass += torch.where(is_base, added_share, 0.0).double().sum()
+                is_base = targets < first_added
+                mass += log_probs[is_base, first_added:].logsumexp(dim=-1).exp().double().sum()
                 base_targets += is_base.sum()
-                added_targets += (scored & ~is_base).sum()
+                added_targets += (~is_base).sum()
         if progress is not None:
             progress.update(int((rows.labels[start : start + batch_size] != IGNORE).sum()))
     added = None
