@@ -2,7 +2,7 @@
 stage's wall time with the cores and GPUs it kept busy, from raw files to the report.
 
     python bench/stage_times.py --out bench/results/stage_times -- lang=nob raw_dir=<raw> \\
-        work_dir=<work> model.base=<SmolLM2-135M> workers=16
+        work_dir=<work> model.base=<SmolLM2-135M> workers=16 parallel.dp=4
 
 Everything after `--` goes to `python -m pipeline stage=all` as it is. The script reads the
 pipeline's log lines ("Running <stage> for <lang>", "<stage> for <lang> finished", "Skipping
