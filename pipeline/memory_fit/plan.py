@@ -1,11 +1,13 @@
 """A layout's plan: every pipeline stage's memory against the device, and LUMI's rules of thumb.
 
-The smallest layout that fits, for a plan that does not."""
+The smallest layout that fits, for a plan that does not: of those with as few model-parallel ranks,
+the one the measured efficiencies of tensor and pipeline parallelism expect to train fastest."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -159,11 +161,29 @@ def _fits(plan: Plan, layout: Layout) -> bool:
     )
 
 
+# Training speed per GPU against one GPU, as measured on NVLink-connected H100/H200 (BENCHMARKS.md,
+# "Several GPUs", 1.3B ALiBi model): tensor parallelism of 2 kept 0.65-0.78 of two single GPUs;
+# a pipeline of 2 kept 0.90 at 16 micro-batches, where its bubble alone would leave 0.94, so a
+# stage boundary costs about 4% besides the bubble. Each doubling of tp is taken to cost as much as
+# the first (tp 4 was not measured alone).
+TENSOR_PARALLEL_2_EFFICIENCY = 0.70
+PIPELINE_BOUNDARY_EFFICIENCY = 0.96
+
+
+def expected_efficiency(layout: Layout) -> float:
+    """The share of single-GPU speed per GPU that `layout` is expected to keep (data parallelism
+    kept 1.00 and is left out)."""
+    tensor = TENSOR_PARALLEL_2_EFFICIENCY ** math.log2(layout.tp)
+    pipeline = (1 - layout.bubble) * (PIPELINE_BOUNDARY_EFFICIENCY if layout.pp > 1 else 1.0)
+    return tensor * pipeline
+
+
 def smallest_fitting(plan: Plan) -> Optional[Plan]:
     """The layout with the fewest model-parallel ranks (tp x pp) that fits, with the same dp,
-    micro-batch and global batch, preferring one that keeps the rules of thumb (at any size), then
-    the shorter pipeline (smaller bubble). Activation checkpointing of every block is tried only
-    where nothing fits without it."""
+    micro-batch and global batch, preferring one that keeps the rules of thumb (at any size), then,
+    of as many ranks, the one expected to train fastest (expected_efficiency: a pipeline before
+    tensor parallelism, as far as its bubble allows). Activation checkpointing of every block is
+    tried only where nothing fits without it."""
     layout = plan.layout
     intervals = [layout.checkpoint_interval] + ([1] if layout.checkpoint_interval == 0 else [])
     choices = tensor_parallel_choices(plan.model, plan.device)
@@ -178,7 +198,10 @@ def smallest_fitting(plan: Plan) -> Optional[Plan]:
                 if kept[tp] or not keeping_rules
                 for pp in range(1, plan.model.num_layers + 1)
             ),
-            key=lambda shape: (shape[0] * shape[1], shape[1]),
+            key=lambda shape: (
+                shape[0] * shape[1],
+                -expected_efficiency(dataclasses.replace(layout, tp=shape[0], pp=shape[1])),
+            ),
         )
         for interval in intervals:
             for tp, pp in shapes:
