@@ -16,7 +16,8 @@ Speed: a small base is limited by launches and memory traffic, not arithmetic. S
 are sampled in large batches with a static KV cache (transformers' default cache grows by
 concatenation, copying the whole cache at every token: 1.9x slower at 3,072 documents on an H200,
 docs/benchmark-log.md), and the shards are spread over every visible GPU, one process each (on a
-CPU, over `workers` processes).
+CPU, over `workers` processes), whose bases load while this process loads its own and stay loaded
+from one round of shards to the next.
 """
 
 from __future__ import annotations
@@ -41,10 +42,9 @@ SHARD = "samples-{:05d}.jsonl.gz"
 CPU_BATCH = 16
 
 
-def _load_base(base: str, device: str):
-    """The base and its tokenizer as transformers loads them (never with remote code), and its
-    end-of-text id."""
-    import torch
+def _base_config(base: str):
+    """The base's config as transformers reads it (never with remote code): its shape, before any
+    weights load."""
     import transformers
 
     if not (Path(base) / "config.json").is_file():
@@ -54,6 +54,15 @@ def _load_base(base: str, device: str):
             f"model.base={base} has no config.json. Export the model with transformers' "
             f"save_pretrained, or set replay.tokens=0 to go without samples."
         )
+    return transformers.AutoConfig.from_pretrained(base, trust_remote_code=False)
+
+
+def _load_base(base: str, device: str):
+    """The base and its tokenizer as transformers loads them (never with remote code), and its
+    end-of-text id."""
+    import torch
+    import transformers
+
     # Decoded exactly: a base's tokenizer_config.json may ask for transformers' clean-up of spaces
     # around punctuation (SmolLM2's does), which older transformers apply and which would write text
     # the base did not sample.
@@ -79,29 +88,26 @@ def _load_base(base: str, device: str):
 PLANNED_FILL = 0.9
 
 
-def batch_size(model, replay: ReplayConfig, devices: int = 1) -> int:
-    """`replay.batch_size`, or as many documents as half the GPU's free memory holds with their KV
-    cache and float32 logits (16 on a CPU), but no more than each device's share of the documents
-    that the tokens ask for (at PLANNED_FILL of the length): every device gets work, and one shard
-    each usually reaches the tokens."""
+def batch_size(config, replay: ReplayConfig, device: str, devices: int = 1) -> int:
+    """`replay.batch_size`, or as many documents as half the GPU's free memory holds with their bf16
+    KV cache and float32 logits (16 on a CPU), but no more than each device's share of the
+    documents that the tokens ask for (at PLANNED_FILL of the length): every device gets work, and
+    one shard each usually reaches the tokens. `config`: the base's (transformers')."""
     import torch
 
     needed = math.ceil(replay.tokens / (replay.length * PLANNED_FILL))
     if replay.batch_size is not None:
         return min(replay.batch_size, needed)
     share = -(-needed // devices)
-    device = next(model.parameters()).device
-    if device.type != "cuda":
+    if not device.startswith("cuda"):
         return min(CPU_BATCH, share)
-    config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    element = next(model.parameters()).element_size()
     per_document = (
-        2 * config.num_hidden_layers * kv_heads * head_dim * element * (replay.length + 1)
+        2 * config.num_hidden_layers * kv_heads * head_dim * 2 * (replay.length + 1)
         + 4 * 4 * config.vocab_size
     )
-    free, _ = torch.cuda.mem_get_info(device)
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
     return max(1, min(free // 2 // per_document, share))
 
 
@@ -177,6 +183,11 @@ def _sample_shard(
     return sum(length for _, length in kept), len(sampled) - len(kept)
 
 
+# In a helper process: the base it has loaded, so that a second round of shards does not load it
+# again.
+_HELPER_BASE: dict = {}
+
+
 def _sample_on(
     base: str, device: str, replay: ReplayConfig, batch: int, folder: Path, shards: list[int]
 ) -> tuple[int, int]:
@@ -184,11 +195,13 @@ def _sample_on(
     empty samples."""
     import torch
 
-    if device == "cpu":  # the processes share the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
-    else:
-        torch.cuda.set_device(device)
-    loaded = _load_base(base, device)
+    if (base, device) not in _HELPER_BASE:
+        if device == "cpu":  # the processes share the cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
+        else:
+            torch.cuda.set_device(device)
+        _HELPER_BASE[base, device] = _load_base(base, device)
+    loaded = _HELPER_BASE[base, device]
     counts = [_sample_shard(loaded, replay, batch, folder, shard) for shard in shards]
     return sum(tokens for tokens, _ in counts), sum(empty for _, empty in counts)
 
@@ -202,46 +215,56 @@ def _devices(device: str, workers: int) -> list[str]:
     return ["cpu"] * workers
 
 
-def _sample_round(
-    base: str,
-    loaded,
-    devices: list[str],
-    replay: ReplayConfig,
-    batch: int,
-    folder: Path,
-    shards: list[int],
-    progress: Progress,
-) -> int:
-    """Samples `shards` spread over `devices`: this process takes the first device's share (its
-    base is loaded already), one spawned process each the other devices'. Returns the empty
-    samples dropped."""
-    shares = [shards[index :: len(devices)] for index in range(len(devices))]
-    helpers = [(device, share) for device, share in zip(devices[1:], shares[1:]) if share]
-    empty = 0
-    pool = None
-    if helpers:
-        import torch.multiprocessing
+class _Sampler:
+    """Shards spread over `devices`: this process samples the first device's share, one spawned
+    helper process each the other devices' (each keeps its base loaded for the next round). A
+    round's helpers are started before this process loads its own base, so that the loads
+    overlap."""
 
-        pool = ProcessPoolExecutor(
-            len(helpers), mp_context=torch.multiprocessing.get_context("spawn")
-        )
-    try:
+    def __init__(self, base: str, devices: list[str], replay: ReplayConfig, batch: int) -> None:
+        self.base, self.devices, self.replay, self.batch = base, devices, replay, batch
+        self.loaded = None
+        self.pool = None
+        if len(devices) > 1:
+            import torch.multiprocessing
+
+            self.pool = ProcessPoolExecutor(
+                len(devices) - 1, mp_context=torch.multiprocessing.get_context("spawn")
+            )
+
+    def __enter__(self) -> "_Sampler":
+        return self
+
+    def __exit__(self, *error) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+        # stage=all goes on in this process: the training ranks need the memory the KV caches held.
+        self.loaded = None
+        if self.devices[0].startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def round(self, folder: Path, shards: list[int], progress: Progress) -> int:
+        """Samples `shards` into `folder`; returns the empty samples dropped."""
+        shares = [shards[index :: len(self.devices)] for index in range(len(self.devices))]
         futures = [
-            pool.submit(_sample_on, base, device, replay, batch, folder, share)
-            for device, share in helpers
+            self.pool.submit(_sample_on, self.base, device, self.replay, self.batch, folder, share)
+            for device, share in zip(self.devices[1:], shares[1:])
+            if share
         ]
+        if self.loaded is None:
+            self.loaded = _load_base(self.base, self.devices[0])
+        empty = 0
         for shard in shares[0]:
-            tokens, dropped = _sample_shard(loaded, replay, batch, folder, shard)
+            tokens, dropped = _sample_shard(self.loaded, self.replay, self.batch, folder, shard)
             progress.update(tokens)
             empty += dropped
         for future in futures:
             tokens, dropped = future.result()
             progress.update(tokens)
             empty += dropped
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-    return empty
+        return empty
 
 
 def write_samples(
@@ -251,8 +274,7 @@ def write_samples(
     are kept); returns the counts for the marker."""
     folder.mkdir(parents=True, exist_ok=True)
     devices = _devices(device, workers)
-    loaded = _load_base(base, devices[0])
-    batch = batch_size(loaded[0], replay, len(devices))
+    batch = batch_size(_base_config(base), replay, devices[0], len(devices))
     log.info(
         "replay: sampling %s tokens from %s on %d %s device(s), %d documents of up to %d tokens "
         "at a time on each",
@@ -264,7 +286,10 @@ def write_samples(
         replay.length,
     )
     tokens, documents, empty, shard, sampled = 0, 0, 0, 0, set()
-    with Progress("replay samples", replay.tokens, "tokens", log) as progress:
+    with (
+        Progress("replay samples", replay.tokens, "tokens", log) as progress,
+        _Sampler(base, devices, replay, batch) as sampler,
+    ):
         while tokens < replay.tokens:
             path = folder / SHARD.format(shard)
             if not path.exists():
@@ -276,9 +301,7 @@ def write_samples(
                     for index in range(shard, shard + wanted)
                     if not (folder / SHARD.format(index)).exists()
                 ]
-                empty += _sample_round(
-                    base, loaded, devices, replay, batch, folder, missing, progress
-                )
+                empty += sampler.round(folder, missing, progress)
                 sampled.update(missing)
             found, in_shard = _counts(path)
             if shard not in sampled:  # written by an interrupted run of the same settings
@@ -290,12 +313,6 @@ def write_samples(
                     "documents end with as eos_token."
                 )
             tokens, documents, shard = tokens + found, documents + in_shard, shard + 1
-    # stage=all goes on in this process: the training ranks need the memory the KV caches held.
-    del loaded
-    if device == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
     log.info(
         "replay: %s tokens in %d documents sampled from %s (%d empty ones dropped)",
         f"{tokens:,}",
