@@ -5,8 +5,10 @@ nn.Linear, nn.LayerNorm / nn.RMSNorm, GELU / SwiGLU, and the attention torch its
 FlexAttention with an ALiBi `score_mod` and a causal block mask for the BLOOM-shaped model,
 scaled_dot_product_attention(is_causal=True) for the Llama-shaped RoPE model. It shares nothing with
 pipeline/model but the shape config, so that equal losses from the same weights show that our stack
-computes the same function. Query, key and value are one matrix, as in BLOOM and GPT-2;
-`anchor_state_dict` maps our Transformer's tensors onto these modules.
+computes the same function. Query, key and value are one matrix, as in BLOOM and GPT-2, or three
+(`fused_qkv=False`: the tensor-parallel anchor, bench/anchor_tensor_parallel.py, whose ranks must each
+get whole heads of every one); `anchor_state_dict` maps our Transformer's tensors onto these
+modules.
 
 Packed rows (`segment_ids`, documents numbered along each row as the pretrain stage's sampler
 numbers them): both models attend within each document through FlexAttention with a
@@ -70,7 +72,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, fused_qkv: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
         self.widths = [
@@ -79,7 +81,13 @@ class Block(nn.Module):
             cfg.num_kv_heads * cfg.head_dim,
         ]
         self.attn_norm, self.mlp_norm = make_norm(cfg), make_norm(cfg)
-        self.qkv = nn.Linear(cfg.hidden_size, sum(self.widths), bias=cfg.bias)
+        self.fused_qkv = fused_qkv
+        if fused_qkv:
+            self.qkv = nn.Linear(cfg.hidden_size, sum(self.widths), bias=cfg.bias)
+        else:
+            self.q, self.k, self.v = (
+                nn.Linear(cfg.hidden_size, width, bias=cfg.bias) for width in self.widths
+            )
         self.out = nn.Linear(self.widths[0], cfg.hidden_size, bias=cfg.bias)
         self.gate = (
             nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
@@ -94,10 +102,13 @@ class Block(nn.Module):
     def attention(self, x: torch.Tensor, rope, mask) -> torch.Tensor:
         """`rope`: RoPE's (cos, sin) or None; `mask`: None (causal), FlexAttention's BlockMask (a
         GPU) or the allowed pairs (batch, 1, seq, seq) as booleans (a CPU)."""
-        q, k, v = (
-            part.unflatten(-1, (-1, self.cfg.head_dim)).transpose(1, 2)
-            for part in self.qkv(x).split(self.widths, dim=-1)
+        parts = (
+            self.qkv(x).split(self.widths, dim=-1)
+            if self.fused_qkv
+            else (self.q(x), self.k(x), self.v(x))
         )
+        # -1: the heads there are (a tensor-parallel rank's share of them)
+        q, k, v = (part.unflatten(-1, (-1, self.cfg.head_dim)).transpose(1, 2) for part in parts)
         gqa = self.cfg.num_kv_heads != self.cfg.num_heads
         alibi = None
         if self.cfg.position == "rope":
@@ -130,12 +141,12 @@ class Block(nn.Module):
 
 
 class AnchorModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, fused_qkv: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
         self.embed_norm = make_norm(cfg) if cfg.embedding_norm else nn.Identity()
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(Block(cfg, fused_qkv) for _ in range(cfg.num_layers))
         self.final_norm = make_norm(cfg)
         self.head = (
             None
@@ -191,21 +202,31 @@ class AnchorModel(nn.Module):
             self.documents.copy_(segment_ids)
         return create_block_mask(self.mask_mod, segment_ids.shape[0], None, seq, seq, device=device)
 
-    def forward(
+    def hidden_states(
         self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
+        """The final norm's output, which the LM head reads."""
         seq, device = input_ids.shape[1], input_ids.device
         rope, mask = self.positions(seq, device), self.mask(seq, device, segment_ids)
         x = self.embed_norm(self.embed(input_ids))
         for block in self.blocks:
             x = block(x, rope, mask)
+        return self.final_norm(x)
+
+    def forward(
+        self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         head = self.embed.weight if self.head is None else self.head.weight
-        return F.linear(self.final_norm(x), head)[..., : self.cfg.vocab_size]
+        return F.linear(self.hidden_states(input_ids, segment_ids), head)[
+            ..., : self.cfg.vocab_size
+        ]
 
 
-def anchor_state_dict(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def anchor_state_dict(
+    ours: dict[str, torch.Tensor], fused_qkv: bool = True
+) -> dict[str, torch.Tensor]:
     """Our Transformer's tensors (its state-dict names) under the anchor's names; q, k and v become
-    one matrix."""
+    one matrix unless `fused_qkv` is False."""
     renamed = {
         re.sub(
             r"\.(attn|mlp)\.",
@@ -214,6 +235,8 @@ def anchor_state_dict(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         ): tensor
         for name, tensor in ours.items()
     }
+    if not fused_qkv:
+        return renamed
     for name in [name for name in renamed if re.search(r"\.q\.(weight|bias)$", name)]:
         prefix, kind = name.rsplit(".q.", 1)
         renamed[f"{prefix}.qkv.{kind}"] = torch.cat(

@@ -1,10 +1,14 @@
-"""Benchmark: training throughput and MFU of ~1.3B models, our stack against plain PyTorch and
-Hugging Face.
+"""Benchmark: training throughput and MFU of ~1.3B models (or Llama-shaped ones of 7B to 70B widths,
+cut in depth), our stack against plain PyTorch and Hugging Face.
 
 Two models of the same size (`--models alibi,rope`): BLOOM-shaped (ALiBi, LayerNorm, embedding
-LayerNorm, GELU, biases, tied head) and Llama-shaped (RoPE, RMSNorm, SwiGLU of width 8/3 x hidden
-rounded up to 256, no biases, tied head; grouped-query attention with `--kv-heads`). Three roles
-train them:
+LayerNorm, GELU, biases, tied head) and Llama-shaped (RoPE, RMSNorm, SwiGLU of width `--ffn`, by
+default 8/3 x hidden rounded up to 256, no biases, tied head; grouped-query attention with
+`--kv-heads`). `--shape` picks the widths and depth: 1.3b (the default), or the Llama widths where
+tensor parallelism is used, 7b, 7b-ffn11008, 13b and 70b (grouped-query attention with 8 key/value
+heads, vocabulary 32768), with as many layers as one 80 GB GPU holds for the single-GPU runs
+(SHAPES says how that was estimated). Those are the RoPE model's shapes: `--models` then defaults
+to rope, and the BLOOM-shaped ALiBi model is refused. Four roles train them:
 - ours: what the warmup and pretrain stages run, `pipeline.training.engine.build_engine`
   (DeepSpeed's PipelineEngine, ZeRO-1, bf16 parameters with fp32 master weights, our Triton
   attention and norms, fused AdamW);
@@ -12,6 +16,12 @@ train them:
   score_mod and a causal block mask, or SDPA with is_causal=True; `torch.compile` per block), fp32
   weights under bf16 autocast (what the HF Trainer's `bf16=True` does), torch.optim.AdamW with
   `fused=True`;
+- tp-anchor: the anchor at each of our layouts with tp > 1 and pp 1 (`2x1x1`, `4x1x1`, `2x1x2`,
+  `2x1x1+sp`, ...), in its own `torchrun`: torch's tensor parallelism (`parallelize_module` on a
+  (dp, tp) DeviceMesh, bench/anchor_tensor_parallel.py): q, k and v as three projections cut by
+  heads, column- and row-parallel layers, vocab-parallel embedding and tied head with
+  `loss_parallel`, `SequenceParallel` norms with `+sp`, gradients averaged over dp by explicit
+  all-reduces; compiled per block as the anchor is;
 - hf (ALiBi model only): `transformers`' BloomForCausalLM of the same shape (SDPA attention where
   the installed version offers it for BLOOM, else its eager attention), trained as the anchor. All
   read random token ids and use the same loss, clipping and AdamW settings. Two kinds of rows
@@ -32,17 +42,20 @@ train them:
   (`pipeline.model.model_config.flops_per_token`, the same count for every role) x tokens/s / GPUs /
   the peak of `pipeline.training.loop`. The table ends in the ratios ours / anchor (issue 19's
   targets: >= 1.15 for the ALiBi model, >= 1.1 for the RoPE model) and ours / transformers, at the
-  same micro-batch and global batch.
+  same micro-batch and global batch, and, for every layout that the tensor-parallel anchor runs,
+  ours / tensor-parallel anchor at that layout (issue 57), beside our weak-scaling efficiency.
 
-Layouts of our stack are `tp x pp x dp`; each runs in its own `torchrun` (one process per GPU), the
-anchor and transformers in a plain process. The default is 1x1x1, plus DP on all GPUs when there are
-several, plus TP2 x PP2 x DP2 when there are 8; `+sp` after a layout adds sequence parallelism. Weak
-scaling keeps the per-GPU batch (micro-batch x accumulation) fixed: efficiency = tokens/s(N) / (N x
-tokens/s(1)), for every layout of N GPUs. Loss agreement: before timing, every layout of ours and
+Layouts of our stack are `tp x pp x dp`; each runs in its own `torchrun` (one process per GPU, or
+per rank over gloo on a CPU), as does the tensor-parallel anchor; the anchor and transformers run in
+a plain process. The default is 1x1x1, plus DP on all GPUs when there are several, plus TP2 x PP2 x
+DP2 when there are 8; `+sp` after a layout adds sequence parallelism. Weak scaling keeps the
+per-GPU batch (micro-batch x accumulation) fixed: efficiency = tokens/s(N) / (N x tokens/s(1)), for
+every layout of N GPUs. Loss agreement: before timing, every layout of ours and
 the anchor train `--agree-steps` steps on the same global batches (`--agree-batch` sequences, the
 same rows whatever the layout) from the same initial weights (written once per model and run with
-`Transformer(cfg)`); the table gives each run's losses and the largest relative difference from ours
-at 1x1x1, so that a speed-up is not bought with another computation.
+`Transformer(cfg)`), the tensor-parallel anchor too; the table gives each run's losses and the
+largest relative difference from ours at 1x1x1, so that a speed-up is not bought with another
+computation.
 
     python bench/train.py                          # both models, micro-batch 8, on every GPU there is
     python bench/train.py --models alibi --micro-batches 4,8 --no-hf --no-anchor
@@ -51,11 +64,14 @@ at 1x1x1, so that a speed-up is not bought with another computation.
     python bench/train.py --models alibi --rows dense,packed --no-hf --layouts 1x1x1   # issue 30's table
     python bench/train.py --models alibi --layouts 2x1x1 --no-hf --no-anchor --check-collectives --steps 1
     python bench/train.py --models alibi --layouts 1x1x1,1x1x2,2x1x1,2x1x1+sp,1x2x1 --no-hf --no-anchor
+    python bench/train.py --shape 7b --layouts 1x1x1,2x1x1,4x1x1,2x1x2,2x1x1+sp   # issue 57's table
+    python bench/train.py --smoke --models rope --layouts 1x1x1,2x1x1,2x1x1+sp    # TP anchor on a CPU
 
-Our ranks' collectives are bounded (`--collective-timeout`, parallel.collective_timeout_s): a stuck
-one fails the run naming the rank instead of hanging; `--check-collectives` also checks that every
-rank runs the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL), at a cost in speed, so a layout is
-checked in a run of its own before it is timed.
+Our ranks' collectives, and the tensor-parallel anchor's, are bounded (`--collective-timeout`,
+parallel.collective_timeout_s): a stuck one fails the run naming the rank instead of hanging;
+`--check-collectives` also checks that every rank runs the same collectives
+(TORCH_DISTRIBUTED_DEBUG=DETAIL), at a cost in speed, so a layout is checked in a run of its own
+before it is timed.
 """
 
 from __future__ import annotations
@@ -70,6 +86,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -92,14 +109,28 @@ MODELS = {"alibi": "ALiBi model", "rope": "RoPE model"}
 # model).
 ROW_KINDS = ("dense", "packed")
 TARGETS = {"dense": {"alibi": 1.15, "rope": 1.1}, "packed": {"alibi": 1.1, "rope": 1.1}}
-# The 1.3B measurement on GPUs, and --smoke: every role end to end on a tiny model (a CPU is
-# enough).
+# The model's widths and depth (--shape). 1.3b: the model of issues 19-30. The others are Llama
+# shapes (grouped-query attention, SwiGLU) at the widths where tensor parallelism is used, cut to
+# as many layers as keep the larger single-GPU run, the anchor, under 60 GiB of an 80 GB GPU at
+# micro-batch 8 x 2048 tokens. Estimated as 16 bytes per parameter (weights, gradients, master
+# weights or fp32 weights, AdamW's moments) + activations of 1.33 GiB per layer of the 1.3B RoPE
+# model (ours' measured 52 GiB peak less 20 of states, BENCHMARKS.md) scaled by 6.5 x hidden + 3.5 x
+# FFN (what a layer keeps for its backward) + the anchor's bf16 weight copies (2 bytes per
+# parameter) and logits (16 bytes per token and vocabulary entry: 8 GiB at vocab 32768). This gives
+# the 1.3B anchor 67 GiB (62 measured); ours / anchor: 7b 46 / 58 GiB, 7b-ffn11008 44 / 55, 13b
+# 47 / 58, 70b 42 / 54 (one more layer: 64, 61, 66 and 74 GiB for the anchor).
+SHAPES = {
+    "1.3b": dict(hidden=2048, layers=24, heads=16, kv_heads=None, ffn=None, vocab=50304),
+    # Llama-3-8B, Mistral-7B
+    "7b": dict(hidden=4096, layers=7, heads=32, kv_heads=8, ffn=14336, vocab=32768),
+    # Llama-2-7B's FFN
+    "7b-ffn11008": dict(hidden=4096, layers=8, heads=32, kv_heads=8, ffn=11008, vocab=32768),
+    "13b": dict(hidden=5120, layers=6, heads=40, kv_heads=8, ffn=13824, vocab=32768),
+    "70b": dict(hidden=8192, layers=2, heads=64, kv_heads=8, ffn=28672, vocab=32768),
+}
+# The measurement on GPUs (with a --shape), and --smoke: every role end to end on a tiny model (a
+# CPU is enough).
 FULL = dict(
-    hidden=2048,
-    layers=24,
-    heads=16,
-    kv_heads=None,
-    vocab=50304,
     seq_len=2048,
     init_std=0.02,
     micro_batches="8",
@@ -120,6 +151,7 @@ SMOKE = dict(
     layers=2,
     heads=4,
     kv_heads=2,
+    ffn=None,
     vocab=250,
     seq_len=32,
     init_std=0.3,
@@ -156,7 +188,7 @@ def model_config(args) -> ModelConfig:
         )
     # SwiGLU's three matrices of 8/3 x hidden hold as many weights as GELU's two of 4 x hidden
     # (Llama's rule).
-    ffn = 256 * math.ceil(8 * args.hidden / 3 / 256)
+    ffn = args.ffn or 256 * math.ceil(8 * args.hidden / 3 / 256)
     return ModelConfig(
         hidden_size=args.hidden,
         num_layers=args.layers,
@@ -352,10 +384,17 @@ def run_ours(args) -> dict:
     return result
 
 
-def plain_trainer(model: torch.nn.Module, logits_of, train: TrainConfig, device: torch.device):
+def plain_trainer(
+    model: torch.nn.Module,
+    logits_of,
+    train: TrainConfig,
+    device: torch.device,
+    reduce_gradients: Callable[[], None] | None = None,
+):
     """step(rows, micro): one optimizer step of a plain PyTorch model, as the HF Trainer's bf16=True
     trains (fp32 weights under bf16 autocast), with our engine's loss, clipping and AdamW (decay on
-    matrices only)."""
+    matrices only). `reduce_gradients` runs after the last micro-batch, before clipping (the
+    tensor-parallel anchor's data-parallel average)."""
     parameters = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in parameters if p.dim() >= 2], "weight_decay": train.weight_decay},
@@ -371,7 +410,7 @@ def plain_trainer(model: torch.nn.Module, logits_of, train: TrainConfig, device:
     bf16 = train.precision == "bf16"
 
     def step(rows: torch.Tensor, micro: int, segments: torch.Tensor | None = None) -> torch.Tensor:
-        total = torch.zeros((), device=device)
+        losses = []
         segments = None if segments is None else segments.to(device)
         for index, (ids, labels) in enumerate(micro_batches(rows, micro, device)):
             extra = ()
@@ -387,43 +426,35 @@ def plain_trainer(model: torch.nn.Module, logits_of, train: TrainConfig, device:
                 / len(rows)
             )
             loss.backward()
-            total += loss.detach()
+            losses.append(loss.detach())
+        if reduce_gradients is not None:
+            reduce_gradients()
         torch.nn.utils.clip_grad_norm_(parameters, train.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return total
+        return sum(losses)  # a tensor, or a replicated DTensor (the tensor-parallel anchor's)
 
     return step
 
 
-def run_anchor(args) -> dict:
-    """The plain PyTorch model from our initial weights on one device: agreement steps, then the
-    timed steps."""
+def loaded_anchor(args, cfg: ModelConfig, device: torch.device, fused_qkv: bool) -> AnchorModel:
+    """The plain PyTorch model on `device`, from our initial weights."""
     from safetensors.torch import load_file
 
-    cfg, device = model_config(args), training_device()
     with device:
-        model = AnchorModel(cfg)
-    model.load_state_dict(anchor_state_dict(load_file(args.init, device=str(device))))
-    if args.compile:
+        model = AnchorModel(cfg, fused_qkv)
+    model.load_state_dict(anchor_state_dict(load_file(args.init, device=str(device)), fused_qkv))
+    return model
+
+
+def compile_blocks(model: AnchorModel, enabled: bool) -> None:
+    if enabled:
         for block in model.blocks:
             block.compile(fullgraph=True, dynamic=False)
-    trainer = plain_trainer(model, model, train_config(args), device)
-    packed = args.row_kind == "packed"
 
-    def step(batch: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
-        return trainer(batch[0], args.micro, batch[1])
 
-    agree = [
-        float(step(step_batch(args, cfg, i, args.agree_batch))) for i in range(args.agree_steps)
-    ]
-    global_batch = args.micro * args.accumulation
-    reset_peak_memory()
-    seconds, losses = timed(
-        step,
-        [step_batch(args, cfg, 10_000 + i, global_batch) for i in range(args.warmup + args.steps)],
-        args.warmup,
-    )
+def anchor_kernels(args, cfg: ModelConfig, device: torch.device) -> str:
+    """How the anchor attends and runs, for its row's name."""
     attention = "SDPA is_causal"
     if cfg.position == "alibi":
         attention = (
@@ -431,30 +462,109 @@ def run_anchor(args) -> dict:
             if device.type == "cuda"
             else "ALiBi score_mod as SDPA's mask (FlexAttention has no backward on a CPU)"
         )
-    if packed:
+    if args.row_kind == "packed":
         attention = (
             ("FlexAttention + ALiBi score_mod" if cfg.position == "alibi" else "FlexAttention")
             + " + document block mask"
             if device.type == "cuda"
             else "SDPA with a document mask (FlexAttention has no backward on a CPU)"
         )
-    compiled = "torch.compile per block" if args.compile else "eager"
-    result = throughput(
-        f"anchor: plain PyTorch, {attention}, {compiled}",
-        single_device(device),
-        1,
-        args,
-        global_batch,
-        seconds,
-        cfg,
+    return f"{attention}, {'torch.compile per block' if args.compile else 'eager'}"
+
+
+def anchor_result(
+    args, cfg: ModelConfig, step, dp: int, role: str, name: str, layout: str, gpus: int
+) -> dict:
+    """An anchor's agreement steps, then its timed steps (micro x accumulation rows per replica)."""
+    agree = [
+        float(step(step_batch(args, cfg, i, args.agree_batch))) for i in range(args.agree_steps)
+    ]
+    global_batch = args.micro * args.accumulation * dp
+    reset_peak_memory()
+    seconds, losses = timed(
+        step,
+        [step_batch(args, cfg, 10_000 + i, global_batch) for i in range(args.warmup + args.steps)],
+        args.warmup,
     )
+    result = throughput(name, layout, gpus, args, global_batch, seconds, cfg)
     result.update(
-        role="anchor",
+        role=role,
         agree_losses=agree,
         losses=losses,
         micro=args.micro,
         accumulation=args.accumulation,
     )
+    return result
+
+
+def run_anchor(args) -> dict:
+    """The plain PyTorch model from our initial weights on one device: agreement steps, then the
+    timed steps."""
+    cfg, device = model_config(args), training_device()
+    model = loaded_anchor(args, cfg, device, fused_qkv=True)
+    compile_blocks(model, args.compile)
+    trainer = plain_trainer(model, model, train_config(args), device)
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        return trainer(batch[0], args.micro, batch[1])
+
+    name = f"anchor: plain PyTorch, {anchor_kernels(args, cfg, device)}"
+    return anchor_result(args, cfg, step, 1, "anchor", name, single_device(device), 1)
+
+
+def run_tensor_parallel_anchor(args) -> dict:
+    """One rank of the plain PyTorch model at a layout of tp > 1 and pp 1 (under torchrun; DTensor
+    tensor parallelism, bench/anchor_tensor_parallel.py): agreement steps, then the timed steps;
+    rank 0 returns the result."""
+    import torch.distributed as dist
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from bench.anchor_tensor_parallel import (
+        anchor_mesh,
+        gradient_averaging,
+        parallelize_anchor,
+        vocab_parallel_logits,
+    )
+    from pipeline.parallel.ranks import bound_collectives
+
+    tp, _, dp, sequence_parallel = parse_layout(args.layout)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    device = training_device()
+    # Bounded as our ranks' collectives are (--collective-timeout): a stuck one fails the run.
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        timeout=bound_collectives(args.collective_timeout),
+        device_id=device if device.type == "cuda" else None,
+    )
+    mesh, cfg = anchor_mesh(device, tp, dp), model_config(args)
+    model = loaded_anchor(args, cfg, device, fused_qkv=False)
+    parallelize_anchor(model, mesh, sequence_parallel)
+    compile_blocks(model, args.compile)
+    trainer = plain_trainer(
+        model,
+        vocab_parallel_logits(model, mesh),
+        train_config(args),
+        device,
+        gradient_averaging(list(model.parameters()), mesh) if dp > 1 else None,
+    )
+    dp_rank, dp_group = mesh.get_local_rank("dp"), mesh.get_group("dp")
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        rows, segments = batch
+        share = len(rows) // dp
+        part = slice(dp_rank * share, (dp_rank + 1) * share)
+        with loss_parallel():  # the cross-entropy of logits cut by vocabulary, and its backward
+            loss = trainer(rows[part], args.micro, None if segments is None else segments[part])
+        # The same loss on every tensor-parallel rank; the run's is the replicas' mean.
+        loss = loss.to_local()
+        dist.all_reduce(loss, group=dp_group)
+        return loss / dp
+
+    name = f"anchor: plain PyTorch, tensor-parallel (DTensor), {anchor_kernels(args, cfg, device)}"
+    result = anchor_result(args, cfg, step, dp, "tp-anchor", name, args.layout, tp * dp)
+    dist.barrier()
+    dist.destroy_process_group()
     return result
 
 
@@ -524,6 +634,16 @@ def run_hf(args) -> dict:
     return result
 
 
+# What a run's own process measures (--role, given by `launch`); ours and the tensor-parallel
+# anchor under torchrun.
+ROLES = {
+    "ours": run_ours,
+    "anchor": run_anchor,
+    "tp-anchor": run_tensor_parallel_anchor,
+    "hf": run_hf,
+}
+
+
 def single_device(device: torch.device) -> str:
     return "1 GPU" if device.type == "cuda" else "1 CPU process"
 
@@ -564,6 +684,7 @@ FORWARDED = (
     "layers",
     "heads",
     "kv_heads",
+    "ffn",
     "vocab",
     "seq_len",
     "init_std",
@@ -665,7 +786,7 @@ def launch(
         *forwarded_options(args),
         *extra,
     ]
-    if role == "ours":
+    if role in ("ours", "tp-anchor"):
         command = [
             sys.executable,
             "-m",
@@ -787,6 +908,22 @@ def table(results: list[dict], failures: list[str]) -> str:
                             f"{efficiency:.3f}",
                         )
                     )
+                # Against plain PyTorch's tensor parallelism on the same GPUs (issue 57).
+                for anchor in (
+                    a
+                    for a in rows
+                    if a["role"] == "tp-anchor"
+                    and (a["layout"], a["micro"], a["round"])
+                    == (r["layout"], r["micro"], r["round"])
+                ):
+                    lines.append(
+                        summary_row(
+                            f"ratio ours / tensor-parallel anchor, {r['layout']}, {label}, {kind} "
+                            f"rows (micro {r['micro']}, global batch {r['global_batch']})"
+                            f"{round_label(r)}",
+                            f"{r['tokens_per_s'] / anchor['tokens_per_s']:.3f}",
+                        )
+                    )
         agreement += agreement_table(
             f"{label}, {kind} rows", [r for r in rows if r["agree_losses"] and r["round"] == 0]
         )
@@ -840,12 +977,18 @@ def describe(cfg: ModelConfig, seq_len: int) -> str:
 
 def parse_args() -> argparse.Namespace:
     def listed(preset: dict) -> str:
-        return ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in preset.items())
+        return ", ".join(
+            f"--{key.replace('_', '-')} {value}"
+            for key, value in preset.items()
+            if value is not None
+        )
 
+    shapes = "".join(f"\n  {name}: {listed(shape)}" for name, shape in SHAPES.items())
     parser = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"Defaults: {listed(FULL)}.\nWith --smoke: {listed(SMOKE)}.",
+        epilog=f"Defaults: {listed(FULL)}.\nShapes (--shape):{shapes}\n"
+        f"With --smoke: {listed(SMOKE)}.",
     )
     parser.add_argument(
         "--smoke",
@@ -855,14 +998,25 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--models",
-        default="alibi,rope",
-        help="which models: alibi (BLOOM-shaped), rope (Llama-shaped), or both",
+        help="which models: alibi (BLOOM-shaped), rope (Llama-shaped), or both (the default; rope "
+        "alone with a Llama --shape)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=tuple(SHAPES),
+        help="the model's widths and depth (default 1.3b; the others are Llama shapes for --models "
+        "rope, cut to the layers one 80 GB GPU holds; not with --smoke); the options below override",
     )
     parser.add_argument("--hidden", type=int)
     parser.add_argument("--layers", type=int)
     parser.add_argument("--heads", type=int)
     parser.add_argument(
         "--kv-heads", type=int, help="key/value heads of the RoPE model (default: --heads)"
+    )
+    parser.add_argument(
+        "--ffn",
+        type=int,
+        help="FFN width of the RoPE model (default: 8/3 x --hidden rounded up to 256, Llama's rule)",
     )
     parser.add_argument("--vocab", type=int)
     parser.add_argument("--seq-len", type=int)
@@ -908,7 +1062,10 @@ def parse_args() -> argparse.Namespace:
         "--compile", action=argparse.BooleanOptionalAction, help="torch.compile the anchor's blocks"
     )
     parser.add_argument(
-        "--no-anchor", action="store_true", help="leave out the plain PyTorch anchor"
+        "--no-anchor",
+        action="store_true",
+        help="leave out the plain PyTorch anchors (one GPU, and tensor-parallel at the layouts of "
+        "tp > 1)",
     )
     parser.add_argument(
         "--repeats",
@@ -956,9 +1113,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--log-dir", default=None, help="write each run's full output here")
     parser.add_argument("--out", default=None, help="also write the table and results (JSON) here")
     # Internal: one measurement, in the process that runs it.
-    parser.add_argument(
-        "--role", choices=("ours", "anchor", "hf"), default=None, help=argparse.SUPPRESS
-    )
+    parser.add_argument("--role", choices=tuple(ROLES), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=tuple(MODELS), default="alibi", help=argparse.SUPPRESS)
     parser.add_argument("--row-kind", choices=ROW_KINDS, default="dense", help=argparse.SUPPRESS)
     parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -966,7 +1121,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--micro", type=int, default=4, help=argparse.SUPPRESS)
     parser.add_argument("--init", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for key, value in (SMOKE if args.smoke else FULL).items():
+    if args.smoke and args.shape:
+        parser.error(
+            f"--shape {args.shape} with --smoke: --smoke trains its own tiny model; drop one"
+        )
+    defaults = SMOKE if args.smoke else {**FULL, **SHAPES[args.shape or "1.3b"]}
+    for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     return args
@@ -975,17 +1135,24 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.role is not None:
-        result = {"ours": run_ours, "anchor": run_anchor, "hf": run_hf}[args.role](args)
+        result = ROLES[args.role](args)
         if int(os.environ.get("RANK", "0")) == 0:
             Path(args.result).write_text(json.dumps(result), encoding="utf-8")
         return
 
-    models = args.models.split(",")
+    llama_shape = args.shape not in (None, "1.3b")
+    models = (args.models or ("rope" if llama_shape else "alibi,rope")).split(",")
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         sys.exit(
             f"--models: unknown {', '.join(unknown)}; allowed: {', '.join(MODELS)} "
             "(comma-separated)"
+        )
+    if llama_shape and "alibi" in models:
+        sys.exit(
+            f"--shape {args.shape} is a Llama shape (grouped-query attention, SwiGLU) for the "
+            "RoPE model, not the BLOOM-shaped ALiBi one: give --models rope, or run the ALiBi "
+            "model at --shape 1.3b"
         )
     row_kinds = args.rows.split(",")
     unknown = sorted(set(row_kinds) - set(ROW_KINDS))
@@ -1001,8 +1168,11 @@ def main() -> None:
             "`--smoke` runs every role on a tiny model on this CPU instead, to check the script "
             "end to end."
         )
-    devices = max(gpus, 1)  # on a CPU: one process per run
     layouts = args.layouts.split(",") if args.layouts else default_layouts(gpus)
+    # Where the tensor-parallel anchor runs too: tp > 1 without pipeline stages (it has none).
+    tensor_parallel = [
+        layout for layout in layouts if parse_layout(layout)[0] > 1 and parse_layout(layout)[1] == 1
+    ]
     micros = [int(m) for m in args.micro_batches.split(",")]
     per_step = {
         (layout, micro): micro * parse_layout(layout)[2] for layout in layouts for micro in micros
@@ -1046,12 +1216,17 @@ def main() -> None:
                     ]
                     if not args.no_anchor:
                         runs += [("anchor", "1x1x1", micro, kind, round_index) for micro in micros]
+                        runs += [
+                            ("tp-anchor", layout, micro, kind, round_index)
+                            for layout in tensor_parallel
+                            for micro in micros
+                        ]
             if not args.no_hf and model == "alibi" and "dense" in row_kinds:
                 runs.append(("hf", "1x1x1", args.hf_micro_batch, "dense", 0))
             for role, layout, micro, kind, round_index in runs:
                 tp, pp, dp, _ = parse_layout(layout)
                 world = tp * pp * dp
-                if world > devices:
+                if gpus and world > gpus:  # on a CPU (--smoke) the ranks are gloo processes
                     failures.append(
                         f"{role} {model} {layout}: needs {world} GPUs, this machine has {gpus}; "
                         "not run."
@@ -1097,7 +1272,7 @@ def main() -> None:
         else ""
     )
     header = (
-        f"device: {', '.join(device_names) or '?'} x{devices}; seq {args.seq_len}, "
+        f"device: {', '.join(device_names) or '?'} x{max(gpus, 1)}; seq {args.seq_len}, "
         f"{args.precision}{checked}"
         f"{packed_note}; "
         f"{'; '.join(shapes)}; "

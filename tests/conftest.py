@@ -222,6 +222,7 @@ CHAIN_OPTIONS = ("lang=nob", "tokenizer.vocab_size=2048", "workers=2")
 SLOW_FOLDERS = ("stages", "e2e", "slurm")
 SLOW_MODULES = (
     "test_tensor_parallel",
+    "test_train_tensor_parallel",
     "test_collectives",
     "test_kernels_interpreted",
     "test_kernels_compile",
@@ -246,6 +247,7 @@ LONGEST_FIRST = (
     "test_workflow_slurm",
     "test_pack_stage",
     "test_demo",
+    "test_train_tensor_parallel",
     "test_tensor_parallel",
     "test_base_models",
     "test_clean_languages",
