@@ -55,6 +55,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from bench.anchor_model import AnchorModel
+from pipeline.model.model_config import uneven_for_tensor_parallel
 
 
 def anchor_mesh(device: torch.device, tp: int, dp: int) -> DeviceMesh:
@@ -67,16 +68,11 @@ def parallelize_anchor(model: AnchorModel, mesh: DeviceMesh, sequence_parallel: 
     place."""
     tp_mesh = mesh["tp"]
     tp, cfg = tp_mesh.size(), model.cfg
-    uneven = [
-        f"{what} {size}"
-        for what, size in (
-            ("--heads", cfg.num_heads),
-            ("--kv-heads", cfg.num_kv_heads),
-            ("--ffn", cfg.ffn_size),
-            ("the padded vocabulary", cfg.padded_vocab_size),
-        )
-        if size % tp
-    ]
+    # The flags that set each size (uneven_for_tensor_parallel names the config keys).
+    flags = {"num_heads": "--heads", "num_kv_heads": "--kv-heads", "ffn_size": "--ffn"}
+    uneven = [f"{flags[key]} {getattr(cfg, key)}" for key in uneven_for_tensor_parallel(cfg, tp)]
+    if cfg.padded_vocab_size % tp:
+        uneven.append(f"the padded vocabulary {cfg.padded_vocab_size}")
     if uneven:
         raise ValueError(
             f"tp {tp} does not divide {', '.join(uneven)}: each rank takes an equal share; "

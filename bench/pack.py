@@ -175,7 +175,8 @@ def prepare(folder: Path, repeat: int, files: int, vocab_size: int) -> int:
 
 
 def time_sampling(folder: Path, steps: int, runs: int) -> tuple[float, float, int]:
-    """The sampler and its anchor on the pack that `measure` left in `folder`."""
+    """The sampler and its anchor on the inputs that `measure` left in `folder`, tokenized once
+    more here (untimed) for the sources' token counts."""
     pack, tokenizer_file = folder / "pack", folder / "tokenizer.json"
     _, tokenized = time_tokenize(folder / "inputs", pack, tokenizer_file)
     entries = [

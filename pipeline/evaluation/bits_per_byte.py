@@ -20,6 +20,7 @@ a bootstrap over documents resamples: uncertainty.py).
 from __future__ import annotations
 
 import math
+from itertools import islice
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
@@ -99,13 +100,8 @@ ENCODE_BATCH = 256
 
 def _encoded(texts: Iterable[str], tokenizer) -> Iterator[tuple[str, object]]:
     """(text, its encoding) in order, tokenized ENCODE_BATCH documents at a time."""
-    batch: list[str] = []
-    for text in texts:
-        batch.append(text)
-        if len(batch) == ENCODE_BATCH:
-            yield from zip(batch, tokenizer.encode_batch(batch, add_special_tokens=False))
-            batch = []
-    if batch:
+    texts = iter(texts)
+    while batch := list(islice(texts, ENCODE_BATCH)):
         yield from zip(batch, tokenizer.encode_batch(batch, add_special_tokens=False))
 
 

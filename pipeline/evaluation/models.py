@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-from tqdm import tqdm
 
 from pipeline.errors import StageError
 from pipeline.evaluation.bits_per_byte import (
@@ -30,6 +29,7 @@ from pipeline.evaluation.texts import TextSet
 from pipeline.model.model_config import training_seq_len
 from pipeline.model.files import check_finite, load_base
 from pipeline.model.transformer import Transformer
+from pipeline.progress import Progress
 from pipeline.tokenization.folder import load_tokenizer, token_roles
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,10 @@ def score_set(
 ) -> Score:
     """The model's score on the set; with `first_added`, what its added tokens take there too
     (score_rows)."""
-    with tqdm(
-        desc=f"evaluate {loaded.name} on {text_set.name}", unit="tok", disable=None
+    # Lines with a rate that a Slurm log keeps, as every long stage writes them (no total: the
+    # tokens are counted as the set is tokenized).
+    with Progress(
+        f"evaluate {lang}: {loaded.name} on {text_set.name}", None, "tokens", log
     ) as progress:
         score = score_documents(
             loaded.model,

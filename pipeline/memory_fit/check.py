@@ -14,6 +14,8 @@ from pipeline.errors import StageError
 from pipeline.memory_fit.devices import GIB, resolve_device
 from pipeline.memory_fit.layout import Layout
 from pipeline.memory_fit.plan import (
+    PIPELINE_BOUNDARY_EFFICIENCY,
+    TENSOR_PARALLEL_2_EFFICIENCY,
     Plan,
     expected_efficiency,
     make_plan,
@@ -358,7 +360,8 @@ def _step_lines(plan: Plan) -> list[str]:
         ),
         (
             f"Speed per GPU: about {expected_efficiency(layout):.2f} of one GPU's (measured: each "
-            "doubling of tp keeps 0.70, a pipeline 0.96 besides its bubble, dp 1.00)"
+            f"doubling of tp keeps {TENSOR_PARALLEL_2_EFFICIENCY:.2f}, a pipeline "
+            f"{PIPELINE_BOUNDARY_EFFICIENCY:.2f} besides its bubble, dp 1.00)"
         ),
         (
             f"Numerics: {precision} weights and gradients, fp32 master weights and Adam moments in "

@@ -59,9 +59,6 @@ def pack_plan(
     entry = tokenizer_entry(
         tokenizer_file, tokenizer.get_vocab_size(), eos, tokenizer.token_to_id(eos)
     )
-    # Whole documents, each encoded alone: a tokenizer.json may carry its model's input limits.
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
     encoder = Encoder(tokenizer, tokenizer_file, entry["eos_id"], pack.batch_size)
     plan, tokenized = _tokenize_planned(folder, plan_document, encoder, lang, work_dir)
     sources = _write_sources(folder, plan, tokenized, plan_document, pack.seed)

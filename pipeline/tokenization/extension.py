@@ -234,6 +234,12 @@ def _used_elsewhere(tokenizer: Tokenizer, first_added: int, spared: Spared) -> s
 def check_extendable(base: Tokenizer) -> None:
     """Raises TrainingError for a base that `extend_bpe` cannot extend: one that is not BPE, or has
     more ids than there are characters to spell them."""
+    _extendable_spec(base)
+
+
+def _extendable_spec(base: Tokenizer) -> tuple[dict, int]:
+    """The base's tokenizer.json as a dict and its highest id, once `check_extendable`'s checks
+    pass."""
     spec = json.loads(base.to_str())
     if spec["model"]["type"] != "BPE":
         raise TrainingError(
@@ -246,6 +252,7 @@ def check_extendable(base: Tokenizer) -> None:
             f"the base tokenizer has ids up to {top_id:,}; extending it handles up to "
             f"{MAX_BASE_TOKENS - 1:,}."
         )
+    return spec, top_id
 
 
 def _top_id(spec: dict) -> int:
@@ -270,10 +277,8 @@ def extend_bpe(
     and so are the merges that need it; later learnt merges take their places (a quarter more are
     learnt, and more again if that is not enough). Raises TrainingError for a base that
     `check_extendable` refuses."""
-    check_extendable(base)
-    spec = json.loads(base.to_str())
+    spec, top_id = _extendable_spec(base)
     token_of = {token_id: token for token, token_id in spec["model"]["vocab"].items()}
-    top_id = _top_id(spec)
     extra, left_out = (added_tokens // 4 if spared else 0), set()
     learnt = _learnt_merges(token_of, words, added_tokens + extra, min_frequency)
     # ends: each round leaves out more of the learnt tokens or learns more merges, of finitely many

@@ -161,11 +161,16 @@ def load_tokenizer(path) -> Tokenizer:
             f"AutoTokenizer.from_pretrained(...).save_pretrained(folder)) and run again."
         )
     try:
-        return Tokenizer.from_file(str(file))
+        tokenizer = Tokenizer.from_file(str(file))
     except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
         raise StageError(
             f"{file} is not a readable tokenizer file ({error}): it is damaged or cut short."
         ) from None
+    # Whole documents, each encoded alone, wherever the pipeline encodes (pack, the tokenizer's
+    # report, evaluate): a base's tokenizer.json may carry its model's input limits.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def tokenizer_digest(file: Path) -> str:
