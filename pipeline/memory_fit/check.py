@@ -15,12 +15,13 @@ from pipeline.memory_fit.devices import GIB, resolve_device
 from pipeline.memory_fit.layout import Layout
 from pipeline.memory_fit.plan import (
     PIPELINE_BOUNDARY_EFFICIENCY,
-    TENSOR_PARALLEL_2_EFFICIENCY,
     Plan,
     expected_efficiency,
     make_plan,
+    measured_width,
     numerics_for,
     smallest_fitting,
+    tensor_parallel_efficiency,
     with_layout,
 )
 from pipeline.model.model_config import (
@@ -165,13 +166,17 @@ def node_filling_layout(cfg, per_node: int, sections: tuple[TrainConfig, ...]) -
             )
         )
         layout = dataclasses.replace(cfg.parallel, tp=tp, pp=pp, dp=dp)
-        trial = dataclasses.replace(cfg, parallel=layout)
+        # Planned from one rank per model at the dp that tp x pp ranks leave room for, so that the
+        # layouts of as many ranks are compared at the micro-batches a step (bubble) they will run.
+        trial = dataclasses.replace(cfg, parallel=dataclasses.replace(layout, tp=1, pp=1))
         plan = plan_for_config(trial, train=dataclasses.replace(cfg.train, micro_batch_size=1))
         if plan.capacity is None or plan.fits:
-            return layout
+            return dataclasses.replace(layout, tp=1, pp=1)
         found = smallest_fitting(plan)
-        if found is None or (found.layout.tp, found.layout.pp) == (tp, pp):
+        if found is None:
             return layout  # nothing fits: pretrain refuses it at start, naming what to change
+        if found.layout.tp * found.layout.pp <= tp * pp:
+            return dataclasses.replace(layout, tp=found.layout.tp, pp=found.layout.pp)
         tp, pp = found.layout.tp, found.layout.pp
 
 
@@ -204,7 +209,8 @@ def refusal(plan: Plan) -> str:
     return (
         f"{message} The smallest layout that fits with the same dp, micro-batch and global batch: "
         f"parallel.tp={layout.tp} parallel.pp={layout.pp}{checkpointing} ({layout.ranks} ranks, "
-        f"about {expected_efficiency(layout):.2f} of one GPU's speed per GPU; peak "
+        f"about {expected_efficiency(layout, found.model.hidden_size):.2f} of one GPU's speed per GPU; "
+        f"peak "
         f"{found.largest.peak / GIB:.1f} GiB on stage {found.largest.stage}). "
         f"`python -m pipeline stage=plan ...` with the same options prints the table."
     )
@@ -342,7 +348,7 @@ def _device_line(plan: Plan) -> str:
 
 def _step_lines(plan: Plan) -> list[str]:
     """The step's arithmetic: its batch, the pipeline's bubble and the numerics."""
-    layout, nx = plan.layout, plan.numerics
+    layout, nx, hidden = plan.layout, plan.numerics, plan.model.hidden_size
     precision = "bf16" if nx.value_bytes == 2 else "fp32"
     attention = "FlashAttention (Triton)" if nx.flash else "reference attention (s x s softmax)"
     return [
@@ -359,9 +365,10 @@ def _step_lines(plan: Plan) -> list[str]:
             f"{layout.bubble:.1%}{_bubble_advice(layout)}"
         ),
         (
-            f"Speed per GPU: about {expected_efficiency(layout):.2f} of one GPU's (measured: each "
-            f"doubling of tp keeps {TENSOR_PARALLEL_2_EFFICIENCY:.2f}, a pipeline "
-            f"{PIPELINE_BOUNDARY_EFFICIENCY:.2f} besides its bubble, dp 1.00)"
+            f"Speed per GPU: about {expected_efficiency(layout, hidden):.2f} of one GPU's (tp={layout.tp} "
+            f"keeps {tensor_parallel_efficiency(layout.tp, hidden):.2f} of its GPUs, as measured at "
+            f"hidden {measured_width(hidden):,}; a pipeline {PIPELINE_BOUNDARY_EFFICIENCY:.2f} "
+            "besides its bubble; dp 1.00)"
         ),
         (
             f"Numerics: {precision} weights and gradients, fp32 master weights and Adam moments in "

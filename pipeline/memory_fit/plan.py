@@ -161,19 +161,39 @@ def _fits(plan: Plan, layout: Layout) -> bool:
     )
 
 
-# Training speed per GPU against one GPU, as measured on NVLink-connected H100/H200 (BENCHMARKS.md,
-# "Several GPUs", 1.3B ALiBi model): tensor parallelism of 2 kept 0.65-0.78 of two single GPUs;
-# a pipeline of 2 kept 0.90 at 16 micro-batches, where its bubble alone would leave 0.94, so a
-# stage boundary costs about 4% besides the bubble. Each doubling of tp is taken to cost as much as
-# the first (tp 4 was not measured alone).
-TENSOR_PARALLEL_2_EFFICIENCY = 0.70
+# Training speed per GPU against one GPU, as measured on NVLink-connected H200s (BENCHMARKS.md,
+# "Tensor parallelism at the shapes it is used for"): tensor parallelism kept 0.89 of two GPUs and
+# 0.78 of four at a 7B model's width (hidden 4096, dense and packed rows alike), 0.80 of two at a
+# 1.3B model's (hidden 2048). Each doubling of tp beyond those measured is taken to cost as much as
+# the last one measured at that width. A pipeline of 2 kept 0.90 at 16 micro-batches (BENCHMARKS.md,
+# "Several GPUs"), where its bubble alone would leave 0.94, so a stage boundary costs about 4%
+# besides the bubble. Other interconnects (an MI250X's GCDs) were not measured.
+# measured width (hidden size): kept by tp 2, 4, ...
+TENSOR_PARALLEL_EFFICIENCY = {4096: (0.89, 0.78), 2048: (0.80,)}
 PIPELINE_BOUNDARY_EFFICIENCY = 0.96
 
 
-def expected_efficiency(layout: Layout) -> float:
-    """The share of single-GPU speed per GPU that `layout` is expected to keep (data parallelism
-    kept 1.00 and is left out)."""
-    tensor = TENSOR_PARALLEL_2_EFFICIENCY ** math.log2(layout.tp)
+def measured_width(hidden_size: int) -> int:
+    """The measured width whose tensor-parallel efficiency stands for this hidden size's: the widest
+    one not above it (the narrowest for a narrower model)."""
+    widths = sorted(TENSOR_PARALLEL_EFFICIENCY)
+    return max((w for w in widths if w <= hidden_size), default=widths[0])
+
+
+def tensor_parallel_efficiency(tp: int, hidden_size: int) -> float:
+    """The share of `tp` single GPUs' speed that tensor parallelism of `tp` keeps at this width."""
+    measured = TENSOR_PARALLEL_EFFICIENCY[measured_width(hidden_size)]
+    doublings = round(math.log2(tp))
+    if doublings <= len(measured):
+        return measured[doublings - 1] if doublings else 1.0
+    last_step = measured[-1] / (measured[-2] if len(measured) > 1 else 1.0)
+    return measured[-1] * last_step ** (doublings - len(measured))
+
+
+def expected_efficiency(layout: Layout, hidden_size: int) -> float:
+    """The share of single-GPU speed per GPU that `layout` is expected to keep for a model of this
+    hidden size (data parallelism kept 1.00 and is left out)."""
+    tensor = tensor_parallel_efficiency(layout.tp, hidden_size)
     pipeline = (1 - layout.bubble) * (PIPELINE_BOUNDARY_EFFICIENCY if layout.pp > 1 else 1.0)
     return tensor * pipeline
 
@@ -200,7 +220,10 @@ def smallest_fitting(plan: Plan) -> Optional[Plan]:
             ),
             key=lambda shape: (
                 shape[0] * shape[1],
-                -expected_efficiency(dataclasses.replace(layout, tp=shape[0], pp=shape[1])),
+                -expected_efficiency(
+                    dataclasses.replace(layout, tp=shape[0], pp=shape[1]),
+                    plan.model.hidden_size,
+                ),
             ),
         )
         for interval in intervals:
