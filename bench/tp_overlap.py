@@ -35,23 +35,17 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.model.model_config import ModelConfig  # noqa: E402
+from bench.train import SHAPES, model_config  # noqa: E402
 from pipeline.model.transformer import Block  # noqa: E402
 from pipeline.parallel import tensor_parallel  # noqa: E402
 
-SHAPE_7B = dict(
-    hidden_size=4096,
-    num_heads=32,
-    num_kv_heads=8,
-    ffn_size=14336,
-    vocab_size=32768,
-    position="rope",
-    norm="rmsnorm",
-    activation="swiglu",
-    num_layers=1,
-    max_seq_len=2048,
-)
-SHAPE_SMOKE = dict(SHAPE_7B, hidden_size=64, num_heads=4, num_kv_heads=2, ffn_size=128)
+
+def block_config(smoke: bool, seq_len: int):
+    """One block of bench/train.py's 7B shape (Llama-3-8B's widths), or a tiny one."""
+    shape = dict(SHAPES["7b"], layers=1)
+    if smoke:
+        shape.update(hidden=64, heads=4, kv_heads=2, ffn=128)
+    return model_config(argparse.Namespace(model="rope", seq_len=seq_len, init_std=0.02, **shape))
 
 
 class _ChunkedRowParallel(torch.autograd.Function):
@@ -206,8 +200,8 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(device)
     dtype = torch.bfloat16 if cuda else torch.float32
-    cfg = ModelConfig(**(SHAPE_SMOKE if args.smoke else SHAPE_7B))
     seq = 16 if args.smoke else args.seq_len
+    cfg = block_config(args.smoke, seq)
     micro = 2 if args.smoke else args.micro_batch
     warmup, iterations = (1, 2) if args.smoke else (3, args.iterations)
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Triton kernels (attention, norms, cross-entropy) and their plain PyTorch references.
+"""Triton kernels (attention, RoPE, norms, cross-entropy) and their plain PyTorch references.
 
 Public API (each runs the Triton kernel on a GPU tensor and the reference in
 pipeline/kernels/reference.py on CPU, attention without an autograd graph through PyTorch's fused
@@ -19,6 +19,9 @@ attention; see pipeline/kernels/backend.py for the switch):
   side by side in one (batch, seq, (heads + 2 kv_heads) x head_dim) tensor, as one projection makes
   them (`unstack_qkv(qkv, heads, head_dim)` gives the three views); the Triton kernel's gradient is
   one tensor like qkv.
+- `rotate_stacked_qkv(qkv, heads, head_dim, cos, sin)`: q and k of such a stack rotated by RoPE
+  (cos and sin (seq, head_dim) of positions 0 .. seq - 1; dimension i pairs with i + head_dim / 2),
+  v unchanged, in the same layout: the Triton kernel reads and writes the stack once in each pass.
 - `rms_norm(x, weight, eps)` and `layer_norm(x, weight, bias, eps)` (bias may be None): over the
   last axis, statistics in float32, output in x's dtype; the Triton kernels hold a row whole (hidden
   size <= 65536).
@@ -56,7 +59,7 @@ import torch
 from pipeline.kernels import reference
 from pipeline.kernels.backend import get_backend, kernel_backend, set_backend, use_triton
 from pipeline.kernels.fused_head import VocabShard, fused_linear_cross_entropy
-from pipeline.kernels.reference import unstack_qkv
+from pipeline.kernels.reference import apply_rope, unstack_qkv
 
 
 def flash_attention(
@@ -158,6 +161,18 @@ def stacked_flash_attention(
     )
 
 
+def rotate_stacked_qkv(
+    qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """q and k of their stack with v rotated by RoPE (`reference.rotate_stacked_qkv`), the layout
+    kept, for `stacked_flash_attention`."""
+    if use_triton(qkv):
+        from pipeline.kernels import rope
+
+        return rope.rotate_stacked_qkv(qkv, heads, head_dim, cos, sin)
+    return reference.rotate_stacked_qkv(qkv, heads, head_dim, cos, sin)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if use_triton(x):
         from pipeline.kernels import norms
@@ -244,6 +259,7 @@ def vocab_shard_statistics(
 
 __all__ = [
     "VocabShard",
+    "apply_rope",
     "add_layer_norm",
     "add_rms_norm",
     "flash_attention",
@@ -252,6 +268,7 @@ __all__ = [
     "layer_norm",
     "linear_cross_entropy",
     "rms_norm",
+    "rotate_stacked_qkv",
     "set_backend",
     "stacked_flash_attention",
     "unstack_qkv",

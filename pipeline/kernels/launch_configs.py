@@ -205,6 +205,13 @@ ROWWISE: dict[str, KernelConfig] = {
 }
 
 
+# RoPE on stacked q, k, v (rope.py): one program per token and ROPE_BLOCK_HEADS heads, a (heads,
+# head_dim / 2) tile of pairs, the same on every architecture: an element-wise pass whose 8 x 64
+# tile gives each of 4 warps' lanes 4 pairs on sm90 and 2 on gfx90a.
+ROPE_BLOCK_HEADS = 8
+ROPE_WARPS = 4
+
+
 @dataclass(frozen=True)
 class NormBackwardConfig:
     """The norm backward holds its row in registers, `lane_elements` per lane, so its warps grow

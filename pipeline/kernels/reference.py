@@ -29,6 +29,24 @@ def unstack_qkv(
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (batch, heads, seq, head_dim) by cos and sin (seq, head_dim): dimension i pairs with
+    i + head_dim / 2."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def rotate_stacked_qkv(
+    qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """`apply_rope` on the q and k of their stack with v (batch, seq, (heads + 2 kv_heads) x head_dim),
+    v unchanged, in the same layout."""
+    batch, seq, width = qkv.shape
+    q, k, v = unstack_qkv(qkv, heads, head_dim)
+    parts = (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+    return torch.cat([part.transpose(1, 2) for part in parts], dim=2).reshape(batch, seq, width)
+
+
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
     if q.shape[1] % k.shape[1]:
         raise ValueError(

@@ -28,9 +28,11 @@ from torch import nn
 from pipeline.kernels import (
     add_layer_norm,
     add_rms_norm,
+    apply_rope,
     flash_attention,
     layer_norm,
     rms_norm,
+    rotate_stacked_qkv,
     stacked_flash_attention,
     unstack_qkv,
 )
@@ -185,36 +187,33 @@ class Attention(nn.Module):
         heads = width // cfg.head_dim * cfg.num_heads // (cfg.num_heads + 2 * cfg.num_kv_heads)
         # A window as long as the sequence changes nothing, and the kernels run faster without.
         window = self.window if self.window is not None and self.window < seq else None
-        if cfg.position == "rope":
-            q, k, v = unstack_qkv(qkv, heads, cfg.head_dim)
-            if self.q_norm is not None:
-                q, k = self.normed(q, self.q_norm), self.normed(k, self.k_norm)
+        options = dict(
+            causal=True,
+            segment_ids=segment_ids,
+            softmax_scale=cfg.softmax_scale,
+            sliding_window=window,
+            softcap=cfg.attention_softcap,
+        )
+        if cfg.position != "rope":
+            y = stacked_flash_attention(
+                qkv, heads, cfg.head_dim, alibi_slopes=self.alibi_slopes(x.device), **options
+            )
+        elif self.q_norm is None:
             # Positions count from the start of the sequence, also in packed sequences (documents
-            # after the first do not start at 0); segment_ids only keep documents apart.
-            cos, sin = shared_rope_tables(cfg, seq, q.dtype, q.device, self.local_rope)
+            # after the first do not start at 0); segment_ids only keep documents apart. q and k
+            # are rotated where the projection left them: one pass, and one gradient tensor from
+            # the attention (no copies into and out of separate q, k and v).
+            cos, sin = shared_rope_tables(cfg, seq, qkv.dtype, qkv.device, self.local_rope)
+            rotated = rotate_stacked_qkv(qkv, heads, cfg.head_dim, cos, sin)
+            y = stacked_flash_attention(rotated, heads, cfg.head_dim, **options)
+        else:
+            cos, sin = shared_rope_tables(cfg, seq, qkv.dtype, qkv.device, self.local_rope)
+            q, k, v = unstack_qkv(qkv, heads, cfg.head_dim)
+            q, k = self.normed(q, self.q_norm), self.normed(k, self.k_norm)
             # v copied out of the stack: attention saves v, and a view would keep the unrotated q
             # and k alive too.
-            y = flash_attention(
-                apply_rope(q, cos, sin),
-                apply_rope(k, cos, sin),
-                v.contiguous(),
-                causal=True,
-                segment_ids=segment_ids,
-                softmax_scale=cfg.softmax_scale,
-                sliding_window=window,
-                softcap=cfg.attention_softcap,
-            )
-        else:
-            y = stacked_flash_attention(
-                qkv,
-                heads,
-                cfg.head_dim,
-                causal=True,
-                alibi_slopes=self.alibi_slopes(x.device),
-                segment_ids=segment_ids,
-                softmax_scale=cfg.softmax_scale,
-                sliding_window=window,
-            )
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            y = flash_attention(q, k, v.contiguous(), **options)
         return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 
     def normed(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -551,9 +550,3 @@ def rope_cos_sin(
     if attention_factor == 1.0:
         return angles.cos().to(dtype), angles.sin().to(dtype)
     return (angles.cos() * attention_factor).to(dtype), (angles.sin() * attention_factor).to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (batch, heads, seq, head_dim): dimension i pairs with i + head_dim/2."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-second, first), dim=-1) * sin

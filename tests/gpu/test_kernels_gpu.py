@@ -19,6 +19,7 @@ from pipeline.kernels import (
     layer_norm,
     linear_cross_entropy,
     rms_norm,
+    rotate_stacked_qkv,
     stacked_flash_attention,
     vocab_shard_statistics,
 )
@@ -189,6 +190,19 @@ def test_stacked_attention_with_window_and_softcap_matches_reference_in_bf16():
         segment_ids=packed_rows(4, 2048).cuda(),
         sliding_window=400,
         softcap=3.0,
+    )
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(32, 8, 128), (24, 8, 96)])
+def test_rope_on_stacked_qkv_matches_reference_in_bf16(heads, kv_heads, head_dim):
+    torch.manual_seed(heads)
+    qkv = torch.randn(
+        2, 1000, (heads + 2 * kv_heads) * head_dim, device="cuda", dtype=torch.bfloat16
+    )
+    cos, sin = torch.randn(2, 1000, head_dim, device="cuda").unbind(0)
+    compare_with_reference(
+        lambda qkv: rotate_stacked_qkv(qkv, heads, head_dim, cos.to(qkv.dtype), sin.to(qkv.dtype)),
+        [qkv],
     )
 
 

@@ -23,8 +23,14 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from pipeline.kernels import attention, cross_entropy, norms
-from pipeline.kernels.launch_configs import ATTENTION, NORM_BACKWARD, ROWWISE
+from pipeline.kernels import attention, cross_entropy, norms, rope
+from pipeline.kernels.launch_configs import (
+    ATTENTION,
+    NORM_BACKWARD,
+    ROPE_BLOCK_HEADS,
+    ROPE_WARPS,
+    ROWWISE,
+)
 
 TARGETS = {"sm90": GPUTarget("cuda", 90, 32), "gfx90a": GPUTarget("hip", "gfx90a", 64)}
 GFX90A_LDS_BYTES = 64 * 1024
@@ -224,6 +230,21 @@ def test_rowwise_kernels_compile_without_spills(arch, tmp_path):
             frozenset(),
         ),
     }
+    for head_dim in (64, 128):
+        for inverse in (False, True):
+            builds[
+                f"RoPE on stacked q, k, v, head_dim {head_dim}{', backward' if inverse else ''}"
+            ] = (
+                rope._rotate_stacked,
+                dict(
+                    HALF=head_dim // 2,
+                    BLOCK_HALF=head_dim // 2,
+                    BLOCK_HEADS=ROPE_BLOCK_HEADS,
+                    INVERSE=inverse,
+                ),
+                dict(options, num_warps=ROPE_WARPS),
+                frozenset(),
+            )
     for block in (4096, 8192):
         for addend in (False, True):
             builds[f"norm backward {block}{' with an addend' if addend else ''}"] = (

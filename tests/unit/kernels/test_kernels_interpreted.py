@@ -201,6 +201,24 @@ def check_stacked_attention_matches_reference(interpreted, dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 32), (12, 4, 80)])
+def check_rope_on_stacked_qkv_matches_reference(interpreted, dtype, heads, kv_heads, head_dim):
+    """RoPE on q and k where they lie side by side with v: the rotated stack and its gradient. The
+    tables are random, so that each half of a head reads its own cos and sin; 20 heads of 80 fill
+    the kernel's tiles of 8 heads and of 64 pairs only in part."""
+    torch.manual_seed(4)
+    seq = 37
+    qkv = torch.randn(2, seq, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    cos, sin = torch.randn(2, seq, head_dim, dtype=dtype).unbind(0)
+    compare_with_reference(
+        lambda qkv: kernels.rotate_stacked_qkv(qkv, heads, head_dim, cos, sin),
+        lambda qkv: reference.rotate_stacked_qkv(qkv, heads, head_dim, cos.double(), sin.double()),
+        [qkv],
+        dtype,
+    )
+
+
 @pytest.mark.parametrize("arch", sorted(ATTENTION))
 def check_attention_with_each_architecture_tiles(interpreted, arch):
     """The tile sizes of every table entry give the same result (the interpreter ignores warps and
