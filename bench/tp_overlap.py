@@ -2,12 +2,12 @@
 
 One transformer block of the training model (pipeline.model.transformer.Block, cut by
 pipeline.parallel.tensor_parallel.apply_tensor_parallel) trains forward and backward on one
-micro-batch, timed with CUDA events, in variants that change only how the row-parallel layers' output
-all-reduces run:
+micro-batch, timed with CUDA events, in variants that change only how the row-parallel layers'
+output all-reduces run:
 - shipped: as the training stages run it (each all-reduce after its whole product; the backward's
   input-gradient all-reduce already runs beside the weight-gradient products);
-- chunks=N: the row-parallel product cut into N runs of tokens, each run's all-reduce started (NCCL's
-  stream) while the next run's product is computed;
+- chunks=N: the row-parallel product cut into N runs of tokens, each run's all-reduce started
+  (NCCL's stream) while the next run's product is computed;
 - +priority: the tensor-parallel group's NCCL stream at high priority, so that its kernels get SMs
   ahead of the queued GEMMs';
 - +carveout=S: cuBLAS told to leave S SMs free (torch._C._set_sm_carveout_experimental) for the
@@ -77,6 +77,7 @@ class _ChunkedRowParallel(torch.autograd.Function):
 
 def use_chunks(block: Block, chunks: int) -> None:
     for layer in (block.attn.out, block.mlp.down):
+        assert layer.bias is None, "the chunked product adds no bias (the 7B shape has none)"
         if chunks > 1:
             layer.forward = lambda x, layer=layer: _ChunkedRowParallel.apply(
                 x, layer.weight, layer.group, chunks
@@ -218,7 +219,7 @@ def main() -> None:
 
     variants = [("shipped", 1, False, 0)]
     variants += [(f"chunks={c}", int(c), False, 0) for c in args.chunks.split(",") if c]
-    best = max(int(c) for c in args.chunks.split(",") if c) if args.chunks else 1
+    best = max((int(c) for c in args.chunks.split(",") if c), default=1)
     variants += [(f"chunks={best} +priority", best, True, 0)]
     if cuda:
         variants += [

@@ -62,6 +62,19 @@ from pipeline.kernels.fused_head import VocabShard, fused_linear_cross_entropy
 from pipeline.kernels.reference import apply_rope, unstack_qkv
 
 
+def _check_stack(qkv: torch.Tensor, heads: int, head_dim: int, caller: str) -> None:
+    if (
+        qkv.dim() != 3
+        or qkv.shape[-1] % head_dim
+        or (qkv.shape[-1] // head_dim - heads) % 2
+        or qkv.shape[-1] // head_dim <= heads
+    ):
+        raise ValueError(
+            f"{caller}: qkv {tuple(qkv.shape)} is not (batch, seq, (heads + 2 kv_heads) x "
+            f"head_dim) for {heads} query heads of {head_dim}"
+        )
+
+
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -125,17 +138,7 @@ def stacked_flash_attention(
     head_dim), as one projection makes them; the result is (batch, heads, seq, head_dim). The Triton
     kernel's gradient is one tensor like qkv, which reaches the projection without the copy that
     three separate gradients would need."""
-    if (
-        qkv.dim() != 3
-        or qkv.shape[-1] % head_dim
-        or (qkv.shape[-1] // head_dim - heads) % 2
-        or qkv.shape[-1] // head_dim <= heads
-    ):
-        raise ValueError(
-            f"stacked_flash_attention: qkv {tuple(qkv.shape)} is not (batch, seq, (heads + 2 "
-            "kv_heads) x "
-            f"head_dim) for {heads} query heads of {head_dim}"
-        )
+    _check_stack(qkv, heads, head_dim, "stacked_flash_attention")
     if use_triton(qkv):
         from pipeline.kernels.attention import stacked_flash_attention as triton_attention
 
@@ -166,6 +169,13 @@ def rotate_stacked_qkv(
 ) -> torch.Tensor:
     """q and k of their stack with v rotated by RoPE (`reference.rotate_stacked_qkv`), the layout
     kept, for `stacked_flash_attention`."""
+    _check_stack(qkv, heads, head_dim, "rotate_stacked_qkv")
+    seq = qkv.shape[1]
+    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[0] < seq or cos.shape[1] != head_dim:
+        raise ValueError(
+            f"rotate_stacked_qkv: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must both be "
+            f"(seq, head_dim) tables of at least {seq} positions of {head_dim}"
+        )
     if use_triton(qkv):
         from pipeline.kernels import rope
 

@@ -39,8 +39,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def rotate_stacked_qkv(
     qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
 ) -> torch.Tensor:
-    """`apply_rope` on the q and k of their stack with v (batch, seq, (heads + 2 kv_heads) x head_dim),
-    v unchanged, in the same layout."""
+    """`apply_rope` on the q and k of their stack with v (batch, seq, (heads + 2 kv_heads) x
+    head_dim), v unchanged, in the same layout."""
     batch, seq, width = qkv.shape
     q, k, v = unstack_qkv(qkv, heads, head_dim)
     parts = (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)

@@ -2,9 +2,10 @@
 backward.
 
 Imported only when a call runs the Triton backend. The projection's output (batch, seq, (heads + 2
-kv_heads) x head_dim) is read once and written once, q and k rotated and v copied, in the same layout,
-so the attention takes the three together (`stacked_flash_attention`, whose gradient is again one
-tensor of that layout) and the backward is one more pass that rotates the gradients of q and k back.
+kv_heads) x head_dim) is read once and written once, q and k rotated and v copied, in the same
+layout, so the attention takes the three together (`stacked_flash_attention`, whose gradient is
+again one tensor of that layout) and the backward is one more pass that rotates the gradients of q
+and k back.
 In PyTorch the same takes a negation, a concatenation, two products and a sum on each of q and k,
 their backward, and a concatenation of the three gradients. Dimension i pairs with i + head_dim / 2
 (the rotate-half convention of Llama, Mistral, Qwen and the others that the model takes); the
@@ -26,8 +27,7 @@ def _rotate_stacked(
     dst_ptr,
     cos_ptr,
     sin_ptr,
-    stride_src,
-    stride_dst,
+    stride_row,
     stride_table,
     seq_len,
     rotated_heads,
@@ -35,16 +35,17 @@ def _rotate_stacked(
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_HEADS: tl.constexpr,
-    INVERSE: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
 ):
     """One token's BLOCK_HEADS heads: the first `rotated_heads` of the row (q's and k's) rotated by
-    their position's angles (by minus them with INVERSE: the gradient), the rest (v's) copied."""
+    their position's cos and sin (with TRANSPOSE, by the rotation's transpose: the gradient; cos and
+    sin scaled by YaRN or LongRoPE make it no inverse), the rest (v's) copied."""
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)[:, None]
     col = tl.arange(0, BLOCK_HALF)[None, :]
     inside = (head < heads) & (col < HALF)
     first = head * (2 * HALF) + col
-    src = src_ptr + row * stride_src
+    src = src_ptr + row * stride_row
     x1 = tl.load(src + first, mask=inside, other=0.0).to(tl.float32)
     x2 = tl.load(src + first + HALF, mask=inside, other=0.0).to(tl.float32)
     table = (row % seq_len) * stride_table + col
@@ -52,7 +53,7 @@ def _rotate_stacked(
     cos2 = tl.load(cos_ptr + table + HALF, mask=col < HALF, other=0.0).to(tl.float32)
     sin1 = tl.load(sin_ptr + table, mask=col < HALF, other=0.0).to(tl.float32)
     sin2 = tl.load(sin_ptr + table + HALF, mask=col < HALF, other=0.0).to(tl.float32)
-    if INVERSE:
+    if TRANSPOSE:
         y1 = x1 * cos1 + x2 * sin2
         y2 = x2 * cos2 - x1 * sin1
     else:
@@ -61,7 +62,7 @@ def _rotate_stacked(
     rotated = head < rotated_heads
     y1 = tl.where(rotated, y1, x1)
     y2 = tl.where(rotated, y2, x2)
-    dst = dst_ptr + row * stride_dst
+    dst = dst_ptr + row * stride_row
     tl.store(dst + first, y1.to(dst_ptr.dtype.element_ty), mask=inside)
     tl.store(dst + first + HALF, y2.to(dst_ptr.dtype.element_ty), mask=inside)
 
@@ -72,7 +73,7 @@ def _launch(
     sin: torch.Tensor,
     rotated_heads: int,
     head_dim: int,
-    inverse: bool,
+    transpose: bool,
 ) -> torch.Tensor:
     src = src.contiguous()
     batch, seq, width = src.shape
@@ -86,7 +87,6 @@ def _launch(
         cos,
         sin,
         width,
-        width,
         cos.stride(0),
         seq,
         rotated_heads,
@@ -94,7 +94,7 @@ def _launch(
         HALF=half,
         BLOCK_HALF=triton.next_power_of_2(half),
         BLOCK_HEADS=ROPE_BLOCK_HEADS,
-        INVERSE=inverse,
+        TRANSPOSE=transpose,
         num_warps=ROPE_WARPS,
     )
     return dst
@@ -105,13 +105,13 @@ class _RotateStacked(torch.autograd.Function):
     def forward(ctx, qkv, cos, sin, rotated_heads, head_dim):
         ctx.save_for_backward(cos, sin)
         ctx.rotated_heads, ctx.head_dim = rotated_heads, head_dim
-        return _launch(qkv, cos, sin, rotated_heads, head_dim, inverse=False)
+        return _launch(qkv, cos, sin, rotated_heads, head_dim, transpose=False)
 
     @staticmethod
     def backward(ctx, grad):
         cos, sin = ctx.saved_tensors
         return (
-            _launch(grad, cos, sin, ctx.rotated_heads, ctx.head_dim, inverse=True),
+            _launch(grad, cos, sin, ctx.rotated_heads, ctx.head_dim, transpose=True),
             None,
             None,
             None,

@@ -209,9 +209,8 @@ def refusal(plan: Plan) -> str:
     return (
         f"{message} The smallest layout that fits with the same dp, micro-batch and global batch: "
         f"parallel.tp={layout.tp} parallel.pp={layout.pp}{checkpointing} ({layout.ranks} ranks, "
-        f"about {expected_efficiency(layout, found.model.hidden_size):.2f} of one GPU's speed per GPU; "
-        f"peak "
-        f"{found.largest.peak / GIB:.1f} GiB on stage {found.largest.stage}). "
+        f"about {expected_efficiency(layout, found.model.hidden_size):.2f} of one GPU's speed "
+        f"per GPU; peak {found.largest.peak / GIB:.1f} GiB on stage {found.largest.stage}). "
         f"`python -m pipeline stage=plan ...` with the same options prints the table."
     )
 
@@ -365,10 +364,10 @@ def _step_lines(plan: Plan) -> list[str]:
             f"{layout.bubble:.1%}{_bubble_advice(layout)}"
         ),
         (
-            f"Speed per GPU: about {expected_efficiency(layout, hidden):.2f} of one GPU's (tp={layout.tp} "
-            f"keeps {tensor_parallel_efficiency(layout.tp, hidden):.2f} of its GPUs, as measured at "
-            f"hidden {measured_width(hidden):,}; a pipeline {PIPELINE_BOUNDARY_EFFICIENCY:.2f} "
-            "besides its bubble; dp 1.00)"
+            f"Speed per GPU: about {expected_efficiency(layout, hidden):.2f} of one GPU's "
+            f"(expected from what was measured at hidden {measured_width(hidden):,}: "
+            f"tp={layout.tp} keeps {tensor_parallel_efficiency(layout.tp, hidden):.2f} of its "
+            f"GPUs; a pipeline {PIPELINE_BOUNDARY_EFFICIENCY:.2f} besides its bubble; dp 1.00)"
         ),
         (
             f"Numerics: {precision} weights and gradients, fp32 master weights and Adam moments in "

@@ -167,7 +167,8 @@ def _fits(plan: Plan, layout: Layout) -> bool:
 # 1.3B model's (hidden 2048). Each doubling of tp beyond those measured is taken to cost as much as
 # the last one measured at that width. A pipeline of 2 kept 0.90 at 16 micro-batches (BENCHMARKS.md,
 # "Several GPUs"), where its bubble alone would leave 0.94, so a stage boundary costs about 4%
-# besides the bubble. Other interconnects (an MI250X's GCDs) were not measured.
+# besides the bubble. These are NVLink figures, used for every device: an MI250X's links between
+# GCDs are slower and were not measured, so there tensor parallelism likely keeps less.
 # measured width (hidden size): kept by tp 2, 4, ...
 TENSOR_PARALLEL_EFFICIENCY = {4096: (0.89, 0.78), 2048: (0.80,)}
 PIPELINE_BOUNDARY_EFFICIENCY = 0.96
@@ -181,13 +182,18 @@ def measured_width(hidden_size: int) -> int:
 
 
 def tensor_parallel_efficiency(tp: int, hidden_size: int) -> float:
-    """The share of `tp` single GPUs' speed that tensor parallelism of `tp` keeps at this width."""
-    measured = TENSOR_PARALLEL_EFFICIENCY[measured_width(hidden_size)]
-    doublings = round(math.log2(tp))
-    if doublings <= len(measured):
-        return measured[doublings - 1] if doublings else 1.0
-    last_step = measured[-1] / (measured[-2] if len(measured) > 1 else 1.0)
-    return measured[-1] * last_step ** (doublings - len(measured))
+    """The share of `tp` single GPUs' speed that tensor parallelism of `tp` keeps at this width,
+    geometric between the measured powers of two (tp=3, 6: between theirs)."""
+    measured = (1.0, *TENSOR_PARALLEL_EFFICIENCY[measured_width(hidden_size)])
+
+    def at(doublings: int) -> float:
+        if doublings < len(measured):
+            return measured[doublings]
+        return measured[-1] * (measured[-1] / measured[-2]) ** (doublings + 1 - len(measured))
+
+    doublings = math.log2(tp)
+    below = math.floor(doublings)
+    return at(below) * (at(below + 1) / at(below)) ** (doublings - below)
 
 
 def expected_efficiency(layout: Layout, hidden_size: int) -> float:
@@ -224,6 +230,7 @@ def smallest_fitting(plan: Plan) -> Optional[Plan]:
                     dataclasses.replace(layout, tp=shape[0], pp=shape[1]),
                     plan.model.hidden_size,
                 ),
+                shape[0],  # a tie goes to the pipeline
             ),
         )
         for interval in intervals:

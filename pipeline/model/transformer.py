@@ -198,21 +198,21 @@ class Attention(nn.Module):
             y = stacked_flash_attention(
                 qkv, heads, cfg.head_dim, alibi_slopes=self.alibi_slopes(x.device), **options
             )
-        elif self.q_norm is None:
-            # Positions count from the start of the sequence, also in packed sequences (documents
-            # after the first do not start at 0); segment_ids only keep documents apart. q and k
-            # are rotated where the projection left them: one pass, and one gradient tensor from
-            # the attention (no copies into and out of separate q, k and v).
-            cos, sin = shared_rope_tables(cfg, seq, qkv.dtype, qkv.device, self.local_rope)
+            return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
+        # Positions count from the start of the sequence, also in packed sequences (documents after
+        # the first do not start at 0); segment_ids only keep documents apart.
+        cos, sin = shared_rope_tables(cfg, seq, qkv.dtype, qkv.device, self.local_rope)
+        if self.q_norm is None:
+            # q and k rotated where the projection left them: one pass, and one gradient tensor
+            # from the attention (no copies into and out of separate q, k and v).
             rotated = rotate_stacked_qkv(qkv, heads, cfg.head_dim, cos, sin)
             y = stacked_flash_attention(rotated, heads, cfg.head_dim, **options)
         else:
-            cos, sin = shared_rope_tables(cfg, seq, qkv.dtype, qkv.device, self.local_rope)
             q, k, v = unstack_qkv(qkv, heads, cfg.head_dim)
             q, k = self.normed(q, self.q_norm), self.normed(k, self.k_norm)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             # v copied out of the stack: attention saves v, and a view would keep the unrotated q
             # and k alive too.
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             y = flash_attention(q, k, v.contiguous(), **options)
         return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 

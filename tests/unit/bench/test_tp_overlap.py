@@ -1,7 +1,7 @@
 """bench/tp_overlap.py (issue 57, build 2) on a CPU: two gloo ranks with every collective checked
 (TORCH_DISTRIBUTED_DEBUG=DETAIL) run the shipped tensor-parallel block and the variants whose
-row-parallel all-reduces run in chunks beside the products, and each variant computes what the shipped
-layers compute (output and input gradient)."""
+row-parallel all-reduces run in chunks beside the products, and each variant computes what the
+shipped layers compute (output and input gradient)."""
 
 from __future__ import annotations
 

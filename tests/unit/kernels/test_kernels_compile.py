@@ -231,16 +231,16 @@ def test_rowwise_kernels_compile_without_spills(arch, tmp_path):
         ),
     }
     for head_dim in (64, 128):
-        for inverse in (False, True):
+        for transpose in (False, True):
             builds[
-                f"RoPE on stacked q, k, v, head_dim {head_dim}{', backward' if inverse else ''}"
+                f"RoPE on stacked q, k, v, head_dim {head_dim}{', backward' if transpose else ''}"
             ] = (
                 rope._rotate_stacked,
                 dict(
                     HALF=head_dim // 2,
                     BLOCK_HALF=head_dim // 2,
                     BLOCK_HEADS=ROPE_BLOCK_HEADS,
-                    INVERSE=inverse,
+                    TRANSPOSE=transpose,
                 ),
                 dict(options, num_warps=ROPE_WARPS),
                 frozenset(),

@@ -614,15 +614,21 @@ def check_add_norm_matches_reference(interpreted, shape, dtype, norm):
     )
 
 
-@pytest.mark.parametrize("position", ["alibi", "rope"])
+@pytest.mark.parametrize("position", ["alibi", "rope", "rope-local"])
 def check_block_matches_its_reference(interpreted, position):
-    """A transformer block on the kernels (stacked projections and attention, the fused residual
-    addition and norm) against the same block on the references: output and the gradients of its
-    input and every parameter."""
+    """A transformer block on the kernels (stacked projections, RoPE and attention, the fused
+    residual addition and norm) against the same block on the references: output and the gradients
+    of its input and every parameter. `rope-local`: a sliding-window layer with its own RoPE base
+    and capped scores (Gemma 2 and 3's local layers)."""
     from pipeline.model.model_config import ModelConfig
     from pipeline.model.transformer import Block
 
     alibi = position == "alibi"
+    local = (
+        dict(sliding_window=24, rope_local_theta=1000.0, attention_softcap=30.0)
+        if position == "rope-local"
+        else {}
+    )
     cfg = ModelConfig(
         hidden_size=64,
         num_layers=1,
@@ -630,13 +636,15 @@ def check_block_matches_its_reference(interpreted, position):
         num_kv_heads=4 if alibi else 2,
         ffn_size=128,
         vocab_size=256,
-        position=position,
+        position="alibi" if alibi else "rope",
         norm="layernorm" if alibi else "rmsnorm",
         activation="gelu" if alibi else "swiglu",
         bias=alibi,
+        **local,
     )
     torch.manual_seed(3)
     block = Block(cfg)
+    assert block.attn.window == local.get("sliding_window")
     x = torch.randn(2, 70, 64, requires_grad=True)
     segment_ids = packed_documents(2, 70, [25, 45])
     grad = torch.randn(2, 70, 64)

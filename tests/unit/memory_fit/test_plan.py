@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import subprocess
@@ -158,6 +159,10 @@ def test_tensor_parallel_efficiency_is_the_measured_one_at_the_models_width():
     assert tensor_parallel_efficiency(8, 4096) == pytest.approx(0.78 * 0.78 / 0.89)
     assert tensor_parallel_efficiency(4, 2048) == pytest.approx(0.80 * 0.80)
     assert tensor_parallel_efficiency(2, 1024) == 0.80  # narrower than any measured: the narrowest
+    # tp=3 between tp=2 and tp=4, geometrically
+    assert tensor_parallel_efficiency(3, 4096) == pytest.approx(
+        0.89 * (0.78 / 0.89) ** (math.log2(3) - 1)
+    )
 
 
 def test_bubble_tokens_and_accumulation_arithmetic():
