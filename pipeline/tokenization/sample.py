@@ -85,16 +85,20 @@ def keeps(seed: int, source: str, doc_id: str, probability: float) -> bool:
     return int.from_bytes(digest, "big") < probability * 2**64
 
 
-def _sample_file(task: FileTask, seed: int, probability: float) -> tuple[list[str], int, int, int]:
-    """The kept texts of one file, and the documents, bytes and bad records read."""
+def _sample_file(
+    task: FileTask, seed: int, probability: float
+) -> tuple[list[tuple[str, int]], int, int, int]:
+    """The kept texts of one file with their UTF-8 sizes, and the documents, bytes and bad records
+    read."""
     source = task[0]
     reader = source_reader(*task[:3])
     kept, docs, size = [], 0, 0
     for document in reader.run(rank=task[3], world_size=len(source.files)):
         docs += 1
-        size += len(document.text.encode("utf-8"))
+        text_bytes = len(document.text.encode("utf-8"))
+        size += text_bytes
         if keeps(seed, source.name, document.id, probability):
-            kept.append(document.text)
+            kept.append((document.text, text_bytes))
     return kept, docs, size, int(reader.stats["bad_records"].total)
 
 
@@ -127,8 +131,7 @@ def write_sample(
                 result.documents_read += docs
                 result.bytes_read += size
                 result.bad_records += bad
-                for text in texts:
-                    text_bytes = len(text.encode("utf-8"))
+                for text, text_bytes in texts:
                     if share.cap_bytes is not None and result.bytes + text_bytes > share.cap_bytes:
                         continue
                     write_document(sink, text)
