@@ -78,36 +78,38 @@ class _ChunkedRowParallel(torch.autograd.Function):
 def use_chunks(block: Block, chunks: int) -> None:
     for layer in (block.attn.out, block.mlp.down):
         assert layer.bias is None, "the chunked product adds no bias (the 7B shape has none)"
-        if chunks > 1:
-            layer.forward = lambda x, layer=layer: _ChunkedRowParallel.apply(
-                x, layer.weight, layer.group, chunks
-            )
-        else:
-            layer.__dict__.pop("forward", None)
+        layer.forward = lambda x, layer=layer: _ChunkedRowParallel.apply(
+            x, layer.weight, layer.group, chunks
+        )
+
+
+def train_step(block: Block, x: torch.Tensor) -> torch.Tensor:
+    """One forward and backward of the block; its output."""
+    out = block(x)
+    out.float().square().mean().backward()
+    return out
 
 
 def time_block(
     block: Block, x: torch.Tensor, warmup: int, iterations: int, across_ranks: bool = True
 ) -> float:
-    """Median milliseconds of one forward and backward (with `across_ranks`, the slowest rank's)."""
-
-    def step():
-        block(x).float().square().mean().backward()
-
+    """Median milliseconds of one forward and backward (with `across_ranks`, the slowest rank's).
+    Not triton's do_bench: it picks its repetitions from a first timing, which can differ between
+    ranks and leave one rank's collectives unmatched."""
     for _ in range(warmup):
-        step()
+        train_step(block, x)
     times = []
     for _ in range(iterations):
         if x.is_cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            step()
+            train_step(block, x)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
             begun = time.perf_counter()
-            step()
+            train_step(block, x)
             times.append(1000 * (time.perf_counter() - begun))
     mine = torch.tensor([statistics.median(times)], device=x.device)
     if across_ranks:
@@ -118,8 +120,7 @@ def time_block(
 def output_and_input_grad(block: Block, x: torch.Tensor) -> torch.Tensor:
     """The block's output and the input's gradient, flattened into one tensor."""
     x = x.detach().requires_grad_()
-    out = block(x)
-    out.float().square().mean().backward()
+    out = train_step(block, x)
     return torch.cat((out.detach().flatten(), x.grad.flatten())).float()
 
 
@@ -135,7 +136,7 @@ def collective_overlap(block: Block, x: torch.Tensor, iterations: int = 2) -> di
         # NCCL one) waits for the last, and only the kernels after it are counted.
         dist.barrier()
         for _ in range(iterations):
-            block(x).float().square().mean().backward()
+            train_step(block, x)
         torch.cuda.synchronize()
     kernels = sorted(
         (e for e in prof.events() if e.device_type == DeviceType.CUDA),
@@ -234,7 +235,8 @@ def main() -> None:
         with torch.device(device or "cpu"):
             block = Block(cfg).to(dtype)
         block = tensor_parallel.apply_tensor_parallel(block, cfg, groups[priority])
-        use_chunks(block, chunks)
+        if chunks > 1:
+            use_chunks(block, chunks)
         with sm_carveout(carveout):
             # The same computation as the shipped layers': output and input gradient compared.
             values = output_and_input_grad(block, x)

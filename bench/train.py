@@ -86,7 +86,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -333,8 +333,7 @@ def run_ours(args) -> dict:
 
     def step(batch: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
         rows, segments = batch
-        share = len(rows) // built.dp_world
-        part = slice(built.dp_rank * share, (built.dp_rank + 1) * share)
+        part = replica_part(len(rows), built.dp_rank, built.dp_world)
         if segments is not None:  # the pretrain stage's path from its sampler's rows to the engine
             from pipeline.training.heldout import micro_batches as packed_micro_batches
 
@@ -347,27 +346,18 @@ def run_ours(args) -> dict:
             )
         return engine.train_batch(iter(micro_batches(rows[part], args.micro, engine.device)))
 
-    agree = [
-        float(step(step_batch(args, cfg, i, args.agree_batch))) for i in range(args.agree_steps)
-    ]
-    global_batch = args.micro * args.accumulation * dp
-    engine.set_train_batch_size(global_batch)
-    reset_peak_memory()
-    seconds, losses = timed(
+    result = measured(
+        args,
+        cfg,
         step,
-        [step_batch(args, cfg, 10_000 + i, global_batch) for i in range(args.warmup + args.steps)],
-        args.warmup,
+        dp,
+        "ours",
+        "ours",
+        args.layout,
+        dist.get_world_size(),
+        before_timing=engine.set_train_batch_size,
     )
-    result = throughput(
-        "ours", args.layout, dist.get_world_size(), args, global_batch, seconds, cfg
-    )
-    result.update(
-        role="ours",
-        agree_losses=agree,
-        losses=losses,
-        micro=args.micro,
-        accumulation=args.accumulation,
-    )
+    global_batch = result["global_batch"]
     if args.profile:
         trace = (
             f"{args.trace}/{args.layout}_{args.row_kind}.json"
@@ -472,14 +462,31 @@ def anchor_kernels(args, cfg: ModelConfig, device: torch.device) -> str:
     return f"{attention}, {'torch.compile per block' if args.compile else 'eager'}"
 
 
-def anchor_result(
-    args, cfg: ModelConfig, step, dp: int, role: str, name: str, layout: str, gpus: int
+def replica_part(rows: int, replica: int, replicas: int) -> slice:
+    """A data-parallel replica's equal share of a global batch of `rows` rows."""
+    share = rows // replicas
+    return slice(replica * share, (replica + 1) * share)
+
+
+def measured(
+    args,
+    cfg: ModelConfig,
+    step,
+    dp: int,
+    role: str,
+    name: str,
+    layout: str,
+    gpus: int,
+    before_timing: Optional[Callable[[int], None]] = None,
 ) -> dict:
-    """An anchor's agreement steps, then its timed steps (micro x accumulation rows per replica)."""
+    """A role's agreement steps, then its timed steps (micro x accumulation rows per replica);
+    `before_timing` gets the timed global batch first (our engine is told its batch size)."""
     agree = [
         float(step(step_batch(args, cfg, i, args.agree_batch))) for i in range(args.agree_steps)
     ]
     global_batch = args.micro * args.accumulation * dp
+    if before_timing is not None:
+        before_timing(global_batch)
     reset_peak_memory()
     seconds, losses = timed(
         step,
@@ -509,7 +516,7 @@ def run_anchor(args) -> dict:
         return trainer(batch[0], args.micro, batch[1])
 
     name = f"anchor: plain PyTorch, {anchor_kernels(args, cfg, device)}"
-    return anchor_result(args, cfg, step, 1, "anchor", name, single_device(device), 1)
+    return measured(args, cfg, step, 1, "anchor", name, single_device(device), 1)
 
 
 def run_tensor_parallel_anchor(args) -> dict:
@@ -552,8 +559,7 @@ def run_tensor_parallel_anchor(args) -> dict:
 
     def step(batch: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
         rows, segments = batch
-        share = len(rows) // dp
-        part = slice(dp_rank * share, (dp_rank + 1) * share)
+        part = replica_part(len(rows), dp_rank, dp)
         with loss_parallel():  # the cross-entropy of logits cut by vocabulary, and its backward
             loss = trainer(rows[part], args.micro, None if segments is None else segments[part])
         # The same loss on every tensor-parallel rank; the run's is the replicas' mean.
@@ -562,7 +568,7 @@ def run_tensor_parallel_anchor(args) -> dict:
         return loss / dp
 
     name = f"anchor: plain PyTorch, tensor-parallel (DTensor), {anchor_kernels(args, cfg, device)}"
-    result = anchor_result(args, cfg, step, dp, "tp-anchor", name, args.layout, tp * dp)
+    result = measured(args, cfg, step, dp, "tp-anchor", name, args.layout, tp * dp)
     dist.barrier()
     dist.destroy_process_group()
     return result

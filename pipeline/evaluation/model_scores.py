@@ -113,10 +113,10 @@ def _rows_as_read(rows):
 
 
 def _for_another_process(model: ModelToScore) -> ModelToScore:
-    """The model with its training stage's held-out rows read here (what reads them is bound to
-    this process's stage run), where they are rescored: with a logged score to compare."""
-    if model.rows is None or model.logged_bpb is None:
-        return dataclasses.replace(model, rows=None)
+    """The model with its training stage's held-out rows read here: what reads them is bound to
+    this process's stage run."""
+    if model.rows is None:
+        return model
     return dataclasses.replace(model, rows=partial(_rows_as_read, model.rows()))
 
 

@@ -48,7 +48,8 @@ class ModelToScore:
     name: str
     folder: str
     # A trained model's: the held-out bits per byte its stage logged, its stage's held-out rows
-    # (read when asked: the training stage's heldout.npz), training curves (metrics.jsonl) and its
+    # (read when asked: the training stage's heldout.npz; only with a logged score, which they
+    # reproduce), training curves (metrics.jsonl) and its
     # marker's metrics (what training took); None where there are none.
     logged_bpb: Optional[float] = None
     rows: Optional[Callable[[], ScoringRows]] = None
@@ -177,7 +178,7 @@ def reproduce_training_score(
     scored) scored by the exported model the way evaluate scores: the stage's logged
     heldout_bpb_after again, unless something differs between the training engine and the exported
     model. None for the base, or an output without the rows."""
-    if model.rows is None or model.logged_bpb is None:
+    if model.rows is None:
         return None
     logged, rows = model.logged_bpb, model.rows()
     rescored = score_rows(loaded.model, rows, batch_size, device).bits_per_byte

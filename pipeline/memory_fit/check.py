@@ -165,18 +165,19 @@ def node_filling_layout(cfg, per_node: int, sections: tuple[TrainConfig, ...]) -
                 for section in sections
             )
         )
-        layout = dataclasses.replace(cfg.parallel, tp=tp, pp=pp, dp=dp)
         # Planned from one rank per model at the dp that tp x pp ranks leave room for, so that the
         # layouts of as many ranks are compared at the micro-batches a step (bubble) they will run.
-        trial = dataclasses.replace(cfg, parallel=dataclasses.replace(layout, tp=1, pp=1))
+        one_rank = dataclasses.replace(cfg.parallel, tp=1, pp=1, dp=dp)
+        trial = dataclasses.replace(cfg, parallel=one_rank)
         plan = plan_for_config(trial, train=dataclasses.replace(cfg.train, micro_batch_size=1))
         if plan.capacity is None or plan.fits:
-            return dataclasses.replace(layout, tp=1, pp=1)
+            return one_rank
         found = smallest_fitting(plan)
         if found is None:
-            return layout  # nothing fits: pretrain refuses it at start, naming what to change
+            # nothing fits: pretrain refuses it at start, naming what to change
+            return dataclasses.replace(one_rank, tp=tp, pp=pp)
         if found.layout.tp * found.layout.pp <= tp * pp:
-            return dataclasses.replace(layout, tp=found.layout.tp, pp=found.layout.pp)
+            return dataclasses.replace(one_rank, tp=found.layout.tp, pp=found.layout.pp)
         tp, pp = found.layout.tp, found.layout.pp
 
 

@@ -169,7 +169,7 @@ def _fits(plan: Plan, layout: Layout) -> bool:
 # "Several GPUs"), where its bubble alone would leave 0.94, so a stage boundary costs about 4%
 # besides the bubble. These are NVLink figures, used for every device: an MI250X's links between
 # GCDs are slower and were not measured, so there tensor parallelism likely keeps less.
-# measured width (hidden size): kept by tp 2, 4, ...
+# By the measured width (hidden size): the share kept at tp 2, 4, ...
 TENSOR_PARALLEL_EFFICIENCY = {4096: (0.89, 0.78), 2048: (0.80,)}
 PIPELINE_BOUNDARY_EFFICIENCY = 0.96
 

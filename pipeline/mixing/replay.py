@@ -183,8 +183,8 @@ def _sample_shard(
     return sum(length for _, length in kept), len(sampled) - len(kept)
 
 
-# In a helper process: the base it has loaded, so that a second round of shards does not load it
-# again.
+# In a helper process (one per device): the base it has loaded, so that a second round of shards
+# does not load it again.
 _HELPER_BASE: dict = {}
 
 
@@ -224,20 +224,21 @@ class _Sampler:
     def __init__(self, base: str, devices: list[str], replay: ReplayConfig, batch: int) -> None:
         self.base, self.devices, self.replay, self.batch = base, devices, replay, batch
         self.loaded = None
-        self.pool = None
+        # One single-process pool per helper device, so that a helper's every round runs on the
+        # device whose base it keeps (a shared pool hands any job to any idle process).
+        self.pools = []
         if len(devices) > 1:
             import torch.multiprocessing
 
-            self.pool = ProcessPoolExecutor(
-                len(devices) - 1, mp_context=torch.multiprocessing.get_context("spawn")
-            )
+            spawn = torch.multiprocessing.get_context("spawn")
+            self.pools = [ProcessPoolExecutor(1, mp_context=spawn) for _ in devices[1:]]
 
     def __enter__(self) -> "_Sampler":
         return self
 
     def __exit__(self, *error) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+        for pool in self.pools:
+            pool.shutdown(cancel_futures=True)
         # stage=all goes on in this process: the training ranks need the memory the KV caches held.
         self.loaded = None
         if self.devices[0].startswith("cuda"):
@@ -249,8 +250,8 @@ class _Sampler:
         """Samples `shards` into `folder`; returns the empty samples dropped."""
         shares = [shards[index :: len(self.devices)] for index in range(len(self.devices))]
         futures = [
-            self.pool.submit(_sample_on, self.base, device, self.replay, self.batch, folder, share)
-            for device, share in zip(self.devices[1:], shares[1:])
+            pool.submit(_sample_on, self.base, device, self.replay, self.batch, folder, share)
+            for pool, device, share in zip(self.pools, self.devices[1:], shares[1:])
             if share
         ]
         if self.loaded is None:

@@ -63,12 +63,14 @@ def models(run: StageRun) -> list[ModelToScore]:
         output = run.output_if_done(handle)
         if output is not None:
             rows = output.heldout_rows
+            # The rows are rescored only where there is a logged score to compare.
+            rescored = rows.path.is_file() and output.logged_heldout_bpb is not None
             found.append(
                 ModelToScore(
                     handle.stage,
                     str(output.export),
                     output.logged_heldout_bpb,
-                    partial(run.read_input, rows) if rows.path.is_file() else None,
+                    partial(run.read_input, rows) if rescored else None,
                     output.metrics if output.metrics.is_file() else None,
                     (output.marker or {}).get("metrics"),
                 )

@@ -222,7 +222,7 @@ class _Making:
         file = base_tokenizer_file(self.base).resolve()
         try:
             tokenizer, roles = adopt_base_tokenizer(self.folder, self.base)
-        # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
+        # ValueError for a missing EOS; StageError for a missing or unreadable file
         except Exception as error:
             raise StageError(
                 f"tokenizer {self.lang}: tokenizer.keep_base=true cannot adopt {file}: {error}"
@@ -285,7 +285,7 @@ class _Making:
         cannot be extended."""
         try:
             base, roles = base_tokenizer_roles(self.base)
-        # ValueError for a missing EOS; tokenizers raises a bare Exception for a bad file
+        # ValueError for a missing EOS; StageError for a missing or unreadable file
         except Exception as error:
             raise StageError(
                 f"tokenizer {self.lang}: tokenizer.extend_base=true cannot extend {file}: {error}"

@@ -40,7 +40,7 @@ def base_tokenizer_roles(base: str) -> tuple[Tokenizer, dict[str, str]]:
     without an end-of-text token is refused (ValueError): the pack stage ends every document with
     it."""
     source = base_tokenizer_file(base)
-    tokenizer = Tokenizer.from_file(str(source))
+    tokenizer = load_tokenizer(source)
     roles = special_tokens_by_role(source.parent, tokenizer)
     if "eos" not in roles:
         raise ValueError(_no_end_of_text(source.parent, tokenizer))
