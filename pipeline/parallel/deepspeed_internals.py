@@ -19,7 +19,10 @@ vocabulary matrix take scaled steps through ZeRO's map from a weight to its fp32
 (`scale_leading_row_steps`, `_hp_mapping`) and a wrapper around the step of the optimizer that ZeRO
 drives; the pipeline's messages between stages go in a group of their own
 (`pipeline_messages_in_their_own_group`, replacing `deepspeed.runtime.pipe.p2p`'s `send` and
-`recv`).
+`recv`). Checkpoints read and write ZeRO-1's partitions directly (`zero_partitions`,
+`relink_zero_partitions`): its flat buffers' order and paddings, this rank's fp32 part and the base
+optimizer's state of it, so that each rank reads only its own part of a checkpoint written in any
+layout (ZeRO's own loading joins every rank's part on each rank).
 
 Checked on DeepSpeed 0.19.8, hence the bound `deepspeed>=0.19.8,<0.20` in pyproject.toml: a later
 DeepSpeed may rename any of these; the CPU tests (tests/unit/parallel/test_tensor_parallel.py,
@@ -30,9 +33,11 @@ from __future__ import annotations
 
 import importlib
 import os
+from dataclasses import dataclass
 
 import deepspeed.ops
 import torch
+import torch.distributed as dist
 from deepspeed import comm
 from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 from deepspeed.runtime.utils import is_model_parallel_parameter
@@ -248,3 +253,53 @@ def scale_leading_row_steps(engine, matrices: list[nn.Parameter], rows: int, sca
         return result
 
     optimizer.step = scaled_update
+
+
+@dataclass
+class ZeroPartition:
+    """One parameter group of ZeRO-1's optimizer as this rank holds it. The group's parameters,
+    flattened in the order of `params` with `paddings[i]` zeros after parameter i (DeepSpeed's
+    parameter alignment, off by default), make one flat vector of `total` elements; this rank owns
+    its elements from `start` on, `held` of them (`master` is longer where the last rank's part is
+    padded with zeros). `master` is the fp32 master copy of that part, `state` the base optimizer's
+    state of it (empty before its first step)."""
+
+    params: list[nn.Parameter]
+    paddings: list[int]
+    start: int
+    master: torch.Tensor
+    state: dict
+
+    @property
+    def total(self) -> int:
+        return sum(param.numel() + padding for param, padding in zip(self.params, self.paddings))
+
+    @property
+    def held(self) -> int:
+        return min(max(self.total - self.start, 0), self.master.numel())
+
+
+def zero_partitions(optimizer) -> list[ZeroPartition]:
+    """This rank's part of each parameter group of the engine's ZeRO-1 optimizer (stage_1_and_2:
+    every rank's part is a data-parallel-th of the padded flat buffer)."""
+    partitions = []
+    for index, master in enumerate(optimizer.single_partition_of_fp32_groups):
+        rank = dist.get_rank(group=optimizer.real_dp_process_group[index])
+        partitions.append(
+            ZeroPartition(
+                params=list(optimizer.round_robin_bit16_groups[index]),
+                paddings=list(optimizer.round_robin_bit16_padding[index]),
+                start=rank * master.numel(),
+                master=master,
+                state=optimizer.optimizer.state[master],
+            )
+        )
+    return partitions
+
+
+def relink_zero_partitions(optimizer, step: int) -> None:
+    """After the partitions' masters and states were written in place: the base optimizer's step
+    count, and ZeRO's map from each weight to its part of the masters, as ZeRO's own loading ends."""
+    for group in optimizer.optimizer.param_groups:
+        group["step"] = step
+    optimizer._link_all_hp_params()

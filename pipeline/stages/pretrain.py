@@ -7,8 +7,8 @@ each tensor drawn from its own seed so that every layout starts from the same mo
 held-out rows; then `parallel.tp x parallel.pp x parallel.dp` ranks train it with ZeRO-1 from the
 pack sampler (pipeline/training/), checkpointing every `train.checkpoint_every` steps and on
 SIGUSR1/SIGTERM. `resume=auto` continues an interrupted run from its newest checkpoint that
-verifies, with the same configuration (also with another data-parallel degree, micro-batch size or
-how often it logs, scores and checkpoints) or with another step budget `train.steps` (the schedule
+verifies, with the same configuration (also in another layout `parallel.tp/pp/dp`, with another
+micro-batch size or how often it logs, scores and checkpoints) or with another step budget `train.steps` (the schedule
 is computed for the new total from the checkpoint's step on); any other change is refused while
 those checkpoints exist. `resume=never` moves them aside and starts again. `init=continue:<run>`
 starts from another run's final training state instead, on a schedule of its own

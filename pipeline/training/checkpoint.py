@@ -1,13 +1,16 @@
 """Training checkpoints: everything to continue a run exactly, written so that a kill never leaves
-one that looks complete, and readable with another data-parallel degree.
+one that looks complete, and readable in another layout (tensor, pipeline and data parallelism).
 
 A checkpoint is a folder `checkpoints/step-00001000/`:
 - `model-pp{p}-tp{t}.safetensors`: each pipeline stage's (and tensor-parallel shard's) own weights,
   written by its first data-parallel replica;
-- `optim-pp{p}-tp{t}-dp{d}.safetensors` + `.json`: DeepSpeed ZeRO-1's partition of the fp32 master
-  weights and of Adam's moments for that rank, without DeepSpeed's alignment padding (its elastic
-  layout), so that ZeRO can cut them again for another data-parallel degree;
-- `rng-rank{r}.safetensors`: the random-number generator states;
+- `optim-pp{p}-tp{t}-dp{d}.safetensors`: that rank's part of ZeRO-1's flat fp32 master weights and of
+  Adam's moments, without padding, so that the parts of a stage's ranks joined in order are its flat
+  optimizer groups;
+- `layout-pp{p}-tp{t}.json`: how that share is cut from the single model and laid out in the flat
+  groups (pipeline/training/checkpoint_shards.py), so that a rank of any other layout finds its own
+  share in the files: a run resumes with other parallel.tp, parallel.pp or parallel.dp;
+- `rng-rank{r}.safetensors`: the random-number generator states (restored with the same world size);
 - `state.json`, written last: the step, the layout, the learning-rate schedule, the sampler's state,
   the run's counters, and the size and SHA-256 of every other file
   (pipeline/training/checkpoint_files.py). Nothing is unpickled: tensors are safetensors, the rest
@@ -31,21 +34,17 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from deepspeed.checkpoint.constants import (
-    BASE_OPTIMIZER_STATE,
-    BASE_OPTIMIZER_STATE_STEP,
-    CLIP_GRAD,
-    DS_VERSION,
-    GROUP_PADDINGS,
-    PARAM_ALIGNMENT_PADDINGS,
-    PARTITION_COUNT,
-    SINGLE_PARTITION_OF_FP32_GROUPS,
-)
 from safetensors.torch import load_file
 
 from pipeline.commit_steps import commit_step
 from pipeline.errors import StageError
 from pipeline.json_files import write_json_atomic
+from pipeline.parallel.deepspeed_internals import (
+    ZeroPartition,
+    relink_zero_partitions,
+    zero_partitions,
+)
+from pipeline.parallel.tensor_parallel import parameter_shards
 from pipeline.tensor_files import save_tensors
 from pipeline.training.checkpoint_files import (
     FILES_KEY,
@@ -56,6 +55,15 @@ from pipeline.training.checkpoint_files import (
     file_entry,
     read_state,
     size_problem,
+)
+from pipeline.training.checkpoint_shards import (
+    LAYOUT_FILE,
+    MASTER,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    SavedShards,
+    describe_stage,
+    parameter_names,
 )
 from pipeline.training.engine import Engine
 
@@ -106,73 +114,19 @@ def _coordinates(engine: Engine) -> tuple[int, int, int]:
     return grid.get_pipe_parallel_rank(), grid.get_slice_parallel_rank(), engine.dp_rank
 
 
-def _optimizer_files(optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    state = optimizer.state_dict()
-    tensors, keys = {}, []
-    for group, group_state in enumerate(state[BASE_OPTIMIZER_STATE]):
-        keys.append(sorted(group_state))
-        for key, value in group_state.items():
+def _optimizer_tensors(partitions: list[ZeroPartition]) -> dict[str, torch.Tensor]:
+    """This rank's part of each flat optimizer group, its padding left out: the fp32 master copy
+    (`fp32.{group}`) and each state (`state.{group}.{key}`)."""
+    tensors = {}
+    for group, part in enumerate(partitions):
+        tensors[f"fp32.{group}"] = part.master[: part.held].detach().cpu().contiguous()
+        for key, value in part.state.items():
             tensor = torch.as_tensor(value).detach().cpu()
-            if key == "step":
-                # A scalar, as Adam keeps it (ZeRO restores it as a tensor of one element): a resumed
-                # run writes the bytes an uninterrupted one writes, and `_recut` does not cut it.
-                tensor = tensor.reshape(())
+            # Adam's step, a scalar as Adam keeps it: a resumed run writes the bytes an
+            # uninterrupted one writes.
+            tensor = tensor.reshape(()) if key == "step" else tensor[: part.held]
             tensors[f"state.{group}.{key}"] = tensor.contiguous()
-    for group, partition in enumerate(state[SINGLE_PARTITION_OF_FP32_GROUPS]):
-        tensors[f"fp32.{group}"] = partition.detach().cpu().contiguous()
-    about = {
-        "keys": keys,
-        GROUP_PADDINGS: state[GROUP_PADDINGS],
-        PARTITION_COUNT: state[PARTITION_COUNT],
-        PARAM_ALIGNMENT_PADDINGS: state.get(PARAM_ALIGNMENT_PADDINGS),
-        CLIP_GRAD: state[CLIP_GRAD],
-        DS_VERSION: state[DS_VERSION],
-    }
-    return tensors, about
-
-
-def _optimizer_state(tensors: dict[str, torch.Tensor], about: dict, device) -> dict:
-    groups = [
-        {key: tensors[f"state.{group}.{key}"].to(device) for key in keys}
-        for group, keys in enumerate(about["keys"])
-    ]
-    step = groups[0]["step"].item() if "step" in groups[0] else None
-    state = {
-        BASE_OPTIMIZER_STATE: groups,
-        BASE_OPTIMIZER_STATE_STEP: step,
-        SINGLE_PARTITION_OF_FP32_GROUPS: [
-            tensors[f"fp32.{g}"].to(device) for g in range(len(groups))
-        ],
-        GROUP_PADDINGS: about[GROUP_PADDINGS],
-        PARTITION_COUNT: about[PARTITION_COUNT],
-        CLIP_GRAD: about[CLIP_GRAD],
-        DS_VERSION: about[DS_VERSION],
-        "dynamic_loss_scale": False,
-        "overflow": False,
-    }
-    if about.get(PARAM_ALIGNMENT_PADDINGS) is not None:
-        state[PARAM_ALIGNMENT_PADDINGS] = about[PARAM_ALIGNMENT_PADDINGS]
-    return state
-
-
-def _recut(saved: list[tuple[dict, dict]], world: int) -> list[tuple[dict, dict]]:
-    """The saved ranks' partitions cut into `world` pieces. ZeRO joins whatever pieces it gets (its
-    elastic layout has no padding) and cuts its own partition from the whole, but it also reads the
-    entry of its own data-parallel rank: so there must be one per current rank."""
-    if len(saved) == world:
-        return saved
-    about = saved[0][1]
-    joined = {}
-    for key, first in saved[0][0].items():
-        joined[key] = (
-            torch.cat([tensors[key] for tensors, _ in saved]) if first.dim() > 0 else first
-        )
-    pieces = [{} for _ in range(world)]
-    for key, tensor in joined.items():
-        parts = torch.tensor_split(tensor, world) if tensor.dim() > 0 else [tensor] * world
-        for piece, part in zip(pieces, parts):
-            piece[key] = part.contiguous()
-    return [(piece, about) for piece in pieces]
+    return tensors
 
 
 def _rng_tensors() -> dict[str, torch.Tensor]:
@@ -192,6 +146,7 @@ def save(engine: Engine, root: Path, step: int, state: dict, keep: int) -> Path:
         tmp.mkdir(parents=True)
     dist.barrier()
     pp, tp, dp = _coordinates(engine)
+    partitions = zero_partitions(engine.engine.optimizer)
     written = []
     if dp == 0:
         local = {
@@ -199,16 +154,11 @@ def save(engine: Engine, root: Path, step: int, state: dict, keep: int) -> Path:
             for prefix, layer in engine.layers
             for name, tensor in layer.state_dict().items()
         }
-        written.append(f"model-pp{pp}-tp{tp}.safetensors")
-        save_tensors(local, tmp / written[-1])
-    tensors, about = _optimizer_files(engine.engine.optimizer)
-    written += [
-        f"optim-pp{pp}-tp{tp}-dp{dp}.safetensors",
-        f"optim-pp{pp}-tp{tp}-dp{dp}.json",
-        f"rng-rank{rank}.safetensors",
-    ]
-    save_tensors(tensors, tmp / written[-3])
-    (tmp / written[-2]).write_text(json.dumps(about), encoding="utf-8")
+        written += [MODEL_FILE.format(p=pp, t=tp), LAYOUT_FILE.format(p=pp, t=tp)]
+        save_tensors(local, tmp / written[-2])
+        write_json_atomic(tmp / written[-1], describe_stage(engine.layers, partitions))
+    written += [OPTIMIZER_FILE.format(p=pp, t=tp, d=dp), f"rng-rank{rank}.safetensors"]
+    save_tensors(_optimizer_tensors(partitions), tmp / written[-2])
     save_tensors(_rng_tensors(), tmp / written[-1])
     # Each rank checksums its own files (read back from the page cache), in parallel.
     write_json_atomic(
@@ -250,38 +200,22 @@ def save(engine: Engine, root: Path, step: int, state: dict, keep: int) -> Path:
 
 def load(engine: Engine, folder: Path, new_schedule: bool = False) -> dict:
     """Restore the model, optimizer, schedule and RNG states of checkpoint `folder` (chosen by
-    `choose`); returns its state.json. `new_schedule` (a run continued from another's final state):
-    the engine's own schedule, with its own peak rate, goes on from the checkpoint's step."""
+    `choose`), whatever layout wrote it; returns its state.json. `new_schedule` (a run continued
+    from another's final state): the engine's own schedule, with its own peak rate, goes on from the
+    checkpoint's step."""
     state = read_state(folder)
     layout = state["layout"]
     grid = engine.engine.grid
-    tp, pp = grid.get_slice_parallel_world_size(), grid.get_pipe_parallel_world_size()
-    if (layout["tp"], layout["pp"]) != (tp, pp):
-        raise StageError(
-            f"The checkpoint {folder} was written with parallel.tp={layout['tp']} and "
-            f"parallel.pp={layout['pp']}; this run has tp={tp}, pp={pp}. Resume with the same "
-            f"tensor and pipeline layout (the data-parallel degree may change), or start again "
-            f"with resume=never."
-        )
     p, t, _ = _coordinates(engine)
-    weights = load_file(str(folder / f"model-pp{p}-tp{t}.safetensors"))
-    with torch.no_grad():
-        for prefix, layer in engine.layers:
-            for name, tensor in layer.state_dict().items():
-                tensor.copy_(weights[prefix + name])
-    device = engine.engine.device
-    saved = []
-    for d in range(layout["dp"]):
-        stem = folder / f"optim-pp{p}-tp{t}-dp{d}"
-        about = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
-        saved.append((load_file(str(stem.with_suffix(".safetensors"))), about))
-    partitions = [
-        _optimizer_state(tensors, about, device)
-        for tensors, about in _recut(saved, engine.dp_world)
-    ]
-    engine.engine.optimizer.load_state_dict(
-        partitions, load_optimizer_states=True, load_from_fp32_weights=True
+    partitions = zero_partitions(engine.engine.optimizer)
+    same_cut = (layout["tp"], layout["pp"]) == (
+        grid.get_slice_parallel_world_size(),
+        grid.get_pipe_parallel_world_size(),
     )
+    own = describe_stage(engine.layers, partitions) if same_cut else None
+    with SavedShards(folder, layout, (p, t), own) as saved:
+        _load_weights(engine, saved)
+        _load_optimizer(engine, partitions, saved)
     scheduler = engine.engine.lr_scheduler
     if new_schedule:
         scheduler.last_epoch = state["step"]
@@ -301,3 +235,40 @@ def load(engine: Engine, folder: Path, new_schedule: bool = False) -> dict:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
     return state
+
+
+def _load_weights(engine: Engine, saved: SavedShards) -> None:
+    with torch.no_grad():
+        for prefix, layer in engine.layers:
+            shards = parameter_shards(layer)
+            for name, tensor in layer.state_dict().items():
+                tensor.copy_(saved.weight(prefix + name, shards.get(name), tensor))
+
+
+def _load_optimizer(engine: Engine, partitions: list[ZeroPartition], saved: SavedShards) -> None:
+    """Each of this rank's ZeRO partitions filled, a parameter at a time, with the part of that
+    parameter's saved master copy and states that falls into it (the idle anchor's stays zero)."""
+    names = parameter_names(engine.layers)
+    for part in partitions:
+        values = {MASTER: part.master}
+        for key in saved.state_keys:
+            values[key] = part.state.setdefault(key, torch.zeros_like(part.master))
+        if saved.step is not None:
+            part.state["step"] = torch.tensor(
+                saved.step, dtype=torch.float32, device=part.master.device
+            )
+        with torch.no_grad():
+            for tensor in values.values():
+                tensor.zero_()
+            offset, end = 0, part.start + part.held
+            for param, padding in zip(part.params, part.paddings):
+                first, last = max(offset, part.start), min(offset + param.numel(), end)
+                if first < last and id(param) in names:
+                    shard = getattr(param, "tp_shard", None)
+                    for key, tensor in values.items():
+                        value = saved.optimizer_value(names[id(param)], key, shard, param)
+                        tensor[first - part.start : last - part.start].copy_(
+                            value.flatten()[first - offset : last - offset]
+                        )
+                offset += param.numel() + padding
+    relink_zero_partitions(engine.engine.optimizer, saved.step)

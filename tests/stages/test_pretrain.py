@@ -1,5 +1,5 @@
 """Stage `pretrain` through the real CLI on the packed Norwegian sample: exact resume after SIGKILL,
-a clean stop on SIGTERM, resuming with another data-parallel degree or a larger step budget from the
+a clean stop on SIGTERM, resuming in another parallel layout or with a larger step budget from the
 newest checkpoint that verifies, refusing other changes while checkpoints exist, non-finite steps
 and weights."""
 
@@ -147,9 +147,18 @@ def test_acceptance_sigkill_then_resume_gives_the_uninterrupted_losses(uninterru
     # What a kill during a checkpoint leaves behind is never resumed from.
     (checkpoints / f".step-{newest + 4:08d}.tmp").mkdir(exist_ok=True)
     (checkpoints / "step-00000012").mkdir(exist_ok=True)
+    # Written before checkpoints recorded their layout: it resumes only in its own.
+    for name in saved:
+        folder = checkpoints / name
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        assert "layout-pp0-tp0.json" in state["files"]
+        for file in [file for file in state["files"] if file.startswith("layout-")]:
+            (folder / file).unlink()
+            del state["files"][file]
+        (folder / "state.json").write_text(json.dumps(state), encoding="utf-8")
     refused = run_cli(*SCRATCH, "parallel.pp=2", cwd=fresh, check=False)
     assert refused.returncode == 1
-    assert "parallel.pp=1" in refused.stderr and "resume=never" in refused.stderr
+    assert "parallel.pp=1" in refused.stderr and "did not record its layout" in refused.stderr
     result = run_cli(*SCRATCH, cwd=fresh)
     assert "Resuming from" in result.stderr and saved[-1] in result.stderr
     resumed = losses_by_step(fresh)
@@ -159,7 +168,7 @@ def test_acceptance_sigkill_then_resume_gives_the_uninterrupted_losses(uninterru
     assert (fresh / "work" / "nob" / "pretrain" / "hf" / "model.safetensors").is_file()
 
 
-def test_acceptance_sigterm_checkpoints_and_a_resume_with_two_replicas_continues(
+def test_acceptance_sigterm_checkpoints_and_a_resume_with_tensor_parallelism_continues(
     uninterrupted, fresh
 ):
     process = start(fresh, *SCRATCH, "train.checkpoint_every=0")
@@ -171,9 +180,9 @@ def test_acceptance_sigterm_checkpoints_and_a_resume_with_two_replicas_continues
         path for path in (partial / "checkpoints").iterdir() if (path / "state.json").is_file()
     ]
     stopped = int(saved.name.split("-")[1])
-    # Another data-parallel degree, and checkpoints every 4 steps again: neither changes the run's
-    # identity.
-    result = run_cli(*SCRATCH, "parallel.dp=2", cwd=fresh)
+    # Another layout (the checkpoint's one rank cut in two tensor-parallel shards, the vocabulary
+    # padded anew), and checkpoints every 4 steps again: neither changes the run's identity.
+    result = run_cli(*SCRATCH, "parallel.tp=2", cwd=fresh)
     assert "Resuming from" in result.stderr
     resumed = losses_by_step(fresh)
     for step in range(stopped + 1, 13):
@@ -187,7 +196,7 @@ def test_acceptance_sigterm_checkpoints_and_a_resume_with_two_replicas_continues
     assert max(event.step for event in board.Scalars("heldout_bpb")) == 12
     # Each rank's peak memory, with its place in the layout (on a CPU: host memory only).
     peaks = metrics["peak_memory_per_rank"]
-    assert [(p["rank"], p["pp"], p["tp"], p["dp"]) for p in peaks] == [(0, 0, 0, 0), (1, 0, 0, 1)]
+    assert [(p["rank"], p["pp"], p["tp"], p["dp"]) for p in peaks] == [(0, 0, 0, 0), (1, 0, 1, 0)]
     assert all(0.1 < p["host_rss_gib"] < 16 and p["device_gib"] is None for p in peaks)
     assert metrics["peak_memory_stage_process"]["host_rss_gib"] > 0.1
 

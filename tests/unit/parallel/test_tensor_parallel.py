@@ -21,6 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -91,6 +92,18 @@ TRAIN = TrainConfig(
 SINGLE = (1, 1, 1, False)
 LAYOUTS_OF_TWO = ((2, 1, 1, False), (1, 2, 1, False), (1, 1, 2, False), (2, 1, 1, True))
 LAYOUTS_OF_EIGHT = ((2, 2, 2, False), (2, 2, 2, True))
+# Runs that save a checkpoint after SAVED_STEPS steps in the first layout and resume it in the
+# second: tensor, pipeline and data parallelism each changed (a tied embedding on two stages, then
+# on one; a vocabulary padded for two shards, then for one), on the launches of 2 and 8 ranks.
+SAVED_STEPS = 2
+RESUMED_OF_TWO = {
+    "alibi": ((1, 2, 1, False), (2, 1, 1, False)),
+    "rope": ((2, 1, 1, False), (1, 1, 2, False)),
+}
+RESUMED_OF_EIGHT = {
+    "alibi": ((2, 2, 2, False), (2, 1, 4, False)),
+    "rope": ((2, 2, 2, False), (1, 2, 4, False)),
+}
 # The fused head's logits per chunk (128M in training): 4 rows of a 256-row vocabulary shard, so
 # that each micro-batch's 16 tokens take several chunks, which every tensor-parallel rank must cut
 # alike although rank 1's shard holds fewer real ids (issue 28).
@@ -339,45 +352,62 @@ def _batches(vocab_size: int, dp_rank: int, dp_world: int) -> list[tuple[np.ndar
     return steps
 
 
-def layout_name(layout: tuple) -> str:
+def layout_name(layout: tuple, resumed_at: Optional[tuple] = None) -> str:
     tp, pp, dp, sequence_parallel = layout
-    return f"tp{tp}-pp{pp}-dp{dp}{'-sp' if sequence_parallel else ''}"
+    name = f"tp{tp}-pp{pp}-dp{dp}{'-sp' if sequence_parallel else ''}"
+    return name if resumed_at is None else f"{name}-resumed-at-{layout_name(resumed_at)}"
 
 
-def _train(model: str, layout: tuple, work_dir: Path) -> dict:
-    """5 steps of the real engine with every parameter trainable; the trained model joined into one
-    file."""
-    import torch.distributed as dist
-
-    from pipeline.parallel.tensor_parallel import SequenceParallelLayerNorm, SequenceParallelRMSNorm
+def _engine(model: str, layout: tuple, work_dir: Path):
     from pipeline.training.engine import build_engine
-    from pipeline.training.heldout import micro_batches
-    from pipeline.training.weights import join_parts, save_part
 
     tp, pp, dp, sequence_parallel = layout
-    name = f"{model}-{layout_name(layout)}"
-    parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, sequence_parallel=sequence_parallel)
-    engine = build_engine(
+    return build_engine(
         MODELS[model],
         TRAIN,
-        parallel,
+        ParallelConfig(tp=tp, pp=pp, dp=dp, sequence_parallel=sequence_parallel),
         work_dir / f"init-{model}" / CHECKPOINT_WEIGHTS,
         trainable=lambda _: True,
     )
-    ds = engine.engine
-    losses, norms = [], []
-    # The engine's gradient norm (grad_norm_in_few_launches) beside DeepSpeed's own on the same
-    # gradients.
-    ours, both = ds.optimizer.get_grad_norm_direct, []
+
+
+def _compare_norms_with_deepspeeds_own(optimizer, both: list) -> None:
+    """The engine's gradient norm (grad_norm_in_few_launches) beside DeepSpeed's own on the same
+    gradients, appended to `both` at every step."""
+    ours = optimizer.get_grad_norm_direct
 
     def with_deepspeeds_own(gradients, params, norm_type=2):
         norm = ours(gradients, params, norm_type)
-        own = type(ds.optimizer).get_grad_norm_direct(ds.optimizer, gradients, params, norm_type)
+        own = type(optimizer).get_grad_norm_direct(optimizer, gradients, params, norm_type)
         both.append((float(norm), float(own)))
         return norm
 
-    ds.optimizer.get_grad_norm_direct = with_deepspeeds_own
-    for tokens, segments in _batches(MODELS[model].vocab_size, engine.dp_rank, engine.dp_world):
+    optimizer.get_grad_norm_direct = with_deepspeeds_own
+
+
+def _train(model: str, layout: tuple, work_dir: Path, resumed_at: Optional[tuple] = None) -> dict:
+    """5 steps of the real engine with every parameter trainable; the trained model joined into one
+    file. With `resumed_at`, the run saves a checkpoint after SAVED_STEPS steps and goes on from it
+    in that layout."""
+    import torch.distributed as dist
+
+    from pipeline.parallel.tensor_parallel import SequenceParallelLayerNorm, SequenceParallelRMSNorm
+    from pipeline.training import checkpoint
+    from pipeline.training.heldout import micro_batches
+    from pipeline.training.weights import join_parts, save_part
+
+    name = f"{model}-{layout_name(layout, resumed_at)}"
+    engine = _engine(model, layout, work_dir)
+    losses, norms, both = [], [], []
+    _compare_norms_with_deepspeeds_own(engine.engine.optimizer, both)
+    for step in range(TRAIN.steps):
+        if resumed_at is not None and step == SAVED_STEPS:
+            saved = checkpoint.save(engine, work_dir / f"checkpoints-{name}", step, {}, keep=1)
+            engine = _engine(model, resumed_at, work_dir)
+            _compare_norms_with_deepspeeds_own(engine.engine.optimizer, both)
+            checkpoint.load(engine, saved)
+        ds = engine.engine
+        tokens, segments = _batches(MODELS[model].vocab_size, engine.dp_rank, engine.dp_world)[step]
         losses.append(
             float(
                 ds.train_batch(
@@ -561,8 +591,11 @@ def rank_entry(work_dir: Path) -> None:
         results["non-finite step"] = _non_finite_gradient_skips_the_step(work_dir)
         results["frozen rows"] = _frozen_rows_stay_under_tensor_parallelism(work_dir)
         results["leading row steps"] = _scaled_leading_row_steps(work_dir)
-    for model, layout in job["runs"]:
-        results[f"{model} {layout_name(layout)}"] = _train(model, tuple(layout), work_dir)
+    for model, layout, *resumed in job["runs"]:
+        resumed_at = tuple(resumed[0]) if resumed else None
+        results[f"{model} {layout_name(tuple(layout), resumed_at)}"] = _train(
+            model, tuple(layout), work_dir, resumed_at
+        )
     if dist.get_rank() == 0:
         (work_dir / f"results-{dist.get_world_size()}.json").write_text(
             json.dumps(results), encoding="utf-8"
@@ -611,13 +644,17 @@ def trained(tmp_path_factory):
             _launch(
                 work_dir,
                 2,
-                [(model, layout) for model in MODELS for layout in LAYOUTS_OF_TWO],
+                [(model, layout) for model in MODELS for layout in LAYOUTS_OF_TWO]
+                + [(model, *layouts) for model, layouts in RESUMED_OF_TWO.items()],
                 layer_checks=True,
             )
         )
         results.update(
             _launch(
-                work_dir, 8, [(model, layout) for model in MODELS for layout in LAYOUTS_OF_EIGHT]
+                work_dir,
+                8,
+                [(model, layout) for model in MODELS for layout in LAYOUTS_OF_EIGHT]
+                + [(model, *layouts) for model, layouts in RESUMED_OF_EIGHT.items()],
             )
         )
     return work_dir, results
@@ -641,41 +678,43 @@ def test_acceptance_every_layout_trains_like_one_process(trained, model):
     assert reference.keys() == initial.keys()
     for name, tensor in reference.items():
         assert not torch.equal(tensor, initial[name]), f"{name} did not train"
-    for layout in (SINGLE, *LAYOUTS_OF_TWO, *LAYOUTS_OF_EIGHT):
+    parallel = [(layout, None) for layout in (*LAYOUTS_OF_TWO, *LAYOUTS_OF_EIGHT)]
+    parallel += [RESUMED_OF_TWO[model], RESUMED_OF_EIGHT[model]]
+    for layout, resumed_at in [(SINGLE, None), *parallel]:
+        name, last = layout_name(layout, resumed_at), resumed_at or layout
         # every step's norm of each parameter group as DeepSpeed's own per-tensor loop takes it
         # (each stage, the replicated tied copy)
-        run = results[f"{model} {layout_name(layout)}"]
+        run = results[f"{model} {name}"]
         # two blocks: on one stage each hands its MLP's output on (the second to the final norm);
         # over two stages the first stage's block adds its own
-        assert run["blocks_handing_on"] == (2 if layout[1] == 1 else 0), layout_name(layout)
+        assert run["blocks_handing_on"] == (2 if last[1] == 1 else 0), name
         pairs = run["norms_beside_deepspeeds"]
         assert len(pairs) >= TRAIN.steps and all(
             ours == pytest.approx(own, rel=1e-6) for ours, own in pairs
         ), pairs
-    for layout in (*LAYOUTS_OF_TWO, *LAYOUTS_OF_EIGHT):
-        run = results[f"{model} {layout_name(layout)}"]
+    for layout, resumed_at in parallel:
+        name, last = layout_name(layout, resumed_at), resumed_at or layout
+        run = results[f"{model} {name}"]
         # rank 0's stage: at least the first block's norms (and the embedding's) work on sequence
         # parts
-        assert (run["sequence_parallel_norms"] > 0) == layout[3], layout_name(layout)
-        assert run["losses"] == pytest.approx(single["losses"], rel=1e-5), layout_name(layout)
-        assert run["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-5), layout_name(
-            layout
-        )
-        weights = load_file(str(work_dir / f"trained-{model}-{layout_name(layout)}.safetensors"))
+        assert (run["sequence_parallel_norms"] > 0) == last[3], name
+        # A resumed run's steps after the checkpoint take the saved weights, Adam's moments and the
+        # schedule's place: the losses and norms of the run that never stopped.
+        assert run["losses"] == pytest.approx(single["losses"], rel=1e-5), name
+        assert run["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-5), name
+        weights = load_file(str(work_dir / f"trained-{model}-{name}.safetensors"))
         assert weights.keys() == reference.keys()
-        for name, tensor in weights.items():
-            assert tensor.shape == reference[name].shape
-            if name.endswith("attn.k.bias"):
+        for key, tensor in weights.items():
+            assert tensor.shape == reference[key].shape
+            if key.endswith("attn.k.bias"):
                 # its gradient is rounding noise (softmax ignores it), which Adam turns into full
                 # steps
                 continue
             # Adam also makes full steps of a few near-zero gradient elements, so the whole tensor
             # is compared: its difference must be tiny next to how far training moved it (a wrongly
             # cut tensor gives ~1).
-            moved = (reference[name] - initial[name]).norm()
-            assert (tensor - reference[name]).norm() < 1e-3 * moved, (
-                f"{name} after {layout_name(layout)}"
-            )
+            moved = (reference[key] - initial[key]).norm()
+            assert (tensor - reference[key]).norm() < 1e-3 * moved, f"{key} after {name}"
 
 
 def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank_in_bf16(trained):
