@@ -6,8 +6,7 @@ pipeline stage holds, replacing one of them with its tensor-parallel form after 
 groups. The training engine also overrides `PipelineModule._is_checkpointable` and, for layers built
 on the meta device, `PipelineModule.to` and `_synchronize_tied_weights` during construction
 (pipeline_model.TransformerPipeline), and reads `ds_pipe_replicated`, the mark DeepSpeed puts on a
-tied layer's copy so that the global gradient norm counts it once; checkpoint.py writes ZeRO-1's
-optimizer state in its elastic layout (`deepspeed.checkpoint.constants`). On a CPU, the training
+tied layer's copy so that the global gradient norm counts it once. On a CPU, the training
 engine keeps DeepSpeed from compiling its shared-memory collective
 (`skip_cpu_shared_memory_collective`), and its held-out loss crosses the pipeline in one shape on
 every stage (`broadcast_eval_loss_in_one_shape`); DeepSpeed's Muon optimizer, which ZeRO imports, is

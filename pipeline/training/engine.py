@@ -228,9 +228,7 @@ def _deepspeed_config(train: TrainConfig, parallel: ParallelConfig) -> dict:
         "train_batch_size": train.global_batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_clipping": train.grad_clip,
-        # elastic: the optimizer's state_dict leaves out the alignment padding, so that a checkpoint
-        # loads with another data-parallel degree (pipeline/training/checkpoint.py).
-        "zero_optimization": {"stage": 1, "elastic_checkpoint": True},
+        "zero_optimization": {"stage": 1},
         # check_grad_overflow: a non-finite gradient skips the step in bf16 too (fp32 always does).
         "bf16": {"enabled": use_bf16(train), "check_grad_overflow": True},
         "steps_per_print": 10**9,
