@@ -259,8 +259,9 @@ class ZeroPartition:
     """One parameter group of ZeRO-1's optimizer as this rank holds it. The group's parameters,
     flattened in the order of `params` with `paddings[i]` zeros after parameter i (DeepSpeed's
     parameter alignment, off by default), make one flat vector of `total` elements; this rank owns
-    its elements from `start` on, `held` of them (`master` is longer where the last rank's part is
-    padded with zeros). `master` is the fp32 master copy of that part, `state` the base optimizer's
+    its elements from `start` on, `held` of them (`master` is longer where the buffer's padding
+    falls into this rank's part: the last rank's, and with a small group and many ranks, whole parts
+    before it). `master` is the fp32 master copy of that part, `state` the base optimizer's
     state of it (empty before its first step)."""
 
     params: list[nn.Parameter]

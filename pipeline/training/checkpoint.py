@@ -10,7 +10,7 @@ A checkpoint is a folder `checkpoints/step-00001000/`:
 - `layout-pp{p}-tp{t}.json`: how that share is cut from the single model and laid out in the flat
   groups (pipeline/training/checkpoint_shards.py), so that a rank of any other layout finds its own
   share in the files: a run resumes with other parallel.tp, parallel.pp or parallel.dp;
-- `rng-rank{r}.safetensors`: the random-number generator states (restored with the same world size);
+- `rng-rank{r}.safetensors`: the random-number generator states (restored in the same layout);
 - `state.json`, written last: the step, the layout, the learning-rate schedule, the sampler's state,
   the run's counters, and the size and SHA-256 of every other file
   (pipeline/training/checkpoint_files.py). Nothing is unpickled: tensors are safetensors, the rest
@@ -198,11 +198,14 @@ def save(engine: Engine, root: Path, step: int, state: dict, keep: int) -> Path:
     return final
 
 
-def load(engine: Engine, folder: Path, new_schedule: bool = False) -> dict:
+def load(
+    engine: Engine, folder: Path, new_schedule: bool = False, remedy: str = RESTART_REMEDY
+) -> dict:
     """Restore the model, optimizer, schedule and RNG states of checkpoint `folder` (chosen by
     `choose`), whatever layout wrote it; returns its state.json. `new_schedule` (a run continued
     from another's final state): the engine's own schedule, with its own peak rate, goes on from the
-    checkpoint's step."""
+    checkpoint's step. A checkpoint that cannot be read in this layout raises StageError, ending with
+    `remedy`."""
     state = read_state(folder)
     layout = state["layout"]
     grid = engine.engine.grid
@@ -213,9 +216,9 @@ def load(engine: Engine, folder: Path, new_schedule: bool = False) -> dict:
         grid.get_pipe_parallel_world_size(),
     )
     own = describe_stage(engine.layers, partitions) if same_cut else None
-    with SavedShards(folder, layout, (p, t), own) as saved:
-        _load_weights(engine, saved)
-        _load_optimizer(engine, partitions, saved)
+    saved = SavedShards(folder, layout, (p, t), own, remedy)
+    _load_weights(engine, saved)
+    _load_optimizer(engine, partitions, saved)
     scheduler = engine.engine.lr_scheduler
     if new_schedule:
         scheduler.last_epoch = state["step"]
@@ -229,7 +232,8 @@ def load(engine: Engine, folder: Path, new_schedule: bool = False) -> dict:
     ):
         group["lr"] = base * factor(scheduler.last_epoch)
     engine.engine.global_steps = state["step"]
-    if layout["world"] == dist.get_world_size():
+    # Each rank's generators where each rank has the same place in the same layout.
+    if same_cut and layout["world"] == dist.get_world_size():
         rng = load_file(str(folder / f"rng-rank{dist.get_rank()}.safetensors"))
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
@@ -249,6 +253,7 @@ def _load_optimizer(engine: Engine, partitions: list[ZeroPartition], saved: Save
     """Each of this rank's ZeRO partitions filled, a parameter at a time, with the part of that
     parameter's saved master copy and states that falls into it (the idle anchor's stays zero)."""
     names = parameter_names(engine.layers)
+    anchor = getattr(engine.engine.module, "idle_anchor", None)
     for part in partitions:
         values = {MASTER: part.master}
         for key in saved.state_keys:
@@ -263,7 +268,7 @@ def _load_optimizer(engine: Engine, partitions: list[ZeroPartition], saved: Save
             offset, end = 0, part.start + part.held
             for param, padding in zip(part.params, part.paddings):
                 first, last = max(offset, part.start), min(offset + param.numel(), end)
-                if first < last and id(param) in names:
+                if first < last and param is not anchor:
                     shard = getattr(param, "tp_shard", None)
                     for key, tensor in values.items():
                         value = saved.optimizer_value(names[id(param)], key, shard, param)

@@ -10,8 +10,9 @@ flat buffer with their sizes and the padding after each. The data-parallel ranks
 `SavedShards` finds any parameter by its single-model name in those files: its weight in the model
 file of a stage that holds it, its fp32 master copy and Adam's moments in that stage's flat groups.
 It reads only the saved tensor-parallel shards that overlap the part a rank asks for (its own shard
-of the parameter, zeros past the full size), so a rank of another layout reads about its own share
-of the checkpoint, a shard of one parameter at a time, never the whole model.
+of the parameter, zeros past the full size), a parameter at a time: a rank of another layout never
+holds the whole model, at most one parameter's saved shards at a time (in fp32 for the optimizer's
+values).
 
 A checkpoint written before the layout files resumes only with the tensor and pipeline layout it was
 written in: the resuming rank's own share, as its engine describes it, is then the saved one.
@@ -19,7 +20,6 @@ written in: the resuming rank's own share, as its engine describes it, is then t
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Callable, Optional
@@ -74,11 +74,11 @@ def describe_stage(layers: list[tuple[str, nn.Module]], partitions: list[ZeroPar
 
 
 class SavedShards:
-    """Checkpoint `folder`'s tensors by single-model name (a context manager: the files it reads
-    stay open until it closes). `layout` is the checkpoint's {"tp", "pp", "dp"}; `own` the resuming
-    rank's (stage, tensor-parallel rank) and `own_description` its `describe_stage` where its tensor
-    and pipeline layout is the checkpoint's (else None): it stands for the saved share of a
-    checkpoint without layout files."""
+    """Checkpoint `folder`'s tensors by single-model name. `layout` is the checkpoint's {"tp", "pp",
+    "dp"}; `own` the resuming rank's (stage, tensor-parallel rank) and `own_description` its
+    `describe_stage` where its tensor and pipeline layout is the checkpoint's (else None): it stands
+    for the saved share of a checkpoint without layout files. `remedy` ends every error: what to do
+    instead. Files are opened for each read only (a stage saved by many replicas has many)."""
 
     def __init__(
         self,
@@ -86,8 +86,9 @@ class SavedShards:
         layout: dict,
         own: tuple[int, int],
         own_description: Optional[dict],
+        remedy: str,
     ) -> None:
-        self.folder = folder
+        self.folder, self.remedy = folder, remedy
         self.tp, self.dp = layout["tp"], layout["dp"]
         self.stages = {
             (p, t): json.loads(path.read_text(encoding="utf-8"))
@@ -112,7 +113,7 @@ class SavedShards:
                     if name:
                         self._flat.setdefault(name, (key, group, offset, numel))
                     offset += numel + padding
-        self._files = contextlib.ExitStack()
+        # Headers only: a reader opens its file in `with`.
         self._readers: dict[str, TensorFileReader] = {}
         self.state_keys, self.step = self._optimizer_keys()
 
@@ -121,19 +122,13 @@ class SavedShards:
             f"The checkpoint {self.folder} was written with parallel.tp={layout['tp']} and "
             f"parallel.pp={layout['pp']} by a version of the pipeline that did not record its "
             f"layout ({LAYOUT_FILE.format(p=0, t=0)}), so it resumes only with that tensor and "
-            f"pipeline layout (the data-parallel degree may change). Resume with those, or start "
-            f"again with resume=never."
+            f"pipeline layout (the data-parallel degree may change). Resume with those. "
+            f"{self.remedy}"
         )
-
-    def __enter__(self) -> "SavedShards":
-        return self
-
-    def __exit__(self, *error) -> None:
-        self._files.close()
 
     def _reader(self, name: str) -> TensorFileReader:
         if name not in self._readers:
-            self._readers[name] = self._files.enter_context(TensorFileReader(self.folder / name))
+            self._readers[name] = TensorFileReader(self.folder / name)
         return self._readers[name]
 
     def _optimizer_keys(self) -> tuple[list[str], Optional[float]]:
@@ -146,7 +141,8 @@ class SavedShards:
             if name.startswith("state."):
                 key = name.split(".", 2)[2]
                 if key == "step":
-                    step = reader.read(name).item()
+                    with reader:
+                        step = reader.read(name).item()
                 else:
                     keys.add(key)
         return sorted(keys), step
@@ -157,8 +153,10 @@ class SavedShards:
         p, t = self._holder(name, self._tensor_holder)
 
         def read(source: int, dim: Optional[int], start: int, stop: int) -> torch.Tensor:
-            reader = self._reader(MODEL_FILE.format(p=p, t=source))
-            return reader.read(name) if dim is None else reader.read_slice(name, dim, start, stop)
+            with self._reader(MODEL_FILE.format(p=p, t=source)) as reader:
+                if dim is None:
+                    return reader.read(name)
+                return reader.read_slice(name, dim, start, stop)
 
         return self._cut(
             self.stages[(p, t)]["tensors"][name], t, shard, like.shape, like.dtype, read
@@ -182,8 +180,8 @@ class SavedShards:
     def _holder(self, name: str, index: dict):
         if name not in index:
             raise StageError(
-                f"The checkpoint {self.folder} holds no {name}; it was written by another model. "
-                "Start again with resume=never."
+                f"The checkpoint {self.folder} holds no trained {name}: it was written by another "
+                f"model, or one that did not train it. {self.remedy}"
             )
         return index[name]
 
@@ -232,13 +230,14 @@ class SavedShards:
             length = reader.shape(name)[0]
             first, last = max(start, offset), min(stop, offset + length)
             if first < last:
-                pieces.append(reader.read_slice(name, 0, first - offset, last - offset))
+                with reader:
+                    pieces.append(reader.read_slice(name, 0, first - offset, last - offset))
             offset += length
         found = sum(piece.numel() for piece in pieces)
         if found != stop - start:
             raise StageError(
                 f"The checkpoint {self.folder}: the data-parallel parts of {name} of stage {p}, "
                 f"tensor-parallel rank {t}, hold {offset:,} elements, fewer than its layout file "
-                "says. Start again with resume=never."
+                f"says. {self.remedy}"
             )
         return torch.cat(pieces)

@@ -164,12 +164,10 @@ def _resumed_state(job: TrainingJob, engine, sampler: PackedSampler, root: Path)
     device, is_logger = engine.engine.device, dist.get_rank() == 0
     found = checkpoint.choose(root, device)
     continued = found is None and job.continue_from is not None
+    remedy = checkpoint.RESTART_REMEDY
     if continued:
-        found = checkpoint.choose(
-            Path(job.continue_from),
-            device,
-            remedy="Train the run it continues again, or start this one another way (init=).",
-        )
+        remedy = "Train the run it continues again, or start this one another way (init=)."
+        found = checkpoint.choose(Path(job.continue_from), device, remedy=remedy)
     if found is None and continued:
         raise StageError(
             f"{job.stage}: {job.continue_from}, the final training state of the run it continues, "
@@ -177,7 +175,7 @@ def _resumed_state(job: TrainingJob, engine, sampler: PackedSampler, root: Path)
         )
     if found is None:
         return RunState()
-    saved = checkpoint.load(engine, found, new_schedule=continued)
+    saved = checkpoint.load(engine, found, new_schedule=continued, remedy=remedy)
     sampler.load_state_dict(saved["sampler"])
     if not continued:
         state = RunState(**saved["run"])
