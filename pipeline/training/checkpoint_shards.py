@@ -134,7 +134,7 @@ class SavedShards:
     def _optimizer_keys(self) -> tuple[list[str], Optional[float]]:
         """Adam's per-element state keys (exp_avg, exp_avg_sq) and its step count; none before the
         optimizer's first step."""
-        (p, t), description = next(iter(sorted(self.stages.items())))
+        p, t = min(self.stages)
         reader = self._reader(OPTIMIZER_FILE.format(p=p, t=t, d=0))
         keys, step = set(), None
         for name in reader.keys():
